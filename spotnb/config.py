@@ -1,0 +1,266 @@
+"""`spot.Config`: everything a job needs to know, validated before any instance is launched.
+
+Generic fields apply to every provider; fields prefixed with a provider name (`local_*`,
+`aws_*`, `azure_*`, `gcp_*`) apply to that provider only (submitit's convention). An unknown
+field, or a field of another provider, is a `ConfigError` that names it and lists the valid ones.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from spotnb.errors import ConfigError
+
+__all__ = ["Config", "parse_duration", "spotnb_home", "PROVIDER_PREFIXES"]
+
+PROVIDER_PREFIXES = ("local_", "aws_", "azure_", "gcp_")
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|min|s|m|h|d)")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a string like "90s", "2m", "1h30m", "500ms" (a bare number is seconds)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration, got a bool")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        try:
+            seconds = float(text)
+        except ValueError:
+            parts = _DURATION_RE.findall(text)
+            if not parts or "".join(n + u for n, u in parts) != text:
+                raise ValueError(
+                    f"invalid duration {value!r}: use seconds (90) or a string like '90s', '2m', '3h', '1h30m'"
+                ) from None
+            seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    else:
+        raise ValueError(f"expected a duration (seconds or '2m'), got {type(value).__name__}")
+    if seconds != seconds or seconds < 0:
+        raise ValueError(f"duration must be non-negative, got {value!r}")
+    return seconds
+
+
+def spotnb_home() -> Path:
+    """`$SPOTNB_HOME`, default `~/.spotnb`: job DB and the default `file://` store live here."""
+    return Path(os.environ.get("SPOTNB_HOME", Path.home() / ".spotnb")).expanduser()
+
+
+Duration = float
+Range = tuple[float, float]
+
+
+def _range(value: Any, name: str) -> Range:
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise ValueError(f"{name} takes a duration or a [low, high) pair, got {len(value)} items")
+        lo, hi = (parse_duration(v) for v in value)
+        if hi < lo:
+            raise ValueError(f"{name}: high ({hi}) is below low ({lo})")
+        return (lo, hi)
+    d = parse_duration(value)
+    return (d, d)
+
+
+class Config(BaseModel):
+    """What to run where. Durations take seconds or strings such as "90s", "2m", "3h"."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, validate_assignment=True,
+                              frozen=False)
+
+    # --- generic -----------------------------------------------------------------------
+    name: str | None = Field(None, description="A label for the job (shown in lists and widgets).")
+    provider: str = Field("local", description="Where instances run: local, aws, azure or gcp.")
+    instance_type: str = Field("g4dn.xlarge", description="Cloud instance type; also prices the ledger.")
+    region: str | None = Field(None, description="One region (or zone) to launch in.")
+    regions: list[str] | Literal["cheapest"] | None = Field(
+        None, description="Candidate regions in order, or 'cheapest' to order them by spot price.")
+    store: str | None = Field(None, description="fsspec URL for specs, events and checkpoints "
+                                                "(default file://$SPOTNB_HOME/store).")
+    checkpoint: Any = Field("adaptive", description="Checkpoint policy: a name (adaptive, static:N, "
+                                                    "young, daly, daly2, ...) or a Policy object.")
+    save_every: int | None = Field(None, ge=1, description="User periodic save every N steps.")
+    keep_last: int = Field(2, ge=1, description="Periodic checkpoints kept.")
+    max_preemptions: int | None = Field(None, ge=0, description="Stop after this many preemptions.")
+    max_retries: int = Field(0, ge=0, description="Relaunches after a user error (default 0).")
+    max_cost: float | None = Field(None, gt=0, description="Stop when the spot spend reaches this ($).")
+    heartbeat_timeout: Duration = Field(60.0, description="Silence after which an instance counts as dead.")
+    notice_poll: Duration = Field(1.0, description="Seconds between polls of the preemption notice.")
+    requirements: list[str] = Field(default_factory=list, description="pip specs the function needs.")
+    files: list[str] = Field(default_factory=list, description="Local files or folders to ship.")
+    ship_modules: list[str] = Field(default_factory=list, description="Modules pickled by value.")
+    price_spot: float | None = Field(None, ge=0, description="Override the spot $/h of the price table.")
+    price_on_demand: float | None = Field(None, ge=0, description="Override the on-demand $/h.")
+
+    # --- local spot market -------------------------------------------------------------
+    local_mttp: Duration | None = Field(None, description="Mean time to preemption (exponential); "
+                                                          "None = no random preemptions.")
+    local_grace: Duration | None = Field(None, description="Notice lead time before the kill "
+                                                           "(default: 120 s aws, 30 s azure/gcp).")
+    local_alloc_delay: Range = Field((0.3, 0.8), description="Allocation delay, seconds or [low, high).")
+    local_capacity_failure: float = Field(0.0, ge=0, lt=1, description="Chance an allocation fails "
+                                                                       "for lack of capacity.")
+    local_schedule: list[Any] | None = Field(None, description="Deterministic preemptions: lifetimes "
+                                             "in seconds, or {'step': N, 'phase': 'step'|'save'|'upload'}.")
+    local_trace: str | None = Field(None, description="Replay a trace file (bamboo / parcae format) "
+                                                      "or a bundled trace name.")
+    local_notice_format: Literal["aws", "azure", "gcp"] = Field("aws", description="Which cloud's "
+                                                                "metadata protocol the emulator speaks.")
+    local_upload_bps: float | None = Field(None, gt=0, description="Emulated upload bandwidth, bytes/s.")
+    local_seed: int | None = Field(None, description="Seed of the local market's random draws.")
+
+    # --- clouds (used by their providers) -------------------------------------------------
+    aws_image_id: str | None = None
+    aws_key_name: str | None = None
+    aws_instance_profile: str | None = None
+    aws_subnet_id: str | None = None
+    aws_max_price: float | None = None
+    azure_subscription_id: str | None = None
+    azure_resource_group: str | None = None
+    azure_image: str | None = None
+    azure_eviction_policy: Literal["Deallocate", "Delete"] = "Delete"
+    azure_max_price: float = -1.0
+    gcp_project: str | None = None
+    gcp_image: str | None = None
+    gcp_service_account: str | None = None
+
+    def __init__(self, **data: Any) -> None:
+        unknown = [k for k in data if k not in type(self).model_fields]
+        if unknown:
+            raise ConfigError(_unknown_message(unknown))
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(_validation_message(exc)) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in type(self).model_fields:
+            raise ConfigError(_unknown_message([name]))
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            raise ConfigError(_validation_message(exc)) from None
+
+    @field_validator("heartbeat_timeout", "notice_poll", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        return parse_duration(v)
+
+    @field_validator("local_mttp", "local_grace", mode="before")
+    @classmethod
+    def _opt_duration(cls, v: Any) -> float | None:
+        return None if v is None else parse_duration(v)
+
+    @field_validator("local_alloc_delay", mode="before")
+    @classmethod
+    def _alloc(cls, v: Any) -> Range:
+        return _range(v, "local_alloc_delay")
+
+    @field_validator("local_schedule", mode="before")
+    @classmethod
+    def _schedule(cls, v: Any) -> list[Any] | None:
+        if v is None:
+            return None
+        if not isinstance(v, (list, tuple)):
+            raise ValueError("give a list: lifetimes in seconds ('2m') or {'step': N, 'phase': ...}")
+        out: list[Any] = []
+        for item in v:
+            if isinstance(item, dict):
+                bad = set(item) - {"step", "phase", "after"}
+                if bad:
+                    raise ValueError(f"schedule entry keys are step, phase, after; got {sorted(bad)}")
+                if "step" in item:
+                    if not isinstance(item["step"], int) or item["step"] < 0:
+                        raise ValueError(f"schedule 'step' must be a non-negative int, got {item['step']!r}")
+                    phase = item.get("phase", "step")
+                    if phase not in ("step", "save", "upload"):
+                        raise ValueError(f"schedule 'phase' is one of step, save, upload; got {phase!r}")
+                    out.append({"step": item["step"], "phase": phase})
+                elif "after" in item:
+                    out.append({"after": parse_duration(item["after"])})
+                else:
+                    raise ValueError("a schedule entry needs 'step' or 'after'")
+            else:
+                out.append({"after": parse_duration(item)})
+        return out
+
+    @field_validator("provider")
+    @classmethod
+    def _provider(cls, v: str) -> str:
+        from spotnb.providers import registry
+        if v not in registry():
+            raise ValueError(f"unknown provider {v!r}; choose one of {sorted(registry())}")
+        return v
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("store URL is empty; give e.g. 'file:///data/spot' or 's3://bucket/prefix'")
+        return v
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _checkpoint(cls, v: Any) -> Any:
+        from spotnb.policy import resolve_policy
+        resolve_policy(v)  # raises ValueError with the valid names
+        return v
+
+    @model_validator(mode="after")
+    def _provider_fields(self) -> "Config":
+        own = f"{self.provider}_"
+        for prefix in PROVIDER_PREFIXES:
+            if prefix == own:
+                continue
+            for name in self.model_fields_set:
+                if name.startswith(prefix):
+                    raise ValueError(f"{name} applies to provider={prefix[:-1]!r}, but provider is "
+                                     f"{self.provider!r}: remove it or set provider={prefix[:-1]!r}")
+        if self.local_mttp is not None and self.local_mttp <= 0:
+            raise ValueError("local_mttp must be positive (or None for no random preemptions)")
+        return self
+
+    # -- derived ---------------------------------------------------------------------------
+    def store_url(self) -> str:
+        return self.store or (spotnb_home() / "store").as_uri()
+
+    def grace(self) -> float:
+        """Notice lead time of the chosen market (the local market mimics its notice format)."""
+        if self.provider == "local" and self.local_grace is not None:
+            return self.local_grace
+        fmt = self.local_notice_format if self.provider == "local" else self.provider
+        return {"aws": 120.0, "azure": 30.0, "gcp": 30.0}[fmt]
+
+    def candidate_regions(self) -> list[str] | Literal["cheapest"]:
+        if self.regions is not None:
+            return self.regions
+        return [self.region] if self.region else []
+
+
+def _unknown_message(unknown: list[str]) -> str:
+    valid = sorted(Config.model_fields)
+    lines = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, valid, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        lines.append(f"unknown Config field {name!r}{hint}")
+    return "; ".join(lines) + ". Valid fields: " + ", ".join(valid)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "Config"
+        msg = err["msg"].removeprefix("Value error, ")
+        desc = Config.model_fields.get(str(err["loc"][0])).description if err["loc"] else None
+        parts.append(f"Config.{loc}: {msg}" + (f" ({desc})" if desc else ""))
+    return "; ".join(parts)
+
+

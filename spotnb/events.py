@@ -1,0 +1,146 @@
+"""The event log: JSON lines in the store, the one record every view is computed from.
+
+An event is a dict with `t` (unix seconds), `kind`, `incarnation` and kind-specific fields:
+
+    submitted     name, provider, instance_type, config (no secrets)
+    allocating    region, attempt                   controller asks the provider for an instance
+    alloc_failed  region, reason, retry_in
+    allocated     instance_id, region, instance_type, alloc_s, spot_price, on_demand_price
+    ready         prep_s (process start → first step, restore included), step
+    resumed       from_step, checkpoint (seq), kind
+    metrics       rows: [{step, t, <name>: value, ...}, ...]   (one event per flush, not per step)
+    progress      step, total (or null), steps_done, compute_s, recompute_s, save_s, step_time
+    checkpoint    seq, kind, step, snapshot_s, upload_s, bytes, stall_s
+    checkpoint_failed  seq, kind, step, error
+    notice        deadline (unix s), source (aws|azure|gcp), action, emergency (bool)
+    evacuated     step (the agent saved and left cleanly after a notice)
+    preempted     instance_id, lifetime_s, phase, step (as the market saw it at the kill)
+    exited        code, reason
+    heartbeat     step
+    error         traceback, exc_type, message
+    done          result (store path), step
+    status        status (pending | running | preempted | restoring | succeeded | failed | stopped)
+    stopped       reason
+
+Writers buffer and flush; readers tail. Nothing here imports the runtime or the notebook side.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, Iterable, Protocol
+
+from spotnb.store import Store
+
+__all__ = ["EventWriter", "EventReader", "EventSink", "Event", "SEGMENT_BYTES"]
+
+Event = dict[str, Any]
+SEGMENT_BYTES = 512 * 1024  # a writer rewrites at most this much per flush
+
+
+class EventSink(Protocol):
+    """Anything that wants events as they arrive (widget, text view, job DB)."""
+
+    def on_events(self, events: list[Event]) -> None: ...
+
+
+def _dumps(event: Event) -> bytes:
+    return (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode()
+
+
+class EventWriter:
+    """Buffers events of one writer of one incarnation and flushes them as bounded segments.
+
+    Thread-safe: the training thread emits, a background thread flushes.
+    """
+
+    def __init__(self, store: Store, job_id: str, incarnation: int, writer: str) -> None:
+        self.store, self.job_id, self.incarnation, self.writer = store, job_id, incarnation, writer
+        self._lock = threading.Lock()
+        self._pending: list[Event] = []
+        self._segment = 0
+        self._content = bytearray()
+        self._io_lock = threading.Lock()
+        self.last_flush = 0.0
+        # resume numbering after an earlier writer of the same name (e.g. a restarted controller)
+        prefix = f"{incarnation:04d}-{writer}-"
+        existing = [n for n in store.ls(store.job(job_id, "events")) if n.startswith(prefix)]
+        if existing:
+            self._segment = max(int(n[len(prefix):-6]) for n in existing) + 1
+
+    def emit(self, kind: str, **fields: Any) -> Event:
+        event: Event = {"t": fields.pop("t", None) or time.time(), "kind": kind,
+                        "incarnation": self.incarnation, **fields}
+        with self._lock:
+            self._pending.append(event)
+        return event
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def flush(self) -> None:
+        """Write what is buffered. Never loses an event: on failure they stay pending."""
+        with self._io_lock:
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if not batch:
+                return
+            data = b"".join(_dumps(e) for e in batch)
+            content = self._content + data
+            path = self.store.job(self.job_id, "events",
+                                  f"{self.incarnation:04d}-{self.writer}-{self._segment:05d}.jsonl")
+            try:
+                self.store.write_bytes(path, bytes(content))
+            except BaseException:
+                with self._lock:
+                    self._pending[:0] = batch
+                raise
+            self._content = content
+            if len(self._content) >= SEGMENT_BYTES:
+                self._segment += 1
+                self._content = bytearray()
+            self.last_flush = time.time()
+
+
+class EventReader:
+    """Tails every event file of a job; `poll()` returns events not seen before, oldest first."""
+
+    def __init__(self, store: Store, job_id: str) -> None:
+        self.store, self.job_id = store, job_id
+        self._offsets: dict[str, int] = {}
+
+    def poll(self) -> list[Event]:
+        folder = self.store.job(self.job_id, "events")
+        self.store.invalidate()
+        out: list[Event] = []
+        for name in self.store.ls(folder):
+            if not name.endswith(".jsonl"):
+                continue
+            path = f"{folder}/{name}"
+            offset = self._offsets.get(name, 0)
+            try:
+                size = self.store.size(path)
+            except FileNotFoundError:
+                continue
+            if size <= offset:
+                continue
+            data = self.store.read_bytes(path, start=offset)
+            end = data.rfind(b"\n") + 1
+            for line in data[:end].splitlines():
+                if line.strip():
+                    out.append(json.loads(line))
+            self._offsets[name] = offset + end
+        out.sort(key=lambda e: e["t"])
+        return out
+
+
+def read_all(store: Store, job_id: str) -> list[Event]:
+    """Every event of a job, oldest first."""
+    return EventReader(store, job_id).poll()
+
+
+def dispatch(sinks: Iterable[EventSink], events: list[Event]) -> None:
+    for sink in list(sinks):
+        sink.on_events(events)

@@ -1,0 +1,93 @@
+"""The one decision interface shared by the runtime (on the VM) and the simulator.
+
+A policy never sleeps or reads a clock: everything it needs arrives in an `Observation`, so
+it is deterministic, testable without waiting, and cheap enough to consult once per save (not
+once per step: both the runtime and the event-driven simulator ask *when* the next save is due
+and count steps until then).
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+from enum import Enum
+
+__all__ = ["Observation", "SaveKind", "Policy", "Plan", "emergency_feasible", "steps_for"]
+
+
+class SaveKind(str, Enum):
+    PERIODIC = "periodic"     # the user's save_every, or a static policy's interval
+    INSURANCE = "insurance"   # at the optimal interval, when an emergency save would not fit
+    EMERGENCY = "emergency"   # after a preemption notice, inside the grace period
+    FINAL = "final"           # at the end of the job (kept until the job is collected)
+    MANUAL = "manual"         # ctx.save() called by the user
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the runtime has measured so far; all times in seconds."""
+
+    step: int                      # steps completed so far (index of the next step)
+    step_time: float               # running mean T_step
+    snapshot_time: float           # δ: blocking part of a save (0.0 until measured)
+    upload_time: float             # β: background write + upload (0.0 until measured)
+    mttp: float                    # mean time to preemption for this market (job DB or prior)
+    restart_time: float            # R: allocation + preparation (job DB or prior)
+    grace: float                   # the market's notice lead time T_grace
+    save_every: int | None = None  # the user's periodic interval in steps, if any
+    state_bytes: int = 0           # size of the tracked state (lets a policy guess δ before a save)
+    age: float = 0.0               # seconds since this instance became ready (VM-age hazard)
+    now: float = 0.0               # unix time (time-of-day hazard)
+
+    def with_(self, **changes: object) -> "Observation":
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The next save a policy wants: at the boundary where `step` steps are complete."""
+
+    step: int
+    kind: SaveKind
+
+
+def emergency_feasible(obs: Observation, time_left: float, margin: float = 0.5) -> bool:
+    """Thesis rule, at a step boundary: the save (δ) and its upload (β) must fit in what is left.
+
+    Before any save is measured we estimate δ and β from the state size at conservative
+    bandwidths (1 GB/s to copy, 50 MB/s to upload) rather than assume they are free.
+    """
+    delta = obs.snapshot_time or obs.state_bytes / 1e9
+    beta = obs.upload_time or obs.state_bytes / 50e6
+    return delta + beta + margin < time_left
+
+
+class Policy(ABC):
+    """Decides when to save. Subclasses implement `next_save`; `on_notice` has the thesis default."""
+
+    name: str = "policy"
+
+    @abstractmethod
+    def next_save(self, obs: Observation, last_save_step: int) -> Plan | None:
+        """The next planned save after one at `last_save_step` (or the start/resume step), or None."""
+
+    def on_notice(self, obs: Observation, time_left: float) -> bool:
+        """At the first step boundary after a notice: do an emergency save with `time_left` seconds?"""
+        return emergency_feasible(obs, time_left)
+
+    def emergency_expected(self, obs: Observation) -> bool:
+        """Whether a notice would leave room for an emergency save (then insurance saves are moot)."""
+        return obs.step_time + (obs.snapshot_time or obs.state_bytes / 1e9) + (
+            obs.upload_time or obs.state_bytes / 50e6) < obs.grace
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def steps_for(seconds: float, step_time: float) -> int:
+    """Whole steps that fit in `seconds` (at least one)."""
+    if step_time <= 0:
+        return 1
+    if not math.isfinite(seconds):
+        return 2**62
+    return max(1, int(round(seconds / step_time)))

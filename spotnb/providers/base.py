@@ -1,0 +1,169 @@
+"""The Provider contract: a small, concrete public surface over a handful of backend hooks.
+
+Public methods (`launch`, `describe`, `terminate`, `prices`) do validation and bookkeeping;
+a backend implements `_launch`, `_describe`, `_terminate`, `_prices` (submitit's Executor
+shape). Capabilities are data: `unsupported` maps a Feature to the reason, checked before
+launch (SkyPilot's pattern). Core code never names a concrete provider.
+"""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from spotnb.errors import CapacityError, ConfigError
+
+if TYPE_CHECKING:
+    from spotnb.config import Config
+
+__all__ = ["Provider", "Feature", "LaunchSpec", "Instance", "InstanceState", "InstanceStatus",
+           "Price", "CapacityError"]
+
+
+class Feature(str, Enum):
+    NOTICE = "preemption notice before the kill"
+    NOTICE_ACK = "acknowledging a notice to end the grace period early"
+    REBALANCE_HINT = "early rebalance recommendation"
+    FAULT_INJECTION = "injecting a preemption on demand"
+    GPU = "GPU instances"
+    MULTI_REGION = "launching across several regions"
+    REMOTE_STORE = "a store other than the local filesystem"
+    MEMORY_STORE = "a memory:// store (visible to one process only)"
+
+
+class InstanceState(str, Enum):
+    PENDING = "pending"        # asked for, not running yet
+    RUNNING = "running"
+    EXITED = "exited"          # the agent ended on its own (see exit_code)
+    PREEMPTED = "preempted"    # the market took it back
+    TERMINATED = "terminated"  # we terminated it
+    UNKNOWN = "unknown"
+
+
+@dataclass
+class LaunchSpec:
+    """What one incarnation needs. Holds no secret: the instance reaches the store with its own
+    credentials (instance profile / managed identity / service account, or the local user's)."""
+
+    job_id: str
+    incarnation: int
+    store_url: str
+    instance_type: str
+    region: str | None
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    requirements: list[str] = field(default_factory=list)
+    spotnb_version: str = ""
+
+
+@dataclass
+class Instance:
+    id: str
+    provider: str
+    region: str | None
+    instance_type: str
+    launched_at: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class InstanceStatus:
+    state: InstanceState
+    exit_code: int | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Price:
+    spot: float        # $/h
+    on_demand: float   # $/h
+    source: str = ""
+
+
+class Provider(ABC):
+    """Launches, watches and ends spot instances for one job."""
+
+    name: ClassVar[str] = "provider"
+    unsupported: ClassVar[dict[Feature, str]] = {}
+
+    def __init__(self, config: "Config") -> None:
+        self.config = config
+
+    # -- public, concrete ----------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ConfigError for a request this provider cannot serve (before any launch)."""
+        store = self.config.store_url()
+        if store.startswith("memory://") and Feature.MEMORY_STORE in self.unsupported:
+            raise ConfigError(f"Config.store: {store!r} cannot be used with provider="
+                              f"{self.name!r}: {self.unsupported[Feature.MEMORY_STORE]}. "
+                              "Use a file:// path or a cloud bucket.")
+        if isinstance(self.config.regions, list) and len(self.config.regions) > 1 and \
+                Feature.MULTI_REGION in self.unsupported:
+            raise ConfigError(f"Config.regions: {self.unsupported[Feature.MULTI_REGION]}")
+        self._validate()
+
+    def supports(self, feature: Feature) -> bool:
+        return feature not in self.unsupported
+
+    def launch(self, spec: LaunchSpec) -> Instance:
+        """Ask for one spot instance running `spec.command`. Raises CapacityError when the
+        market has none; the controller retries with backoff and moves on to other regions."""
+        if not spec.command:
+            raise ValueError("LaunchSpec.command is empty")
+        return self._launch(spec)
+
+    def describe(self, instance: Instance) -> InstanceStatus:
+        return self._describe(instance)
+
+    def terminate(self, instance: Instance) -> None:
+        self._terminate(instance)
+
+    def prices(self, instance_type: str, regions: list[str] | None = None) -> dict[str, Price]:
+        """Current $/h per region (or "" for a provider without regions)."""
+        return self._prices(instance_type, regions)
+
+    def plan_launch(self, spec: LaunchSpec) -> dict[str, Any]:
+        """The exact requests `launch` would send (API bodies, bootstrap script), sending nothing.
+        Used by `spot.train(..., dry_run=True)`."""
+        return self._plan_launch(spec)
+
+    def wait_allocated(self, instance: Instance, timeout: float, stop: Any = None) -> InstanceStatus:
+        """Poll until the instance leaves PENDING (clouds boot asynchronously)."""
+        deadline = time.time() + timeout
+        while True:
+            status = self.describe(instance)
+            if status.state != InstanceState.PENDING or time.time() > deadline:
+                return status
+            if stop is not None and stop.wait(1.0):
+                return status
+            elif stop is None:
+                time.sleep(1.0)
+
+    def close(self) -> None:
+        """Release what the provider holds (servers, clients)."""
+
+    # -- backend hooks -------------------------------------------------------------------
+    def _validate(self) -> None:
+        """Provider-specific checks of the config."""
+
+    def _plan_launch(self, spec: LaunchSpec) -> dict[str, Any]:
+        """Backends override to show their request bodies."""
+        return {"command": spec.command, "env": spec.env}
+
+    @abstractmethod
+    def _launch(self, spec: LaunchSpec) -> Instance:
+        """Start one instance (or raise CapacityError)."""
+
+    @abstractmethod
+    def _describe(self, instance: Instance) -> InstanceStatus:
+        """Report the instance's state."""
+
+    @abstractmethod
+    def _terminate(self, instance: Instance) -> None:
+        """End the instance and free what it holds (idempotent)."""
+
+    @abstractmethod
+    def _prices(self, instance_type: str, regions: list[str] | None) -> dict[str, Price]:
+        """Spot and on-demand $/h per region."""
