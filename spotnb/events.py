@@ -7,10 +7,10 @@ An event is a dict with `t` (unix seconds), `kind`, `incarnation` and kind-speci
     alloc_failed  region, reason, retry_in
     allocated     instance_id, region, instance_type, alloc_s, spot_price, on_demand_price
     ready         prep_s (process start → first step, restore included), step
-    resumed       from_step, checkpoint (seq), kind
+    resumed       from_step, seq, save_kind, restore_s
     metrics       rows: [{step, t, <name>: value, ...}, ...]   (one event per flush, not per step)
     progress      step, total (or null), steps_done, compute_s, recompute_s, save_s, step_time
-    checkpoint    seq, kind, step, snapshot_s, upload_s, bytes, stall_s
+    checkpoint    seq, save_kind, step, snapshot_s, upload_s, bytes, stall_s
     checkpoint_failed  seq, kind, step, error
     notice        deadline (unix s), source (aws|azure|gcp), action, emergency (bool)
     evacuated     step (the agent saved and left cleanly after a notice)

@@ -1,26 +1,48 @@
 """Checkpoint policies: when to save so a spot job finishes early and cheaply.
 
 Policies are chosen by name in `Config(checkpoint=...)` or passed as objects. Names:
-`static:N`, `adaptive` (and those registered in `_FACTORIES`).
+`static:N`, `young`, `daly`, `daly2`, `adaptive`, `hedged` (see `policy_names()`).
+Pure: importing this package pulls in no torch, pandas or plotly.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
-from spotnb.policy.base import Observation, Plan, Policy, SaveKind, emergency_feasible
-from spotnb.policy.static import Adaptive, Static, daly_interval
+from spotnb.policy.base import (Observation, Plan, Policy, SaveKind, emergency_feasible,
+                                steps_for)
+from spotnb.policy.hedged import Hedged, unprotected_fraction
+from spotnb.policy.intervals import daly2_interval, daly_interval, expected_total, young_interval
+from spotnb.policy.periodic import Daly, Young
+from spotnb.policy.static import Adaptive, Static
 
-__all__ = ["Observation", "Plan", "Policy", "SaveKind", "Static", "Adaptive", "daly_interval",
-           "emergency_feasible", "resolve_policy", "policy_names"]
-
-_FACTORIES: dict[str, Callable[[str | None], Policy]] = {
-    "static": lambda arg: Static(int(arg)) if arg else _need_arg("static", "static:100"),
-    "adaptive": lambda arg: Adaptive(),
-}
+__all__ = ["Observation", "Plan", "Policy", "SaveKind", "Static", "Adaptive", "Young", "Daly",
+           "Hedged", "daly_interval", "daly2_interval", "young_interval", "expected_total",
+           "unprotected_fraction", "emergency_feasible", "steps_for", "resolve_policy",
+           "policy_names", "FACTORIES"]
 
 
 def _need_arg(name: str, example: str) -> Policy:
     raise ValueError(f"policy {name!r} needs an argument, e.g. {example!r}")
+
+
+def _no_arg(name: str, make: Callable[[], Policy]) -> Callable[[str | None], Policy]:
+    def factory(arg: str | None) -> Policy:
+        if arg:
+            raise ValueError(f"policy {name!r} takes no argument")
+        return make()
+    return factory
+
+
+_FACTORIES: dict[str, Callable[[str | None], Policy]] = {
+    "static": lambda arg: Static(int(arg)) if arg else _need_arg("static", "static:100"),
+    "young": _no_arg("young", Young),
+    "daly": _no_arg("daly", Daly),
+    "daly2": _no_arg("daly2", lambda: Daly(order=2)),
+    "adaptive": _no_arg("adaptive", Adaptive),
+    "hedged": _no_arg("hedged", Hedged),
+}
+FACTORIES: Mapping[str, Callable[[str | None], Policy]] = MappingProxyType(_FACTORIES)
 
 
 def policy_names() -> list[str]:

@@ -38,6 +38,7 @@ class Observation:
     state_bytes: int = 0           # size of the tracked state (lets a policy guess δ before a save)
     age: float = 0.0               # seconds since this instance became ready (VM-age hazard)
     now: float = 0.0               # unix time (time-of-day hazard)
+    total_steps: int | None = None # the job's length in steps, when known (end-of-job savings)
 
     def with_(self, **changes: object) -> "Observation":
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -79,6 +80,18 @@ class Policy(ABC):
         """Whether a notice would leave room for an emergency save (then insurance saves are moot)."""
         return obs.step_time + (obs.snapshot_time or obs.state_bytes / 1e9) + (
             obs.upload_time or obs.state_bytes / 50e6) < obs.grace
+
+    def stationary_until(self, obs: Observation) -> int:
+        """A step up to which the plan is a fixed stride: for every save at `last >= obs.step`
+        whose next planned step is at most this, `next_save(obs', last)` is `obs`'s plan shifted
+        by `last - obs.step` (same kind), obs' differing from obs only in step, age and now.
+        Lets the simulator ask once per VM instead of after every save. 0 = always ask."""
+        return 0
+
+    def allocate_on_notice(self, obs: Observation) -> bool:
+        """Whether the controller should request the replacement VM as soon as a notice arrives,
+        overlapping allocation with the grace period (default: after the old VM is gone)."""
+        return False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -1,16 +1,31 @@
 """Fixed and thesis policies: a save every N steps, and the adaptive Algorithm 1."""
 from __future__ import annotations
 
-import math
-
 from spotnb.policy.base import Observation, Plan, Policy, SaveKind, steps_for
+from spotnb.policy.intervals import daly_interval
 
-__all__ = ["Static", "Adaptive", "daly_interval"]
+_FOREVER = 2**62
+
+__all__ = ["Static", "Adaptive", "daly_interval", "snapshot_estimate", "upload_estimate",
+           "periodic_plan"]
 
 
-def daly_interval(delta: float, mttp: float, restart: float) -> float:
-    """τ_opt = sqrt(2·δ·(MTTP + R)) (thesis Eq. 4.5, Daly's first-order estimate)."""
-    return math.sqrt(2.0 * max(delta, 0.0) * (mttp + restart))
+def snapshot_estimate(obs: Observation) -> float:
+    """δ as measured, or guessed from the state size at 1 GB/s before the first save."""
+    return obs.snapshot_time or obs.state_bytes / 1e9
+
+
+def upload_estimate(obs: Observation) -> float:
+    """β as measured, or guessed from the state size at 50 MB/s before the first save."""
+    return obs.upload_time or obs.state_bytes / 50e6
+
+
+def periodic_plan(obs: Observation, last_save_step: int) -> Plan | None:
+    """The user's next `save_every` boundary (aligned to multiples, as the thesis does)."""
+    if not obs.save_every:
+        return None
+    every = obs.save_every
+    return Plan(last_save_step + every - (last_save_step % every), SaveKind.PERIODIC)
 
 
 class Static(Policy):
@@ -21,29 +36,34 @@ class Static(Policy):
     def __init__(self, every: int) -> None:
         if every < 1:
             raise ValueError(f"Static(every=...) needs a positive step count, got {every}")
-        self.every = every
+        self.every = int(every)
 
     def next_save(self, obs: Observation, last_save_step: int) -> Plan | None:
         return Plan(last_save_step + self.every, SaveKind.PERIODIC)
+
+    def stationary_until(self, obs: Observation) -> int:
+        return _FOREVER
 
     def __repr__(self) -> str:
         return f"Static(every={self.every})"
 
 
 class Adaptive(Policy):
-    """Thesis Algorithm 1: user periodic saves; insurance saves at τ_opt only when a notice
-    would not leave room for an emergency save."""
+    """Thesis Algorithm 1: user periodic saves; insurance saves at τ_opt = sqrt(2δ(MTTP+R)),
+    rescheduled after every save with the latest averages, only when a notice would not leave
+    room for an emergency save (T_step + δ + β ≥ T_grace)."""
 
     name = "adaptive"
 
     def next_save(self, obs: Observation, last_save_step: int) -> Plan | None:
-        periodic = (Plan(last_save_step + obs.save_every - (last_save_step % obs.save_every),
-                         SaveKind.PERIODIC) if obs.save_every else None)
+        periodic = periodic_plan(obs, last_save_step)
         if self.emergency_expected(obs):
             return periodic
-        delta = obs.snapshot_time or obs.state_bytes / 1e9
-        tau = daly_interval(delta, obs.mttp, obs.restart_time)
+        tau = daly_interval(snapshot_estimate(obs), obs.mttp, obs.restart_time)
         insurance = Plan(last_save_step + steps_for(tau, obs.step_time), SaveKind.INSURANCE)
         if periodic is None or insurance.step < periodic.step:
             return insurance
         return periodic
+
+    def stationary_until(self, obs: Observation) -> int:
+        return 0 if obs.save_every else _FOREVER  # periodic saves align to multiples

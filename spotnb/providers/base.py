@@ -104,6 +104,10 @@ class Provider(ABC):
             raise ConfigError(f"Config.regions: {self.unsupported[Feature.MULTI_REGION]}")
         self._validate()
 
+    def notice_settings(self) -> dict[str, Any]:
+        """How the agent hears of a preemption: protocol (aws | azure | gcp) and grace seconds."""
+        return {"format": self.name, "grace": self.config.grace()}
+
     def supports(self, feature: Feature) -> bool:
         return feature not in self.unsupported
 

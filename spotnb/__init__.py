@@ -1,0 +1,45 @@
+"""spotnb: train on cheap spot / preemptible GPUs from a notebook, safely.
+
+    import spotnb as spot
+    job = spot.train(fit, spot.Config(provider="local", local_mttp="2m"))
+    job.result()
+
+Everything is imported lazily so `import spotnb` stays light and imports no cloud SDK.
+"""
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["train", "attach", "jobs", "Config", "Job", "JobFailed", "JobStopped", "ConfigError",
+           "SpotnbError", "Breakdown", "policy", "__version__"]
+
+_LAZY = {
+    "train": "spotnb.api", "attach": "spotnb.api", "jobs": "spotnb.api",
+    "Config": "spotnb.config", "Job": "spotnb.job", "Breakdown": "spotnb.ledger",
+    "JobFailed": "spotnb.errors", "JobStopped": "spotnb.errors", "ConfigError": "spotnb.errors",
+    "SpotnbError": "spotnb.errors",
+}
+
+if TYPE_CHECKING:
+    from spotnb.api import attach, jobs, train
+    from spotnb.config import Config
+    from spotnb.errors import ConfigError, JobFailed, JobStopped, SpotnbError
+    from spotnb.job import Job
+    from spotnb.ledger import Breakdown
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in ("policy", "sim"):
+        return import_module(f"spotnb.{name}")
+    raise AttributeError(f"module 'spotnb' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

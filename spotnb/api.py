@@ -1,0 +1,200 @@
+"""The notebook-side entry points: `train`, `attach`, `jobs`."""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import secrets
+import sys
+import threading
+import time
+import weakref
+from importlib import import_module
+from typing import Any, Callable
+
+from spotnb.config import Config
+from spotnb.errors import ConfigError, SpotnbError
+from spotnb.job import Job
+
+__all__ = ["train", "attach", "jobs", "dry_run_plan"]
+
+_LIVE: "weakref.WeakValueDictionary[str, Job]" = weakref.WeakValueDictionary()
+_LIVE_LOCK = threading.Lock()
+
+
+def _version() -> str:
+    from spotnb import __version__
+    return __version__
+
+
+def _merge(config: Config | None, overrides: dict[str, Any]) -> Config:
+    if config is None:
+        return Config(**overrides)
+    if not isinstance(config, Config):
+        raise ConfigError(f"config must be a spot.Config, got {type(config).__name__}")
+    base = {k: getattr(config, k) for k in config.model_fields_set}
+    return Config(**{**base, **overrides})
+
+
+def _check_fn(fn: Any) -> None:
+    if not callable(fn):
+        raise ConfigError(f"fn: expected a function taking ctx, got {type(fn).__name__}")
+    try:
+        inspect.signature(fn).bind(object())
+    except TypeError:
+        raise ConfigError(f"fn: {getattr(fn, '__name__', fn)!r} must accept exactly one positional "
+                          "argument, the context: def fit(ctx): ...") from None
+    except ValueError:
+        pass  # builtins without a signature: let the call decide
+
+
+def _pickle_payload(fn: Callable[..., Any], config: Config) -> bytes:
+    import cloudpickle
+    for name in config.ship_modules:
+        try:
+            module = import_module(name)
+        except ImportError as exc:
+            raise ConfigError(f"Config.ship_modules: cannot import {name!r} here ({exc}); list "
+                              "modules importable in this kernel") from None
+        cloudpickle.register_pickle_by_value(module)
+    policy = config.checkpoint if not isinstance(config.checkpoint, str) else None
+    try:
+        return cloudpickle.dumps({"fn": fn, "policy": policy})
+    except Exception as exc:  # noqa: BLE001 - cloudpickle raises many kinds
+        raise ConfigError(f"fn: {getattr(fn, '__name__', 'the function')!r} cannot be pickled to ship "
+                          f"to the instance: {type(exc).__name__}: {exc}. It (or something it uses "
+                          "from the notebook) holds an object that cannot be pickled, such as an "
+                          "open file, lock, socket or CUDA stream; create it inside the function.") from None
+    finally:
+        for name in config.ship_modules:
+            cloudpickle.unregister_pickle_by_value(sys.modules[name])
+
+
+def _check_inputs(config: Config) -> None:
+    for i, path in enumerate(config.files):
+        if not os.path.exists(path):
+            raise ConfigError(f"Config.files[{i}]: {path!r} does not exist (relative paths are "
+                              f"taken from {os.getcwd()!r})")
+    from packaging.requirements import InvalidRequirement, Requirement
+    for i, spec in enumerate(config.requirements):
+        try:
+            Requirement(spec)
+        except InvalidRequirement as exc:
+            raise ConfigError(f"Config.requirements[{i}]: {spec!r} is not a pip requirement: {exc}") from None
+
+
+def _new_job_id(name: str | None) -> str:
+    stem = time.strftime("%Y%m%d-%H%M%S")
+    return f"{stem}-{secrets.token_hex(3)}"
+
+
+def _spec(job_id: str, config: Config) -> dict[str, Any]:
+    return {
+        "job_id": job_id, "name": config.name, "created": time.time(), "spotnb_version": _version(),
+        "provider": config.provider, "instance_type": config.instance_type,
+        "save_every": config.save_every, "keep_last": config.keep_last,
+        "policy": config.checkpoint if isinstance(config.checkpoint, str) else None,
+        "notice_poll": config.notice_poll, "flush_interval": 0.5,
+        "heartbeat_interval": max(0.5, min(5.0, config.heartbeat_timeout / 4)),
+        "cwd": os.getcwd(), "requirements": list(config.requirements), "files": list(config.files),
+    }
+
+
+def _public_config(config: Config) -> dict[str, Any]:
+    data = config.model_dump(mode="json", exclude={"checkpoint"})
+    data["checkpoint"] = config.checkpoint if isinstance(config.checkpoint, str) else repr(config.checkpoint)
+    return data
+
+
+def _prepare(fn: Any, config: Config) -> tuple[Any, bytes]:
+    """Everything that can fail on bad input, before anything is written or launched."""
+    from spotnb.providers import get_provider_class
+    _check_fn(fn)
+    _check_inputs(config)
+    provider = get_provider_class(config.provider)(config)
+    provider.validate()
+    payload = _pickle_payload(fn, config)
+    return provider, payload
+
+
+def dry_run_plan(fn: Any, config: Config) -> dict[str, Any]:
+    from spotnb.providers.base import LaunchSpec
+    provider, _ = _prepare(fn, config)
+    regions = config.candidate_regions()
+    region = None if regions == "cheapest" or not regions else regions[0]
+    spec = LaunchSpec(job_id="<job-id>", incarnation=1, store_url=config.store_url(),
+                      instance_type=config.instance_type, region=region,
+                      command=["python", "-m", "spotnb.runtime.agent", "--store", config.store_url(),
+                               "--job", "<job-id>", "--incarnation", "1"],
+                      requirements=list(config.requirements), spotnb_version=_version())
+    return provider.plan_launch(spec)
+
+
+def train(fn: Callable[[Any], Any], config: Config | None = None, *, dry_run: bool = False,
+          **overrides: Any) -> Job:
+    """Run `fn(ctx)` on a spot instance; returns a Job at once (the job runs in the background).
+
+    Bad input raises ConfigError before anything is launched. With `dry_run=True` the
+    provider's exact requests are printed and returned and nothing is launched.
+    """
+    from spotnb.controller import Controller
+    from spotnb.jobdb import JobDB
+    from spotnb.store import Store
+
+    config = _merge(config, overrides)
+    if dry_run:
+        plan = dry_run_plan(fn, config)
+        print(json.dumps(plan, indent=2, default=str))
+        return plan  # type: ignore[return-value]
+    provider, payload = _prepare(fn, config)
+    try:
+        store = Store(config.store_url())
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigError(f"Config.store: cannot open {config.store_url()!r}: {exc}") from None
+    db = JobDB()
+    job_id = _new_job_id(config.name)
+    store.write_bytes(store.job(job_id, "fn.pkl"), payload)
+    store.write_bytes(store.job(job_id, "spec.json"), json.dumps(_spec(job_id, config), indent=1).encode())
+    db.add_job(job_id, name=config.name, provider=config.provider, region=config.region,
+               instance_type=config.instance_type, store=store.url)
+    db.update_job(job_id, controller_pid=os.getpid())
+    job = Job(job_id, store, db, {"name": config.name})
+    controller = Controller(job, config, provider, store, db)
+    controller.emit("submitted", name=config.name, provider=config.provider,
+                    instance_type=config.instance_type, config=_public_config(config),
+                    spotnb_version=_version())
+    controller.set_status("pending")
+    with _LIVE_LOCK:
+        _LIVE[job_id] = job
+    job._controller = controller  # type: ignore[attr-defined]  (keeps it alive with the job)
+    controller.start()
+    return job
+
+
+def attach(job_id: str, store: str | None = None) -> Job:
+    """A Job for an existing job, from any process: full history, then live while it runs."""
+    from spotnb.jobdb import JobDB
+    from spotnb.store import Store
+
+    with _LIVE_LOCK:
+        live = _LIVE.get(job_id)
+    if live is not None:
+        return live
+    db = JobDB()
+    row = db.job(job_id)
+    if row is None and store is None:
+        raise SpotnbError(f"no job {job_id!r} in {db.path}; pass store= to attach from a store directly")
+    url = store or row["store"]  # type: ignore[index]
+    full_id = row["id"] if row else job_id
+    st = Store(url)
+    if not st.exists(st.job(full_id, "spec.json")):
+        raise SpotnbError(f"job {full_id!r} has no spec in store {url!r}")
+    job = Job(full_id, st, db, {"name": row.get("name") if row else None})
+    job.follow()
+    return job
+
+
+def jobs() -> list[dict[str, Any]]:
+    """Every job in the job DB, newest first."""
+    from spotnb.jobdb import JobDB
+    return JobDB().jobs()

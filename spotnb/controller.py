@@ -1,0 +1,321 @@
+"""The controller: launches an instance, watches it through the event log and the provider,
+relaunches after each preemption, and ends the job. It runs in a thread of the notebook's
+process (or of `spotnb controller`), never on the instance.
+
+It writes its own events (writer "ctl") to the same log the agent writes to, and the Job
+learns everything, its own status included, by reading that log back.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import traceback
+from concurrent.futures import Future
+from typing import Any
+
+from spotnb.errors import CapacityError
+from spotnb.events import EventReader, EventWriter
+from spotnb.job import TERMINAL, Job
+from spotnb.jobdb import JobDB
+from spotnb.ledger import breakdown
+from spotnb.providers.base import Instance, InstanceState, LaunchSpec, Provider
+from spotnb.store import Store
+
+__all__ = ["Controller"]
+
+POLL = 0.1
+BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class _Outcome:
+    def __init__(self, reason: str, code: int | None = None,
+                 detail: dict[str, Any] | None = None) -> None:
+        self.reason, self.code, self.detail = reason, code, detail or {}
+
+
+class Controller:
+    def __init__(self, job: Job, config: Any, provider: Provider, store: Store, db: JobDB) -> None:
+        self.job, self.config, self.provider, self.store, self.db = job, config, provider, store, db
+        self.reader = EventReader(store, job.id)
+        self.writer = EventWriter(store, job.id, 0, "ctl")
+        self._stop = threading.Event()
+        self._stop_reason = "stop requested"
+        self._thread = threading.Thread(target=self._main, name=f"spotnb-ctl-{job.id}", daemon=True)
+        self._writers: dict[int, EventWriter] = {}
+        self.preemptions = 0
+        self.retries = 0
+        self._high_water = 0
+        job._stop_hook = self.request_stop
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def request_stop(self, reason: str = "stop requested") -> None:
+        self._stop_reason = reason
+        self._stop.set()
+
+    def emit(self, kind: str, incarnation: int = 0, **fields: Any) -> None:
+        writer = self._writers.get(incarnation)
+        if writer is None:
+            writer = self._writers[incarnation] = EventWriter(self.store, self.job.id, incarnation, "ctl")
+        writer.emit(kind, **fields)
+        writer.flush()
+
+    def set_status(self, status: str, **fields: Any) -> None:
+        if self.job.status != status or fields:
+            self.emit("status", status=status, **fields)
+            self.db.update_job(self.job.id, status=status)
+        self.pump()
+        if status not in TERMINAL:
+            self.job._status = status  # seen at once; the log read back confirms it
+
+    def pump(self) -> list[dict[str, Any]]:
+        """Read new events, hand them to the Job, keep the job DB current."""
+        events = self.reader.poll()
+        if events:
+            self.job._ingest(events)
+            self._index(events)
+        return events
+
+    def _index(self, events: list[dict[str, Any]]) -> None:
+        for e in events:
+            n = e.get("incarnation", 0)
+            if e["kind"] == "checkpoint":
+                self.db.record_checkpoint(self.job.id, n, e)
+            elif e["kind"] == "ready":
+                self.db.record_incarnation(self.job.id, n, ready=e["t"])
+            elif e["kind"] == "progress":
+                self._high_water = max(self._high_water, int(e["step"]))
+        b = breakdown(self.job.events)
+        self.db.update_job(self.job.id, step=b.step, total_steps=b.total_steps,
+                           preemptions=b.preemptions, spot_cost=b.spot_cost,
+                           on_demand_cost=b.on_demand_cost, heartbeat=time.time(),
+                           burn_rate=(b.spot_price or 0.0) if self.job.status in ("running", "restoring") else 0.0)
+
+    def _stop_requested(self) -> bool:
+        if not self._stop.is_set() and self.store.exists(self.store.job(self.job.id, "STOP")):
+            self._stop_reason = "stopped from outside the notebook (spotnb stop)"
+            self._stop.set()
+        return self._stop.is_set()
+
+    # -- main loop -----------------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # noqa: BLE001 - a controller bug must end the job visibly
+            tb = traceback.format_exc()
+            self.emit("error", message=f"controller error: {exc!r}", exc_type=type(exc).__name__,
+                      traceback=tb)
+            self.set_status("failed", reason="controller error")
+            print(tb, file=sys.stderr)
+        finally:
+            self.provider.close()
+            self.pump()
+
+    def _run(self) -> None:
+        n = 1
+        pre: Future | None = None
+        while True:
+            if self._stop_requested():
+                self._end_stopped()
+                return
+            self.set_status("pending" if n == 1 else "restoring")
+            instance = pre.result() if pre is not None else self._allocate(n)
+            pre = None
+            if instance is None:
+                self._end_stopped()
+                return
+            outcome, pre = self._watch(n, instance)
+            self._finish_incarnation(n, instance, outcome)
+            if outcome.reason == "done":
+                self._cancel_pre(pre)
+                self.set_status("succeeded")
+                return
+            if outcome.reason == "stopped":
+                self._cancel_pre(pre)
+                self._end_stopped()
+                return
+            if outcome.reason in ("user_error", "crashed"):
+                if self.retries >= self.config.max_retries:
+                    self._cancel_pre(pre)
+                    if outcome.reason == "crashed" and not self.job._error:
+                        self.emit("error", n, message=f"the instance process died (exit code "
+                                  f"{outcome.code}) without reporting an error; see its log",
+                                  exc_type="InstanceCrashed", traceback=outcome.detail.get("log", ""))
+                    self.set_status("failed", reason=outcome.reason)
+                    return
+                self.retries += 1
+            else:  # preempted, evacuated or lost
+                self.preemptions += 1
+                limit = self.config.max_preemptions
+                if limit is not None and self.preemptions > limit:
+                    self._cancel_pre(pre)
+                    self._stop_reason = f"max_preemptions={limit} reached"
+                    self._end_stopped()
+                    return
+            cost = breakdown(self.job.events).spot_cost
+            if self.config.max_cost is not None and cost >= self.config.max_cost:
+                self._cancel_pre(pre)
+                self._stop_reason = f"max_cost=${self.config.max_cost} reached (spent ${cost:.4f})"
+                self._end_stopped()
+                return
+            n += 1
+
+    def _end_stopped(self) -> None:
+        self.emit("stopped", reason=self._stop_reason)
+        self.set_status("stopped", reason=self._stop_reason)
+
+    def _cancel_pre(self, pre: Future | None) -> None:
+        if pre is None:
+            return
+        instance = pre.result()
+        if instance is not None:
+            self.provider.terminate(instance)
+            self.emit("exited", instance.info.get("incarnation", 0), reason="not needed",
+                      instance_id=instance.id)
+
+    # -- one incarnation ------------------------------------------------------------------------
+    def _allocate(self, n: int) -> Instance | None:
+        market = self._market()
+        inc_doc = {"incarnation": n, "market": market, "notice": self.provider.notice_settings()}
+        self.store.write_bytes(self.store.job(self.job.id, "incarnations", f"{n:04d}.json"),
+                               json.dumps(inc_doc).encode())
+        regions = self._regions()
+        spec_base = dict(job_id=self.job.id, incarnation=n, store_url=self.store.url,
+                         instance_type=self.config.instance_type,
+                         command=["python", "-m", "spotnb.runtime.agent", "--store", self.store.url,
+                                  "--job", self.job.id, "--incarnation", str(n)],
+                         requirements=list(self.config.requirements))
+        attempt = 0
+        requested = time.time()
+        self.db.record_incarnation(self.job.id, n, requested=requested, provider=self.provider.name,
+                                   instance_type=self.config.instance_type)
+        while not self._stop_requested():
+            region = regions[attempt % len(regions)]
+            self.emit("allocating", n, region=region, attempt=attempt + 1)
+            try:
+                instance = self.provider.launch(LaunchSpec(region=region, **spec_base))
+            except CapacityError as exc:
+                wait = BACKOFF[min(attempt, len(BACKOFF) - 1)] if (attempt + 1) % len(regions) == 0 else 0.0
+                self.emit("alloc_failed", n, region=region, reason=str(exc), retry_in=wait)
+                attempt += 1
+                if self._stop.wait(wait):
+                    break
+                continue
+            status = self.provider.wait_allocated(instance, timeout=900, stop=self._stop)
+            if status.state != InstanceState.RUNNING:
+                self.emit("alloc_failed", n, region=region, reason=f"instance {status.state.value}",
+                          retry_in=0.0)
+                self.provider.terminate(instance)
+                attempt += 1
+                continue
+            price = self.provider.prices(self.config.instance_type, [region] if region else None)
+            p = price.get(instance.region or "") or next(iter(price.values()), None)
+            spot = self.config.price_spot if self.config.price_spot is not None else (p.spot if p else 0.0)
+            od = self.config.price_on_demand if self.config.price_on_demand is not None else \
+                (p.on_demand if p else 0.0)
+            instance.info["incarnation"] = n
+            now = time.time()
+            self.emit("allocated", n, instance_id=instance.id, region=instance.region,
+                      instance_type=instance.instance_type, alloc_s=now - requested,
+                      spot_price=spot, on_demand_price=od, price_source=p.source if p else "config")
+            self.db.record_incarnation(self.job.id, n, instance_id=instance.id, region=instance.region,
+                                       allocated=now)
+            return instance
+        return None
+
+    def _market(self) -> dict[str, float]:
+        prior_mttp = getattr(self.config, "local_mttp", None) if self.provider.name == "local" else None
+        lo, hi = self.config.local_alloc_delay
+        stats = self.db.market(self.provider.name, self.config.region, self.config.instance_type,
+                               **({"prior_mttp": prior_mttp} if prior_mttp else {}),
+                               **({"prior_restart": (lo + hi) / 2 + 2.0} if self.provider.name == "local" else {}))
+        return {**stats.as_dict(), "grace": self.provider.notice_settings()["grace"]}
+
+    def _regions(self) -> list[str | None]:
+        regions = self.config.candidate_regions()
+        if regions == "cheapest":
+            prices = self.provider.prices(self.config.instance_type, None)
+            return [r for r, _ in sorted(prices.items(), key=lambda kv: kv[1].spot)] or [None]
+        return list(regions) or [None]
+
+    def _watch(self, n: int, instance: Instance) -> tuple[_Outcome, Future | None]:
+        pre: Future | None = None
+        last_seen = time.time()
+        while True:
+            for e in self.pump():
+                if e.get("incarnation") != n:
+                    continue
+                last_seen = max(last_seen, time.time())
+                kind = e["kind"]
+                if kind == "ready":
+                    self.set_status("running")
+                elif kind == "notice" and pre is None:
+                    self.set_status("preempted")
+                    pre = self._preallocate(n + 1)
+            status = self.provider.describe(instance)
+            if status.state in (InstanceState.EXITED, InstanceState.PREEMPTED, InstanceState.TERMINATED):
+                self.pump()  # the agent flushed before it exited
+                return self._classify(n, instance, status), pre
+            if self._stop_requested():
+                self.provider.terminate(instance)
+                return _Outcome("stopped"), pre
+            if time.time() - last_seen > self.config.heartbeat_timeout:
+                self.provider.terminate(instance)
+                return _Outcome("lost", detail={"why": f"no event for {self.config.heartbeat_timeout:.0f} s"}), pre
+            time.sleep(POLL)
+
+    def _preallocate(self, n: int) -> Future:
+        """Start allocating the replacement as soon as the notice arrives (it waits for the
+        old instance's end marker before restoring)."""
+        fut: Future = Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(self._allocate(n))
+            except BaseException as exc:  # noqa: BLE001
+                fut.set_exception(exc)
+
+        threading.Thread(target=run, name=f"spotnb-prealloc-{n}", daemon=True).start()
+        return fut
+
+    def _classify(self, n: int, instance: Instance, status: Any) -> _Outcome:
+        mine = [e for e in self.job.events if e.get("incarnation") == n]
+        kinds = {e["kind"] for e in mine}
+        if status.state == InstanceState.PREEMPTED:
+            if "done" in kinds:
+                return _Outcome("done", status.exit_code)
+            return _Outcome("evacuated" if "evacuated" in kinds else "preempted", status.exit_code,
+                            status.detail)
+        if "done" in kinds:
+            return _Outcome("done", status.exit_code)
+        if "evacuated" in kinds:
+            return _Outcome("evacuated", status.exit_code)
+        if "error" in kinds:
+            return _Outcome("user_error", status.exit_code)
+        if status.state == InstanceState.TERMINATED:
+            return _Outcome("stopped" if self._stop.is_set() else "lost", status.exit_code)
+        return _Outcome("crashed", status.exit_code, {"log": str(instance.info.get("log", ""))})
+
+    def _finish_incarnation(self, n: int, instance: Instance, outcome: _Outcome) -> None:
+        self.provider.terminate(instance)
+        now = time.time()
+        end_t = outcome.detail.get("at", now)
+        lifetime = end_t - instance.launched_at
+        if outcome.reason in ("preempted", "evacuated", "lost"):
+            self.emit("preempted", n, instance_id=instance.id, lifetime_s=lifetime, t=end_t,
+                      how=outcome.reason, phase=outcome.detail.get("phase"),
+                      step=outcome.detail.get("step"), noticed=outcome.detail.get("noticed"))
+            reason = "preempted"
+        else:
+            self.emit("exited", n, instance_id=instance.id, lifetime_s=lifetime, t=end_t,
+                      reason=outcome.reason, code=outcome.code)
+            reason = outcome.reason
+        self.db.record_incarnation(self.job.id, n, ended=end_t, end_reason=reason)
+        self.pump()
+        marker = {"high_water": self._high_water, "reason": outcome.reason, "t": now}
+        self.store.write_bytes(self.store.job(self.job.id, "incarnations", f"{n:04d}.end"),
+                               json.dumps(marker).encode())

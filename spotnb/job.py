@@ -1,0 +1,237 @@
+"""`Job`: the notebook's handle on a spot job. Its state is derived from the event log only,
+so a Job built by `spot.attach` in a new kernel shows exactly what the original one did."""
+from __future__ import annotations
+
+import html
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from spotnb.errors import JobFailed, JobStopped
+from spotnb.events import Event, EventReader, EventSink
+from spotnb.ledger import Breakdown, breakdown
+from spotnb.store import Store
+
+if TYPE_CHECKING:
+    from spotnb.jobdb import JobDB
+
+__all__ = ["Job", "STATUSES", "TERMINAL"]
+
+STATUSES = ("pending", "running", "preempted", "restoring", "succeeded", "failed", "stopped")
+TERMINAL = frozenset({"succeeded", "failed", "stopped"})
+_FOLLOW_INTERVAL = 0.25
+
+
+class Job:
+    """A running or finished spot job. Returned by `spot.train` and `spot.attach`."""
+
+    def __init__(self, job_id: str, store: Store, db: "JobDB | None" = None,
+                 meta: dict[str, Any] | None = None) -> None:
+        self.id = job_id
+        self.store = store
+        self.db = db
+        self.meta = dict(meta or {})
+        self.name: str = self.meta.get("name") or job_id
+        self._lock = threading.RLock()
+        self._events: list[Event] = []
+        self._metrics: dict[str, list[tuple[int, float]]] = {}
+        self._status = "pending"
+        self._finished = threading.Event()
+        self._sinks: list[EventSink] = []
+        self._result: Any = None
+        self._result_loaded = False
+        self._error: Event | None = None
+        self._stop_reason: str | None = None
+        self._stop_hook: Callable[[], None] | None = None
+        self._follower: threading.Thread | None = None
+
+    # -- state from events ---------------------------------------------------------------------
+    def _ingest(self, events: list[Event]) -> None:
+        if not events:
+            return
+        with self._lock:
+            for e in events:
+                self._events.append(e)
+                kind = e["kind"]
+                if kind == "metrics":
+                    for row in e["rows"]:
+                        step = row["step"]
+                        for key, value in row.items():
+                            if key not in ("step", "t") and isinstance(value, (int, float)):
+                                self._metrics.setdefault(key, []).append((step, float(value)))
+                elif kind == "status":
+                    self._status = e["status"]
+                    if e["status"] == "stopped":
+                        self._stop_reason = e.get("reason")
+                elif kind == "error":
+                    self._error = e
+                elif kind == "submitted":
+                    self.meta.update({k: v for k, v in e.items() if k not in ("t", "kind")})
+                    self.name = self.meta.get("name") or self.id
+            sinks = list(self._sinks)
+        for sink in sinks:
+            try:
+                sink.on_events(events)
+            except Exception as exc:  # noqa: BLE001 - a broken view must not stop the job
+                print(f"spotnb: a job view failed and was detached: {exc!r}")
+                self.remove_sink(sink)
+        if self._status in TERMINAL:
+            self._finished.set()
+
+    def add_sink(self, sink: EventSink, replay: bool = True) -> None:
+        """Send events to `sink` as they arrive (after replaying those seen so far)."""
+        with self._lock:
+            self._sinks.append(sink)
+            past = list(self._events)
+        if replay and past:
+            sink.on_events(past)
+
+    def remove_sink(self, sink: EventSink) -> None:
+        with self._lock:
+            if sink in self._sinks:
+                self._sinks.remove(sink)
+
+    def follow(self) -> None:
+        """Tail the store until the job ends (used when another process drives the job)."""
+        if self._follower is not None:
+            return
+        reader = EventReader(self.store, self.id)
+        self._ingest(reader.poll())
+
+        def loop() -> None:
+            while not self._finished.is_set():
+                time.sleep(_FOLLOW_INTERVAL)
+                try:
+                    self._ingest(reader.poll())
+                except OSError:
+                    continue
+
+        if not self._finished.is_set():
+            self._follower = threading.Thread(target=loop, name=f"spotnb-follow-{self.id}", daemon=True)
+            self._follower.start()
+
+    # -- public ---------------------------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        """pending, running, preempted, restoring, succeeded, failed or stopped."""
+        return self._status
+
+    @property
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    @property
+    def events(self) -> list[Event]:
+        """Every event so far, oldest first (a copy)."""
+        with self._lock:
+            return list(self._events)
+
+    @property
+    def metrics(self) -> dict[str, list[tuple[int, float]]]:
+        """Logged metrics by name: [(step, value), ...] in the order they were logged; steps
+        redone after a preemption appear again (see `metrics_frame()` for the incarnation)."""
+        with self._lock:
+            return {k: list(v) for k, v in self._metrics.items()}
+
+    def events_frame(self) -> Any:
+        """The events as a pandas DataFrame (needs pandas)."""
+        import pandas as pd
+        return pd.DataFrame(self.events)
+
+    def metrics_frame(self) -> Any:
+        """One row per logged step: step, t, incarnation and the metric columns (needs pandas)."""
+        import pandas as pd
+        rows = [{**row, "incarnation": e["incarnation"]} for e in self.events
+                if e["kind"] == "metrics" for row in e["rows"]]
+        return pd.DataFrame(rows)
+
+    def breakdown(self) -> Breakdown:
+        """Seconds of compute / recompute / save / alloc / prep / other, preemptions, spot cost
+        and the on-demand cost of the same compute."""
+        return breakdown(self.events)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the job ends; False on timeout."""
+        return self._finished.wait(timeout)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The function's return value once every preemption was survived.
+
+        Raises JobFailed (with the remote traceback) on a user error, JobStopped if stopped,
+        TimeoutError if `timeout` passes first."""
+        if not self._finished.wait(timeout):
+            raise TimeoutError(f"job {self.id} still {self.status} after {timeout} s")
+        if self._status == "failed":
+            err = self._error or {}
+            raise JobFailed(f"job {self.id} failed: {err.get('message', 'see events')}",
+                            err.get("traceback", ""))
+        if self._status == "stopped":
+            raise JobStopped(f"job {self.id} was stopped: {self._stop_reason or 'stop requested'}")
+        if not self._result_loaded:
+            import cloudpickle
+            self._result = cloudpickle.loads(self.store.read_bytes(self.store.job(self.id, "result.pkl")))
+            self._result_loaded = True
+        return self._result
+
+    def stop(self, wait: bool = True, timeout: float | None = 60) -> None:
+        """Stop the job: terminate its instance; the job ends as "stopped"."""
+        if self._stop_hook is not None:
+            self._stop_hook()
+        else:
+            self.store.write_bytes(self.store.job(self.id, "STOP"), b"stop requested\n")
+        if wait:
+            self._finished.wait(timeout)
+
+    @property
+    def traceback(self) -> str | None:
+        return (self._error or {}).get("traceback")
+
+    # -- display -----------------------------------------------------------------------------
+    def summary(self) -> str:
+        b = self.breakdown()
+        prog = f"step {b.step}" + (f"/{b.total_steps}" if b.total_steps else "")
+        return (f"{self.name} [{self.status}] {prog}, {b.preemptions} preemption(s), "
+                f"spot ${b.spot_cost:.4f} vs on-demand ${b.on_demand_cost:.4f}")
+
+    def __repr__(self) -> str:
+        return f"<spotnb.Job {self.id} {self.summary()}>"
+
+    def _repr_html_(self) -> str:
+        b = self.breakdown()
+        rows = "".join(f"<tr><td>{c}</td><td>{getattr(b, c):.1f} s</td></tr>"
+                       for c in ("compute", "recompute", "save", "alloc", "prep", "other"))
+        return (f"<div class='spotnb-job'><b>{html.escape(self.name)}</b> "
+                f"<code>{html.escape(self.id)}</code> — <b>{html.escape(self.status)}</b><br>"
+                f"step {b.step}{'/' + str(b.total_steps) if b.total_steps else ''}, "
+                f"{b.preemptions} preemption(s), spot ${b.spot_cost:.4f} vs on-demand "
+                f"${b.on_demand_cost:.4f} ({b.savings:.0%} saved)"
+                f"<table>{rows}<tr><td>total</td><td>{b.total:.1f} s</td></tr></table></div>")
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+        try:
+            from spotnb.widget import job_widget
+        except ImportError:
+            display({"text/html": self._repr_html_(), "text/plain": repr(self)}, raw=True)
+            return
+        display(job_widget(self))
+
+    def show(self) -> Any:
+        """Display the live widget (or the text view outside a notebook kernel)."""
+        try:
+            from spotnb.widget import job_widget
+        except ImportError:
+            print(repr(self))
+            return None
+        widget = job_widget(self)
+        try:
+            from IPython.display import display
+            display(widget)
+        except ImportError:
+            pass
+        return widget
+
+    def plot(self) -> Any:
+        """Static plotly figures (breakdown, timeline, metrics) for export."""
+        from spotnb.widget import static_figures
+        return static_figures(self)

@@ -1,0 +1,133 @@
+"""The job DB (SQLite, `$SPOTNB_HOME/jobs.db`): an index of jobs and what the markets did.
+
+The store remains the source of truth for a job; the DB lists jobs across stores and learns,
+per (provider, region, instance type), the mean time to preemption and the restart time R
+that the checkpoint policy needs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from spotnb.config import spotnb_home
+
+__all__ = ["JobDB", "MarketStats", "PRIOR_MTTP", "PRIOR_RESTART"]
+
+PRIOR_MTTP = 3 * 3600.0   # thesis: ~4 preemptions per 12 h on Azure NC12s_v3
+PRIOR_RESTART = 170.0     # median GPU spot allocation ~110 s (DeepSpotCloud) + ~60 s preparation
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+  id TEXT PRIMARY KEY, name TEXT, provider TEXT, region TEXT, instance_type TEXT, store TEXT,
+  status TEXT, created REAL, updated REAL, step INTEGER DEFAULT 0, total_steps INTEGER,
+  preemptions INTEGER DEFAULT 0, spot_cost REAL DEFAULT 0, on_demand_cost REAL DEFAULT 0,
+  burn_rate REAL DEFAULT 0, controller_pid INTEGER, heartbeat REAL
+);
+CREATE TABLE IF NOT EXISTS incarnations (
+  job_id TEXT, n INTEGER, instance_id TEXT, provider TEXT, region TEXT, instance_type TEXT,
+  requested REAL, allocated REAL, ready REAL, ended REAL, end_reason TEXT,
+  PRIMARY KEY (job_id, n)
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+  job_id TEXT, n INTEGER, seq INTEGER, kind TEXT, step INTEGER, snapshot_s REAL, upload_s REAL,
+  bytes INTEGER, t REAL, PRIMARY KEY (job_id, seq)
+);
+"""
+
+
+class MarketStats:
+    """MTTP and R for one market, with a documented prior when there is no history."""
+
+    def __init__(self, mttp: float, restart: float, preemptions: int, exposure: float) -> None:
+        self.mttp, self.restart, self.preemptions, self.exposure = mttp, restart, preemptions, exposure
+
+    def as_dict(self) -> dict[str, float]:
+        return {"mttp": self.mttp, "restart": self.restart}
+
+
+class JobDB:
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path else spotnb_home() / "jobs.db"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        with self._connect() as con:
+            con.executescript(_SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        con = sqlite3.connect(self.path, timeout=30)
+        con.row_factory = sqlite3.Row
+        con.execute("PRAGMA journal_mode=WAL")
+        return con
+
+    def _exec(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock, self._connect() as con:
+            return con.execute(sql, args).fetchall()
+
+    # -- jobs --------------------------------------------------------------------------------
+    def add_job(self, job_id: str, *, name: str | None, provider: str, region: str | None,
+                instance_type: str, store: str) -> None:
+        now = time.time()
+        self._exec("INSERT OR REPLACE INTO jobs (id, name, provider, region, instance_type, store, "
+                   "status, created, updated) VALUES (?,?,?,?,?,?,?,?,?)",
+                   (job_id, name, provider, region, instance_type, store, "pending", now, now))
+
+    def update_job(self, job_id: str, **fields: Any) -> None:
+        if not fields:
+            return
+        fields["updated"] = time.time()
+        cols = ", ".join(f"{k}=?" for k in fields)
+        self._exec(f"UPDATE jobs SET {cols} WHERE id=?", (*fields.values(), job_id))
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        rows = self._exec("SELECT * FROM jobs WHERE id=?", (job_id,))
+        if not rows:
+            rows = self._exec("SELECT * FROM jobs WHERE id LIKE ? ORDER BY created DESC", (job_id + "%",))
+        return dict(rows[0]) if rows else None
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._exec("SELECT * FROM jobs ORDER BY created DESC")]
+
+    # -- incarnations ------------------------------------------------------------------------
+    def record_incarnation(self, job_id: str, n: int, **fields: Any) -> None:
+        rows = self._exec("SELECT 1 FROM incarnations WHERE job_id=? AND n=?", (job_id, n))
+        if not rows:
+            self._exec("INSERT INTO incarnations (job_id, n) VALUES (?, ?)", (job_id, n))
+        if fields:
+            cols = ", ".join(f"{k}=?" for k in fields)
+            self._exec(f"UPDATE incarnations SET {cols} WHERE job_id=? AND n=?",
+                       (*fields.values(), job_id, n))
+
+    def record_checkpoint(self, job_id: str, n: int, e: dict[str, Any]) -> None:
+        self._exec("INSERT OR REPLACE INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)",
+                   (job_id, n, e["seq"], e["save_kind"], e["step"], e.get("snapshot_s"),
+                    e.get("upload_s"), e.get("bytes"), e["t"]))
+
+    def market(self, provider: str, region: str | None, instance_type: str,
+               prior_mttp: float = PRIOR_MTTP, prior_restart: float = PRIOR_RESTART) -> MarketStats:
+        """MTTP = (exposure + one prior lifetime) / (preemptions + 1): the exponential MLE over
+        every instance's life (censored lives count as exposure without an event), shrunk toward
+        the prior so one early preemption does not swing the policy. R: mean of allocation +
+        preparation, also with the prior as one observation."""
+        rows = self._exec(
+            "SELECT allocated, ready, ended, end_reason, requested FROM incarnations "
+            "WHERE provider=? AND instance_type=? AND (region IS ? OR ? IS NULL)",
+            (provider, instance_type, region, region))
+        exposure, events, restarts = 0.0, 0, []
+        for r in rows:
+            if r["allocated"] and r["ended"]:
+                exposure += max(0.0, r["ended"] - r["allocated"])
+                events += r["end_reason"] == "preempted"
+            if r["requested"] and r["ready"]:
+                restarts.append(r["ready"] - r["requested"])
+        mttp = (exposure + prior_mttp) / (events + 1)
+        restart = (sum(restarts) + prior_restart) / (len(restarts) + 1)
+        return MarketStats(mttp, restart, events, exposure)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, default=str)

@@ -1,0 +1,177 @@
+"""Where the time and the money went, computed from events alone.
+
+The widget, `job.breakdown()`, the CLI and the job DB all call `breakdown(events)`, so they
+report the same figures. Wall time from the first launch to the end is split, moment by
+moment, into one category with priority running > preparation > allocation > other, so an
+allocation overlapped with the previous instance's grace period is not counted twice and
+the categories add up to the total:
+
+- compute: first-time steps; recompute: steps redone after a preemption plus the lost tail
+  of a killed instance (time after its last report); save: blocking snapshot time and
+  emergency saves; prep: instance start to first step (process start, imports, restore);
+  alloc: waiting for an instance; other: gaps (backoff after capacity errors, the end).
+- spot cost: each instance's running time (allocation to end) at its spot price.
+- on-demand cost: the job's compute time at the on-demand price of the same instance type.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+__all__ = ["Breakdown", "breakdown", "CATEGORIES"]
+
+CATEGORIES = ("compute", "recompute", "save", "alloc", "prep", "other")
+_PRIORITY = {"running": 3, "prep": 2, "alloc": 1}
+
+
+@dataclass
+class Breakdown:
+    compute: float = 0.0
+    recompute: float = 0.0
+    save: float = 0.0
+    alloc: float = 0.0
+    prep: float = 0.0
+    other: float = 0.0
+    total: float = 0.0
+    preemptions: int = 0
+    incarnations: int = 0
+    step: int = 0
+    total_steps: int | None = None
+    spot_cost: float = 0.0
+    on_demand_cost: float = 0.0
+    spot_price: float | None = None
+    on_demand_price: float | None = None
+
+    @property
+    def savings(self) -> float:
+        """Fraction saved against on-demand (0.7 = 70 % cheaper); 0 before any compute."""
+        return 1.0 - self.spot_cost / self.on_demand_cost if self.on_demand_cost > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "savings": self.savings}
+
+    def table(self) -> str:
+        """A plain-text table for terminals and logs."""
+        lines = [f"{'category':<10} {'seconds':>10} {'share':>7}"]
+        for cat in CATEGORIES:
+            val = getattr(self, cat)
+            share = val / self.total if self.total else 0.0
+            lines.append(f"{cat:<10} {val:>10.2f} {share:>6.1%}")
+        lines.append(f"{'total':<10} {self.total:>10.2f}")
+        lines.append(f"preemptions {self.preemptions}, instances {self.incarnations}, "
+                     f"steps {self.step}" + (f"/{self.total_steps}" if self.total_steps else ""))
+        lines.append(f"spot cost ${self.spot_cost:.4f}  vs on-demand ${self.on_demand_cost:.4f}  "
+                     f"(savings {self.savings:.1%})")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return ("Breakdown(" + ", ".join(f"{c}={getattr(self, c):.2f}" for c in CATEGORIES) +
+                f", total={self.total:.2f}, preemptions={self.preemptions}, "
+                f"spot_cost={self.spot_cost:.4f}, on_demand_cost={self.on_demand_cost:.4f})")
+
+
+@dataclass
+class _Inc:
+    allocating: float | None = None
+    allocated: float | None = None
+    ready: float | None = None
+    end: float | None = None
+    preempted: bool = False
+    progress: dict[str, Any] | None = None
+    spot: float = 0.0
+    on_demand: float = 0.0
+
+
+def breakdown(events: Iterable[dict[str, Any]], now: float | None = None) -> Breakdown:
+    incs: dict[int, _Inc] = {}
+    start = end = None
+    out = Breakdown()
+    for e in events:
+        kind, t, n = e["kind"], e["t"], e.get("incarnation", 0)
+        if kind == "submitted":
+            start = t if start is None else min(start, t)
+            continue
+        inc = incs.setdefault(n, _Inc()) if n else None
+        if inc is None:
+            if kind == "status" and e.get("status") in ("succeeded", "failed", "stopped"):
+                end = t
+            continue
+        if kind == "allocating" and inc.allocating is None:
+            inc.allocating = t
+            start = t if start is None else min(start, t)
+        elif kind == "allocated":
+            inc.allocated = t
+            inc.spot = float(e.get("spot_price") or 0.0)
+            inc.on_demand = float(e.get("on_demand_price") or 0.0)
+            out.spot_price, out.on_demand_price = inc.spot, inc.on_demand
+        elif kind == "ready" and inc.ready is None:
+            inc.ready = t
+        elif kind == "progress":
+            inc.progress = e
+            out.step = max(out.step, int(e.get("step") or 0))
+            out.total_steps = e.get("total") or out.total_steps
+        elif kind in ("preempted", "exited"):
+            inc.end = t
+            inc.preempted = kind == "preempted"
+            out.preemptions += kind == "preempted"
+    if start is None:
+        return out
+    now = time.time() if now is None else now
+    stop = end if end is not None else now
+    intervals: list[tuple[float, float, str, int]] = []
+    for n, inc in incs.items():
+        inc_end = inc.end if inc.end is not None else stop
+        if inc.allocating is not None:
+            intervals.append((inc.allocating, inc.allocated or inc_end, "alloc", n))
+        if inc.allocated is not None:
+            intervals.append((inc.allocated, inc.ready or inc_end, "prep", n))
+            billed = max(0.0, inc_end - inc.allocated)
+            out.spot_cost += billed / 3600.0 * inc.spot
+        if inc.ready is not None:
+            intervals.append((inc.ready, inc_end, "running", n))
+    visible = _sweep(intervals, start, stop)
+    for n, inc in incs.items():
+        out.incarnations += inc.allocated is not None
+        out.alloc += visible.get(("alloc", n), 0.0)
+        out.prep += visible.get(("prep", n), 0.0)
+        running = visible.get(("running", n), 0.0)
+        p = inc.progress or {}
+        c, rc, s = (float(p.get(k) or 0.0) for k in ("compute_s", "recompute_s", "save_s"))
+        accounted = c + rc + s
+        if accounted > running > 0:  # clock slack between processes: scale to the wall time
+            c, rc, s = (x * running / accounted for x in (c, rc, s))
+            accounted = running
+        lost = max(0.0, running - accounted)
+        if inc.preempted:
+            rc += lost          # the killed instance's work since its last report is lost
+        elif inc.end is None:
+            c += lost           # still running: work not reported yet
+        else:
+            out.other += lost   # writing the result, waiting for uploads at the end
+        out.compute += c
+        out.recompute += rc
+        out.save += s
+        out.on_demand_cost += c / 3600.0 * inc.on_demand
+    out.total = max(0.0, stop - start)
+    out.other += max(0.0, out.total - sum(getattr(out, k) for k in CATEGORIES))
+    return out
+
+
+def _sweep(intervals: list[tuple[float, float, str, int]], start: float,
+           stop: float) -> dict[tuple[str, int], float]:
+    """Length of each interval not hidden by a higher-priority one, clipped to [start, stop]."""
+    points = sorted({start, stop, *(max(start, min(stop, x)) for a, b, _, _ in intervals for x in (a, b))})
+    out: dict[tuple[str, int], float] = {}
+    for lo, hi in zip(points, points[1:]):
+        if hi <= lo:
+            continue
+        mid = (lo + hi) / 2
+        best = None
+        for a, b, cat, n in intervals:
+            if a <= mid < b and (best is None or _PRIORITY[cat] > _PRIORITY[best[0]]
+                                 or (_PRIORITY[cat] == _PRIORITY[best[0]] and n > best[1])):
+                best = (cat, n)
+        if best is not None:
+            out[best] = out.get(best, 0.0) + hi - lo
+    return out

@@ -1,0 +1,136 @@
+"""`Hedged`: insurance saves sized to the preemptions an emergency save cannot cover.
+
+Why it beats the thesis's Adaptive (measured in `benchmarks/POLICY_GAINS.md`):
+
+* **Partial emergency coverage.** Adaptive's test T_step + δ + β < T_grace is all or nothing.
+  A notice lands at a uniformly random point of a step, so after finishing that step the time
+  left is T_grace − U·T_step; the emergency save fits with probability
+  p = (T_grace − δ − β)/T_step (clipped to [0, 1]). Only the other 1 − p of preemptions cost
+  lost work, so they arrive with mean MTTP/(1 − p) and the insurance interval is
+  τ = sqrt(2·δ·(MTTP/(1 − p) + R)). Adaptive, seeing the test fail, insures as if every
+  preemption were unprotected (p = 0) and over-saves; when p = 1 both save nothing.
+* **Replacement allocated on the notice** (`allocate_on_notice`): the controller requests the
+  next VM while the old one finishes its step and emergency save, so the grace period overlaps
+  the allocation wait (DeepSpotCloud). The cost is paying for two VMs for that overlap.
+* **End of job.** A save whose expected saving (work since the last save × chance of an
+  unprotected preemption before the end) is below its cost δ is skipped.
+* **Optional hazard.** `hazard(obs) -> rate/s` replaces the single MTTP by a rate that depends
+  on the instance's age or the time of day (e.g. estimated from a trace by
+  `spotnb.traces.Trace.hazard_by_time`); the interval is recomputed after every save.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from spotnb.policy.base import Observation, Plan, Policy, SaveKind, steps_for
+from spotnb.policy.intervals import daly_interval
+from spotnb.policy.static import periodic_plan, snapshot_estimate, upload_estimate
+
+__all__ = ["Hedged", "unprotected_fraction"]
+
+Hazard = Callable[[Observation], float]
+
+
+def unprotected_fraction(obs: Observation, margin: float = 0.5) -> float:
+    """Share of notices after which an emergency save would not fit in the grace period.
+
+    The runtime finishes the step in progress first; with the notice uniform within a step,
+    the save fits when the remainder of the step is below T_grace − δ − β − margin.
+    """
+    slack = obs.grace - snapshot_estimate(obs) - upload_estimate(obs) - margin
+    if slack <= 0:
+        return 1.0
+    if obs.step_time <= 0 or slack >= obs.step_time:
+        return 0.0
+    return 1.0 - slack / obs.step_time
+
+
+class Hedged(Policy):
+    """Insurance only against uncovered preemptions, replacement requested on the notice."""
+
+    name = "hedged"
+
+    def __init__(self, prealloc: bool = True, end_aware: bool = True,
+                 hazard: Hazard | None = None, margin: float = 0.5) -> None:
+        self.prealloc = prealloc
+        self.end_aware = end_aware
+        self.hazard = hazard
+        self.margin = margin
+
+    def effective_mttp(self, obs: Observation) -> float:
+        """Mean time between preemptions that an emergency save will not cover."""
+        unprotected = unprotected_fraction(obs, self.margin)
+        if unprotected <= 0.0:
+            return math.inf
+        mttp = obs.mttp
+        if self.hazard is not None:
+            rate = self.hazard(obs)
+            mttp = 1.0 / rate if rate > 0 else math.inf
+        return mttp / unprotected
+
+    def interval(self, obs: Observation) -> float:
+        """Seconds of compute between insurance saves (inf = none needed)."""
+        mttp = self.effective_mttp(obs)
+        if math.isinf(mttp):
+            return math.inf
+        return daly_interval(snapshot_estimate(obs), mttp, obs.restart_time)
+
+    def next_save(self, obs: Observation, last_save_step: int) -> Plan | None:
+        periodic = periodic_plan(obs, last_save_step)
+        mttp = self.effective_mttp(obs)
+        if math.isinf(mttp):
+            return periodic
+        tau = daly_interval(snapshot_estimate(obs), mttp, obs.restart_time)
+        step = last_save_step + steps_for(tau, obs.step_time)
+        if self.end_aware and obs.total_steps is not None:
+            step = self._worth_it(obs, last_save_step, step, mttp)
+        if step is None:
+            return periodic
+        if periodic is not None and periodic.step <= step:
+            return periodic
+        return Plan(step, SaveKind.INSURANCE)
+
+    def _worth_it(self, obs: Observation, last: int, step: int, mttp: float) -> int | None:
+        """The planned step, stretched or dropped near the end of the job.
+
+        A save at `step` costs δ; it saves the work since `last` if an unprotected preemption
+        strikes before the end. If the remaining job is short, one longer segment is cheaper.
+        """
+        total = obs.total_steps or 0
+        if step >= total:
+            return None
+        remaining = (total - step) * obs.step_time
+        at_risk = (step - last) * obs.step_time
+        saving = at_risk * (1.0 - math.exp(-remaining / mttp))
+        if saving < snapshot_estimate(obs):
+            return None
+        return step
+
+    def stationary_until(self, obs: Observation) -> int:
+        if obs.save_every or self.hazard is not None:
+            return 0
+        if not (self.end_aware and obs.total_steps is not None):
+            return 2**62
+        # `_worth_it` keeps every save that leaves more than this much work after it.
+        mttp = self.effective_mttp(obs)
+        if math.isinf(mttp) or obs.step_time <= 0:
+            return 0
+        at_risk = steps_for(self.interval(obs), obs.step_time) * obs.step_time
+        if at_risk <= snapshot_estimate(obs):
+            return 0
+        tail = -mttp * math.log(1.0 - snapshot_estimate(obs) / at_risk)
+        return max(0, obs.total_steps - math.ceil(tail / obs.step_time) - 1)
+
+    def allocate_on_notice(self, obs: Observation) -> bool:
+        return self.prealloc
+
+    def __repr__(self) -> str:
+        args = []
+        if not self.prealloc:
+            args.append("prealloc=False")
+        if not self.end_aware:
+            args.append("end_aware=False")
+        if self.hazard is not None:
+            args.append(f"hazard={self.hazard!r}")
+        return f"Hedged({', '.join(args)})"

@@ -1,0 +1,199 @@
+"""The local spot market: a real backend whose instances are processes on this machine.
+
+Each instance is `python -m spotnb.runtime.agent ...` in its own process group. A metadata
+emulator serves the chosen cloud's notice protocol; an injector gives the notice and then
+SIGKILLs the group; allocation takes a sampled delay and can fail for lack of capacity.
+It runs the quickstart, the tutorials and CI, and prices runs from the built-in table.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any, ClassVar
+
+from spotnb.config import spotnb_home
+from spotnb.errors import CapacityError, ConfigError
+from spotnb.preempt import Exponential, Never, PreemptionProcess
+from spotnb.prices import lookup_price
+from spotnb.providers.base import (Feature, Instance, InstanceState, InstanceStatus, LaunchSpec,
+                                   Price, Provider)
+from spotnb.providers.local.injector import Injector
+from spotnb.providers.local.metadata import MetadataEmulator
+
+__all__ = ["LocalProvider"]
+
+
+class LocalProvider(Provider):
+    name = "local"
+    unsupported: ClassVar[dict[Feature, str]] = {
+        Feature.MEMORY_STORE: "local instances are separate processes and cannot see it",
+        Feature.MULTI_REGION: "the local market has a single region ('local')",
+    }
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.rng = random.Random(config.local_seed)
+        self.emulator: MetadataEmulator | None = None
+        self.notice_format = config.local_notice_format
+        self.grace = config.grace()
+        self.schedule = list(config.local_schedule or [])
+        self.process = self._process()
+        self.t0: float | None = None
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._injectors: dict[str, Injector] = {}
+        self._terminated: set[str] = set()
+        self._closing = threading.Event()
+        self.tmp = tempfile.mkdtemp(prefix="spotnb-local-")
+
+    def _process(self) -> PreemptionProcess:
+        cfg = self.config
+        if cfg.local_trace:
+            from spotnb.traces import trace_process  # the policy/simulator issue's loaders
+            return trace_process(cfg.local_trace)
+        if cfg.local_mttp:
+            return Exponential(cfg.local_mttp)
+        return Never()
+
+    def _validate(self) -> None:
+        cfg = self.config
+        if cfg.local_trace:
+            try:
+                from spotnb.traces import load_trace
+                load_trace(cfg.local_trace)
+            except (ImportError, OSError, ValueError) as exc:
+                raise ConfigError(f"Config.local_trace: cannot load {cfg.local_trace!r}: {exc}. "
+                                  "Give a bundled trace name or a trace file path.") from None
+        if cfg.local_trace and (cfg.local_mttp or cfg.local_schedule):
+            raise ConfigError("Config.local_trace: give one of local_trace, local_mttp, local_schedule")
+        if cfg.local_mttp and cfg.local_schedule:
+            raise ConfigError("Config.local_schedule: give local_schedule or local_mttp, not both")
+
+    def notice_settings(self) -> dict[str, Any]:
+        return {"format": self.notice_format, "grace": self.grace}
+
+    def _launch(self, spec: LaunchSpec) -> Instance:
+        lo, hi = self.config.local_alloc_delay
+        delay = self.rng.uniform(lo, hi) if hi > lo else lo
+        if self._closing.wait(delay):
+            raise CapacityError("the job was stopped while waiting for an instance")
+        if self.rng.random() < self.config.local_capacity_failure:
+            raise CapacityError("InsufficientInstanceCapacity: the local market has no "
+                                f"{spec.instance_type} right now")
+        if self.emulator is None:
+            self.emulator = MetadataEmulator()
+        instance_id = f"local-{uuid.uuid4().hex[:10]}"
+        beacon = os.path.join(self.tmp, f"{instance_id}.beacon")
+        logdir = spotnb_home() / "logs" / spec.job_id
+        logdir.mkdir(parents=True, exist_ok=True)
+        log_path = str(logdir / f"{spec.incarnation:04d}-{instance_id}.log")
+        env = {**os.environ, **spec.env,
+               "SPOTNB_METADATA_URL": self.emulator.base_url(instance_id),
+               "SPOTNB_BEACON": beacon, "SPOTNB_INSTANCE_ID": instance_id,
+               "PYTHONUNBUFFERED": "1"}
+        if self.config.local_upload_bps:
+            env["SPOTNB_UPLOAD_BPS"] = str(self.config.local_upload_bps)
+        command = [sys.executable if c == "python" else c for c in spec.command]
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        now = time.time()
+        if self.t0 is None:
+            self.t0 = now
+        self._procs[instance_id] = proc
+        injector = self._schedule_kill(instance_id, proc, beacon, now)
+        self._injectors[instance_id] = injector
+        return Instance(id=instance_id, provider="local", region="local",
+                        instance_type=spec.instance_type, launched_at=now,
+                        info={"pid": proc.pid, "log": log_path, "beacon": beacon,
+                              "kill_at": injector.kill_at if math.isfinite(injector.kill_at) else None,
+                              "trigger": injector.trigger})
+
+    def _schedule_kill(self, instance_id: str, proc: subprocess.Popen, beacon: str,
+                       now: float) -> Injector:
+        assert self.emulator is not None and self.t0 is not None
+        trigger, kill_at = None, math.inf
+        if self.schedule:
+            entry = self.schedule.pop(0)
+            if "step" in entry:
+                trigger = entry
+            else:
+                kill_at = now + entry["after"]
+        elif not self.config.local_schedule:
+            kill_at = self.t0 + self.process.next_preemption(now - self.t0, self.rng)
+        holder: dict[str, Injector] = {}
+        self.emulator.register(instance_id, on_ack=lambda: holder["inj"].kill_now("acknowledged"))
+        emulator = self.emulator
+
+        def notify(deadline: float) -> None:
+            emulator.notify(instance_id, deadline)
+
+        injector = Injector(proc, beacon, kill_at=kill_at, grace=self.grace, trigger=trigger,
+                            notify=notify)
+        holder["inj"] = injector
+        return injector
+
+    def inject(self, instance: Instance, grace: float | None = None) -> None:
+        """Preempt `instance` now (fault injection): notice, then the kill `grace` seconds later."""
+        injector = self._injectors[instance.id]
+        injector.kill_at = time.time() + (self.grace if grace is None else grace)
+
+    def _describe(self, instance: Instance) -> InstanceStatus:
+        proc = self._procs.get(instance.id)
+        if proc is None:
+            return InstanceStatus(InstanceState.UNKNOWN)
+        code = proc.poll()
+        if code is None:
+            return InstanceStatus(InstanceState.RUNNING)
+        injector = self._injectors.get(instance.id)
+        if injector is not None and injector.kill is not None:
+            k = injector.kill
+            return InstanceStatus(InstanceState.PREEMPTED, code,
+                                  {"phase": k.phase, "step": k.step, "noticed": k.noticed,
+                                   "at": k.at, "reason": k.reason})
+        if instance.id in self._terminated:
+            return InstanceStatus(InstanceState.TERMINATED, code)
+        return InstanceStatus(InstanceState.EXITED, code)
+
+    def _terminate(self, instance: Instance) -> None:
+        proc = self._procs.get(instance.id)
+        injector = self._injectors.get(instance.id)
+        if injector is not None:
+            injector.cancel()
+        if proc is not None and proc.poll() is None:
+            self._terminated.add(instance.id)
+            try:
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        if self.emulator is not None:
+            self.emulator.forget(instance.id)
+
+    def _prices(self, instance_type: str, regions: list[str] | None) -> dict[str, Price]:
+        price = lookup_price(instance_type)
+        if price is None:
+            return {}
+        return {"local": Price(price.spot, price.on_demand, price.source + ", local market")}
+
+    def close(self) -> None:
+        self._closing.set()
+        for instance_id, proc in list(self._procs.items()):
+            if proc.poll() is None:
+                self._terminated.add(instance_id)
+                try:
+                    os.killpg(proc.pid, 9)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        for injector in self._injectors.values():
+            injector.cancel()
+        if self.emulator is not None:
+            self.emulator.close()
+            self.emulator = None

@@ -1,0 +1,92 @@
+"""The local market's preemptions: a notice `grace` seconds ahead, then SIGKILL of the whole
+process group. Lifetimes come from a PreemptionProcess (exponential, trace) or a schedule;
+schedule entries may also trigger on a step and a checkpoint phase read from the beacon."""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from spotnb.runtime.beacon import Phase, read_beacon
+
+__all__ = ["Kill", "Injector"]
+
+_PHASES = {"step": None, "save": {Phase.SNAPSHOT, Phase.SAVE}, "upload": {Phase.UPLOAD}}
+
+
+@dataclass
+class Kill:
+    """What happened at a kill (the market's own record, for the `preempted` event)."""
+
+    at: float
+    step: int
+    phase: str
+    noticed: bool
+    reason: str = "preempted"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Injector:
+    """Watches one instance process and kills it as scheduled."""
+
+    def __init__(self, proc: subprocess.Popen, beacon_path: str, *, kill_at: float = math.inf,
+                 grace: float = 0.0, trigger: dict[str, Any] | None = None,
+                 notify: Callable[[float], None] | None = None) -> None:
+        self.proc, self.beacon_path = proc, beacon_path
+        self.kill_at, self.grace, self.trigger, self.notify = kill_at, grace, trigger, notify
+        self.kill: Kill | None = None
+        self.noticed = False
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="spotnb-injector", daemon=True)
+        self._thread.start()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def kill_now(self, reason: str = "preempted") -> Kill | None:
+        """SIGKILL the process group (idempotent); records where the process was."""
+        with self._lock:
+            if self.kill is not None or self.proc.poll() is not None:
+                return self.kill
+            step, phase = read_beacon(self.beacon_path)
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return None
+            self.kill = Kill(at=time.time(), step=step, phase=phase.name.lower(),
+                             noticed=self.noticed, reason=reason)
+        self.proc.wait()
+        return self.kill
+
+    def _run(self) -> None:
+        if self.trigger is not None:
+            return self._watch_trigger()
+        notice_at = self.kill_at - self.grace
+        while not self._cancel.is_set() and self.proc.poll() is None:
+            now = time.time()
+            if not self.noticed and now >= notice_at and math.isfinite(self.kill_at):
+                self.noticed = True
+                if self.notify:
+                    self.notify(self.kill_at)
+            if now >= self.kill_at:
+                self.kill_now()
+                return
+            wait = (notice_at if not self.noticed else self.kill_at) - now
+            self._cancel.wait(min(max(wait, 0.0), 0.25))
+
+    def _watch_trigger(self) -> None:
+        """Kill without notice at the first moment the beacon shows the step and phase."""
+        assert self.trigger is not None
+        target, phases = self.trigger["step"], _PHASES[self.trigger.get("phase", "step")]
+        while not self._cancel.is_set() and self.proc.poll() is None:
+            step, phase = read_beacon(self.beacon_path)
+            if step >= target and (phases is None or phase in phases):
+                self.kill_now()
+                return
+            time.sleep(0.0005)

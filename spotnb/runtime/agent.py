@@ -1,0 +1,196 @@
+"""The process that runs on a spot instance: `python -m spotnb.runtime.agent --store URL --job ID
+--incarnation N`.
+
+It reads the job spec from the store, waits until the previous incarnation is over (so a
+replacement can be allocated and prepared during the old one's grace period), runs the user's
+function with a `Context`, streams events, and exits with a code the controller reads:
+0 done, 1 the user's function raised, 3 evacuated after an emergency checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+_STARTED = time.time()
+
+EXIT_DONE, EXIT_USER_ERROR, EXIT_EVACUATED = 0, 1, 3
+
+__all__ = ["main", "Agent", "EXIT_DONE", "EXIT_USER_ERROR", "EXIT_EVACUATED"]
+
+
+class Agent:
+    def __init__(self, store_url: str, job_id: str, incarnation: int) -> None:
+        from spotnb.events import EventWriter
+        from spotnb.store import Store
+
+        self.store = Store(store_url)
+        self.job_id, self.incarnation = job_id, incarnation
+        self.spec = json.loads(self.store.read_bytes(self.store.job(job_id, "spec.json")))
+        self.inc = json.loads(self.store.read_bytes(
+            self.store.job(job_id, "incarnations", f"{incarnation:04d}.json")))
+        self.events = EventWriter(self.store, job_id, incarnation, "agent")
+        self.ctx: Any = None
+        self._stop = threading.Event()
+        self._last_progress: tuple | None = None
+        self._last_beat = time.time()
+
+    # -- event plumbing --------------------------------------------------------------------
+    _FLUSH_NOW = frozenset({"checkpoint", "resumed", "ready", "evacuating", "checkpoint_failed"})
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        self.events.emit(kind, **fields)
+        if kind in self._FLUSH_NOW:
+            self.flush()
+
+    def flush(self) -> None:
+        """Move buffered metrics and progress into events and write them."""
+        ctx = self.ctx
+        if ctx is not None:
+            rows = [ctx.rows.popleft() for _ in range(len(ctx.rows))]
+            if rows:
+                for row in rows:
+                    for key, value in row.items():
+                        if not isinstance(value, (int, float, str, type(None))):
+                            row[key] = float(value)  # tensors, numpy scalars
+                self.events.emit("metrics", rows=rows)
+            progress = ctx.progress()
+            key = (progress["step"], progress["save_s"])
+            if key != self._last_progress:
+                self._last_progress = key
+                self.events.emit("progress", **progress)
+                self._last_beat = time.time()
+        if time.time() - self._last_beat >= self.spec.get("heartbeat_interval", 5.0):
+            self.events.emit("heartbeat", step=ctx.step_index if ctx else None)
+            self._last_beat = time.time()
+        try:
+            self.events.flush()
+        except Exception as exc:  # noqa: BLE001 - kept pending, retried on the next tick
+            print(f"spotnb agent: event flush failed, will retry: {exc!r}", file=sys.stderr)
+
+    def _flusher(self) -> None:
+        interval = self.spec.get("flush_interval", 0.5)
+        while not self._stop.wait(interval):
+            self.flush()
+
+    # -- run ---------------------------------------------------------------------------------
+    def wait_for_previous(self) -> None:
+        """The replacement may start while the preempted instance saves; it must not restore
+        before that instance is gone (its end marker is written by the controller)."""
+        if self.incarnation <= 1:
+            return
+        marker = self.store.job(self.job_id, "incarnations", f"{self.incarnation - 1:04d}.end")
+        while not self.store.exists(marker):
+            time.sleep(0.05)
+            self.store.invalidate()
+        self.inc["high_water"] = json.loads(self.store.read_bytes(marker)).get("high_water", 0)
+
+    def run(self) -> int:
+        import cloudpickle
+
+        from spotnb.policy import resolve_policy
+        from spotnb.runtime.beacon import Beacon
+        from spotnb.runtime.checkpoint import Checkpointer
+        from spotnb.runtime.context import Context, Evacuate
+        from spotnb.runtime.notice import make_watcher
+
+        if self.spec.get("cwd") and os.path.isdir(self.spec["cwd"]):
+            os.chdir(self.spec["cwd"])
+        sys.path.insert(0, os.getcwd())
+        self.emit("started", pid=os.getpid(), host=os.uname().nodename, python=sys.version.split()[0],
+                  boot_s=time.time() - _STARTED)
+        threading.Thread(target=self._flusher, name="spotnb-flusher", daemon=True).start()
+        try:
+            payload = cloudpickle.loads(self.store.read_bytes(self.store.job(self.job_id, "fn.pkl")))
+        except Exception:  # noqa: BLE001
+            return self._fail("could not load the function on the instance")
+        policy = resolve_policy(payload.get("policy") or self.spec.get("policy") or "adaptive")
+        beacon = Beacon(os.environ.get("SPOTNB_BEACON"))
+        upload_bps = float(os.environ["SPOTNB_UPLOAD_BPS"]) if os.environ.get("SPOTNB_UPLOAD_BPS") else None
+        checkpointer = Checkpointer(self.store, self.job_id, self.incarnation, self.emit, beacon,
+                                    keep_last=self.spec.get("keep_last", 2), upload_bps=upload_bps)
+        market = self.inc.get("market", {})
+        notice_cfg = self.inc.get("notice", {})
+        watcher = None
+        self.wait_for_previous()
+        self.ctx = ctx = Context(job_id=self.job_id, incarnation=self.incarnation,
+                                 checkpointer=checkpointer, policy=policy, emit=self.emit,
+                                 flush=self.flush, beacon=beacon, market=market,
+                                 save_every=self.spec.get("save_every"),
+                                 high_water=int(self.inc.get("high_water", 0)))
+        if notice_cfg.get("format"):
+            def on_notice(notice: Any) -> None:
+                self.emit("notice", deadline=notice.deadline, source=notice.source,
+                          action=notice.action, time_left=notice.deadline - time.time())
+                ctx._receive_notice(notice)
+                self.flush()
+
+            watcher = make_watcher(notice_cfg["format"],
+                                   base_url=os.environ.get("SPOTNB_METADATA_URL") or notice_cfg.get("base_url"),
+                                   poll=float(self.spec.get("notice_poll", 1.0)),
+                                   grace=float(market.get("grace", 30.0)), on_notice=on_notice,
+                                   on_hint=lambda hint: self.emit("hint", **hint))
+            ctx._acknowledge = watcher.acknowledge
+            watcher.start()
+        signal.signal(signal.SIGTERM, lambda *_: self._sigterm(ctx, market))
+        try:
+            result = payload["fn"](ctx)
+        except Evacuate:
+            checkpointer.close()
+            return self._finish(EXIT_EVACUATED)
+        except BaseException as exc:  # noqa: BLE001 - report everything the user's code raised
+            checkpointer.wait(timeout=30)
+            checkpointer.close()
+            return self._fail(f"{type(exc).__name__}: {exc}", exc)
+        checkpointer.wait()
+        path = self.store.job(self.job_id, "result.pkl")
+        self.store.write_bytes(path, cloudpickle.dumps(result))
+        self.emit("done", result="result.pkl", step=ctx.step_index)
+        checkpointer.close()
+        if watcher:
+            watcher.stop()
+        return self._finish(EXIT_DONE)
+
+    def _sigterm(self, ctx: Any, market: dict[str, Any]) -> None:
+        """A soft shutdown (GCP's ACPI soft-off, a local `terminate`) counts as a notice."""
+        from spotnb.runtime.notice import Notice
+        if ctx.notice is None:
+            grace = float(market.get("grace", 30.0))
+            notice = Notice(deadline=time.time() + grace, source="sigterm", action="SIGTERM")
+            self.emit("notice", deadline=notice.deadline, source="sigterm", action="SIGTERM",
+                      time_left=grace)
+            ctx._receive_notice(notice)
+
+    def _fail(self, message: str, exc: BaseException | None = None) -> int:
+        tb = "".join(traceback.format_exception(exc)) if exc else traceback.format_exc()
+        self.emit("error", message=message, exc_type=type(exc).__name__ if exc else "LoadError",
+                  traceback=tb)
+        return self._finish(EXIT_USER_ERROR)
+
+    def _finish(self, code: int) -> int:
+        self._stop.set()
+        self.flush()
+        return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="spotnb-agent", description=__doc__)
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--incarnation", type=int, required=True)
+    args = parser.parse_args(argv)
+    agent = Agent(args.store, args.job, args.incarnation)
+    code = agent.run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # do not wait for daemon threads (watchers long-polling)
+
+
+if __name__ == "__main__":
+    main()

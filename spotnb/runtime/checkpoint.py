@@ -1,0 +1,387 @@
+"""Checkpoints that are never half there.
+
+Phase 1 (`snapshot`, the only blocking part) copies the tracked state into CPU memory, reusing
+buffers (pinned when CUDA is present) so later snapshots are a plain memcpy. Phase 2 (a
+background thread) serialises the copy to a local spool file and uploads it in chunks,
+hashing as it goes. Phase 3 writes `MANIFEST.json` (sizes and sha256 of every file, step,
+kind) last: a checkpoint exists only once its manifest does. Restore takes the newest
+checkpoint whose files verify and falls back to the one before.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from spotnb.runtime.beacon import Beacon, Phase
+from spotnb.store import Store
+
+__all__ = ["Checkpointer", "Snapshot", "Manifest", "SaveCancelled", "CHUNK"]
+
+CHUNK = 4 * 1024 * 1024
+_PERSISTENT = ("periodic", "final")
+
+
+class SaveCancelled(Exception):
+    """An upload was abandoned because a newer (emergency) checkpoint superseded it."""
+
+
+@dataclass
+class Snapshot:
+    state: Any
+    step: int
+    kind: str
+    snapshot_s: float
+    nbytes: int
+    files: list[tuple[str, str]] = field(default_factory=list)  # (spooled local copy, manifest name)
+    dests: dict[str, str] = field(default_factory=dict)         # manifest name -> restore path
+
+
+@dataclass
+class Manifest:
+    seq: int
+    step: int
+    kind: str
+    files: dict[str, dict[str, Any]]
+    incarnation: int
+    created: float
+    snapshot_s: float = 0.0
+    upload_s: float = 0.0
+    bytes: int = 0
+    dests: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.__dict__, indent=1, sort_keys=True).encode()
+
+
+class _BufferPool:
+    """Keeps one CPU buffer per tensor position so repeated snapshots copy, not allocate."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple, torch.Tensor] = {}
+        self.in_use = False
+        self.pin = torch.cuda.is_available()
+
+    def copy(self, obj: Any, path: tuple = ()) -> Any:
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach()
+            key = path
+            buf = self.buffers.get(key)
+            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or t.is_sparse:
+                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu",
+                                  pin_memory=self.pin and t.is_cuda) if not t.is_sparse else t.cpu()
+                if t.is_sparse:
+                    return buf.clone()
+                self.buffers[key] = buf
+            buf.copy_(t, non_blocking=t.is_cuda)
+            return buf
+        if isinstance(obj, dict):
+            return {k: self.copy(v, path + (k,)) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            items = [self.copy(v, path + (i,)) for i, v in enumerate(obj)]
+            return type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
+        # plain values (ints, floats, strings, numpy RNG tuples): copy so later mutation can't leak in
+        return _plain_copy(obj)
+
+
+def _plain_copy(obj: Any) -> Any:
+    if obj is None or isinstance(obj, (int, float, str, bytes, bool)):
+        return obj
+    import copy
+    return copy.deepcopy(obj)
+
+
+def _nbytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.element_size() * obj.nelement()
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0
+
+
+class Checkpointer:
+    """Snapshots in the caller's thread; writes, uploads, commits and prunes in one worker."""
+
+    def __init__(self, store: Store, job_id: str, incarnation: int,
+                 emit: Callable[..., Any], beacon: Beacon | None = None, keep_last: int = 2,
+                 upload_bps: float | None = None, spool_dir: str | None = None) -> None:
+        self.store, self.job_id, self.incarnation = store, job_id, incarnation
+        self.emit = emit
+        self.beacon = beacon or Beacon(None)
+        self.keep_last = keep_last
+        self.upload_bps = upload_bps
+        self.spool = tempfile.mkdtemp(prefix="spotnb-spool-", dir=spool_dir)
+        self.root = store.job(job_id, "ckpt")
+        self._pools = [_BufferPool(), _BufferPool()]
+        self._cv = threading.Condition()
+        self._pending: Snapshot | None = None
+        self._busy = False
+        self._cancel = threading.Event()
+        self._closed = False
+        self.snapshot_ema = 0.0   # δ
+        self.upload_ema = 0.0     # β
+        self.last_bytes = 0
+        self.committed: list[Manifest] = []
+        self.failures = 0
+        existing = [int(n) for n in store.ls(self.root) if n.isdigit()]
+        self._seq = max(existing, default=0)
+        self._worker = threading.Thread(target=self._work, name="spotnb-checkpoint", daemon=True)
+        self._worker.start()
+
+    # -- phase 1 -------------------------------------------------------------------------
+    def snapshot(self, state: Any, step: int, kind: str,
+                 files: list[tuple[str, str]] | None = None) -> Snapshot:
+        """Copy `state` (nested dicts/lists of tensors and plain values) into CPU memory."""
+        self.beacon.set_phase(Phase.SNAPSHOT)
+        t0 = time.perf_counter()
+        with self._cv:
+            pool = next((p for p in self._pools if not p.in_use), None)
+            if pool is None:  # both buffers still queued for upload: use fresh memory
+                pool = _BufferPool()
+            pool.in_use = True
+        copied = pool.copy(state)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        spooled: list[tuple[str, str]] = []
+        dests: dict[str, str] = {}
+        for src, name in files or []:
+            local = os.path.join(self.spool, f"user-{uuid.uuid4().hex[:8]}")
+            shutil.copyfile(src, local)
+            spooled.append((local, name))
+            dests[name] = src
+        dt = time.perf_counter() - t0
+        self.beacon.set_phase(Phase.IDLE)
+        snap = Snapshot(copied, step, kind, dt, _nbytes(copied), spooled, dests)
+        snap._pool = pool  # type: ignore[attr-defined]
+        self.snapshot_ema = dt if not self.snapshot_ema else 0.7 * self.snapshot_ema + 0.3 * dt
+        return snap
+
+    # -- phase 2 + 3 ---------------------------------------------------------------------
+    def submit(self, snap: Snapshot) -> None:
+        """Queue for background upload. A newer snapshot replaces one not started yet."""
+        with self._cv:
+            if self._pending is not None:
+                self._release(self._pending)
+                self.emit("checkpoint_skipped", step=self._pending.step, save_kind=self._pending.kind,
+                          reason="superseded by a newer snapshot before its upload began")
+            self._pending = snap
+            self._cv.notify_all()
+
+    def save_now(self, snap: Snapshot) -> Manifest:
+        """Upload in the caller's thread (emergency): abandon what the worker is doing first."""
+        with self._cv:
+            if self._pending is not None:
+                self._release(self._pending)
+                self._pending = None
+            if self._busy:
+                self._cancel.set()
+            while self._busy:
+                self._cv.wait()
+            self._cancel.clear()
+            self._busy = True
+        try:
+            return self._write(snap)
+        finally:
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until nothing is pending or in flight."""
+        deadline = None if timeout is None else time.time() + timeout
+        with self._cv:
+            while self._pending is not None or self._busy:
+                left = None if deadline is None else deadline - time.time()
+                if left is not None and left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    @property
+    def idle(self) -> bool:
+        return self._pending is None and not self._busy
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        shutil.rmtree(self.spool, ignore_errors=True)
+
+    def _release(self, snap: Snapshot) -> None:
+        pool = getattr(snap, "_pool", None)
+        if pool is not None:
+            pool.in_use = False
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while self._pending is None and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                snap, self._pending = self._pending, None
+                self._busy = True
+            try:
+                self._write(snap)
+            except SaveCancelled:
+                self.emit("checkpoint_skipped", step=snap.step, save_kind=snap.kind,
+                          reason="abandoned for an emergency checkpoint")
+            except Exception as exc:  # noqa: BLE001 - a failed save must not stop training
+                self.failures += 1
+                self.emit("checkpoint_failed", step=snap.step, save_kind=snap.kind, error=repr(exc))
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+    def _next_seq(self) -> int:
+        with self._cv:
+            self._seq += 1
+            return self._seq
+
+    def _write(self, snap: Snapshot) -> Manifest:
+        seq = self._next_seq()
+        folder = f"{self.root}/{seq:08d}"
+        t0 = time.perf_counter()
+        try:
+            self.beacon.set_phase(Phase.SAVE)
+            spool = os.path.join(self.spool, f"state-{seq}.pt")
+            torch.save(snap.state, spool)
+            self._release(snap)
+            files: dict[str, dict[str, Any]] = {}
+            self.beacon.set_phase(Phase.UPLOAD)
+            for local, name in [(spool, "state.pt"), *snap.files]:
+                files[name] = self._upload(local, f"{folder}/{name}")
+                os.unlink(local)
+            self.beacon.set_phase(Phase.COMMIT)
+            upload_s = time.perf_counter() - t0
+            total = sum(f["size"] for f in files.values())
+            manifest = Manifest(seq=seq, step=snap.step, kind=snap.kind, files=files,
+                                incarnation=self.incarnation, created=time.time(),
+                                snapshot_s=snap.snapshot_s, upload_s=upload_s, bytes=total,
+                                dests=snap.dests)
+            self.store.write_bytes(f"{folder}/MANIFEST.json", manifest.to_json())
+        finally:
+            self._release(snap)
+            self.beacon.set_phase(Phase.IDLE)
+        self.upload_ema = upload_s if not self.upload_ema else 0.7 * self.upload_ema + 0.3 * upload_s
+        self.last_bytes = total
+        self.committed.append(manifest)
+        self.emit("checkpoint", seq=seq, save_kind=snap.kind, step=snap.step, snapshot_s=snap.snapshot_s,
+                  upload_s=upload_s, bytes=total)
+        self._prune(manifest)
+        return manifest
+
+    def _upload(self, local: str, dest: str) -> dict[str, Any]:
+        """Copy a spooled file to the store in chunks, hashing as it goes (throttled if asked)."""
+        digest = hashlib.sha256()
+        size = 0
+        start = time.perf_counter()
+        fs = self.store.fs
+        target = f"{dest}.tmp-{uuid.uuid4().hex[:8]}" if self.store.local else dest
+        if self.store.local:
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+        with open(local, "rb") as src, fs.open(target, "wb") as out:
+            while True:
+                if self._cancel.is_set() and threading.current_thread() is self._worker:
+                    raise SaveCancelled()
+                chunk = src.read(CHUNK)
+                if not chunk:
+                    break
+                digest.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
+                if self.upload_bps:
+                    ahead = size / self.upload_bps - (time.perf_counter() - start)
+                    if ahead > 0:
+                        time.sleep(ahead)
+        if self.store.local:
+            os.replace(target, dest)
+        return {"size": size, "sha256": digest.hexdigest()}
+
+    # -- retention -----------------------------------------------------------------------
+    def list_manifests(self) -> list[Manifest]:
+        """Committed checkpoints (manifest present), newest first."""
+        out = []
+        self.store.invalidate()
+        for name in reversed(self.store.ls(self.root)):
+            if not name.isdigit():
+                continue
+            path = f"{self.root}/{name}/MANIFEST.json"
+            try:
+                doc = json.loads(self.store.read_bytes(path))
+            except (FileNotFoundError, ValueError, OSError):
+                continue
+            out.append(Manifest(**doc))
+        return out
+
+    def _prune(self, newest: Manifest) -> None:
+        """Keep the newest two checkpoints of any kind (one to fall back to) and `keep_last`
+        periodic ones; drop superseded insurance/emergency ones and abandoned partial uploads."""
+        try:
+            manifests = self.list_manifests()
+            keep = {m.seq for m in manifests[:2]}
+            keep |= {m.seq for m in [m for m in manifests if m.kind in _PERSISTENT][: self.keep_last]}
+            committed = {m.seq for m in manifests}
+            for m in manifests:
+                if m.seq not in keep:
+                    self._delete(m.seq)
+            for name in self.store.ls(self.root):
+                if name.isdigit() and int(name) < newest.seq and int(name) not in committed:
+                    self._delete(int(name))  # a partial upload a preemption or cancel left behind
+        except Exception as exc:  # noqa: BLE001 - pruning is housekeeping, never fatal
+            self.emit("warning", message=f"checkpoint pruning failed: {exc!r}")
+
+    def _delete(self, seq: int) -> None:
+        folder = f"{self.root}/{seq:08d}"
+        self.store.rm(f"{folder}/MANIFEST.json")  # manifest first: never a valid-looking half
+        self.store.rm(folder, recursive=True)
+
+    # -- restore -------------------------------------------------------------------------
+    def load_latest(self) -> tuple[Manifest, Any] | None:
+        """The newest checkpoint whose files all verify, and its state; None if there is none."""
+        for manifest in self.list_manifests():
+            folder = f"{self.root}/{manifest.seq:08d}"
+            try:
+                paths = {name: self._fetch_verified(f"{folder}/{name}", meta)
+                         for name, meta in manifest.files.items()}
+            except (ValueError, OSError) as exc:
+                self.emit("checkpoint_invalid", seq=manifest.seq, step=manifest.step, reason=str(exc))
+                continue
+            state = torch.load(paths["state.pt"], map_location="cpu", weights_only=False)
+            for name, dest in manifest.dests.items():
+                os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+                shutil.copyfile(paths[name], dest)
+            for path in paths.values():
+                if path.startswith(self.spool):
+                    os.unlink(path)
+            return manifest, state
+        return None
+
+    def _fetch_verified(self, path: str, meta: dict[str, Any]) -> str:
+        local = os.path.join(self.spool, f"restore-{uuid.uuid4().hex[:8]}")
+        digest = hashlib.sha256()
+        size = 0
+        with self.store.fs.open(path, "rb") as src, open(local, "wb") as out:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
+        if size != meta["size"] or digest.hexdigest() != meta["sha256"]:
+            os.unlink(local)
+            raise ValueError(f"{path}: size {size} / sha256 {digest.hexdigest()[:12]} do not match the "
+                             f"manifest ({meta['size']} / {meta['sha256'][:12]})")
+        return local
+
+

@@ -1,0 +1,309 @@
+"""`ctx`, the object the user's function receives on the instance.
+
+The per-step path (`ctx.steps`, `ctx.step`, `ctx.log`) does a clock read, two additions and
+one comparison; everything else (saves, notices, the policy) happens only at the boundary the
+policy asked for, or when the notice watcher moves that boundary to "now".
+"""
+from __future__ import annotations
+
+import collections
+import os
+import random
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+from spotnb.policy.base import Observation, Plan, Policy, SaveKind
+from spotnb.runtime.beacon import Beacon
+from spotnb.runtime.checkpoint import Checkpointer
+from spotnb.runtime.notice import Notice
+
+__all__ = ["Context", "Evacuate"]
+
+_NEVER = 2**62
+
+
+class Evacuate(BaseException):
+    """Raised out of the user's loop after an emergency checkpoint committed: leave cleanly.
+
+    A BaseException so that a user's `except Exception` does not swallow it."""
+
+
+def _rng_state() -> dict[str, Any]:
+    import numpy as np
+    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
+                             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Context:
+    """Step boundaries, metrics, tracked state and saves for one incarnation of a job."""
+
+    def __init__(self, *, job_id: str, incarnation: int, checkpointer: Checkpointer,
+                 policy: Policy, emit: Any, flush: Any, beacon: Beacon, market: dict[str, float],
+                 save_every: int | None = None, high_water: int = 0, acknowledge: Any = None) -> None:
+        self.job_id = job_id
+        self.incarnation = incarnation
+        self.resumed_from: int | None = None
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.total: int | None = None
+        self.state: dict[str, Any] = {}          # the user's own picklable extras, saved too
+        self._tracked: dict[str, Any] = {}
+        self._ckpt = checkpointer
+        self._policy = policy
+        self._emit, self._flush = emit, flush
+        self._beacon = beacon
+        self._slots = beacon.slots
+        self._market = market                    # mttp, restart, grace
+        self._save_every = save_every
+        self._high_water = high_water            # highest step any earlier incarnation reported
+        self._acknowledge = acknowledge
+        self._step = 0
+        self._restored = False
+        self._ready_sent = False
+        self._started = time.time()
+        self._t_last = 0.0
+        self._compute_s = self._recompute_s = self._save_s = 0.0
+        self._timed_steps = 0
+        self._plan: Plan | None = None
+        self._next_save = _NEVER
+        self._save_due: SaveKind | None = None   # low-level API: the user saves, we back up
+        self._notice: Notice | None = None
+        self._notice_handled = False
+        self._last_save_step = 0
+        self._evacuating = False
+        self._in_loop = False
+        self.rows: collections.deque[dict[str, Any]] = collections.deque()
+
+    # -- public API ------------------------------------------------------------------------
+    @property
+    def step_index(self) -> int:
+        """Steps completed so far (the index of the next step)."""
+        return self._step
+
+    def track(self, **stateful: Any) -> None:
+        """Register objects with `state_dict`/`load_state_dict` (model, optimizer, scheduler,
+        GradScaler, a stateful data loader ...). They are saved at every checkpoint and
+        restored, with the RNG states and the step, before the first step runs."""
+        if self._in_loop:
+            raise RuntimeError("ctx.track() must be called before the training loop starts")
+        for name, obj in stateful.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(f"ctx.track({name}=...): {type(obj).__name__} has no state_dict()/"
+                                "load_state_dict(); put plain values in ctx.state instead")
+            self._tracked[name] = obj
+
+    def restore(self) -> int | None:
+        """Load the newest verified checkpoint into the tracked objects (done for you at the
+        first step). Returns the restored step, or None on a fresh start."""
+        if self._restored:
+            return self.resumed_from
+        self._restored = True
+        t0 = time.perf_counter()
+        found = self._ckpt.load_latest()
+        if found is None:
+            return None
+        manifest, state = found
+        objects = state.get("objects", {})
+        for name, obj in self._tracked.items():
+            if name in objects:
+                obj.load_state_dict(objects[name])
+            else:
+                self._emit("warning", message=f"checkpoint {manifest.seq} has no state for "
+                                              f"tracked object {name!r}; it starts fresh")
+        _set_rng_state(state["rng"])
+        self.state.update(state.get("user", {}))
+        self._step = self._last_save_step = int(state["step"])
+        self.resumed_from = self._step
+        self._emit("resumed", from_step=self._step, seq=manifest.seq, save_kind=manifest.kind,
+                   restore_s=time.perf_counter() - t0)
+        return self._step
+
+    def steps(self, n: int) -> Iterator[int]:
+        """Yield step indices from the restored step up to `n`, marking each boundary."""
+        self._begin_loop(n)
+        step = self._step
+        while step < n:
+            yield step
+            self._end_step()
+            step = self._step
+        self._in_loop = False
+
+    @contextmanager
+    def step(self) -> Iterator[int]:
+        """One step, for loops spotnb does not drive (`with ctx.step(): ...`)."""
+        if not self._in_loop:
+            self._begin_loop(None)
+        if self._evacuating:
+            raise Evacuate()
+        yield self._step
+        self._end_step()
+
+    def log(self, **metrics: Any) -> None:
+        """Record metrics for the current step; they reach the notebook within about a second."""
+        metrics["step"] = self._step
+        metrics["t"] = time.time()
+        self.rows.append(metrics)
+
+    def should_save(self) -> bool:
+        """True when the policy wants a save now (insurance, periodic or emergency) and no
+        state is tracked, i.e. the script writes its own checkpoint files and calls backup()."""
+        return self._save_due is not None
+
+    def save(self, kind: str = "manual", wait: bool = False) -> None:
+        """Checkpoint the tracked state now (uploaded in the background unless `wait`)."""
+        self._save(SaveKind(kind), wait=wait)
+
+    def backup(self, *paths: str, wait: bool | None = None) -> None:
+        """Upload files the script wrote (with the step and RNG state) as one checkpoint; on
+        restore they are put back at the same paths. Waits for the upload after a notice."""
+        kind = self._save_due or SaveKind.MANUAL
+        files = [(p, f"files/{i}-{os.path.basename(p)}") for i, p in enumerate(paths)]
+        self._save(kind, files=files, wait=bool(wait) or kind == SaveKind.EMERGENCY)
+        if kind == SaveKind.EMERGENCY:
+            self._evacuate_after_save()
+        self._save_due = None
+
+    @property
+    def notice(self) -> Notice | None:
+        """The pending preemption notice, if any."""
+        return self._notice
+
+    # -- step boundaries -------------------------------------------------------------------
+    def _begin_loop(self, total: int | None) -> None:
+        if total is not None:
+            self.total = total
+        if not self._restored:
+            self.restore()
+        self._in_loop = True
+        if not self._ready_sent:
+            self._ready_sent = True
+            self._emit("ready", prep_s=time.time() - self._started, step=self._step, total=self.total)
+        self._replan()
+        self._t_last = time.perf_counter()
+
+    def _end_step(self) -> None:
+        now = time.perf_counter()
+        dt = now - self._t_last
+        self._t_last = now
+        self._step += 1
+        self._slots[0] = self._step
+        if self._step > self._high_water:
+            self._compute_s += dt
+        else:
+            self._recompute_s += dt
+        self._timed_steps += 1
+        if self._step >= self._next_save:
+            self._boundary()
+
+    def _boundary(self) -> None:
+        if self._notice is not None and not self._notice_handled:
+            self._notice_handled = True
+            self._on_notice_at_boundary()
+        if self._plan is not None and self._step >= self._plan.step:
+            if self._tracked or self.state:
+                self._save(self._plan.kind)
+            else:
+                self._save_due = self._plan.kind
+                self._last_save_step = self._step
+                self._replan()
+        self._next_save = self._plan.step if self._plan else _NEVER
+
+    def _on_notice_at_boundary(self) -> None:
+        notice = self._notice
+        assert notice is not None
+        left = notice.deadline - time.time()
+        obs = self._observation()
+        if not self._policy.on_notice(obs, left):
+            self._emit("emergency_skipped", step=self._step, time_left=left,
+                       needed=obs.snapshot_time + obs.upload_time)
+            return
+        self._emit("evacuating", step=self._step, time_left=left)
+        if self._tracked or self.state:
+            self._save(SaveKind.EMERGENCY, wait=True)
+            self._evacuate_after_save()
+        else:
+            self._save_due = SaveKind.EMERGENCY  # the script saves; backup() then evacuates
+
+    def _evacuate_after_save(self) -> None:
+        self._evacuating = True
+        self._emit("evacuated", step=self._step)
+        self._flush()
+        if self._acknowledge:
+            self._acknowledge()
+        raise Evacuate()
+
+    def _save(self, kind: SaveKind, wait: bool = False,
+              files: list[tuple[str, str]] | None = None) -> None:
+        t0 = time.perf_counter()
+        state = {"step": self._step, "rng": _rng_state(), "user": self.state,
+                 "objects": {name: obj.state_dict() for name, obj in self._tracked.items()}}
+        snap = self._ckpt.snapshot(state, self._step, kind.value, files=files)
+        if wait:
+            self._ckpt.save_now(snap)
+        else:
+            self._ckpt.submit(snap)
+        self._save_s += time.perf_counter() - t0
+        self._last_save_step = self._step
+        self._replan()
+        self._t_last = time.perf_counter()  # the save is not step time
+
+    def _replan(self) -> None:
+        self._plan = self._policy.next_save(self._observation(), self._last_save_step)
+        self._next_save = 0 if (self._notice and not self._notice_handled) else \
+            (self._plan.step if self._plan else _NEVER)
+
+    def _observation(self) -> Observation:
+        steps = self._timed_steps
+        return Observation(
+            step=self._step,
+            step_time=(self._compute_s + self._recompute_s) / steps if steps else 0.0,
+            snapshot_time=self._ckpt.snapshot_ema, upload_time=self._ckpt.upload_ema,
+            mttp=self._market.get("mttp", 3 * 3600.0), restart_time=self._market.get("restart", 120.0),
+            grace=self._market.get("grace", 30.0), save_every=self._save_every,
+            state_bytes=self._ckpt.last_bytes or self._state_bytes(),
+            age=time.time() - self._started, now=time.time())
+
+    def _state_bytes(self) -> int:
+        total = 0
+        for obj in self._tracked.values():
+            for v in _tensors(obj.state_dict()):
+                total += v.element_size() * v.nelement()
+        return total
+
+    # -- called from other threads ---------------------------------------------------------
+    def _receive_notice(self, notice: Notice) -> None:
+        """Watcher thread: move the next boundary to now."""
+        self._notice = notice
+        self._next_save = 0
+
+    def progress(self) -> dict[str, Any]:
+        steps = self._timed_steps
+        return {"step": self._step, "total": self.total, "steps_done": steps,
+                "compute_s": self._compute_s, "recompute_s": self._recompute_s,
+                "save_s": self._save_s,
+                "step_time": (self._compute_s + self._recompute_s) / steps if steps else None}
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)

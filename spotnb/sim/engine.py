@@ -1,0 +1,281 @@
+"""The event-driven simulator: one job on one spot VM at a time, many independent runs.
+
+It jumps from event to event (next planned save, notice, kill, allocation, ready), asking the
+policy exactly when the runtime would: at start/resume and after every save (`next_save`), and
+at the first step boundary after a notice (`on_notice`, `allocate_on_notice`). The cost of a
+run therefore grows with the number of preemptions and saves, never with the number of steps.
+
+Semantics (the runtime's, see DESIGN.md §3):
+* A save happens at a step boundary, blocks training for δ (snapshot), then uploads in the
+  background for β. Uploads are serial (one background writer); a checkpoint counts once its
+  upload has finished; a preemption before that loses it.
+* A notice comes `grace` seconds before the kill. The runtime finishes the current step; if
+  the policy says so it does an emergency save, waits for its upload and leaves (the VM stops
+  there); otherwise it trains on until the kill.
+* After the VM is gone, allocation (alloc_time, not billed) then preparation (prep_time,
+  billed, may itself be preempted) then training resumes from the last committed checkpoint.
+  With `allocate_on_notice` the replacement is requested at the notice; the old and the new VM
+  are then both billed while they overlap.
+* Time is put in exactly one bucket: compute (a step's first completion), recompute (steps
+  redone and partial steps cut by a kill), save (snapshots, emergency upload waits, saves cut
+  by a kill), alloc, prep; so total = the sum of the five.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from spotnb.policy.base import Observation, Policy, SaveKind
+from spotnb.preempt import PreemptionProcess
+from spotnb.sim.scenario import Scenario, as_range, mean_of
+
+__all__ = ["SimResult", "simulate", "simulate_run", "METRICS", "run_seeds"]
+
+#: Per-run figures, in the order tables show them.
+METRICS = ("compute", "recompute", "save", "alloc", "prep", "total", "preemptions", "cost",
+           "on_demand_cost", "overhead", "saves", "insurance_saves", "emergency_saves")
+_N = len(METRICS)
+_INSURANCE = SaveKind.INSURANCE
+
+
+@dataclass
+class SimResult:
+    """Mean and standard deviation (over runs, ddof=1) of every figure in `METRICS`."""
+
+    policy: str
+    runs: int
+    seed: int
+    mean: dict[str, float]
+    std: dict[str, float]
+    samples: list[dict[str, float]] | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "runs": self.runs, "seed": self.seed,
+                "mean": dict(self.mean), "std": dict(self.std)}
+
+    def __getitem__(self, key: str) -> float:
+        return self.mean[key]
+
+
+def run_seeds(seed: int, run: int) -> tuple[int, int]:
+    """Independent, reproducible seeds for run `run`: one stream for the market (when the VMs
+    die), one for durations, so policies compared on one seed face the same preemptions."""
+    base = (int(seed) * 1_000_003 + int(run)) * 2
+    return base, base + 1
+
+
+def simulate(scenario: Scenario, policy: Policy | str, runs: int = 100, seed: int = 0,
+             keep_samples: bool = False) -> SimResult:
+    """Simulate `runs` independent executions of `scenario` under `policy`."""
+    from spotnb.policy import resolve_policy
+
+    pol = resolve_policy(policy)
+    if runs < 1:
+        raise ValueError(f"runs must be positive, got {runs}")
+    process = scenario.process()
+    sums = [0.0] * _N
+    sq = [0.0] * _N
+    samples: list[dict[str, float]] | None = [] if keep_samples else None
+    for r in range(runs):
+        pre_seed, dur_seed = run_seeds(seed, r)
+        row = simulate_run(scenario, pol, process.fresh(), random.Random(pre_seed),
+                           random.Random(dur_seed))
+        for i, v in enumerate(row):
+            sums[i] += v
+            sq[i] += v * v
+        if samples is not None:
+            samples.append(dict(zip(METRICS, row)))
+    mean = {k: sums[i] / runs for i, k in enumerate(METRICS)}
+    std = {}
+    for i, k in enumerate(METRICS):
+        if runs > 1:
+            var = (sq[i] - sums[i] * sums[i] / runs) / (runs - 1)
+            std[k] = math.sqrt(var) if var > 0 else 0.0
+        else:
+            std[k] = 0.0
+    name = policy if isinstance(policy, str) else repr(pol)
+    return SimResult(name, runs, seed, mean, std, samples)
+
+
+def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
+                 rng_pre: random.Random, rng_dur: random.Random) -> tuple[float, ...]:
+    """One execution; returns the figures in `METRICS` order."""
+    total_steps = sc.steps
+    st_lo, st_hi = as_range(sc.step_time)
+    d_lo, d_hi = as_range(sc.save_time)
+    b_lo, b_hi = as_range(sc.backup_time)
+    a_lo, a_hi = as_range(sc.alloc_time)
+    p_lo, p_hi = as_range(sc.prep_time)
+    d_var, b_var, a_var, p_var, st_var = (d_hi - d_lo, b_hi - b_lo, a_hi - a_lo, p_hi - p_lo,
+                                          st_hi - st_lo)
+    grace = float(sc.grace)
+    rand = rng_dur.random
+    next_kill = process.next_preemption
+    mean_delta, mean_beta = (d_lo + d_hi) / 2, (b_lo + b_hi) / 2
+    mttp, restart = process.mttp, sc.restart_time
+    save_every = sc.save_every
+    next_save = policy.next_save
+
+    compute = recompute = save = alloc = prep = billed = 0.0
+    preemptions = saves = insurance = emergency = 0
+    committed = high = 0            # last committed step; most steps ever completed
+    t = 0.0
+    alloc_from = 0.0                # when the current replacement was requested
+    stop = 0.0                      # when the previous VM stopped (clean exit or kill)
+    first = not sc.initial_start
+
+    while True:
+        # ---- get a ready VM -------------------------------------------------------------
+        if first:
+            first = False
+            ta = 0.0
+            kill = next_kill(0.0, rng_pre)
+        else:
+            while True:
+                ta = alloc_from + (a_lo + a_var * rand() if a_var else a_lo)
+                kill = next_kill(ta, rng_pre)
+                start = ta if ta > stop else stop    # the new VM cannot restore before the old left
+                alloc += start - t if start > t else 0.0
+                ready = start + (p_lo + p_var * rand() if p_var else p_lo)
+                if kill > ready:
+                    prep += ready - start
+                    billed += ready - ta
+                    t = ready
+                    break
+                # preempted while preparing: start over, no notice handling on a VM not running
+                preemptions += 1
+                t = kill if kill > start else start
+                prep += t - start
+                billed += max(0.0, kill - ta)
+                stop = alloc_from = t
+        # ---- run on it ------------------------------------------------------------------
+        ready_t = t
+        alloc_from = -1.0           # replacement not requested yet
+        st = st_lo + st_var * rand() if st_var else st_lo
+        step = committed
+        notice = kill - grace
+        notified = False
+        upload_free = t
+        pending: list[tuple[float, int]] = []
+        finished = False
+        obs = Observation(step, st, mean_delta, mean_beta, mttp, restart, grace, save_every, 0,
+                          t - ready_t, t, total_steps)
+        plan = next_save(obs, step)
+        plan_step = plan.step if plan is not None else total_steps
+        stride = plan_step - step
+        horizon = policy.stationary_until(obs) if plan is not None and stride > 0 else 0
+        plan_ins = plan is not None and plan.kind is _INSURANCE
+        while True:
+            target = plan_step if plan_step < total_steps else total_steps
+            if target <= step:
+                target = step + 1
+            t_target = t + (target - step) * st
+            if not notified and notice < t_target:
+                notified = True
+                k = 0 if notice <= t else math.ceil((notice - t) / st)
+                tb = t + k * st
+                if tb <= kill:
+                    if k:
+                        end = step + k
+                        new = end - high if end > high else 0
+                        compute += new * st
+                        recompute += (k - new) * st
+                        if end > high:
+                            high = end
+                        step, t = end, tb
+                    if step >= total_steps:
+                        finished = True
+                        break
+                    while pending and pending[0][0] <= t:
+                        committed = pending.pop(0)[1]
+                    obs = Observation(step, st, mean_delta, mean_beta, mttp, restart, grace,
+                                      save_every, 0, t - ready_t, t, total_steps)
+                    if policy.allocate_on_notice(obs):
+                        alloc_from = max(notice, ready_t)
+                    if policy.on_notice(obs, kill - t):
+                        emergency += 1
+                        if step == committed:
+                            stop = t              # nothing new to save: leave now
+                            break
+                        d = d_lo + d_var * rand() if d_var else d_lo
+                        b = b_lo + b_var * rand() if b_var else b_lo
+                        if t + d >= kill:
+                            save += kill - t
+                            t = kill
+                            break
+                        u = (upload_free if upload_free > t + d else t + d) + b
+                        if u <= kill:
+                            save += u - t
+                            t = u
+                            committed = step
+                            stop = u
+                            break
+                        save += kill - t
+                        t = kill
+                        break
+                    continue
+            if t_target > kill:
+                done = int((kill - t) // st)
+                end = step + done
+                new = end - high if end > high else 0
+                compute += new * st
+                recompute += (kill - t) - new * st
+                if end > high:
+                    high = end
+                t = kill
+                break
+            n = target - step
+            new = target - high if target > high else 0
+            compute += new * st
+            recompute += (n - new) * st
+            if target > high:
+                high = target
+            t, step = t_target, target
+            if step >= total_steps:
+                finished = True
+                break
+            d = d_lo + d_var * rand() if d_var else d_lo
+            if t + d > kill:
+                save += kill - t
+                t = kill
+                break
+            t += d
+            save += d
+            saves += 1
+            if plan_ins:
+                insurance += 1
+            b = b_lo + b_var * rand() if b_var else b_lo
+            upload_free = (upload_free if upload_free > t else t) + b
+            pending.append((upload_free, step))
+            if step + stride <= horizon:
+                plan_step = step + stride      # the policy said its stride holds here
+                continue
+            plan = next_save(Observation(step, st, mean_delta, mean_beta, mttp, restart, grace,
+                                         save_every, 0, t - ready_t, t, total_steps), step)
+            plan_step = plan.step if plan is not None else total_steps
+            plan_ins = plan is not None and plan.kind is _INSURANCE
+
+        if finished:
+            billed += t - ready_t
+            break
+        # ---- the VM is gone ---------------------------------------------------------------
+        if t >= kill:
+            while pending and pending[0][0] <= kill:
+                committed = pending.pop(0)[1]
+            stop = kill
+        preemptions += 1
+        billed += stop - ready_t
+        if alloc_from < 0:
+            alloc_from = stop
+        if alloc_from > stop:
+            alloc_from = stop
+
+    work = total_steps * (st_lo + st_hi) / 2
+    total = t
+    cost = billed * sc.spot_price / 3600.0
+    od_cost = compute * sc.on_demand_price / 3600.0
+    return (compute, recompute, save, alloc, prep, total, float(preemptions), cost, od_cost,
+            total / work - 1.0, float(saves), float(insurance), float(emergency))
+
