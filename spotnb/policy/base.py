@@ -39,6 +39,8 @@ class Observation:
     age: float = 0.0               # seconds since this instance became ready (VM-age hazard)
     now: float = 0.0               # unix time (time-of-day hazard)
     total_steps: int | None = None # the job's length in steps, when known (end-of-job savings)
+    snapshot_sd: float = 0.0       # spread (standard deviation) of δ, when measured
+    upload_sd: float = 0.0         # spread of β: an emergency save must fit its slow uploads too
 
     def with_(self, **changes: object) -> "Observation":
         return replace(self, **changes)  # type: ignore[arg-type]

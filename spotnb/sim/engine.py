@@ -16,6 +16,8 @@ Semantics (the runtime's, see DESIGN.md §3):
   billed, may itself be preempted) then training resumes from the last committed checkpoint.
   With `allocate_on_notice` the replacement is requested at the notice; the old and the new VM
   are then both billed while they overlap.
+* The policy sees what the runtime would have measured: the step time, the mean δ and β and
+  their spread (of the scenario's ranges), MTTP of the process and R = mean alloc + prep.
 * Time is put in exactly one bucket: compute (a step's first completion), recompute (steps
   redone and partial steps cut by a kill), save (snapshots, emergency upload waits, saves cut
   by a kill), alloc, prep; so total = the sum of the five.
@@ -110,10 +112,14 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
     p_lo, p_hi = as_range(sc.prep_time)
     d_var, b_var, a_var, p_var, st_var = (d_hi - d_lo, b_hi - b_lo, a_hi - a_lo, p_hi - p_lo,
                                           st_hi - st_lo)
+    work = total_steps * (st_lo + st_hi) / 2
+    if sc.step_time_per == "step":  # i.i.d. per step: the mean over the many steps between events
+        st_lo, st_var = (st_lo + st_hi) / 2, 0.0
     grace = float(sc.grace)
     rand = rng_dur.random
     next_kill = process.next_preemption
     mean_delta, mean_beta = (d_lo + d_hi) / 2, (b_lo + b_hi) / 2
+    sd_delta, sd_beta = d_var / math.sqrt(12.0), b_var / math.sqrt(12.0)
     mttp, restart = process.mttp, sc.restart_time
     save_every = sc.save_every
     next_save = policy.next_save
@@ -161,7 +167,7 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
         pending: list[tuple[float, int]] = []
         finished = False
         obs = Observation(step, st, mean_delta, mean_beta, mttp, restart, grace, save_every, 0,
-                          t - ready_t, t, total_steps)
+                          t - ready_t, t, total_steps, sd_delta, sd_beta)
         plan = next_save(obs, step)
         plan_step = plan.step if plan is not None else total_steps
         stride = plan_step - step
@@ -191,7 +197,7 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
                     while pending and pending[0][0] <= t:
                         committed = pending.pop(0)[1]
                     obs = Observation(step, st, mean_delta, mean_beta, mttp, restart, grace,
-                                      save_every, 0, t - ready_t, t, total_steps)
+                                      save_every, 0, t - ready_t, t, total_steps, sd_delta, sd_beta)
                     if policy.allocate_on_notice(obs):
                         alloc_from = max(notice, ready_t)
                     if policy.on_notice(obs, kill - t):
@@ -253,7 +259,7 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
                 plan_step = step + stride      # the policy said its stride holds here
                 continue
             plan = next_save(Observation(step, st, mean_delta, mean_beta, mttp, restart, grace,
-                                         save_every, 0, t - ready_t, t, total_steps), step)
+                                         save_every, 0, t - ready_t, t, total_steps, sd_delta, sd_beta), step)
             plan_step = plan.step if plan is not None else total_steps
             plan_ins = plan is not None and plan.kind is _INSURANCE
 
@@ -272,7 +278,6 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
         if alloc_from > stop:
             alloc_from = stop
 
-    work = total_steps * (st_lo + st_hi) / 2
     total = t
     cost = billed * sc.spot_price / 3600.0
     od_cost = compute * sc.on_demand_price / 3600.0

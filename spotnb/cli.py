@@ -1,0 +1,145 @@
+"""The `spotnb` command: jobs, logs, show, stop, demo, simulate, gc."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _fmt_age(t: float | None) -> str:
+    if not t:
+        return "-"
+    s = time.time() - t
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from spotnb.api import jobs
+    rows = jobs()
+    if args.json:
+        print(json.dumps(rows, indent=1, default=str))
+        return 0
+    if not rows:
+        print("no jobs yet: try `spotnb demo`")
+        return 0
+    print(f"{'id':<24} {'name':<16} {'status':<10} {'provider':<8} {'type':<14} {'step':>11} "
+          f"{'preempt':>7} {'spot $':>9} {'age':>6}")
+    order = {"running": 0, "restoring": 0, "preempted": 0, "pending": 1}
+    for r in sorted(rows, key=lambda r: (order.get(r["status"], 2), -(r["created"] or 0))):
+        step = f"{r['step'] or 0}/{r['total_steps'] or '?'}"
+        print(f"{r['id']:<24} {(r['name'] or '-')[:16]:<16} {r['status']:<10} {r['provider']:<8} "
+              f"{r['instance_type'][:14]:<14} {step:>11} {r['preemptions'] or 0:>7} "
+              f"{r['spot_cost'] or 0:>9.4f} {_fmt_age(r['created']):>6}")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from spotnb.api import attach
+    from spotnb.demo import describe_event
+    job = attach(args.job_id)
+    shown = 0
+    while True:
+        events = job.events
+        for e in events[shown:]:
+            if args.all:
+                print(json.dumps(e, default=str))
+            else:
+                line = describe_event(e)
+                if line:
+                    stamp = time.strftime("%H:%M:%S", time.localtime(e["t"]))
+                    print(f"{stamp} {line.strip()}")
+        shown = len(events)
+        if not args.follow or job.wait(0.5):
+            if args.follow:
+                for e in job.events[shown:]:
+                    line = describe_event(e)
+                    if line:
+                        print(line.strip())
+            break
+    if job.status == "failed" and job.traceback:
+        print(job.traceback)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from spotnb.api import attach
+    job = attach(args.job_id)
+    print(repr(job))
+    print(job.breakdown().table())
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from spotnb.api import attach
+    job = attach(args.job_id)
+    if job.done:
+        print(f"job {job.id} already {job.status}")
+        return 0
+    job.stop(wait=not args.no_wait, timeout=args.timeout)
+    print(f"job {job.id}: {job.status}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from spotnb.demo import run_demo
+    return run_demo(steps=args.steps, step_delay=args.step_delay)
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from spotnb.config import Config
+    from spotnb.providers.cleanup import gc
+    ended = gc(args.provider, Config(provider=args.provider))
+    for instance_id in ended:
+        print(f"terminated {instance_id}")
+    print(f"{len(ended)} instance(s) terminated")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spotnb", description="Spot GPU jobs from notebooks.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("jobs", help="list jobs (running first)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_jobs)
+    p = sub.add_parser("logs", help="a job's events")
+    p.add_argument("job_id")
+    p.add_argument("--follow", "-f", action="store_true", help="keep following until the job ends")
+    p.add_argument("--all", action="store_true", help="every event as JSON")
+    p.set_defaults(func=cmd_logs)
+    p = sub.add_parser("show", help="a job's status and breakdown")
+    p.add_argument("job_id")
+    p.set_defaults(func=cmd_show)
+    p = sub.add_parser("stop", help="stop a job and its instance")
+    p.add_argument("job_id")
+    p.add_argument("--no-wait", action="store_true")
+    p.add_argument("--timeout", type=float, default=120)
+    p.set_defaults(func=cmd_stop)
+    p = sub.add_parser("demo", help="the quickstart on the local spot market")
+    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--step-delay", type=float, default=0.01, help="seconds added to each step")
+    p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("gc", help="terminate instances left behind by spotnb jobs")
+    p.add_argument("--provider", required=True, choices=["aws", "azure", "gcp"])
+    p.set_defaults(func=cmd_gc)
+    try:
+        from spotnb.sim.cli import add_parser as add_simulate
+    except ImportError:
+        pass
+    else:
+        add_simulate(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result: Any = args.func(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,4 @@
+"""`python -m spotnb.sim --scenario FILE ...` (same as `spotnb simulate`)."""
+from spotnb.sim.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""`spotnb simulate`: compare checkpoint policies on a scenario file from the shell.
+
+    spotnb simulate --scenario job.yaml --policy adaptive --policy static:500 --runs 1000
+    spotnb simulate --scenario job.yaml --json        # [{"policy", "mean", "std"}, ...]
+
+The main CLI (`spotnb/cli.py`) calls `add_parser(subparsers)` and then `run(args)`; this
+module also runs alone: `python -m spotnb.sim --scenario job.yaml`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any, Sequence
+
+__all__ = ["add_parser", "run", "main", "DEFAULT_POLICIES"]
+
+DEFAULT_POLICIES = ("static:1000", "young", "daly", "daly2", "adaptive", "hedged", "on-demand")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the `simulate` sub-command on an argparse subparsers object."""
+    from spotnb.policy import policy_names
+
+    p = subparsers.add_parser(
+        "simulate", help="simulate checkpoint policies on a spot scenario",
+        description="Simulate a training job on spot VMs under several checkpoint policies. "
+                    f"Policies: {', '.join(n + (':N' if n == 'static' else '') for n in policy_names())}"
+                    ", on-demand.")
+    p.add_argument("--scenario", required=True, help="scenario file (YAML or JSON)")
+    p.add_argument("--policy", action="append", dest="policies", metavar="NAME",
+                   help="policy to simulate; repeat for several (default: all)")
+    p.add_argument("--runs", type=int, default=100, help="independent runs (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute `spotnb simulate`; returns the exit code."""
+    from spotnb.sim.compare import run_policies
+    from spotnb.sim.scenario import Scenario
+
+    try:
+        scenario = Scenario.load(args.scenario)
+        if args.runs < 1:
+            raise ValueError("--runs must be positive")
+        results = run_policies(scenario, list(args.policies or DEFAULT_POLICIES), args.runs,
+                               args.seed)
+    except (OSError, ValueError) as exc:
+        print(f"spotnb simulate: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        out = [{"policy": r.policy, "mean": _finite(r.mean), "std": _finite(r.std)}
+               for r in results]
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{scenario.name or args.scenario}: {scenario.steps} steps, {args.runs} runs, "
+          f"seed {args.seed}; times in hours, cost in $")
+    cols = ("compute", "recompute", "save", "alloc", "prep", "total", "preemptions", "cost",
+            "overhead")
+    width = max(8, *(len(r.policy) for r in results))
+    print(f"{'policy':<{width}} " + " ".join(f"{c:>11}" for c in cols))
+    for r in results:
+        cells = []
+        for c in cols:
+            v = r.mean[c]
+            if c in ("compute", "recompute", "save", "alloc", "prep", "total"):
+                cells.append(f"{v / 3600:11.2f}")
+            elif c == "overhead":
+                cells.append(f"{v * 100:10.1f}%")
+            else:
+                cells.append(f"{v:11.2f}")
+        print(f"{r.policy:<{width}} " + " ".join(cells))
+    return 0
+
+
+def _finite(d: dict[str, float]) -> dict[str, float | None]:
+    """JSON has no inf/nan: report them as null."""
+    return {k: (v if math.isfinite(v) else None) for k, v in d.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="spotnb")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    args = parser.parse_args(["simulate", *(argv if argv is not None else sys.argv[1:])])
+    return run(args)
