@@ -60,10 +60,10 @@ Range = tuple[float, float]
 def _range(value: Any, name: str) -> Range:
     if isinstance(value, (list, tuple)):
         if len(value) != 2:
-            raise ValueError(f"{name} takes a duration or a [low, high) pair, got {len(value)} items")
+            raise ValueError(f"takes a duration or a [low, high) pair, got {len(value)} items")
         lo, hi = (parse_duration(v) for v in value)
         if hi < lo:
-            raise ValueError(f"{name}: high ({hi}) is below low ({lo})")
+            raise ValueError(f"high ({hi}) is below low ({lo})")
         return (lo, hi)
     d = parse_duration(value)
     return (d, d)
@@ -117,19 +117,45 @@ class Config(BaseModel):
     local_seed: int | None = Field(None, description="Seed of the local market's random draws.")
 
     # --- clouds (used by their providers) -------------------------------------------------
-    aws_image_id: str | None = None
-    aws_key_name: str | None = None
-    aws_instance_profile: str | None = None
-    aws_subnet_id: str | None = None
-    aws_max_price: float | None = None
-    azure_subscription_id: str | None = None
-    azure_resource_group: str | None = None
-    azure_image: str | None = None
+    # `region` / `regions` name an AWS region or availability zone ("us-east-1", "us-east-1b"),
+    # an Azure location ("eastus") or a GCP zone ("us-central1-a"). Credentials never go here:
+    # each SDK's standard chain finds them (see notebooks/03-clouds.ipynb).
+    aws_image_id: str | None = Field(None, description="AMI id or 'resolve:ssm:/path' (default: "
+                                     "the latest Deep Learning OSS Nvidia Driver AMI, PyTorch).")
+    aws_key_name: str | None = Field(None, description="EC2 key pair (none: no SSH key at all).")
+    aws_instance_profile: str | None = Field(None, description="IAM instance profile the VM uses "
+                                             "to reach the store (default: spotnb creates one "
+                                             "limited to the store's bucket).")
+    aws_subnet_id: str | None = Field(None, description="Subnet (default: the default VPC).")
+    aws_max_price: float | None = Field(None, gt=0, description="Spot max $/h (default: on-demand).")
+    aws_security_group_ids: list[str] | None = Field(None, description="Security groups (default: "
+                                                     "spotnb-no-inbound, created with no inbound rule).")
+    aws_disk_gb: int | None = Field(None, ge=8, description="Root volume size (default: the AMI's).")
+    azure_subscription_id: str | None = Field(None, description="Default: $AZURE_SUBSCRIPTION_ID.")
+    azure_resource_group: str | None = Field(None, description="Resource group for the VMs.")
+    azure_image: str | None = Field(None, description="'publisher:offer:sku:version' or an image "
+                                    "resource id (default: Microsoft's Ubuntu HPC image with GPU drivers).")
     azure_eviction_policy: Literal["Deallocate", "Delete"] = "Delete"
     azure_max_price: float = -1.0
-    gcp_project: str | None = None
-    gcp_image: str | None = None
-    gcp_service_account: str | None = None
+    azure_subnet_id: str | None = Field(None, description="Subnet resource id for the VM's NIC.")
+    azure_identity_id: str | None = Field(None, description="User-assigned managed identity the VM "
+                                          "reaches the store with (Storage Blob Data Contributor).")
+    azure_storage_account: str | None = Field(None, description="Storage account of an az:// store "
+                                              "(default: $AZURE_STORAGE_ACCOUNT_NAME).")
+    azure_ssh_public_key: str | None = Field(None, description="Admin SSH public key (default: a "
+                                             "throwaway key whose private half is never kept).")
+    azure_disk_gb: int | None = Field(None, ge=30, description="OS disk size (default: the image's).")
+    gcp_project: str | None = Field(None, description="Default: the credentials' project.")
+    gcp_image: str | None = Field(None, description="Image URL (default: the Deep Learning VM "
+                                  "PyTorch image family with CUDA).")
+    gcp_service_account: str | None = Field(None, description="Service account email the VM "
+                                            "reaches the store with (default: the project's default).")
+    gcp_network: str | None = Field(None, description="Network URL (default: global/networks/default).")
+    gcp_subnetwork: str | None = Field(None, description="Subnetwork URL (default: the network's).")
+    gcp_accelerator_type: str | None = Field(None, description="GPU type for N1 machine types, "
+                                             "e.g. nvidia-tesla-t4 (A2/A3/G2 types include theirs).")
+    gcp_accelerator_count: int = Field(1, ge=1, description="GPUs of gcp_accelerator_type.")
+    gcp_disk_gb: int = Field(100, ge=10, description="Boot disk size.")
 
     def __init__(self, **data: Any) -> None:
         unknown = [k for k in data if k not in type(self).model_fields]

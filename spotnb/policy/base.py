@@ -79,7 +79,7 @@ class Policy(ABC):
         return emergency_feasible(obs, time_left)
 
     def emergency_expected(self, obs: Observation) -> bool:
-        """Whether a notice would leave room for an emergency save (then insurance saves are moot)."""
+        """Whether a notice would leave room for an emergency save (insurance saves are moot)."""
         return obs.step_time + (obs.snapshot_time or obs.state_bytes / 1e9) + (
             obs.upload_time or obs.state_bytes / 50e6) < obs.grace
 

@@ -24,6 +24,7 @@ Why it beats the thesis's Adaptive (measured in `benchmarks/POLICY_GAINS.md`):
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Callable
 
 from spotnb.policy.base import Observation, Plan, Policy, SaveKind, steps_for
@@ -44,19 +45,25 @@ def unprotected_fraction(obs: Observation, margin: float = 0.5) -> float:
     that it does not fit is averaged over the remainder of the step.
     """
     mean = snapshot_estimate(obs) + upload_estimate(obs) + margin
-    sd = math.hypot(obs.snapshot_sd, obs.upload_sd)
+    return _fail_share(obs.grace, obs.step_time, mean, math.hypot(obs.snapshot_sd, obs.upload_sd))
+
+
+@lru_cache(maxsize=256)
+def _fail_share(grace: float, step_time: float, mean: float, sd: float) -> float:
+    """P(δ + β + margin > grace − U·T_step), U uniform; cached because a policy asks it several
+    times per decision with the same averages."""
     if sd <= 0:
-        slack = obs.grace - mean
+        slack = grace - mean
         if slack <= 0:
             return 1.0
-        if obs.step_time <= 0 or slack >= obs.step_time:
+        if step_time <= 0 or slack >= step_time:
             return 0.0
-        return 1.0 - slack / obs.step_time
-    points = 16 if obs.step_time > 0 else 1
+        return 1.0 - slack / step_time
+    points = 16 if step_time > 0 else 1
     fail = 0.0
     for i in range(points):
-        rest = obs.step_time * (i + 0.5) / points
-        z = (obs.grace - rest - mean) / sd
+        rest = step_time * (i + 0.5) / points
+        z = (grace - rest - mean) / sd
         fail += 0.5 * math.erfc(z / math.sqrt(2.0))  # P(δ + β > grace − rest)
     return fail / points
 

@@ -39,4 +39,5 @@ def expected_total(work: float, tau: float, delta: float, mttp: float, restart: 
         T(τ) = T_p + (T_p/τ)·δ + [½(τ+δ) + R]·(T_p/τ)·(τ+δ)/MTTP
     """
     segments = work / tau
-    return work + segments * delta + (0.5 * (tau + delta) + restart) * segments * (tau + delta) / mttp
+    lost_per_preemption = 0.5 * (tau + delta) + restart
+    return work + segments * delta + lost_per_preemption * segments * (tau + delta) / mttp

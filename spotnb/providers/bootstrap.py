@@ -22,12 +22,13 @@ from __future__ import annotations
 import base64
 import re
 import shlex
-from typing import Iterable
+from typing import Any, Iterable
 
 from spotnb.providers.base import LaunchSpec
 
 __all__ = ["bootstrap_script", "aws_user_data", "azure_custom_data", "gcp_startup_script",
-           "store_extra", "install_specs", "SecretInBootstrap", "PYTHON_CANDIDATES"]
+           "store_extra", "install_specs", "SecretInBootstrap", "PYTHON_CANDIDATES",
+           "require_remote_store"]
 
 # Where the clouds' deep-learning images keep their Python with CUDA torch, then the system one.
 PYTHON_CANDIDATES = ("/opt/pytorch/bin/python", "/opt/conda/bin/python", "/usr/bin/python3",
@@ -183,3 +184,15 @@ def azure_custom_data(spec: LaunchSpec) -> str:
 def gcp_startup_script(spec: LaunchSpec) -> str:
     """GCE metadata `startup-script`: the guest agent runs it at boot."""
     return bootstrap_script(spec, "gcp")
+
+
+def require_remote_store(config: Any, provider: str) -> None:
+    """A cloud VM reaches the store over the network: refuse file:// and memory:// early."""
+    from spotnb.errors import ConfigError
+    url = config.store_url()
+    protocol = url.split("://", 1)[0].lower() if "://" in url else "file"
+    if protocol in ("file", "memory", "local"):
+        example = {"aws": "s3://my-bucket/spotnb", "azure": "az://my-container/spotnb",
+                   "gcp": "gs://my-bucket/spotnb"}.get(provider, "s3://bucket/prefix")
+        raise ConfigError(f"Config.store: provider={provider!r} runs the job on a cloud VM, which "
+                          f"cannot reach {url!r}; give a bucket, e.g. store={example!r}")

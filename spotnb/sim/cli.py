@@ -26,8 +26,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "simulate", help="simulate checkpoint policies on a spot scenario",
         description="Simulate a training job on spot VMs under several checkpoint policies. "
-                    f"Policies: {', '.join(n + (':N' if n == 'static' else '') for n in policy_names())}"
-                    ", on-demand.")
+                    "Policies: " + ", ".join(n + (":N" if n == "static" else "")
+                                             for n in policy_names()) + ", on-demand.")
     p.add_argument("--scenario", required=True, help="scenario file (YAML or JSON)")
     p.add_argument("--policy", action="append", dest="policies", metavar="NAME",
                    help="policy to simulate; repeat for several (default: all)")

@@ -31,7 +31,7 @@ from typing import Any
 
 from spotnb.policy.base import Observation, Policy, SaveKind
 from spotnb.preempt import PreemptionProcess
-from spotnb.sim.scenario import Scenario, as_range, mean_of
+from spotnb.sim.scenario import Scenario, as_range
 
 __all__ = ["SimResult", "simulate", "simulate_run", "METRICS", "run_seeds"]
 
@@ -197,14 +197,15 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
                     while pending and pending[0][0] <= t:
                         committed = pending.pop(0)[1]
                     obs = Observation(step, st, mean_delta, mean_beta, mttp, restart, grace,
-                                      save_every, 0, t - ready_t, t, total_steps, sd_delta, sd_beta)
+                                      save_every, 0, t - ready_t, t, total_steps, sd_delta,
+                                      sd_beta)
                     if policy.allocate_on_notice(obs):
                         alloc_from = max(notice, ready_t)
                     if policy.on_notice(obs, kill - t):
-                        emergency += 1
                         if step == committed:
                             stop = t              # nothing new to save: leave now
                             break
+                        emergency += 1
                         d = d_lo + d_var * rand() if d_var else d_lo
                         b = b_lo + b_var * rand() if b_var else b_lo
                         if t + d >= kill:
@@ -259,7 +260,8 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
                 plan_step = step + stride      # the policy said its stride holds here
                 continue
             plan = next_save(Observation(step, st, mean_delta, mean_beta, mttp, restart, grace,
-                                         save_every, 0, t - ready_t, t, total_steps, sd_delta, sd_beta), step)
+                                         save_every, 0, t - ready_t, t, total_steps, sd_delta,
+                                         sd_beta), step)
             plan_step = plan.step if plan is not None else total_steps
             plan_ins = plan is not None and plan.kind is _INSURANCE
 

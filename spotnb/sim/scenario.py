@@ -31,7 +31,8 @@ def as_range(value: Dist, name: str = "value") -> tuple[float, float]:
         try:
             low, high = (float(v) for v in value)
         except (TypeError, ValueError):
-            raise ValueError(f"{name} must be a number or a [low, high] pair, got {value!r}") from None
+            raise ValueError(f"{name} must be a number or a [low, high] pair, "
+                             f"got {value!r}") from None
     if not (0 <= low <= high) or math.isinf(high):
         raise ValueError(f"{name} needs 0 <= low <= high < inf, got {value!r}")
     return low, high
@@ -138,7 +139,8 @@ class Scenario:
         p = Path(path)
         data = yaml.safe_load(p.read_text())
         if not isinstance(data, dict):
-            raise ValueError(f"{p}: a scenario file holds a mapping of keys, got {type(data).__name__}")
+            raise ValueError(f"{p}: a scenario file holds a mapping of keys, "
+                             f"got {type(data).__name__}")
         data.setdefault("name", p.stem)
         return cls.from_dict(data)
 

@@ -1,0 +1,82 @@
+"""Tags every cloud VM carries, and `gc`: find and end VMs that no live job owns.
+
+Why: the controller terminates each incarnation's VM when it ends, and a VM powers itself off
+after its agent exits, but a notebook kernel can die between a launch and its bookkeeping.
+`spotnb gc --provider aws` (the CLI calls `gc`) lists the VMs tagged with a spotnb job id and
+terminates those whose job is not running any more (or that no job DB here knows, with
+`all_unknown=True`). Tag keys are the same on all clouds and valid GCP label keys.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from spotnb.config import Config
+    from spotnb.providers.base import LaunchSpec
+
+__all__ = ["JOB_TAG", "INCARNATION_TAG", "MANAGED_TAG", "job_tags", "gc", "orphans"]
+
+JOB_TAG = "spotnb-job"
+INCARNATION_TAG = "spotnb-incarnation"
+MANAGED_TAG = "spotnb-managed"
+_LIVE = {"pending", "running", "preempted", "restoring"}
+_STALE_S = 600.0  # a "running" job whose controller has been silent this long is dead
+
+
+def job_tags(spec: "LaunchSpec") -> dict[str, str]:
+    """The tags (AWS, Azure) / labels (GCP) of one incarnation's VM and disks."""
+    return {JOB_TAG: spec.job_id.lower(), INCARNATION_TAG: str(spec.incarnation),
+            MANAGED_TAG: "true"}
+
+
+def _job_is_live(job_id: str, db: Any, now: float) -> bool | None:
+    """True/False from the job DB; None when this machine's DB does not know the job."""
+    for row in db.jobs():
+        if str(row["id"]).lower() == job_id.lower():
+            if row.get("status") not in _LIVE:
+                return False
+            beat = row.get("heartbeat") or row.get("updated") or 0
+            return now - float(beat) < _STALE_S
+    return None
+
+
+def orphans(tagged: Iterable[tuple[str, str]], db: Any, all_unknown: bool = False,
+            now: float | None = None) -> list[str]:
+    """From (instance id, job id) pairs, the instances no live job owns."""
+    now = time.time() if now is None else now
+    out = []
+    for instance_id, job_id in tagged:
+        live = _job_is_live(job_id, db, now)
+        if live is False or (live is None and all_unknown):
+            out.append(instance_id)
+    return out
+
+
+def gc(provider_name: str, config: "Config | None" = None, *, all_unknown: bool = False,
+       dry_run: bool = False) -> list[str]:
+    """Terminate the provider's spotnb-tagged VMs whose job has ended; returns their ids.
+
+    A job counts as ended when the job DB says succeeded/failed/stopped, or its controller has
+    been silent for 10 minutes. VMs of jobs this DB does not know (launched from another
+    machine) are left alone unless `all_unknown=True`. `dry_run=True` only lists them.
+    """
+    from spotnb.config import Config
+    from spotnb.jobdb import JobDB
+    from spotnb.providers import get_provider_class
+
+    config = config or Config(provider=provider_name)
+    provider = get_provider_class(provider_name)(config)
+    try:
+        lister = getattr(provider, "list_tagged", None)
+        if lister is None:
+            return []
+        tagged = list(lister())  # (instance, job id) pairs
+        ids = {inst.id: inst for inst, _ in tagged}
+        doomed = orphans(((inst.id, job) for inst, job in tagged), JobDB(), all_unknown)
+        if not dry_run:
+            for instance_id in doomed:
+                provider.terminate(ids[instance_id])
+        return doomed
+    finally:
+        provider.close()

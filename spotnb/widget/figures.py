@@ -1,0 +1,248 @@
+"""Plotly trace and figure builders, from a `JobState` only (no widgets, no job, no kernel).
+
+Each panel is a list of `(key, trace_dict)`; the key is stable for the life of the job so the
+live widget can map it to a trace index and send only changed data. `static_figures` wraps the
+same traces into standalone `go.Figure`s for export (`job.plot()`), so the live view and the
+exported figures cannot disagree.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from spotnb.ledger import Breakdown
+from spotnb.widget.state import Incarnation, JobState
+
+__all__ = ["metric_traces", "timeline_traces", "breakdown_traces", "static_figures_from_state",
+           "PANELS", "COLORS", "CATEGORY_COLORS", "format_bytes"]
+
+PANELS = ("metrics", "timeline", "breakdown")
+COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+CATEGORY_COLORS = {
+    "compute": "#2ca02c", "recompute": "#ff7f0e", "save": "#1f77b4", "alloc": "#9e9e9e",
+    "prep": "#bcbd22", "other": "#dddddd",
+}
+PREEMPT_COLOR = "#d62728"
+RESUME_COLOR = "#17becf"
+Trace = tuple[str, dict[str, Any]]
+
+
+def format_bytes(n: float | None) -> str:
+    n = float(n or 0)
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _vlines(marks: list[tuple[int, str]]) -> tuple[list[Any], list[Any], list[Any]]:
+    """Vertical segments on the [0, 1] marker axis, as one trace (None breaks the line)."""
+    xs: list[Any] = []
+    ys: list[Any] = []
+    text: list[Any] = []
+    for step, hover in marks:
+        xs += [step, step, None]
+        ys += [0.0, 1.0, None]
+        text += [hover, hover, None]
+    return xs, ys, text
+
+
+def metric_traces(state: JobState) -> list[Trace]:
+    """One line per metric (first-time steps), the same metric's recomputed steps as a dotted,
+    marked line, and preemption / resume markers as vertical lines on a hidden [0, 1] axis."""
+    out: list[Trace] = []
+    for i, name in enumerate(state.metric_names):
+        color = COLORS[i % len(COLORS)]
+        s = state.first[name]
+        x, y = s.xy()
+        out.append((f"m:{name}", {
+            "type": "scatter", "mode": "lines", "name": name, "legendgroup": name,
+            "x": x, "y": y, "line": {"color": color, "width": 1.6},
+            "hovertemplate": f"{name} %{{y:.4g}}<br>step %{{x:.0f}}<extra></extra>",
+        }))
+        rx: list[Any] = []
+        ry: list[Any] = []
+        for _, seg in sorted(state.redo.get(name, {}).items()):
+            sx, sy = seg.xy()
+            if rx:
+                rx.append(None)
+                ry.append(None)
+            rx += sx
+            ry += sy
+        out.append((f"r:{name}", {
+            "type": "scatter", "mode": "lines+markers", "name": f"{name} (recomputed)",
+            "legendgroup": name, "x": rx, "y": ry, "visible": True if rx else "legendonly",
+            "line": {"color": "#ff7f0e", "width": 1.4, "dash": "dot"},
+            "marker": {"size": 4, "color": "#ff7f0e", "symbol": "circle-open"},
+            "hovertemplate": f"{name} %{{y:.4g}} (recomputed)<br>step %{{x:.0f}}<extra></extra>",
+        }))
+    px, py, pt = _vlines(state.preempt_marks)
+    out.append(("preempt", {
+        "type": "scatter", "mode": "lines", "name": "preempted", "x": px, "y": py, "yaxis": "y2",
+        "text": pt, "hovertemplate": "%{text}<extra></extra>",
+        "line": {"color": PREEMPT_COLOR, "width": 2, "dash": "dash"},
+        "visible": True if px else "legendonly",
+    }))
+    rx2, ry2, rt = _vlines(state.resume_marks)
+    out.append(("resume", {
+        "type": "scatter", "mode": "lines", "name": "resumed", "x": rx2, "y": ry2, "yaxis": "y2",
+        "text": rt, "hovertemplate": "%{text}<extra></extra>",
+        "line": {"color": RESUME_COLOR, "width": 1.5, "dash": "dot"},
+        "visible": True if rx2 else "legendonly",
+    }))
+    return out
+
+
+def _inc_label(inc: Incarnation) -> str:
+    bits = [f"#{inc.n}", inc.instance_id or "…"]
+    where = ", ".join(b for b in (inc.region, inc.instance_type) if b)
+    return f"{' '.join(bits)} ({where})" if where else " ".join(bits)
+
+
+def _hover_inc(inc: Incarnation, what: str, a: float, b: float) -> str:
+    lines = [f"<b>{_inc_label(inc)}</b>", f"{what}: {b - a:.2f} s"]
+    if inc.spot_price is not None:
+        lines.append(f"spot ${inc.spot_price:.3f}/h")
+    if inc.from_step is not None:
+        lines.append(f"resumed from step {inc.from_step}")
+    if inc.boundary is not None and inc.boundary >= 0 and what.startswith("recompute"):
+        lines.append(f"redoing steps ≤ {inc.boundary}")
+    if inc.end_how:
+        lines.append(f"ended: {inc.end_how}")
+    return "<br>".join(lines)
+
+
+def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
+    """One horizontal bar per incarnation, split into alloc / prep / recompute / compute / save
+    (explicit `base`, seconds since submission), with notice, kill and checkpoint markers."""
+    t0 = state.job_start or 0.0
+    now = state.now() if now is None else now
+    segs: dict[str, dict[str, list[Any]]] = {
+        c: {"y": [], "base": [], "x": [], "text": []}
+        for c in ("alloc", "prep", "recompute", "compute", "save")}
+
+    def seg(cat: str, inc: Incarnation, a: float | None, b: float | None, what: str) -> None:
+        if a is None or b is None or b <= a:
+            return
+        d = segs[cat]
+        d["y"].append(_inc_label(inc))
+        d["base"].append(a - t0)
+        d["x"].append(b - a)
+        d["text"].append(_hover_inc(inc, what, a, b))
+
+    notice: dict[str, list[Any]] = {"x": [], "y": [], "text": []}
+    kill: dict[str, list[Any]] = {"x": [], "y": [], "text": []}
+    ckpt: dict[str, list[Any]] = {"x": [], "y": [], "text": []}
+    for n in sorted(state.incs):
+        inc = state.incs[n]
+        end = inc.end if inc.end is not None else now
+        seg("alloc", inc, inc.allocating, inc.allocated or end, "allocation")
+        seg("prep", inc, inc.allocated, inc.ready or end, "preparation (start, imports, restore)")
+        if inc.ready is not None:
+            redo = (inc.boundary is not None and inc.from_step is not None
+                    and inc.boundary >= inc.from_step)
+            split = (inc.new_work_t or end) if redo else inc.ready
+            seg("recompute", inc, inc.ready, min(split, end), "recompute (steps lost to a preemption)")
+            seg("compute", inc, max(split, inc.ready), end, "compute")
+        for a, b, kind in inc.save_spans:
+            seg("save", inc, a, max(b, a + 1e-3), f"save ({kind})")
+        label = _inc_label(inc)
+        if inc.notice is not None:
+            e = inc.notice
+            notice["x"].append(float(e["t"]) - t0)
+            notice["y"].append(label)
+            notice["text"].append(f"notice from {e.get('source', '?')}: {e.get('action', 'terminate')}, "
+                                  f"{float(e.get('time_left') or 0):.1f} s left")
+        if inc.killed is not None:
+            e = inc.killed
+            kill["x"].append(float(e["t"]) - t0)
+            kill["y"].append(label)
+            how = "left cleanly (evacuated)" if e.get("how") == "evacuated" else \
+                f"killed during {e.get('phase') or 'training'}"
+            kill["text"].append(f"preempted: {how}<br>lifetime {float(e.get('lifetime_s') or 0):.1f} s")
+    cps = state.checkpoints
+    stride = max(1, len(cps) // 400)        # thin the markers of very long runs
+    for e in cps[::stride] if stride > 1 else cps:
+        inc = state.incs.get(int(e.get("incarnation") or 0))
+        if inc is None:
+            continue
+        ckpt["x"].append(float(e["t"]) - t0)
+        ckpt["y"].append(_inc_label(inc))
+        ckpt["text"].append(
+            f"checkpoint #{e.get('seq')} {e.get('save_kind')} at step {e.get('step')}<br>"
+            f"{format_bytes(e.get('bytes'))}, snapshot {float(e.get('snapshot_s') or 0):.3f} s, "
+            f"upload {float(e.get('upload_s') or 0):.3f} s")
+    out: list[Trace] = []
+    names = {"alloc": "allocation", "prep": "preparation", "recompute": "recompute",
+             "compute": "compute", "save": "save"}
+    for cat, d in segs.items():
+        out.append((f"tl:{cat}", {
+            "type": "bar", "orientation": "h", "name": names[cat], "legendgroup": f"cat:{cat}",
+            "y": d["y"], "x": d["x"], "base": d["base"], "hovertext": d["text"],
+            "hovertemplate": "%{hovertext}<extra></extra>", "xaxis": "x", "yaxis": "y",
+            "marker": {"color": CATEGORY_COLORS[cat]}, "width": 0.6, "showlegend": False,
+        }))
+    for key, d, name, symbol, color, size in (
+            ("tl:ckpt", ckpt, "checkpoint", "diamond", "#1f77b4", 7),
+            ("tl:notice", notice, "notice", "triangle-down", "#ff7f0e", 11),
+            ("tl:kill", kill, "kill", "x", PREEMPT_COLOR, 11)):
+        out.append((key, {
+            "type": "scatter", "mode": "markers", "name": name, "x": d["x"], "y": d["y"],
+            "text": d["text"], "hovertemplate": "%{text}<extra></extra>", "showlegend": False,
+            "marker": {"symbol": symbol, "color": color, "size": size,
+                       "line": {"width": 1, "color": "white"}},
+        }))
+    return out
+
+
+def breakdown_traces(b: Breakdown) -> list[Trace]:
+    """One stacked horizontal bar: where the wall time went, by category (explicit bases so it
+    stacks in a figure whose barmode is overlay, which the timeline needs)."""
+    out: list[Trace] = []
+    base = 0.0
+    total = b.total or 0.0
+    for cat in ("compute", "recompute", "save", "alloc", "prep", "other"):
+        val = float(getattr(b, cat))
+        share = val / total if total else 0.0
+        out.append((f"bd:{cat}", {
+            "type": "bar", "orientation": "h", "name": cat, "legendgroup": f"cat:{cat}",
+            "y": ["time"], "x": [val], "base": [base],
+            "hovertemplate": f"{cat}: %{{x:.1f}} s ({share:.0%})<extra></extra>",
+            "marker": {"color": CATEGORY_COLORS[cat]}, "width": 0.6,
+        }))
+        base += val
+    return out
+
+
+def _layout(panel: str, state: JobState) -> dict[str, Any]:
+    common: dict[str, Any] = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
+                              "legend": {"orientation": "h", "y": -0.2}, "barmode": "overlay"}
+    if panel == "metrics":
+        return {**common, "title": {"text": "metrics by step"}, "height": 380,
+                "xaxis": {"title": {"text": "step"}},
+                "yaxis": {"title": {"text": ", ".join(state.metric_names) or "value"}},
+                "yaxis2": {"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True}}
+    if panel == "timeline":
+        return {**common, "title": {"text": "instances"}, "height": 140 + 40 * max(1, len(state.incs)),
+                "xaxis": {"title": {"text": "seconds since submission"}},
+                "yaxis": {"autorange": "reversed"}}
+    return {**common, "title": {"text": "where the time went (s)"}, "height": 220,
+            "xaxis": {"title": {"text": "seconds"}}}
+
+
+def static_figures_from_state(state: JobState) -> dict[str, Any]:
+    """{"metrics", "timeline", "breakdown"} → plotly `go.Figure` (for export and reports)."""
+    import plotly.graph_objects as go
+
+    b = state.breakdown()
+    panels = {"metrics": metric_traces(state), "timeline": timeline_traces(state),
+              "breakdown": breakdown_traces(b)}
+    figs: dict[str, Any] = {}
+    for name, traces in panels.items():
+        data = []
+        for _, tr in traces:
+            if name == "timeline":
+                tr = {**tr, "showlegend": True}
+            data.append(tr)
+        figs[name] = go.Figure(data=data, layout=_layout(name, state))
+    return figs

@@ -1,0 +1,142 @@
+"""`TextView`: the widget's information as text, for scripts, terminals and CI logs.
+
+Like tqdm's autonotebook fallback: on a TTY one progress line is redrawn in place (at most
+`tty_interval` apart); elsewhere (CI logs, files) a progress line is printed every
+`interval` seconds. Notable events (allocations, notices, preemptions, non-periodic
+checkpoints, relaunches, errors with the remote traceback, the end) always get their own line.
+It is a plain sink: no widgets, no plotly, no thread of its own.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+from spotnb.widget.figures import format_bytes
+from spotnb.widget.state import JobState
+
+__all__ = ["TextView", "event_line", "progress_line"]
+
+
+def event_line(e: dict[str, Any]) -> str | None:
+    """One human line for a notable event, or None for events that only feed the progress line."""
+    kind, n = e.get("kind"), e.get("incarnation", 0)
+    who = f"#{n} " if n else ""
+    if kind == "submitted":
+        return f"submitted ({e.get('provider')}, {e.get('instance_type')})"
+    if kind == "allocated":
+        return (f"{who}allocated {e.get('instance_id')} in {e.get('region')} "
+                f"({e.get('instance_type')}) after {float(e.get('alloc_s') or 0):.1f} s, "
+                f"spot ${float(e.get('spot_price') or 0):.3f}/h vs on-demand "
+                f"${float(e.get('on_demand_price') or 0):.3f}/h")
+    if kind == "alloc_failed":
+        return f"{who}no capacity in {e.get('region')}: {e.get('reason')}; retry in {e.get('retry_in')} s"
+    if kind == "resumed":
+        return (f"{who}relaunched: resumed from step {e.get('from_step')} ({e.get('save_kind')} "
+                f"checkpoint #{e.get('seq')}, restore {float(e.get('restore_s') or 0):.2f} s)")
+    if kind == "notice":
+        return f"{who}PREEMPTION NOTICE ({e.get('source')}): {float(e.get('time_left') or 0):.1f} s left"
+    if kind == "evacuated":
+        return f"{who}saved and left cleanly at step {e.get('step')}"
+    if kind == "emergency_skipped":
+        return f"{who}emergency save skipped ({float(e.get('time_left') or 0):.1f} s left, needs {e.get('needed')})"
+    if kind == "preempted":
+        how = "after an emergency save" if e.get("how") == "evacuated" else \
+            f"killed during {e.get('phase') or 'training'}"
+        return f"{who}PREEMPTED {how}, lifetime {float(e.get('lifetime_s') or 0):.1f} s"
+    if kind == "checkpoint" and e.get("save_kind") != "periodic":
+        return (f"{who}checkpoint {e.get('save_kind')} at step {e.get('step')}: "
+                f"{format_bytes(e.get('bytes'))} in {float(e.get('snapshot_s') or 0):.3f} s "
+                f"+ {float(e.get('upload_s') or 0):.3f} s upload")
+    if kind in ("checkpoint_failed", "checkpoint_invalid"):
+        return f"{who}{kind.replace('_', ' ')}: {e.get('error') or e.get('reason') or ''}"
+    if kind == "error":
+        tb = (e.get("traceback") or "").rstrip()
+        return f"{who}ERROR {e.get('exc_type')}: {e.get('message')}" + (f"\n{tb}" if tb else "")
+    if kind in ("warning", "hint"):
+        return f"{who}{kind}: {e.get('message')}"
+    if kind == "stopped":
+        return f"stopped: {e.get('reason')}"
+    return None
+
+
+def progress_line(state: JobState, width: int = 20) -> str:
+    """`[#####.....] 150/300 50% loss 0.0123 | running | 2 preemptions | spot $0.0003 (-70%)`."""
+    b = state.breakdown()
+    total = b.total_steps or state.total
+    step = max(b.step, state.step)
+    if total:
+        frac = min(1.0, step / total)
+        filled = int(frac * width)
+        bar = f"[{'#' * filled}{'.' * (width - filled)}] {step}/{total} {frac:4.0%}"
+    else:
+        bar = f"step {step}"
+    metrics = " ".join(f"{k} {v:.4g}" for k, v in list(state.last_metrics.items())[:3])
+    cost = state.cost(b)
+    money = f"spot ${cost['spot']:.4f} vs on-demand ${cost['on_demand']:.4f}"
+    if cost["on_demand"]:
+        money += f" ({cost['savings']:.0%} saved)"
+    parts = [bar, metrics, state.status, f"{b.preemptions} preemption(s)", money]
+    return " | ".join(p for p in parts if p)
+
+
+class TextView:
+    """A sink printing the job's story as text. `job.add_sink(TextView(job))`, or let
+    `spotnb.widget.job_widget` pick it when there is no kernel to render widgets."""
+
+    def __init__(self, job: Any = None, file: TextIO | None = None, interval: float = 10.0,
+                 tty_interval: float = 0.5, attach: bool = True) -> None:
+        self.job = job
+        self.file = file if file is not None else sys.stdout
+        isatty = getattr(self.file, "isatty", None)
+        self.tty = bool(isatty and isatty())
+        self.interval = tty_interval if self.tty else interval
+        self.state = JobState()
+        self._lock = threading.Lock()
+        self._last_progress = 0.0
+        self._progress_shown = False
+        self._finished = False
+        self.prefix = f"spotnb {getattr(job, 'id', '')}".rstrip() + ": "
+        if job is not None and attach:
+            job.add_sink(self, replay=True)
+
+    def _write(self, text: str) -> None:
+        if self.tty and self._progress_shown:
+            self.file.write("\r\x1b[2K")   # clear the in-place progress line first
+            self._progress_shown = False
+        self.file.write(text)
+
+    def on_events(self, events: list[dict[str, Any]]) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            for e in events:
+                self.state.feed_events([e])
+                line = event_line(e)
+                if line:
+                    t0 = self.state.job_start or float(e["t"])
+                    self._write(f"{self.prefix}[{float(e['t']) - t0:7.1f}s] {line}\n")
+            now = time.monotonic()
+            if self.state.done:
+                self._finished = True
+                self._write(f"{self.prefix}{self.state.status}: {progress_line(self.state)}\n")
+            elif now - self._last_progress >= self.interval:
+                self._last_progress = now
+                if self.tty:
+                    self._write(f"{self.prefix}{progress_line(self.state)}")
+                    self._progress_shown = True
+                else:
+                    self._write(f"{self.prefix}{progress_line(self.state)}\n")
+            try:
+                self.file.flush()
+            except (OSError, ValueError):
+                pass
+
+    def detach(self) -> None:
+        if self.job is not None:
+            self.job.remove_sink(self)
+
+    def __repr__(self) -> str:
+        summary = getattr(self.job, "summary", None)
+        return summary() if callable(summary) else progress_line(self.state)

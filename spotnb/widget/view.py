@@ -1,0 +1,431 @@
+"""The live job widget: one plotly `FigureWidget` (metrics, instance timeline, breakdown), one
+HTML pane (status badge, progress, cost meter, event feed, traceback) and a Stop button.
+
+Threading and rate: `JobView.on_events` is a sink called from the job's background thread; it
+only folds events into a `JobState` under a lock. A single flusher thread turns that state into
+widget updates, at most every `interval` seconds, through a `MessageBudget` that counts every
+comm message the widgets really send (plotly's update protocol costs ~4 per `batch_update`,
+plus the front end's replies) and refuses a flush that would exceed `max_rate` messages in any
+one-second window. So however fast the job logs, the front end gets ≤ 10 messages a second,
+and the figure simply shows a newer state at its next turn.
+"""
+from __future__ import annotations
+
+import collections
+import html
+import threading
+import time
+from typing import Any, Callable
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from spotnb.widget.figures import (CATEGORY_COLORS, breakdown_traces, format_bytes, metric_traces,
+                                   timeline_traces)
+from spotnb.widget.state import JobState
+
+__all__ = ["JobView", "MessageBudget", "JobWidget", "render_info_html"]
+
+_FIGURE_COST = 4          # comm messages of one plotly batch_update (edit ids, update, reset)
+_FIGURE_REPLY_COST = 4    # a live front end answers with trace/layout deltas (echo + reset each)
+_BADGE = {"pending": "#757575", "running": "#1565c0", "preempted": "#ef6c00",
+          "restoring": "#6a1b9a", "succeeded": "#2e7d32", "failed": "#c62828",
+          "stopped": "#424242"}
+
+
+class MessageBudget:
+    """Sliding one-second window of sent front-end messages, shared by the view's widgets."""
+
+    def __init__(self, max_rate: float = 10.0, window: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_rate = max_rate
+        self.clock = clock
+        self.window = window
+        self._sent: collections.deque[float] = collections.deque()
+        self._lock = threading.Lock()
+        self.total = 0
+
+    def record(self, n: int = 1) -> None:
+        now = self.clock()
+        with self._lock:
+            self._sent.extend([now] * n)
+            self.total += n
+
+    def _trim(self, now: float) -> None:
+        while self._sent and self._sent[0] <= now - self.window:
+            self._sent.popleft()
+
+    def allows(self, n: int) -> bool:
+        """True if `n` more messages now keep the last window within `max_rate`."""
+        now = self.clock()
+        with self._lock:
+            self._trim(now)
+            return len(self._sent) + n <= self.max_rate * self.window
+
+    def wait_time(self, n: int) -> float:
+        """Seconds until `n` messages fit (0 if they fit now)."""
+        now = self.clock()
+        with self._lock:
+            self._trim(now)
+            excess = len(self._sent) + n - int(self.max_rate * self.window)
+            if excess <= 0:
+                return 0.0
+            idx = min(excess - 1, len(self._sent) - 1)
+            return max(0.0, self._sent[idx] + self.window - now)
+
+
+class _Counted:
+    """Mixin: count every message this widget sends to its front end in a MessageBudget."""
+
+    _spotnb_budget: MessageBudget | None = None
+
+    def _send(self, msg: Any, buffers: Any = None) -> None:
+        budget = self._spotnb_budget
+        if budget is not None and getattr(self, "comm", None) is not None:
+            budget.record(1)
+        super()._send(msg, buffers=buffers)  # type: ignore[misc]
+
+
+class _Figure(_Counted, go.FigureWidget):
+    pass
+
+
+class _HTML(_Counted, widgets.HTML):
+    pass
+
+
+class _Button(_Counted, widgets.Button):
+    pass
+
+
+class JobWidget(widgets.VBox):
+    """The displayed box; `.view` is the JobView that feeds it (for tests and benchmarks)."""
+
+    view: "JobView"
+
+    def close(self) -> None:
+        self.view.detach()
+        super().close()
+
+
+def _esc(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _feed_line(e: dict[str, Any], t0: float) -> str:
+    kind, n = e.get("kind"), e.get("incarnation", 0)
+    when = f"{float(e['t']) - t0:6.1f}s" if t0 else ""
+    who = f"#{n}" if n else ""
+    if kind == "allocated":
+        text = (f"{who} allocated {_esc(e.get('instance_id'))} in {_esc(e.get('region'))} "
+                f"({_esc(e.get('instance_type'))}) after {float(e.get('alloc_s') or 0):.1f} s")
+    elif kind == "alloc_failed":
+        text = f"{who} no capacity in {_esc(e.get('region'))}: {_esc(e.get('reason'))}"
+    elif kind == "ready":
+        text = f"{who} ready at step {e.get('step')} after {float(e.get('prep_s') or 0):.1f} s prep"
+    elif kind == "resumed":
+        text = (f"{who} relaunched: resumed from step {e.get('from_step')} "
+                f"({_esc(e.get('save_kind'))} checkpoint #{e.get('seq')})")
+    elif kind == "notice":
+        text = (f"{who} ⚠ preemption notice ({_esc(e.get('source'))}): "
+                f"{float(e.get('time_left') or 0):.1f} s left")
+    elif kind == "evacuated":
+        text = f"{who} saved and left cleanly at step {e.get('step')}"
+    elif kind == "emergency_skipped":
+        text = f"{who} emergency save skipped: {float(e.get('time_left') or 0):.1f} s left"
+    elif kind == "preempted":
+        how = "after an emergency save" if e.get("how") == "evacuated" else \
+            f"killed during {_esc(e.get('phase') or 'training')}"
+        text = f"{who} ✖ preempted {how} (lifetime {float(e.get('lifetime_s') or 0):.1f} s)"
+    elif kind == "exited":
+        text = f"{who} exited: {_esc(e.get('reason'))} (code {e.get('code')})"
+    elif kind == "checkpoint":
+        text = (f"{who} checkpoint {_esc(e.get('save_kind'))} at step {e.get('step')}: "
+                f"{format_bytes(e.get('bytes'))}, {float(e.get('snapshot_s') or 0):.3f} s + "
+                f"{float(e.get('upload_s') or 0):.3f} s upload")
+    elif kind in ("checkpoint_failed", "checkpoint_invalid"):
+        text = f"{who} {kind.replace('_', ' ')}: {_esc(e.get('error') or e.get('reason') or '')}"
+    elif kind == "error":
+        text = f"{who} error: {_esc(e.get('exc_type'))}: {_esc(e.get('message'))}"
+    elif kind == "done":
+        text = f"{who} done at step {e.get('step')}"
+    elif kind == "stopped":
+        text = f"stopped: {_esc(e.get('reason'))}"
+    else:
+        text = f"{who} {_esc(kind)}: {_esc(e.get('message') or '')}"
+    return f"<div class='spotnb-feed-line'><code>{when}</code> {text}</div>"
+
+
+def _compact_feed(feed: list[dict[str, Any]], limit: int) -> list[tuple[dict[str, Any], int]]:
+    """Last `limit` feed items; runs of periodic checkpoints collapse to the latest one (×n)."""
+    out: list[tuple[dict[str, Any], int]] = []
+    for e in reversed(feed):
+        periodic = e.get("kind") == "checkpoint" and e.get("save_kind") == "periodic"
+        if periodic and out and out[-1][0].get("kind") == "checkpoint" \
+                and out[-1][0].get("save_kind") == "periodic":
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+            continue
+        if len(out) >= limit:
+            break
+        out.append((e, 1))
+    return list(reversed(out))
+
+
+def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> str:
+    """Status badge, progress bar, cost meter, event feed and traceback, as one HTML string
+    (one widget → one message per refresh). `data-*` attributes let browser tests read values."""
+    b = state.breakdown()
+    cost = state.cost(b)
+    status = state.status
+    color = _BADGE.get(status, "#757575")
+    total = b.total_steps or state.total
+    step = max(b.step, state.step)
+    frac = min(1.0, step / total) if total else 0.0
+    last = ", ".join(f"{k} {v:.4g}" for k, v in list(state.last_metrics.items())[:3])
+    proj = cost["projected"]
+    sav = cost["savings"] or 0.0
+    price = ""
+    if cost["spot_price"] is not None:
+        price = (f"<div style='color:#666;font-size:11px'>${cost['spot_price']:.3f}/h spot vs "
+                 f"${(cost['on_demand_price'] or 0):.3f}/h on demand</div>")
+    name = _esc(state.name or job_id)
+    badge = (f"<span class='spotnb-status' data-status='{_esc(status)}' style='background:{color};"
+             f"color:white;border-radius:10px;padding:2px 10px;font-weight:600'>{_esc(status)}</span>")
+    progress = (f"<div style='background:#eee;border-radius:4px;height:8px;width:100%;margin:4px 0'>"
+                f"<div style='background:{color};width:{frac * 100:.1f}%;height:8px;border-radius:4px'>"
+                f"</div></div>")
+    head = (f"<div style='display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start'>"
+            f"<div style='min-width:260px;flex:1'>"
+            f"<div><b>{name}</b> <code style='color:#666'>{_esc(job_id)}</code> {badge}</div>"
+            f"{progress}<div class='spotnb-progress' data-step='{step}' data-total='{total or ''}'>"
+            f"step {step}{'/' + str(total) if total else ''} · {b.preemptions} preemption(s) · "
+            f"{b.incarnations} instance(s){' · ' + _esc(last) if last else ''}</div></div>"
+            f"<div class='spotnb-cost' data-spot='{cost['spot']:.8f}' data-on-demand='{cost['on_demand']:.8f}'"
+            f" data-savings='{sav:.4f}' style='min-width:260px'>"
+            f"<div style='font-size:18px'><b>${cost['spot']:.4f}</b> spot "
+            f"<span style='color:#666'>vs ${cost['on_demand']:.4f} on demand</span></div>"
+            f"<div><b style='color:{'#2e7d32' if sav >= 0 else '#c62828'}'>{sav:.0%} saved</b>"
+            f"{f' · projected total ${proj:.4f}' if proj is not None else ''}</div>{price}</div>"
+            f"</div>")
+    t0 = state.job_start or 0.0
+    lines = []
+    for e, times in _compact_feed(state.feed, feed_lines):
+        line = _feed_line(e, t0)
+        if times > 1:
+            line = line.replace("</div>", f" <span style='color:#666'>(×{times})</span></div>")
+        lines.append(line)
+    feed = (f"<div class='spotnb-feed' style='font-size:12px;margin-top:6px;max-height:190px;"
+            f"overflow:auto;border-left:3px solid #ddd;padding-left:8px'>{''.join(lines)}</div>")
+    tb = ""
+    if state.error is not None:
+        tb = (f"<details open class='spotnb-traceback'><summary style='color:#c62828'><b>"
+              f"{_esc(state.error.get('exc_type'))}: {_esc(state.error.get('message'))}</b></summary>"
+              f"<pre style='background:#fff5f5;color:#b71c1c;font-size:11px;overflow:auto;"
+              f"max-height:300px'>{_esc(state.error.get('traceback') or '')}</pre></details>")
+    legend = " ".join(f"<span style='color:{c}'>■</span> {k}" for k, c in CATEGORY_COLORS.items())
+    return (f"<div class='spotnb-job-info' style='font-family:sans-serif;font-size:13px'>{head}"
+            f"{feed}{tb}<div style='font-size:11px;color:#666;margin-top:4px'>{legend}</div></div>")
+
+
+class JobView:
+    """A sink that keeps a widget in step with a job, throttled and rate-limited.
+
+    `interval`: the shortest time between two refreshes of the HTML pane; the figure refreshes
+    at most every `figure_interval` and only when the message budget allows. `autostart=False`
+    leaves flushing to explicit `flush()` calls and `clock` replaces the monotonic clock
+    (deterministic tests and benchmarks)."""
+
+    def __init__(self, job: Any = None, *, interval: float = 0.25, figure_interval: float = 0.5,
+                 max_rate: float = 10.0, autostart: bool = True,
+                 max_points: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.job = job
+        self.job_id = getattr(job, "id", "") or ""
+        self.state = JobState(max_points) if max_points else JobState()
+        self.interval = interval
+        self.figure_interval = figure_interval
+        self.clock = clock
+        self.budget = MessageBudget(max_rate, clock=clock)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._keys: list[str] = []
+        self._sent_versions: dict[str, int] = {}
+        self._last_html = ""
+        self._last_figure = 0.0
+        self.flushes = 0
+        self.figure_flushes = 0
+        self._build()
+        if job is not None:
+            job.add_sink(self, replay=True)
+        if autostart:
+            self.start()
+
+    # -- widgets -------------------------------------------------------------------------------
+    def _build(self) -> None:
+        fig = make_subplots(rows=3, cols=1, row_heights=[0.52, 0.3, 0.18], vertical_spacing=0.1,
+                            specs=[[{"secondary_y": True}], [{}], [{}]],
+                            subplot_titles=("metrics by step", "instances (seconds since submission)",
+                                            "where the time went (s)"))
+        fig.update_layout(template="plotly_white", height=720, barmode="overlay",
+                          margin={"l": 70, "r": 20, "t": 40, "b": 30},
+                          legend={"orientation": "v", "x": 1.01, "y": 1.0},
+                          uirevision="spotnb")
+        fig.update_yaxes(range=[0, 1], visible=False, fixedrange=True, row=1, col=1, secondary_y=True)
+        fig.update_xaxes(title_text="step", row=1, col=1)
+        fig.update_yaxes(autorange="reversed", row=2, col=1)
+        fig.update_yaxes(showticklabels=False, row=3, col=1)
+        # the fixed traces are part of the initial state (no messages); metrics are added later
+        empty = JobState()
+        initial = {"metrics": metric_traces(empty), "timeline": timeline_traces(empty, now=0.0),
+                   "breakdown": breakdown_traces(empty.breakdown(now=0.0))}
+        for panel, traces in initial.items():
+            for key, spec, row, secondary in self._placed(panel, traces):
+                if row == 1:
+                    fig.add_trace(spec, row=row, col=1, secondary_y=secondary)
+                else:
+                    fig.add_trace(spec, row=row, col=1)
+                self._keys.append(key)
+        self.figure = _Figure(fig)
+        self.figure._spotnb_budget = self.budget
+        self.info = _HTML(value=render_info_html(self.state, self.job_id))
+        self.info._spotnb_budget = self.budget
+        self.stop_button = _Button(description="Stop", icon="stop", button_style="danger",
+                                   tooltip="Terminate the instance; the job ends as stopped",
+                                   layout=widgets.Layout(width="90px"))
+        self.stop_button._spotnb_budget = self.budget
+        self.stop_button.on_click(self._on_stop)
+        header = widgets.HBox([self.info, self.stop_button],
+                              layout=widgets.Layout(justify_content="space-between", width="100%"))
+        self.info.layout = widgets.Layout(flex="1 1 auto")
+        self.box = JobWidget([header, self.figure])
+        self.box.view = self
+        self.box.add_class("spotnb-job-widget")
+
+    def _on_stop(self, _button: Any) -> None:
+        self.stop_button.disabled = True
+        self.stop_button.description = "Stopping"
+        if self.job is not None:
+            threading.Thread(target=self.job.stop, kwargs={"wait": False}, daemon=True,
+                             name="spotnb-stop").start()
+
+    # -- sink ------------------------------------------------------------------------------------
+    def on_events(self, events: list[dict[str, Any]]) -> None:
+        """Called from the job's thread: fold only; the flusher draws."""
+        with self._lock:
+            self.state.feed_events(events)
+        self._wake.set()
+
+    # -- flushing --------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, daemon=True,
+                                            name=f"spotnb-widget-{self.job_id}")
+            self._thread.start()
+
+    def detach(self) -> None:
+        """Stop following (widget closed)."""
+        self._closed.set()
+        self._wake.set()
+        if self.job is not None:
+            self.job.remove_sink(self)
+
+    def _loop(self) -> None:
+        while not self._closed.is_set():
+            self._wake.wait(timeout=1.0)   # 1 s tick keeps the live bars growing during gaps
+            self._wake.clear()
+            try:
+                finished = self.flush()
+            except Exception as exc:  # noqa: BLE001 - a drawing bug must not spin or kill the job
+                print(f"spotnb: widget refresh failed: {exc!r}")
+                finished = False
+            if finished:
+                return
+            self._closed.wait(self.interval)
+
+    def flush(self, force: bool = False) -> bool:
+        """Send what changed, within the budget. Returns True once the final state is shown."""
+        with self._lock:
+            st = self.state
+            done = st.done
+            versions = dict(st.versions)
+            html_value = render_info_html(st, self.job_id)
+            now = self.clock()
+            fig_due = force or done or now - self._last_figure >= self.figure_interval
+            fig_changed = (versions["metrics"] != self._sent_versions.get("metrics")
+                           or versions["timeline"] != self._sent_versions.get("timeline")
+                           or versions["breakdown"] != self._sent_versions.get("breakdown")
+                           or not done)   # a running job's bars grow with the clock
+            panels = None
+            if fig_due and fig_changed:
+                panels = {
+                    "metrics": metric_traces(st) if versions["metrics"] != self._sent_versions.get("metrics") else None,
+                    "timeline": timeline_traces(st),
+                    "breakdown": breakdown_traces(st.breakdown()),
+                }
+        self.flushes += 1
+        pending_figure = False
+        if html_value != self._last_html:
+            if force or self.budget.allows(1):
+                self.info.value = html_value
+                self._last_html = html_value
+        if panels is not None:
+            # replies of a live front end arrive later and are counted then; reserve room now
+            cost = _FIGURE_COST + _FIGURE_REPLY_COST
+            known = set(self._keys)
+            new_keys = [k for p in panels.values() if p for k, _ in p if k not in known]
+            cost += _FIGURE_COST if new_keys else 0   # one add_traces for all new metrics
+            if force or self.budget.allows(cost):
+                self._apply(panels)
+                self._last_figure = now
+                self._sent_versions.update(versions)
+                self.figure_flushes += 1
+            else:
+                pending_figure = True
+        else:
+            pending_figure = fig_changed and not fig_due
+        if done and not pending_figure and self._last_html == html_value:
+            with self.stop_button.hold_sync():     # one message, not three
+                self.stop_button.disabled = True
+                self.stop_button.description = st.status
+                self.stop_button.button_style = "success" if st.status == "succeeded" else ""
+            return True
+        if pending_figure or self._last_html != html_value:
+            self._wake.set()   # come back after the pause: there is more to send
+        return False
+
+    _ROWS = {"metrics": 1, "timeline": 2, "breakdown": 3}
+
+    def _placed(self, panel: str, traces: list[tuple[str, dict[str, Any]]]
+                ) -> list[tuple[str, dict[str, Any], int, bool]]:
+        out = []
+        for key, spec in traces:
+            spec = dict(spec)
+            spec.pop("xaxis", None)
+            secondary = spec.pop("yaxis", None) == "y2"
+            out.append((key, spec, self._ROWS[panel], secondary))
+        return out
+
+    def _apply(self, panels: dict[str, Any]) -> None:
+        """One `batch_update` for every changed trace, one `add_traces` for new metrics."""
+        fig = self.figure
+        adds: list[tuple[str, dict[str, Any], int, bool]] = []
+        index = {k: i for i, k in enumerate(self._keys)}
+        with fig.batch_update():
+            for panel, traces in panels.items():
+                if traces is None:
+                    continue
+                for key, spec, row, secondary in self._placed(panel, traces):
+                    if key not in index:
+                        adds.append((key, spec, row, secondary))
+                        continue
+                    spec.pop("type", None)
+                    fig.data[index[key]].update(spec)
+        if adds:
+            fig.add_traces([a[1] for a in adds], rows=[a[2] for a in adds], cols=[1] * len(adds),
+                           secondary_ys=[a[3] for a in adds])
+            self._keys.extend(a[0] for a in adds)
+
+    def close(self) -> None:
+        self.detach()
