@@ -101,8 +101,9 @@ class AWSProvider(Provider):
     """EC2 spot instances; regions are AWS regions or availability zones."""
 
     name = "aws"
+    # memory:// and file:// stores are refused by _validate (require_remote_store) with a hint
+    # towards a bucket; the base class's MEMORY_STORE message suggests file://, wrong here.
     unsupported: ClassVar[dict[Feature, str]] = {
-        Feature.MEMORY_STORE: "an EC2 instance cannot see this process's memory",
         Feature.NOTICE_ACK: "EC2 has no way to acknowledge an interruption notice",
         Feature.FAULT_INJECTION: "EC2 interruptions are injected with AWS FIS "
                                  "(aws:ec2:send-spot-instance-interruptions), outside spotnb",

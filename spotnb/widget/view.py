@@ -236,7 +236,7 @@ class JobView:
     leaves flushing to explicit `flush()` calls and `clock` replaces the monotonic clock
     (deterministic tests and benchmarks)."""
 
-    def __init__(self, job: Any = None, *, interval: float = 0.25, figure_interval: float = 0.5,
+    def __init__(self, job: Any = None, *, interval: float = 0.5, figure_interval: float = 0.5,
                  max_rate: float = 10.0, autostart: bool = True,
                  max_points: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.job = job
@@ -253,7 +253,8 @@ class JobView:
         self._keys: list[str] = []
         self._sent_versions: dict[str, int] = {}
         self._last_html = ""
-        self._last_figure = 0.0
+        self._last_figure = -1e9
+        self._last_html_t = -1e9
         self.flushes = 0
         self.figure_flushes = 0
         self._build()
@@ -346,45 +347,48 @@ class JobView:
 
     def flush(self, force: bool = False) -> bool:
         """Send what changed, within the budget. Returns True once the final state is shown."""
+        cost = _FIGURE_COST + _FIGURE_REPLY_COST   # replies of a live front end come later
         with self._lock:
             st = self.state
             done = st.done
             versions = dict(st.versions)
             html_value = render_info_html(st, self.job_id)
             now = self.clock()
-            fig_due = force or done or now - self._last_figure >= self.figure_interval
-            fig_changed = (versions["metrics"] != self._sent_versions.get("metrics")
-                           or versions["timeline"] != self._sent_versions.get("timeline")
-                           or versions["breakdown"] != self._sent_versions.get("breakdown")
+            sent = self._sent_versions
+            metrics_changed = versions["metrics"] != sent.get("metrics")
+            fig_changed = (metrics_changed or versions["timeline"] != sent.get("timeline")
+                           or versions["breakdown"] != sent.get("breakdown")
                            or not done)   # a running job's bars grow with the clock
+            fig_due = force or done or now - self._last_figure >= self.figure_interval
             panels = None
-            if fig_due and fig_changed:
-                panels = {
-                    "metrics": metric_traces(st) if versions["metrics"] != self._sent_versions.get("metrics") else None,
-                    "timeline": timeline_traces(st),
-                    "breakdown": breakdown_traces(st.breakdown()),
-                }
+            adds_only = False
+            if fig_due and fig_changed and (force or self.budget.allows(cost)):
+                known = set(self._keys)
+                if any(f"m:{m}" not in known for m in st.metric_names):
+                    # a new metric: one add_traces now (it carries its data), the rest next turn
+                    panels, adds_only = {"metrics": metric_traces(st)}, True
+                else:
+                    panels = {
+                        "metrics": metric_traces(st) if metrics_changed else None,
+                        "timeline": timeline_traces(st),
+                        "breakdown": breakdown_traces(st.breakdown()),
+                    }
         self.flushes += 1
-        pending_figure = False
-        if html_value != self._last_html:
-            if force or self.budget.allows(1):
-                self.info.value = html_value
-                self._last_html = html_value
+        html_due = force or done or now - self._last_html_t >= self.interval
+        if html_value != self._last_html and html_due and (force or self.budget.allows(1)):
+            self.info.value = html_value
+            self._last_html = html_value
+            self._last_html_t = now
+        pending_figure = fig_changed
         if panels is not None:
-            # replies of a live front end arrive later and are counted then; reserve room now
-            cost = _FIGURE_COST + _FIGURE_REPLY_COST
-            known = set(self._keys)
-            new_keys = [k for p in panels.values() if p for k, _ in p if k not in known]
-            cost += _FIGURE_COST if new_keys else 0   # one add_traces for all new metrics
-            if force or self.budget.allows(cost):
-                self._apply(panels)
-                self._last_figure = now
+            self._apply(panels, adds_only)
+            self._last_figure = now
+            self.figure_flushes += 1
+            if not adds_only:
                 self._sent_versions.update(versions)
-                self.figure_flushes += 1
-            else:
-                pending_figure = True
-        else:
-            pending_figure = fig_changed and not fig_due
+                pending_figure = False
+            elif force:
+                return self.flush(force=True)
         if done and not pending_figure and self._last_html == html_value:
             with self.stop_button.hold_sync():     # one message, not three
                 self.stop_button.disabled = True
@@ -407,8 +411,8 @@ class JobView:
             out.append((key, spec, self._ROWS[panel], secondary))
         return out
 
-    def _apply(self, panels: dict[str, Any]) -> None:
-        """One `batch_update` for every changed trace, one `add_traces` for new metrics."""
+    def _apply(self, panels: dict[str, Any], adds_only: bool = False) -> None:
+        """One `batch_update` for every changed trace, or one `add_traces` for new metrics."""
         fig = self.figure
         adds: list[tuple[str, dict[str, Any], int, bool]] = []
         index = {k: i for i, k in enumerate(self._keys)}
@@ -419,6 +423,8 @@ class JobView:
                 for key, spec, row, secondary in self._placed(panel, traces):
                     if key not in index:
                         adds.append((key, spec, row, secondary))
+                        continue
+                    if adds_only:
                         continue
                     spec.pop("type", None)
                     fig.data[index[key]].update(spec)

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Sets up from nothing, then runs the whole test suite (what CI runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export SPOTNB_FAST=1
+exec python -m pytest "$@"

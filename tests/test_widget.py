@@ -1,0 +1,283 @@
+"""The job widget without a browser: state folding, figures, the text view, and the ipywidgets
+composite driven through a recording comm (every message the front end would get is kept)."""
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+
+from spotnb.ledger import breakdown
+from spotnb.widget.state import JobState, Series
+from spotnb.widget.synthetic import synthetic_events
+
+
+class RecordingComm:
+    """Stands in for the kernel's comm (like ipywidgets' DummyComm) and keeps what is sent,
+    stamped with the test's clock."""
+
+    kernel = "recording"
+    _count = 0
+
+    def __init__(self, clock: Any, log: list[tuple[float, str, dict[str, Any]]], **kwargs: Any) -> None:
+        RecordingComm._count += 1
+        self.comm_id = f"recording-{RecordingComm._count}"
+        self.clock, self.log = clock, log
+        self.open_data = kwargs.get("data")
+
+    def open(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def on_msg(self, callback: Any) -> None:
+        self.callback = callback
+
+    def on_close(self, callback: Any) -> None:
+        pass
+
+    def send(self, data: Any = None, metadata: Any = None, buffers: Any = None) -> None:
+        self.log.append((self.clock(), self.comm_id, data))
+
+    def close(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> list[tuple[float, str, dict[str, Any]]]:
+    """Every comm message widgets send during the test: (clock, comm id, data)."""
+    import comm
+    log: list[tuple[float, str, dict[str, Any]]] = []
+    monkeypatch.setattr(comm, "create_comm", lambda **kw: RecordingComm(clock, log, **kw))
+    return log
+
+
+def events_of(**kwargs: Any) -> list[dict[str, Any]]:
+    return [e for batch in synthetic_events(**kwargs) for e in batch]
+
+
+class EventsJob:
+    """The part of Job a view needs, over a fixed event list."""
+
+    id = "job-1"
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = events
+        self.sinks: list[Any] = []
+        self.stopped = False
+
+    def add_sink(self, sink: Any, replay: bool = True) -> None:
+        self.sinks.append(sink)
+        if replay:
+            sink.on_events(list(self.events))
+
+    def remove_sink(self, sink: Any) -> None:
+        self.sinks.remove(sink)
+
+    def stop(self, wait: bool = True) -> None:
+        self.stopped = True
+
+    def summary(self) -> str:
+        return "job-1 summary"
+
+
+# -- state ---------------------------------------------------------------------------------
+def test_series_keeps_at_most_max_points_and_the_mean() -> None:
+    s = Series(max_points=100)
+    for step in range(100_000):
+        s.add(step, float(step))
+    xs, ys = s.xy()
+    assert len(xs) <= 100 and s.count == 100_000
+    assert xs == pytest.approx(ys)                    # mean of step == mean of value here
+    assert xs[0] < xs[-1] and xs[-1] > 99_000
+
+
+def test_series_skips_non_finite_values() -> None:
+    s = Series()
+    s.add(0, float("nan"))
+    s.add(1, 1.0)
+    assert s.xy() == ([1.0], [1.0])
+
+
+def test_recomputed_steps_are_kept_apart_from_first_time_steps() -> None:
+    st = JobState()
+    st.feed_events(events_of(steps=1000, preempt_at=(450, 820), save_every=100))
+    first_x, _ = st.first["loss"].xy()
+    assert first_x == sorted(first_x) and len(first_x) == len(set(first_x))   # each step once
+    redo = {n: s.xy()[0] for n, s in st.redo["loss"].items()}
+    assert redo[2] == [float(x) for x in range(400, 450)]   # from the checkpoint to the kill
+    assert redo[3] == [float(x) for x in range(800, 820)]
+    assert [m[0] for m in st.preempt_marks] == [449, 819]
+    assert [m[0] for m in st.resume_marks] == [400, 800]
+    assert st.status == "succeeded"
+
+
+def test_state_breakdown_equals_the_ledger_on_all_events() -> None:
+    events = events_of(steps=2000, preempt_at=(450, 1230), rows_per_flush=20)
+    st = JobState()
+    st.feed_events(events)
+    assert st.breakdown().as_dict() == pytest.approx(breakdown(events).as_dict())
+
+
+def test_million_step_job_stays_small() -> None:
+    st = JobState()
+    for batch in synthetic_events(steps=1_000_000, preempt_at=(305_000,), save_every=10_000,
+                                  rows_per_flush=5000):
+        st.feed_events(batch)
+    assert st.first["loss"].count + sum(s.count for s in st.redo["loss"].values()) == 1_005_000
+    assert len(st.first["loss"]) <= st.max_points
+
+
+def test_cost_projection_and_savings() -> None:
+    events = events_of(steps=1000, preempt_at=())
+    half = [e for e in events if e["t"] <= events[0]["t"] + 1.5 + 500 * 0.01]
+    st = JobState()
+    st.feed_events(half)
+    c = st.cost(st.breakdown(now=half[-1]["t"]))
+    assert 0 < c["spot"] < c["projected"]                     # still running: more to come
+    st.feed_events(events[len(half):])
+    done = st.cost()
+    assert done["projected"] == done["spot"] and 0 < done["spot"] < done["on_demand"]
+    assert 0 < done["savings"] < 1
+
+
+# -- figures -------------------------------------------------------------------------------
+def test_static_figures_have_the_three_panels() -> None:
+    from spotnb.widget import static_figures
+    figs = static_figures(EventsJob(events_of(steps=600, preempt_at=(450,))))
+    assert set(figs) == {"metrics", "timeline", "breakdown"}
+    names = {t.name for t in figs["metrics"].data}
+    assert {"loss", "loss (recomputed)", "preempted", "resumed"} <= names
+    tl = {t.name: t for t in figs["timeline"].data}
+    assert len(tl["compute"].y) == 2 and len(tl["recompute"].y) == 1 and len(tl["kill"].x) == 1
+    bd = {t.name: t.x[0] for t in figs["breakdown"].data}
+    assert bd["recompute"] > 0 and bd["compute"] > bd["recompute"]
+    figs["timeline"].to_json()  # serialisable for export
+
+
+# -- the widget through a recording comm ---------------------------------------------------
+def _trace(view: Any, name: str) -> Any:
+    return next(t for t in view.figure.data if t.name == name)
+
+
+def test_view_shows_metrics_markers_cost_and_status(sent: list[Any], clock: FakeClock) -> None:
+    from spotnb.widget.view import JobView
+    job = EventsJob(events_of(steps=600, preempt_at=(450,)))
+    view = JobView(job, autostart=False, clock=clock)
+    assert view.flush(force=True) is True                # finished job: final state shown
+    assert len(_trace(view, "loss").x) == 600 and len(_trace(view, "loss (recomputed)").x) == 50
+    assert list(_trace(view, "preempted").x) == [449, 449, None]
+    assert "data-status='succeeded'" in view.info.value
+    assert "data-spot='0.000" in view.info.value and "saved" in view.info.value
+    assert view.stop_button.disabled
+    updates = [d for _, _, d in sent if d and d.get("method") == "update"]
+    assert any("_py2js_update" in d["state"] for d in updates)
+    assert any("_py2js_addTraces" in d["state"] for d in updates)
+
+
+def test_view_sends_at_most_ten_messages_a_second_at_5000_steps_a_second(
+        sent: list[Any], clock: FakeClock) -> None:
+    """5,000 steps/s for 20 simulated seconds, flush attempted every 10 ms (far more often than
+    the real flusher runs): every one-second window holds ≤ 10 front-end messages, and the
+    final state still arrives."""
+    from spotnb.widget.view import JobView
+    view = JobView(None, autostart=False, clock=clock)
+    opened = len(sent)
+    batches = list(synthetic_events(steps=100_000, preempt_at=(40_000,), step_time=0.0002,
+                                    rows_per_flush=50, save_every=5000))
+    t_first = batches[0][0]["t"]
+    finished = False
+    for batch in batches:
+        clock.now = 1000.0 + batch[-1]["t"] - t_first
+        view.on_events(batch)
+        finished = view.flush()
+    for _ in range(100):                                   # drain: the budget frees up with time
+        if finished:
+            break
+        clock.now += 0.1
+        finished = view.flush()
+    assert finished
+    stamps = [t for t, _, _ in sent[opened:]]
+    span = stamps[-1] - stamps[0]
+    assert span > 15
+    worst = max(sum(1 for s in stamps if a <= s < a + 1.0) for a in stamps)
+    assert worst <= 10, worst
+    assert len(_trace(view, "loss").x) <= view.state.max_points
+    assert "data-status='succeeded'" in view.info.value
+
+
+def test_feed_collapses_periodic_checkpoints_and_keeps_preemptions() -> None:
+    from spotnb.widget.view import render_info_html
+    st = JobState()
+    st.feed_events(events_of(steps=3000, preempt_at=(450,), save_every=50))
+    page = render_info_html(st, "job-1")
+    assert "preempted" in page and "relaunched" in page and "(×" in page
+
+
+def test_failed_job_shows_the_remote_traceback(sent: list[Any], clock: FakeClock) -> None:
+    from spotnb.widget.view import JobView
+    view = JobView(EventsJob(events_of(steps=600, preempt_at=(), fail_at=300)), autostart=False,
+                   clock=clock)
+    assert view.flush(force=True)
+    assert "data-status='failed'" in view.info.value
+    assert "spotnb-traceback" in view.info.value and "RuntimeError: boom" in view.info.value
+
+
+def test_stop_button_stops_the_job(sent: list[Any], clock: FakeClock) -> None:
+    from spotnb.widget.view import JobView
+    events = events_of(steps=600, preempt_at=())
+    job = EventsJob(events[:5])
+    view = JobView(job, autostart=False, clock=clock)
+    view.flush(force=True)
+    assert not view.stop_button.disabled
+    job.stop = lambda wait=True: setattr(job, "stopped", True)  # type: ignore[method-assign]
+    view.stop_button.click()
+    assert view.stop_button.disabled
+    for thread in __import__("threading").enumerate():
+        if thread.name == "spotnb-stop":
+            thread.join(5)
+    assert job.stopped
+
+
+# -- text view ----------------------------------------------------------------------------
+def test_text_view_prints_the_story() -> None:
+    from spotnb.widget.text import TextView
+    out = io.StringIO()
+    job = EventsJob([])
+    view = TextView(job, file=out, interval=0.0)
+    for batch in synthetic_events(steps=600, preempt_at=(450,)):
+        view.on_events(batch)
+    text = out.getvalue()
+    assert "allocated local-0001" in text and "PREEMPTED" in text and "relaunched" in text
+    assert "[####" in text and "loss" in text
+    last = text.strip().splitlines()[-1]
+    assert "succeeded" in last and "600/600" in last and "saved" in last
+
+
+def test_job_widget_falls_back_to_text_outside_a_kernel(capsys: pytest.CaptureFixture[str]) -> None:
+    from spotnb.widget import TextView, in_kernel, job_widget
+    assert not in_kernel()
+    view = job_widget(EventsJob(events_of(steps=300, preempt_at=())))
+    assert isinstance(view, TextView)
+    assert "succeeded" in capsys.readouterr().out
+    assert repr(view) == "job-1 summary"
+
+
+def test_import_spotnb_stays_light() -> None:
+    import subprocess
+    import sys
+    code = ("import sys, spotnb; spotnb.Job; "
+            "print(any(m.split('.')[0] in ('plotly', 'ipywidgets') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
