@@ -84,8 +84,8 @@ class Config(BaseModel):
         None, description="Candidate regions in order, or 'cheapest' to order them by spot price.")
     store: str | None = Field(None, description="fsspec URL for specs, events and checkpoints "
                                                 "(default file://$SPOTNB_HOME/store).")
-    checkpoint: Any = Field("adaptive", description="Checkpoint policy: a name (adaptive, static:N, "
-                                                    "young, daly, daly2, ...) or a Policy object.")
+    checkpoint: Any = Field("hedged", description="Checkpoint policy: a name (hedged, adaptive, "
+                                                  "static:N, young, daly, daly2) or a Policy object.")
     save_every: int | None = Field(None, ge=1, description="User periodic save every N steps.")
     keep_last: int = Field(2, ge=1, description="Periodic checkpoints kept.")
     max_preemptions: int | None = Field(None, ge=0, description="Stop after this many preemptions.")

@@ -20,6 +20,7 @@ from spotnb.events import EventReader, EventWriter
 from spotnb.job import TERMINAL, Job
 from spotnb.jobdb import JobDB
 from spotnb.ledger import breakdown
+from spotnb.policy import Observation, resolve_policy
 from spotnb.providers.base import Instance, InstanceState, LaunchSpec, Provider
 from spotnb.store import Store
 
@@ -47,6 +48,8 @@ class Controller:
         self.preemptions = 0
         self.retries = 0
         self._high_water = 0
+        self.policy = resolve_policy(config.checkpoint)
+        self._market_now: dict[str, float] = {}
         job._stop_hook = self.request_stop
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -179,7 +182,7 @@ class Controller:
 
     # -- one incarnation ------------------------------------------------------------------------
     def _allocate(self, n: int) -> Instance | None:
-        market = self._market()
+        market = self._market_now = self._market()
         inc_doc = {"incarnation": n, "market": market, "notice": self.provider.notice_settings()}
         self.store.write_bytes(self.store.job(self.job.id, "incarnations", f"{n:04d}.json"),
                                json.dumps(inc_doc).encode())
@@ -227,6 +230,29 @@ class Controller:
             return instance
         return None
 
+    def _observation(self, n: int) -> Observation:
+        """What the controller knows of incarnation `n`, in the policy's terms."""
+        events = [e for e in self.job.events if e.get("incarnation") == n]
+        progress = next((e for e in reversed(events) if e["kind"] == "progress"), {})
+        saves = [e for e in self.job.events if e["kind"] == "checkpoint"]
+
+        def mean_sd(key: str) -> tuple[float, float]:
+            xs = [float(e[key]) for e in saves[-10:]]
+            if not xs:
+                return 0.0, 0.0
+            m = sum(xs) / len(xs)
+            return m, (sum((x - m) ** 2 for x in xs) / len(xs)) ** 0.5
+
+        (snap, snap_sd), (up, up_sd) = mean_sd("snapshot_s"), mean_sd("upload_s")
+        market = self._market_now or self._market()
+        return Observation(step=int(progress.get("step") or 0),
+                           step_time=float(progress.get("step_time") or 0.0),
+                           snapshot_time=snap, upload_time=up, mttp=market["mttp"],
+                           restart_time=market["restart"], grace=market["grace"],
+                           save_every=self.config.save_every, total_steps=progress.get("total"),
+                           snapshot_sd=snap_sd, upload_sd=up_sd,
+                           state_bytes=int(saves[-1]["bytes"]) if saves else 0, now=time.time())
+
     def _market(self) -> dict[str, float]:
         prior_mttp = getattr(self.config, "local_mttp", None) if self.provider.name == "local" else None
         lo, hi = self.config.local_alloc_delay
@@ -255,7 +281,8 @@ class Controller:
                     self.set_status("running")
                 elif kind == "notice" and pre is None:
                     self.set_status("preempted")
-                    pre = self._preallocate(n + 1)
+                    if self.policy.allocate_on_notice(self._observation(n)):
+                        pre = self._preallocate(n + 1)
             status = self.provider.describe(instance)
             if status.state in (InstanceState.EXITED, InstanceState.PREEMPTED, InstanceState.TERMINATED):
                 self.pump()  # the agent flushed before it exited

@@ -60,7 +60,7 @@ def run_demo(steps: int = 1500, step_delay: float = 0.01, out: Any = sys.stdout)
     config = spot.Config(
         name="spirals-demo", provider="local", instance_type="g4dn.xlarge", save_every=250,
         local_schedule=[4.0, 7.0, {"step": steps * 2 // 3, "phase": "step"}], local_grace=2.5,
-        notice_poll=0.2, checkpoint="adaptive")
+        notice_poll=0.2, checkpoint="hedged")
     print("spotnb demo: an MLP on two spirals, on the local spot market (3 preemptions injected)",
           file=out)
     job = spot.train(functools.partial(fit_spirals, steps=steps, step_delay=step_delay), config)

@@ -20,6 +20,7 @@ identity, service account). Nothing secret is interpolated here, and `spec.env` 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import re
 import shlex
 from typing import Any, Iterable
@@ -140,10 +141,13 @@ ${{SPOTNB_POWEROFF_CMD:-shutdown -h now}}
 def bootstrap_script(spec: LaunchSpec, cloud: str) -> str:
     """The boot script for one incarnation (bash; identical on every cloud but for `cloud`)."""
     _check_env(spec.env)
+    if not spec.spotnb_version:  # the notebook side's own version is the one to reproduce
+        from spotnb import __version__
+        spec = dataclasses.replace(spec, spotnb_version=__version__)
     if not spec.command or spec.command[0] != "python":
         raise ValueError(f"LaunchSpec.command must start with 'python', got {spec.command!r}")
     specs = install_specs(spec)
-    extra_reqs = [r for r in spec.requirements]
+    extra_reqs = list(spec.requirements)
     env = [("SPOTNB_JOB", spec.job_id), ("SPOTNB_INCARNATION", str(spec.incarnation)),
            ("SPOTNB_STORE", spec.store_url), ("SPOTNB_VERSION", spec.spotnb_version),
            ("SPOTNB_REQUIREMENTS", " ".join(extra_reqs)),

@@ -42,7 +42,8 @@ class Agent:
         self._last_beat = time.time()
 
     # -- event plumbing --------------------------------------------------------------------
-    _FLUSH_NOW = frozenset({"checkpoint", "resumed", "ready", "evacuating", "checkpoint_failed"})
+    _FLUSH_NOW = frozenset({"checkpoint", "resumed", "ready", "evacuating", "checkpoint_failed",
+                            "emergency_skipped"})
 
     def emit(self, kind: str, **fields: Any) -> None:
         self.events.emit(kind, **fields)
@@ -110,7 +111,7 @@ class Agent:
             payload = cloudpickle.loads(self.store.read_bytes(self.store.job(self.job_id, "fn.pkl")))
         except Exception:  # noqa: BLE001
             return self._fail("could not load the function on the instance")
-        policy = resolve_policy(payload.get("policy") or self.spec.get("policy") or "adaptive")
+        policy = resolve_policy(payload.get("policy") or self.spec.get("policy") or "hedged")
         beacon = Beacon(os.environ.get("SPOTNB_BEACON"))
         upload_bps = float(os.environ["SPOTNB_UPLOAD_BPS"]) if os.environ.get("SPOTNB_UPLOAD_BPS") else None
         checkpointer = Checkpointer(self.store, self.job_id, self.incarnation, self.emit, beacon,

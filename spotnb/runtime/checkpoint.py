@@ -100,6 +100,14 @@ def _plain_copy(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
+def _ewm(mean: float, var: float, x: float, alpha: float = 0.3) -> tuple[float, float]:
+    """Exponentially weighted mean and variance (recent saves count most)."""
+    if not mean:
+        return x, 0.0
+    diff = x - mean
+    return mean + alpha * diff, (1 - alpha) * (var + alpha * diff * diff)
+
+
 def _nbytes(obj: Any) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.element_size() * obj.nelement()
@@ -131,6 +139,8 @@ class Checkpointer:
         self._closed = False
         self.snapshot_ema = 0.0   # δ
         self.upload_ema = 0.0     # β
+        self.snapshot_var = 0.0   # their spread: an emergency save must fit the slow ones too
+        self.upload_var = 0.0
         self.last_bytes = 0
         self.committed: list[Manifest] = []
         self.failures = 0
@@ -164,7 +174,7 @@ class Checkpointer:
         self.beacon.set_phase(Phase.IDLE)
         snap = Snapshot(copied, step, kind, dt, _nbytes(copied), spooled, dests)
         snap._pool = pool  # type: ignore[attr-defined]
-        self.snapshot_ema = dt if not self.snapshot_ema else 0.7 * self.snapshot_ema + 0.3 * dt
+        self.snapshot_ema, self.snapshot_var = _ewm(self.snapshot_ema, self.snapshot_var, dt)
         return snap
 
     # -- phase 2 + 3 ---------------------------------------------------------------------
@@ -275,7 +285,7 @@ class Checkpointer:
         finally:
             self._release(snap)
             self.beacon.set_phase(Phase.IDLE)
-        self.upload_ema = upload_s if not self.upload_ema else 0.7 * self.upload_ema + 0.3 * upload_s
+        self.upload_ema, self.upload_var = _ewm(self.upload_ema, self.upload_var, upload_s)
         self.last_bytes = total
         self.committed.append(manifest)
         self.emit("checkpoint", seq=seq, save_kind=snap.kind, step=snap.step, snapshot_s=snap.snapshot_s,

@@ -274,6 +274,8 @@ class Context:
             snapshot_time=self._ckpt.snapshot_ema, upload_time=self._ckpt.upload_ema,
             mttp=self._market.get("mttp", 3 * 3600.0), restart_time=self._market.get("restart", 120.0),
             grace=self._market.get("grace", 30.0), save_every=self._save_every,
+            total_steps=self.total,
+            snapshot_sd=self._ckpt.snapshot_var ** 0.5, upload_sd=self._ckpt.upload_var ** 0.5,
             state_bytes=self._ckpt.last_bytes or self._state_bytes(),
             age=time.time() - self._started, now=time.time())
 
