@@ -21,6 +21,8 @@ _LAZY = {
     "Config": "spotnb.config", "Job": "spotnb.job", "Breakdown": "spotnb.ledger",
     "JobFailed": "spotnb.errors", "JobStopped": "spotnb.errors", "ConfigError": "spotnb.errors",
     "SpotnbError": "spotnb.errors",
+    "_jupyter_labextension_paths": "spotnb._jupyter",
+    "_jupyter_server_extension_points": "spotnb._jupyter",
 }
 
 if TYPE_CHECKING:

@@ -16,7 +16,8 @@ from spotnb.config import Config
 from spotnb.errors import ConfigError, SpotnbError
 from spotnb.job import Job
 
-__all__ = ["train", "attach", "jobs", "dry_run_plan"]
+__all__ = ["train", "attach", "jobs", "dry_run_plan", "start_controller", "ensure_controller",
+           "run_controller"]
 
 _LIVE: "weakref.WeakValueDictionary[str, Job]" = weakref.WeakValueDictionary()
 _LIVE_LOCK = threading.Lock()
@@ -131,13 +132,19 @@ def dry_run_plan(fn: Any, config: Config) -> dict[str, Any]:
 
 
 def train(fn: Callable[[Any], Any], config: Config | None = None, *, dry_run: bool = False,
-          **overrides: Any) -> Job:
+          detach: bool = True, **overrides: Any) -> Job:
     """Run `fn(ctx)` on a spot instance; returns a Job at once (the job runs in the background).
 
     Bad input raises ConfigError before anything is launched. With `dry_run=True` the
     provider's exact requests are printed and returned and nothing is launched.
+
+    `detach=True` (the default) drives the job from its own controller process, started in a
+    new session: restarting or killing the kernel, closing the browser or a sleeping laptop's
+    dead notebook do not stop a job that may run for days, and `spot.attach(id)` picks it up
+    from anywhere. `detach=False` drives it from a thread of this process instead.
     """
     from spotnb.controller import Controller
+    from spotnb.events import EventWriter
     from spotnb.jobdb import JobDB
     from spotnb.store import Store
 
@@ -157,18 +164,77 @@ def train(fn: Callable[[Any], Any], config: Config | None = None, *, dry_run: bo
     store.write_bytes(store.job(job_id, "spec.json"), json.dumps(_spec(job_id, config), indent=1).encode())
     db.add_job(job_id, name=config.name, provider=config.provider, region=config.region,
                instance_type=config.instance_type, store=store.url)
-    db.update_job(job_id, controller_pid=os.getpid())
+    import cloudpickle
+    store.write_bytes(store.job(job_id, "config.pkl"), cloudpickle.dumps(config))
+    submitted = EventWriter(store, job_id, 0, "api")
+    submitted.emit("submitted", name=config.name, provider=config.provider,
+                   instance_type=config.instance_type, config=_public_config(config),
+                   spotnb_version=_version(), detached=detach)
+    submitted.emit("status", status="pending")
+    submitted.flush()
     job = Job(job_id, store, db, {"name": config.name})
-    controller = Controller(job, config, provider, store, db)
-    controller.emit("submitted", name=config.name, provider=config.provider,
-                    instance_type=config.instance_type, config=_public_config(config),
-                    spotnb_version=_version())
-    controller.set_status("pending")
     with _LIVE_LOCK:
         _LIVE[job_id] = job
-    job._controller = controller  # type: ignore[attr-defined]  (keeps it alive with the job)
-    controller.start()
+    if detach:
+        provider.close()
+        start_controller(job_id, store.url)
+        job.follow()
+    else:
+        controller = Controller(job, config, provider, store, db)
+        job._controller = controller  # type: ignore[attr-defined]  (keeps it alive with the job)
+        controller.start()
     return job
+
+
+def start_controller(job_id: str, store_url: str) -> int:
+    """Start `spotnb controller JOB_ID` in a new session (it outlives this process)."""
+    import subprocess
+
+    from spotnb.config import spotnb_home
+    logdir = spotnb_home() / "logs" / job_id
+    logdir.mkdir(parents=True, exist_ok=True)
+    with open(logdir / "controller.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "spotnb.cli", "controller", job_id,
+                                 "--store", store_url], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=os.getcwd())
+    return proc.pid
+
+
+def ensure_controller(row: dict[str, Any]) -> bool:
+    """Restart the controller of an unfinished job whose controller died (stale lease).
+    Returns True if one was started; the lease keeps two from driving the job at once."""
+    from spotnb.jobdb import JobDB
+    from spotnb.job import TERMINAL
+    if row.get("status") in TERMINAL:
+        return False
+    if JobDB().controller_alive(row["id"]):
+        return False
+    start_controller(row["id"], row["store"])
+    return True
+
+
+def run_controller(job_id: str, store_url: str | None = None) -> int:
+    """The body of `spotnb controller JOB_ID`: drive the job until it ends (or another
+    controller holds it)."""
+    import cloudpickle
+
+    from spotnb.controller import Controller
+    from spotnb.jobdb import JobDB
+    from spotnb.providers import get_provider_class
+    from spotnb.store import Store
+
+    db = JobDB()
+    row = db.job(job_id)
+    url = store_url or (row or {}).get("store")
+    if not url:
+        raise SpotnbError(f"no job {job_id!r} in {db.path}; pass --store")
+    store = Store(url)
+    config = cloudpickle.loads(store.read_bytes(store.job(job_id, "config.pkl")))
+    provider = get_provider_class(config.provider)(config)
+    job = Job(job_id, store, db, {"name": config.name})
+    Controller(job, config, provider, store, db).run()
+    return 0
 
 
 def attach(job_id: str, store: str | None = None) -> Job:
@@ -176,12 +242,14 @@ def attach(job_id: str, store: str | None = None) -> Job:
     from spotnb.jobdb import JobDB
     from spotnb.store import Store
 
-    with _LIVE_LOCK:
-        live = _LIVE.get(job_id)
-    if live is not None:
-        return live
     db = JobDB()
     row = db.job(job_id)
+    if row is not None:
+        ensure_controller(row)
+    with _LIVE_LOCK:
+        live = _LIVE.get(row["id"] if row else job_id)
+    if live is not None:
+        return live
     if row is None and store is None:
         raise SpotnbError(f"no job {job_id!r} in {db.path}; pass store= to attach from a store directly")
     url = store or row["store"]  # type: ignore[index]
@@ -195,6 +263,9 @@ def attach(job_id: str, store: str | None = None) -> Job:
 
 
 def jobs() -> list[dict[str, Any]]:
-    """Every job in the job DB, newest first."""
+    """Every job in the job DB, newest first (restarting any dead controller it notices)."""
     from spotnb.jobdb import JobDB
-    return JobDB().jobs()
+    rows = JobDB().jobs()
+    for row in rows:
+        ensure_controller(row)
+    return rows

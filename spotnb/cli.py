@@ -39,29 +39,21 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from spotnb.api import attach
-    from spotnb.demo import describe_event
+    from spotnb.widget.text import event_line
     job = attach(args.job_id)
     shown = 0
     while True:
+        done = job.done  # read before the events, so none that precede the end are missed
         events = job.events
         for e in events[shown:]:
-            if args.all:
-                print(json.dumps(e, default=str))
-            else:
-                line = describe_event(e)
-                if line:
-                    stamp = time.strftime("%H:%M:%S", time.localtime(e["t"]))
-                    print(f"{stamp} {line.strip()}")
+            line = json.dumps(e, default=str) if args.all else event_line(e)
+            if line:
+                stamp = time.strftime("%H:%M:%S", time.localtime(e["t"]))
+                print(line if args.all else f"{stamp} {line}")
         shown = len(events)
-        if not args.follow or job.wait(0.5):
-            if args.follow:
-                for e in job.events[shown:]:
-                    line = describe_event(e)
-                    if line:
-                        print(line.strip())
+        if not args.follow or done:
             break
-    if job.status == "failed" and job.traceback:
-        print(job.traceback)
+        job.wait(0.5)
     return 0
 
 
@@ -87,6 +79,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from spotnb.demo import run_demo
     return run_demo(steps=args.steps, step_delay=args.step_delay)
+
+
+def cmd_controller(args: argparse.Namespace) -> int:
+    from spotnb.api import run_controller
+    return run_controller(args.job_id, args.store)
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -122,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--step-delay", type=float, default=0.01, help="seconds added to each step")
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("controller", help="drive a job until it ends (started for you by train)")
+    p.add_argument("job_id")
+    p.add_argument("--store", default=None)
+    p.set_defaults(func=cmd_controller)
     p = sub.add_parser("gc", help="terminate instances left behind by spotnb jobs")
     p.add_argument("--provider", required=True, choices=["aws", "azure", "gcp"])
     p.set_defaults(func=cmd_gc)

@@ -179,6 +179,32 @@ class Config(BaseModel):
     def _duration(cls, v: Any) -> float:
         return parse_duration(v)
 
+    @field_validator("heartbeat_timeout")
+    @classmethod
+    def _heartbeat(cls, v: float) -> float:
+        if v < 2.0:
+            raise ValueError(f"{v:g} s is too short: instances report every few seconds; use >= 2 s "
+                             "(a minute is usual for clouds)")
+        return v
+
+    @field_validator("notice_poll")
+    @classmethod
+    def _poll(cls, v: float) -> float:
+        if v < 0.01:
+            raise ValueError(f"{v:g} s would poll the metadata endpoint in a busy loop; use >= 0.01 s "
+                             "(AWS suggests 5 s, Azure 1 s)")
+        return v
+
+    @field_validator("requirements")
+    @classmethod
+    def _requirements(cls, v: list[str]) -> list[str]:
+        for i, spec in enumerate(v):
+            if _has_userinfo(spec):
+                raise ValueError(f"[{i}] carries credentials in its URL; they would be written to the "
+                                 "job spec and the instance's boot script. Use a private index "
+                                 "configured on the image, or a token from the instance's environment")
+        return v
+
     @field_validator("local_mttp", "local_grace", mode="before")
     @classmethod
     def _opt_duration(cls, v: Any) -> float | None:
@@ -230,6 +256,9 @@ class Config(BaseModel):
     def _store(cls, v: str | None) -> str | None:
         if v is not None and not v.strip():
             raise ValueError("store URL is empty; give e.g. 'file:///data/spot' or 's3://bucket/prefix'")
+        if v is not None and _has_userinfo(v):
+            raise ValueError("the store URL carries credentials; they would travel in the job spec. "
+                             "Give the bucket only and let the SDK's credential chain sign requests")
         return v
 
     @field_validator("checkpoint")
@@ -251,6 +280,14 @@ class Config(BaseModel):
                                      f"{self.provider!r}: remove it or set provider={prefix[:-1]!r}")
         if self.local_mttp is not None and self.local_mttp <= 0:
             raise ValueError("local_mttp must be positive (or None for no random preemptions)")
+        if self.region is not None and self.regions is not None:
+            raise ValueError("give region (one) or regions (candidates), not both")
+        if self.provider == "local" and (self.price_spot is None or self.price_on_demand is None):
+            from spotnb.prices import lookup_price
+            if lookup_price(self.instance_type) is None:
+                raise ValueError(f"instance_type {self.instance_type!r} is not in the price table, so "
+                                 "the local market cannot price it: pick a listed type (e.g. "
+                                 "'g4dn.xlarge') or give price_spot and price_on_demand")
         return self
 
     # -- derived ---------------------------------------------------------------------------
@@ -270,6 +307,11 @@ class Config(BaseModel):
         return [self.region] if self.region else []
 
 
+def _has_userinfo(text: str) -> bool:
+    """True for a URL with `user:secret@host` in it (anywhere in a pip spec)."""
+    return bool(re.search(r"[a-z][a-z0-9+.-]*://[^/\s@]+@", text, re.I))
+
+
 def _unknown_message(unknown: list[str]) -> str:
     valid = sorted(Config.model_fields)
     lines = []
@@ -283,10 +325,10 @@ def _unknown_message(unknown: list[str]) -> str:
 def _validation_message(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "Config"
+        loc = ".".join(str(x) for x in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         desc = Config.model_fields.get(str(err["loc"][0])).description if err["loc"] else None
-        parts.append(f"Config.{loc}: {msg}" + (f" ({desc})" if desc else ""))
+        parts.append((f"Config.{loc}: " if loc else "Config: ") + msg + (f" ({desc})" if desc else ""))
     return "; ".join(parts)
 
 

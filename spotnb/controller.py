@@ -8,10 +8,13 @@ learns everything, its own status included, by reading that log back.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sys
 import threading
 import time
 import traceback
+import uuid
 from concurrent.futures import Future
 from typing import Any
 
@@ -21,13 +24,25 @@ from spotnb.job import TERMINAL, Job
 from spotnb.jobdb import JobDB
 from spotnb.ledger import breakdown
 from spotnb.policy import Observation, resolve_policy
-from spotnb.providers.base import Instance, InstanceState, LaunchSpec, Provider
+from spotnb.providers.base import Instance, InstanceState, InstanceStatus, LaunchSpec, Provider
 from spotnb.store import Store
 
 __all__ = ["Controller"]
 
-POLL = 0.1
+
+def _version() -> str:
+    from spotnb import __version__
+    return __version__
+
+EXIT_GRACE = 30.0         # seconds an instance may linger after its agent reported the end
+STOP_CHECK = 1.0          # seconds between looks for a STOP marker in the store
+# a controller silent this long is presumed dead and may be replaced (env: for tests and ops)
+LEASE_TTL = float(os.environ.get("SPOTNB_LEASE_TTL", "10"))
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class LeaseLost(Exception):
+    """Another controller took over the job: this one must stop driving it at once."""
 
 
 class _Outcome:
@@ -43,11 +58,15 @@ class Controller:
         self.writer = EventWriter(store, job.id, 0, "ctl")
         self._stop = threading.Event()
         self._stop_reason = "stop requested"
+        self._stop_checked = 0.0
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._lease_lost = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"spotnb-ctl-{job.id}", daemon=True)
         self._writers: dict[int, EventWriter] = {}
         self.preemptions = 0
         self.retries = 0
         self._high_water = 0
+        self._indexed = 0.0
         self.policy = resolve_policy(config.checkpoint)
         self._market_now: dict[str, float] = {}
         job._stop_hook = self.request_stop
@@ -92,6 +111,10 @@ class Controller:
                 self.db.record_incarnation(self.job.id, n, ready=e["t"])
             elif e["kind"] == "progress":
                 self._high_water = max(self._high_water, int(e["step"]))
+        final = any(e["kind"] == "status" and e.get("status") in TERMINAL for e in events)
+        if not final and time.time() - self._indexed < 2.0:
+            return
+        self._indexed = time.time()
         b = breakdown(self.job.events)
         self.db.update_job(self.job.id, step=b.step, total_steps=b.total_steps,
                            preemptions=b.preemptions, spot_cost=b.spot_cost,
@@ -99,15 +122,41 @@ class Controller:
                            burn_rate=(b.spot_price or 0.0) if self.job.status in ("running", "restoring") else 0.0)
 
     def _stop_requested(self) -> bool:
-        if not self._stop.is_set() and self.store.exists(self.store.job(self.job.id, "STOP")):
-            self._stop_reason = "stopped from outside the notebook (spotnb stop)"
-            self._stop.set()
+        if self._lease_lost.is_set():
+            raise LeaseLost()
+        now = time.time()
+        if not self._stop.is_set() and now - self._stop_checked >= STOP_CHECK:
+            self._stop_checked = now
+            if self.store.exists(self.store.job(self.job.id, "STOP")):
+                self._stop_reason = "stop requested"
+                self._stop.set()
         return self._stop.is_set()
+
+    def _keep_lease(self) -> None:
+        """Renew the lease in the job DB; if another controller holds it, stop driving."""
+        while not self._lease_lost.is_set() and self._thread_alive:
+            if not self.db.acquire_lease(self.job.id, self.owner, os.getpid(), LEASE_TTL):
+                self._lease_lost.set()
+                self._stop.set()
+                return
+            time.sleep(LEASE_TTL / 4)
+
+    def run(self) -> None:
+        """Drive the job in this thread until it ends (what `spotnb controller ID` does)."""
+        self._main()
 
     # -- main loop -----------------------------------------------------------------------------
     def _main(self) -> None:
+        if not self.db.acquire_lease(self.job.id, self.owner, os.getpid(), LEASE_TTL):
+            print(f"spotnb: job {self.job.id} already has a live controller", file=sys.stderr)
+            return
+        self._thread_alive = True
+        threading.Thread(target=self._keep_lease, name="spotnb-lease", daemon=True).start()
         try:
             self._run()
+        except LeaseLost:
+            print(f"spotnb: another controller took job {self.job.id} over", file=sys.stderr)
+            return
         except BaseException as exc:  # noqa: BLE001 - a controller bug must end the job visibly
             tb = traceback.format_exc()
             self.emit("error", message=f"controller error: {exc!r}", exc_type=type(exc).__name__,
@@ -115,57 +164,147 @@ class Controller:
             self.set_status("failed", reason="controller error")
             print(tb, file=sys.stderr)
         finally:
-            self.provider.close()
-            self.pump()
+            self._thread_alive = False
+            if not self._lease_lost.is_set():
+                self.provider.close()
+                self.pump()
+                self.db.release_lease(self.job.id, self.owner)
 
     def _run(self) -> None:
-        n = 1
+        recovered = self._recover()
+        if recovered is None:
+            return
+        n, instance, outcome = recovered
         pre: Future | None = None
         while True:
-            if self._stop_requested():
-                self._end_stopped()
-                return
-            self.set_status("pending" if n == 1 else "restoring")
-            instance = pre.result() if pre is not None else self._allocate(n)
-            pre = None
-            if instance is None:
-                self._end_stopped()
-                return
-            outcome, pre = self._watch(n, instance)
-            self._finish_incarnation(n, instance, outcome)
-            if outcome.reason == "done":
-                self._cancel_pre(pre)
-                self.set_status("succeeded")
-                return
-            if outcome.reason == "stopped":
-                self._cancel_pre(pre)
-                self._end_stopped()
-                return
-            if outcome.reason in ("user_error", "crashed"):
-                if self.retries >= self.config.max_retries:
-                    self._cancel_pre(pre)
-                    if outcome.reason == "crashed" and not self.job._error:
-                        self.emit("error", n, message=f"the instance process died (exit code "
-                                  f"{outcome.code}) without reporting an error; see its log",
-                                  exc_type="InstanceCrashed", traceback=outcome.detail.get("log", ""))
-                    self.set_status("failed", reason=outcome.reason)
-                    return
-                self.retries += 1
-            else:  # preempted, evacuated or lost
-                self.preemptions += 1
-                limit = self.config.max_preemptions
-                if limit is not None and self.preemptions > limit:
-                    self._cancel_pre(pre)
-                    self._stop_reason = f"max_preemptions={limit} reached"
+            if outcome is None:
+                if self._stop_requested():
+                    if instance is not None:
+                        self._finish_incarnation(n, instance, _Outcome("stopped"))
                     self._end_stopped()
                     return
-            cost = breakdown(self.job.events).spot_cost
-            if self.config.max_cost is not None and cost >= self.config.max_cost:
-                self._cancel_pre(pre)
-                self._stop_reason = f"max_cost=${self.config.max_cost} reached (spent ${cost:.4f})"
-                self._end_stopped()
+                if instance is None:
+                    self.set_status("pending" if n == 1 else "restoring")
+                    instance = pre.result() if pre is not None else self._allocate(n)
+                    pre = None
+                    if instance is None:
+                        self._end_stopped()
+                        return
+                outcome, pre = self._watch(n, instance)
+                if pre is not None and not self._relaunches(outcome):
+                    self._cancel_pre(pre)  # before the end marker lets its agent restore
+                    pre = None
+                self._finish_incarnation(n, instance, outcome)
+            instance = None
+            if not self._carry_on(n, outcome, pre):
                 return
+            outcome = None
             n += 1
+
+    def _relaunches(self, outcome: _Outcome) -> bool:
+        """Whether this outcome leads to another incarnation (limits aside)."""
+        if outcome.reason in ("preempted", "evacuated", "lost"):
+            return True
+        return outcome.reason in ("user_error", "crashed") and self.retries < self.config.max_retries
+
+    def _carry_on(self, n: int, outcome: _Outcome, pre: Future | None) -> bool:
+        """After incarnation `n` ended with `outcome`: end the job, or go on to the next one."""
+        if outcome.reason == "done":
+            self._cancel_pre(pre)
+            self.set_status("succeeded")
+            return False
+        if outcome.reason == "stopped":
+            self._cancel_pre(pre)
+            self._end_stopped()
+            return False
+        if outcome.reason in ("user_error", "crashed"):
+            if self.retries >= self.config.max_retries:
+                self._cancel_pre(pre)
+                if outcome.reason == "crashed" and not self.job._error:
+                    self.emit("error", n, message=f"the instance process died (exit code "
+                              f"{outcome.code}) without reporting an error; see its log",
+                              exc_type="InstanceCrashed", traceback=outcome.detail.get("log", ""))
+                self.set_status("failed", reason=outcome.reason)
+                return False
+            self.retries += 1
+        else:  # preempted, evacuated or lost
+            self.preemptions += 1
+            limit = self.config.max_preemptions
+            if limit is not None and self.preemptions > limit:
+                self._cancel_pre(pre)
+                self._stop_reason = f"max_preemptions={limit} reached"
+                self._end_stopped()
+                return False
+        cost = breakdown(self.job.events).spot_cost
+        if self.config.max_cost is not None and cost >= self.config.max_cost:
+            self._cancel_pre(pre)
+            self._stop_reason = f"max_cost=${self.config.max_cost} reached (spent ${cost:.4f})"
+            self._end_stopped()
+            return False
+        return True
+
+    def _recover(self) -> tuple[int, Instance | None, _Outcome | None] | None:
+        """Pick the job up where the log says it is: fresh (incarnation 1), or after a controller
+        that died. Every incarnation it left open is reclaimed by the provider (kept, or ended and
+        closed with an event); how the last one ended decides what happens next, as it would
+        have for the dead controller."""
+        self.pump()
+        if self.job.status in TERMINAL:
+            return None
+        events = self.job.events
+        started = sorted({e["incarnation"] for e in events if e["kind"] == "allocating"})
+        if not started:
+            return 1, None, None
+        last = started[-1]
+        allocated = {e["incarnation"]: e for e in events if e["kind"] == "allocated"}
+        launched = {e["incarnation"]: e for e in events if e["kind"] == "launched"}
+        ended = {e["incarnation"]: e for e in events if e["kind"] in ("preempted", "exited")}
+        # the last incarnation's end is counted when it is decided on below
+        self.preemptions = sum(e["kind"] == "preempted" and e["incarnation"] < last for e in events)
+        self.retries = sum(e["kind"] == "exited" and e["incarnation"] < last
+                           and e.get("reason") in ("user_error", "crashed") for e in events)
+        if allocated:
+            self.provider.resume_state(launched=len(allocated),
+                                       first_launch=min(e["t"] for e in allocated.values()))
+        self.emit("controller_restarted", last, owner=self.owner)
+        outcome: _Outcome | None = None
+        for n in started:
+            if n in ended:
+                if not self.store.exists(self.store.job(self.job.id, "incarnations", f"{n:04d}.end")):
+                    self._write_end_marker(n, "closed after a controller restart")
+                continue
+            record = allocated.get(n) or launched.get(n)
+            if record is None:
+                continue  # it died while asking for an instance and got none
+            instance = self.provider.reclaim(record)
+            if instance is not None and n == last:
+                return last, instance, None
+            orphan = instance or Instance(
+                id=record["instance_id"], provider=self.provider.name, region=record.get("region"),
+                instance_type=record.get("instance_type", ""),
+                launched_at=record.get("launched_at", record["t"]), info=dict(record.get("info") or {}))
+            result = self._classify(n, orphan, InstanceStatus(InstanceState.TERMINATED))
+            if result.reason in ("lost", "stopped"):
+                result = _Outcome("lost", detail={"why": "its controller died"})
+            self._finish_incarnation(n, orphan, result)
+            if n < last and result.reason in ("preempted", "evacuated", "lost"):
+                self.preemptions += 1
+            ended[n] = result  # type: ignore[assignment]
+        if last not in ended:
+            return last, None, None  # it died while allocating: ask again
+        end = ended[last]
+        if isinstance(end, _Outcome):
+            outcome = end
+        elif end["kind"] == "preempted":
+            outcome = _Outcome(end.get("how") or "preempted")
+        else:
+            outcome = _Outcome(end.get("reason") or "crashed", end.get("code"))
+        return last, None, outcome
+
+    def _write_end_marker(self, n: int, reason: str) -> None:
+        marker = {"high_water": self._high_water, "reason": reason, "t": time.time()}
+        self.store.write_bytes(self.store.job(self.job.id, "incarnations", f"{n:04d}.end"),
+                               json.dumps(marker).encode())
 
     def _end_stopped(self) -> None:
         self.emit("stopped", reason=self._stop_reason)
@@ -174,6 +313,9 @@ class Controller:
     def _cancel_pre(self, pre: Future | None) -> None:
         if pre is None:
             return
+        cancel = getattr(pre, "cancel_event", None)
+        if cancel is not None:
+            cancel.set()  # a preallocation still retrying for capacity gives up
         instance = pre.result()
         if instance is not None:
             self.provider.terminate(instance)
@@ -181,7 +323,7 @@ class Controller:
                       instance_id=instance.id)
 
     # -- one incarnation ------------------------------------------------------------------------
-    def _allocate(self, n: int) -> Instance | None:
+    def _allocate(self, n: int, cancel: threading.Event | None = None) -> Instance | None:
         market = self._market_now = self._market()
         inc_doc = {"incarnation": n, "market": market, "notice": self.provider.notice_settings()}
         self.store.write_bytes(self.store.job(self.job.id, "incarnations", f"{n:04d}.json"),
@@ -191,12 +333,12 @@ class Controller:
                          instance_type=self.config.instance_type,
                          command=["python", "-m", "spotnb.runtime.agent", "--store", self.store.url,
                                   "--job", self.job.id, "--incarnation", str(n)],
-                         requirements=list(self.config.requirements))
+                         requirements=list(self.config.requirements), spotnb_version=_version())
         attempt = 0
         requested = time.time()
         self.db.record_incarnation(self.job.id, n, requested=requested, provider=self.provider.name,
                                    instance_type=self.config.instance_type)
-        while not self._stop_requested():
+        while not self._stop_requested() and not (cancel is not None and cancel.is_set()):
             region = regions[attempt % len(regions)]
             self.emit("allocating", n, region=region, attempt=attempt + 1)
             try:
@@ -205,9 +347,13 @@ class Controller:
                 wait = BACKOFF[min(attempt, len(BACKOFF) - 1)] if (attempt + 1) % len(regions) == 0 else 0.0
                 self.emit("alloc_failed", n, region=region, reason=str(exc), retry_in=wait)
                 attempt += 1
-                if self._stop.wait(wait):
+                if self._stop.wait(wait) or (cancel is not None and cancel.is_set()):
                     break
                 continue
+            # recorded before waiting, so a controller that dies now can still find it
+            self.emit("launched", n, instance_id=instance.id, region=instance.region,
+                      instance_type=instance.instance_type, launched_at=instance.launched_at,
+                      info=instance.info)
             status = self.provider.wait_allocated(instance, timeout=900, stop=self._stop)
             if status.state != InstanceState.RUNNING:
                 self.emit("alloc_failed", n, region=region, reason=f"instance {status.state.value}",
@@ -224,6 +370,7 @@ class Controller:
             now = time.time()
             self.emit("allocated", n, instance_id=instance.id, region=instance.region,
                       instance_type=instance.instance_type, alloc_s=now - requested,
+                      launched_at=instance.launched_at, info=instance.info,
                       spot_price=spot, on_demand_price=od, price_source=p.source if p else "config")
             self.db.record_incarnation(self.job.id, n, instance_id=instance.id, region=instance.region,
                                        allocated=now)
@@ -271,38 +418,58 @@ class Controller:
     def _watch(self, n: int, instance: Instance) -> tuple[_Outcome, Future | None]:
         pre: Future | None = None
         last_seen = time.time()
+        heard = False  # the agent has spoken: from then on, silence means a dead instance
+        described = 0.0
+        reported_end: float | None = None   # the agent said done/error/evacuated at this time
+        poll = self.store.poll_interval
         while True:
             for e in self.pump():
                 if e.get("incarnation") != n:
                     continue
                 last_seen = max(last_seen, time.time())
                 kind = e["kind"]
+                heard = heard or kind not in ("launched", "allocated", "allocating", "alloc_failed")
                 if kind == "ready":
                     self.set_status("running")
                 elif kind == "notice" and pre is None:
                     self.set_status("preempted")
                     if self.policy.allocate_on_notice(self._observation(n)):
                         pre = self._preallocate(n + 1)
-            status = self.provider.describe(instance)
-            if status.state in (InstanceState.EXITED, InstanceState.PREEMPTED, InstanceState.TERMINATED):
-                self.pump()  # the agent flushed before it exited
-                return self._classify(n, instance, status), pre
+                elif kind in ("done", "error", "evacuated") and reported_end is None:
+                    reported_end = time.time()
+                    described = 0.0  # look now: the instance should be on its way out
+            now = time.time()
+            if now - described >= self.provider.describe_interval:
+                described = now
+                status = self.provider.describe(instance)
+                if status.state in (InstanceState.EXITED, InstanceState.PREEMPTED,
+                                    InstanceState.TERMINATED):
+                    self.pump()  # the agent flushed before it exited
+                    return self._classify(n, instance, status), pre
+            if reported_end is not None and now - reported_end > EXIT_GRACE:
+                # the agent is finished but its instance did not go away: end it ourselves
+                self.provider.terminate(instance)
+                self.pump()
+                return self._classify(n, instance, InstanceStatus(InstanceState.EXITED)), pre
             if self._stop_requested():
                 self.provider.terminate(instance)
                 return _Outcome("stopped"), pre
-            if time.time() - last_seen > self.config.heartbeat_timeout:
+            limit = self.config.heartbeat_timeout if heard else max(self.config.heartbeat_timeout,
+                                                                     self.provider.boot_timeout)
+            if time.time() - last_seen > limit:
                 self.provider.terminate(instance)
-                return _Outcome("lost", detail={"why": f"no event for {self.config.heartbeat_timeout:.0f} s"}), pre
-            time.sleep(POLL)
+                return _Outcome("lost", detail={"why": f"no event for {limit:.0f} s"}), pre
+            time.sleep(poll)
 
     def _preallocate(self, n: int) -> Future:
         """Start allocating the replacement as soon as the notice arrives (it waits for the
         old instance's end marker before restoring)."""
         fut: Future = Future()
+        fut.cancel_event = cancel = threading.Event()  # type: ignore[attr-defined]
 
         def run() -> None:
             try:
-                fut.set_result(self._allocate(n))
+                fut.set_result(self._allocate(n, cancel))
             except BaseException as exc:  # noqa: BLE001
                 fut.set_exception(exc)
 
@@ -329,8 +496,7 @@ class Controller:
 
     def _finish_incarnation(self, n: int, instance: Instance, outcome: _Outcome) -> None:
         self.provider.terminate(instance)
-        now = time.time()
-        end_t = outcome.detail.get("at", now)
+        end_t = outcome.detail.get("at", time.time())
         lifetime = end_t - instance.launched_at
         if outcome.reason in ("preempted", "evacuated", "lost"):
             self.emit("preempted", n, instance_id=instance.id, lifetime_s=lifetime, t=end_t,
@@ -343,6 +509,4 @@ class Controller:
             reason = outcome.reason
         self.db.record_incarnation(self.job.id, n, ended=end_t, end_reason=reason)
         self.pump()
-        marker = {"high_water": self._high_water, "reason": outcome.reason, "t": now}
-        self.store.write_bytes(self.store.job(self.job.id, "incarnations", f"{n:04d}.end"),
-                               json.dumps(marker).encode())
+        self._write_end_marker(n, outcome.reason)

@@ -30,9 +30,9 @@ def fit_spirals(ctx: Any, steps: int = 1500, batch: int = 128, step_delay: float
     import torch
     torch.manual_seed(0)
     x, y = spirals()
-    model = torch.nn.Sequential(torch.nn.Linear(2, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
-                                torch.nn.Tanh(), torch.nn.Linear(64, 2))
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                torch.nn.ReLU(), torch.nn.Linear(64, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     ctx.track(model=model, optimizer=opt, scheduler=sched)
     loss = torch.tensor(0.0)
@@ -65,24 +65,9 @@ def run_demo(steps: int = 1500, step_delay: float = 0.01, out: Any = sys.stdout)
           file=out)
     job = spot.train(functools.partial(fit_spirals, steps=steps, step_delay=step_delay), config)
     print(f"job {job.id} submitted; following it (Ctrl-C leaves it running)", file=out)
-    shown = 0
-    last_line = 0.0
-    while not job.wait(0.5):
-        events = job.events
-        for e in events[shown:]:
-            line = describe_event(e)
-            if line:
-                print(line, file=out)
-        shown = len(events)
-        if time.time() - last_line > 2:
-            last_line = time.time()
-            b = job.breakdown()
-            print(f"  [{job.status}] step {b.step}/{b.total_steps or steps}  "
-                  f"spot ${b.spot_cost:.5f}", file=out)
-    for e in job.events[shown:]:
-        line = describe_event(e)
-        if line:
-            print(line, file=out)
+    from spotnb.widget.text import TextView
+    TextView(job, file=out, interval=2.0)
+    job.wait()
     try:
         result = job.result()
     except spot.SpotnbError as exc:
@@ -91,31 +76,6 @@ def run_demo(steps: int = 1500, step_delay: float = 0.01, out: Any = sys.stdout)
     print(f"\nresult: {result}", file=out)
     print(job.breakdown().table(), file=out)
     return 0
-
-
-def describe_event(e: dict[str, Any]) -> str | None:
-    """One human line for the events a person cares about (None for the rest)."""
-    k, n = e["kind"], e.get("incarnation", 0)
-    if k == "allocated":
-        return f"  #{n} allocated {e['instance_id']} ({e['instance_type']}) in {e['alloc_s']:.1f} s"
-    if k == "alloc_failed":
-        return f"  #{n} no capacity in {e.get('region')}: {e['reason']} (retry in {e['retry_in']} s)"
-    if k == "ready":
-        return f"  #{n} ready after {e['prep_s']:.1f} s at step {e['step']}"
-    if k == "resumed":
-        return f"  #{n} resumed from the {e['save_kind']} checkpoint at step {e['from_step']}"
-    if k == "notice":
-        return f"  #{n} PREEMPTION NOTICE ({e['source']}): {e['time_left']:.1f} s left"
-    if k == "checkpoint":
-        return (f"  #{n} {e['save_kind']} checkpoint at step {e['step']}: {e['bytes'] / 1e6:.2f} MB, "
-                f"stall {e['snapshot_s'] * 1e3:.1f} ms, upload {e['upload_s']:.2f} s")
-    if k == "preempted":
-        return f"  #{n} preempted after {e['lifetime_s']:.1f} s ({e['how']})"
-    if k == "error":
-        return f"  #{n} ERROR {e['message']}"
-    if k == "status" and e["status"] in ("succeeded", "failed", "stopped"):
-        return f"job {e['status']}"
-    return None
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ class EventWriter:
 
     def __init__(self, store: Store, job_id: str, incarnation: int, writer: str) -> None:
         self.store, self.job_id, self.incarnation, self.writer = store, job_id, incarnation, writer
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._pending: list[Event] = []
         self._segment = 0
         self._content = bytearray()

@@ -20,6 +20,7 @@ __all__ = ["Job", "STATUSES", "TERMINAL"]
 STATUSES = ("pending", "running", "preempted", "restoring", "succeeded", "failed", "stopped")
 TERMINAL = frozenset({"succeeded", "failed", "stopped"})
 _FOLLOW_INTERVAL = 0.25
+_CONTROLLER_CHECK = 15.0  # seconds between looks at the job's controller lease
 
 
 class Job:
@@ -99,8 +100,13 @@ class Job:
         self._ingest(reader.poll())
 
         def loop() -> None:
+            interval = max(_FOLLOW_INTERVAL, self.store.poll_interval)
+            checked = time.time()
             while not self._finished.is_set():
-                time.sleep(_FOLLOW_INTERVAL)
+                time.sleep(interval)
+                if self.db is not None and time.time() - checked > _CONTROLLER_CHECK:
+                    checked = time.time()
+                    self._revive_controller()
                 try:
                     self._ingest(reader.poll())
                 except OSError:
@@ -109,6 +115,17 @@ class Job:
         if not self._finished.is_set():
             self._follower = threading.Thread(target=loop, name=f"spotnb-follow-{self.id}", daemon=True)
             self._follower.start()
+
+    def _revive_controller(self) -> None:
+        """A follower that outlives the job's controller restarts it (the lease in the job DB
+        keeps two from driving the job), so `job.result()` never waits on a dead controller."""
+        from spotnb.api import ensure_controller
+        try:
+            row = self.db.job(self.id) if self.db is not None else None
+            if row is not None:
+                ensure_controller(row)
+        except Exception as exc:  # noqa: BLE001 - try again at the next check
+            print(f"spotnb: could not check job {self.id}'s controller: {exc!r}")
 
     # -- public ---------------------------------------------------------------------------------
     @property

@@ -33,6 +33,9 @@ CREATE TABLE IF NOT EXISTS incarnations (
   requested REAL, allocated REAL, ready REAL, ended REAL, end_reason TEXT,
   PRIMARY KEY (job_id, n)
 );
+CREATE TABLE IF NOT EXISTS leases (
+  job_id TEXT PRIMARY KEY, owner TEXT, pid INTEGER, expires REAL
+);
 CREATE TABLE IF NOT EXISTS checkpoints (
   job_id TEXT, n INTEGER, seq INTEGER, kind TEXT, step INTEGER, snapshot_s REAL, upload_s REAL,
   bytes INTEGER, t REAL, PRIMARY KEY (job_id, seq)
@@ -91,6 +94,33 @@ class JobDB:
 
     def jobs(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._exec("SELECT * FROM jobs ORDER BY created DESC")]
+
+    # -- controller leases: one controller drives a job at a time -----------------------------
+    def acquire_lease(self, job_id: str, owner: str, pid: int, ttl: float) -> bool:
+        """Take or renew the job's lease; False if another live owner holds it."""
+        now = time.time()
+        with self._lock, self._connect() as con:
+            con.execute("BEGIN IMMEDIATE")
+            row = con.execute("SELECT owner, expires FROM leases WHERE job_id=?", (job_id,)).fetchone()
+            if row is not None and row["owner"] != owner and row["expires"] > now:
+                con.execute("ROLLBACK")
+                return False
+            con.execute("INSERT OR REPLACE INTO leases VALUES (?,?,?,?)", (job_id, owner, pid, now + ttl))
+            con.execute("UPDATE jobs SET controller_pid=?, heartbeat=? WHERE id=?", (pid, now, job_id))
+            con.execute("COMMIT")
+            return True
+
+    def release_lease(self, job_id: str, owner: str) -> None:
+        self._exec("DELETE FROM leases WHERE job_id=? AND owner=?", (job_id, owner))
+
+    def lease(self, job_id: str) -> dict[str, Any] | None:
+        rows = self._exec("SELECT * FROM leases WHERE job_id=?", (job_id,))
+        return dict(rows[0]) if rows else None
+
+    def controller_alive(self, job_id: str) -> bool:
+        """Whether a controller holds an unexpired lease on the job."""
+        lease = self.lease(job_id)
+        return lease is not None and lease["expires"] > time.time()
 
     # -- incarnations ------------------------------------------------------------------------
     def record_incarnation(self, job_id: str, n: int, **fields: Any) -> None:

@@ -33,6 +33,9 @@ class Store:
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **storage_options)
         self.root = self.root.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
+        # how often to look for new events: a LIST on an object store costs money and quota
+        # (10/s would cost about as much as a small spot instance), a local listing nothing
+        self.poll_interval = 0.1 if self.local or self.fs.protocol in ("memory", ("memory",)) else 2.0
         if self.local:
             os.makedirs(self.root, exist_ok=True)
 

@@ -101,9 +101,20 @@ def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     _stop(proc)
 
 
+def _forget_s3fs() -> None:
+    """fsspec caches filesystem instances by their arguments, not by the environment they read
+    their endpoint from: forget them whenever AWS_ENDPOINT_URL changes."""
+    try:
+        import s3fs
+    except ImportError:
+        return
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
 @pytest.fixture
-def aws_env(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+def aws_env(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """boto3/s3fs pointed at moto with canary credentials; returns the endpoint."""
+    _forget_s3fs()
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     for key, value in CANARIES.items():
@@ -112,7 +123,8 @@ def aws_env(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-    return moto_endpoint
+    yield moto_endpoint
+    _forget_s3fs()
 
 
 @pytest.fixture
@@ -274,8 +286,10 @@ class FaultProxy:
 def ec2_faults(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
     """boto3 pointed at a FaultProxy in front of moto; `ec2_faults.fail(action, region)`."""
     proxy = FaultProxy(aws_env)
+    _forget_s3fs()
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
     yield proxy
+    _forget_s3fs()
     proxy.close()
 
 

@@ -62,11 +62,14 @@ class VMRunner:
         path = self.workdir / f"{instance_id}.sh"
         path.write_text(script)
         self.emulator.register(instance_id)
-        poweroff = (f"{sys.executable} -c \"import boto3; boto3.client('ec2', region_name='us-east-1')"
-                    f".terminate_instances(InstanceIds=['{instance_id}'])\"")
+        poweroff = self.workdir / f"{instance_id}-poweroff.sh"   # "the VM powers off"
+        poweroff.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"import boto3; boto3.client("
+                            f"'ec2', region_name='us-east-1').terminate_instances("
+                            f"InstanceIds=['{instance_id}'])\"\n")
+        poweroff.chmod(0o755)
         env = {**os.environ, "SPOTNB_PYTHON": sys.executable,
                "SPOTNB_LOG": str(self.workdir / f"{instance_id}.log"),
-               "SPOTNB_POWEROFF_CMD": poweroff,
+               "SPOTNB_POWEROFF_CMD": str(poweroff), "SPOTNB_VENV": str(self.workdir / "venv"),
                "SPOTNB_METADATA_URL": self.emulator.base_url(instance_id),
                "PYTHONPATH": str(ROOT)}
         self.procs[instance_id] = subprocess.Popen(["bash", str(path)], env=env, cwd=str(ROOT),
@@ -135,6 +138,12 @@ def test_job_on_moto_survives_preemption_and_leaks_no_credential(
         assert first
         emulator.notify(inst1, time.time() + 120)         # the IMDSv2 instance-action notice
         result = job.result(timeout=150)
+    except BaseException:
+        for e in job.events:
+            print({k: v for k, v in e.items() if k not in ("config", "rows", "traceback")})
+        for log in tmp_path.glob("*.log"):
+            print(log, log.read_text()[-3000:])
+        raise
     finally:
         job.stop(wait=True, timeout=30) if not job.done else None
         runner.close()

@@ -27,7 +27,7 @@ import math
 from functools import lru_cache
 from typing import Callable
 
-from spotnb.policy.base import Observation, Plan, Policy, SaveKind, steps_for
+from spotnb.policy.base import FOREVER, BatchPlan, Observation, Plan, Policy, SaveKind, steps_for
 from spotnb.policy.intervals import daly_interval
 from spotnb.policy.static import periodic_plan, snapshot_estimate, upload_estimate
 
@@ -146,6 +146,36 @@ class Hedged(Policy):
 
     def allocate_on_notice(self, obs: Observation) -> bool:
         return self.prealloc
+
+    def batch_plan(self, obs: Observation) -> BatchPlan | None:
+        """Insurance every `steps_for(interval)` steps up to the last step `_worth_it` keeps.
+
+        `_worth_it` only looks at the step a save would land on (the stride and every average
+        are fixed within a run), and the saving it weighs shrinks as that step nears the end,
+        so the saves it keeps are exactly those up to one threshold, found by bisection."""
+        rules = self._notice_rules(obs, Hedged)
+        if (rules is None or obs.save_every or self.hazard is not None
+                or self._overrides(Hedged, "next_save", "effective_mttp", "_worth_it")):
+            return None
+        mttp = self.effective_mttp(obs)
+        if math.isinf(mttp):
+            return BatchPlan(None, SaveKind.INSURANCE, FOREVER, *rules)
+        tau = daly_interval(snapshot_estimate(obs), mttp, obs.restart_time)
+        stride = steps_for(tau, obs.step_time)
+        last = FOREVER
+        if self.end_aware and obs.total_steps is not None:
+            def kept(step: int) -> bool:
+                return self._worth_it(obs, step - stride, step, mttp) is not None
+            lo, hi = stride - 1, obs.total_steps   # kept(lo) assumed, kept(hi) is False
+            if not kept(stride):
+                last = stride - 1
+            else:
+                lo = stride
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if kept(mid) else (lo, mid)
+                last = lo
+        return BatchPlan(stride, SaveKind.INSURANCE, last, *rules)
 
     def __repr__(self) -> str:
         args = []

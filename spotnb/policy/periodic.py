@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 
-from spotnb.policy.base import Observation, Plan, Policy, SaveKind, steps_for
+from spotnb.policy.base import BatchPlan, Observation, Plan, Policy, SaveKind, steps_for
 from spotnb.policy.intervals import daly2_interval, daly_interval, young_interval
 from spotnb.policy.static import _FOREVER, periodic_plan, snapshot_estimate
 
@@ -29,6 +29,13 @@ class _Interval(Policy):
 
     def stationary_until(self, obs: Observation) -> int:
         return 0 if obs.save_every else _FOREVER
+
+    def batch_plan(self, obs: Observation) -> BatchPlan | None:
+        rules = self._notice_rules(obs, _Interval)
+        if rules is None or obs.save_every or self._overrides(_Interval, "next_save"):
+            return None
+        stride = steps_for(self.interval(obs), obs.step_time)
+        return BatchPlan(stride, SaveKind.INSURANCE, _FOREVER, *rules)
 
 
 class Young(_Interval):

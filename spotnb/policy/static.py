@@ -1,7 +1,7 @@
 """Fixed and thesis policies: a save every N steps, and the adaptive Algorithm 1."""
 from __future__ import annotations
 
-from spotnb.policy.base import Observation, Plan, Policy, SaveKind, steps_for
+from spotnb.policy.base import BatchPlan, Observation, Plan, Policy, SaveKind, steps_for
 from spotnb.policy.intervals import daly_interval
 
 _FOREVER = 2**62
@@ -44,6 +44,12 @@ class Static(Policy):
     def stationary_until(self, obs: Observation) -> int:
         return _FOREVER
 
+    def batch_plan(self, obs: Observation) -> BatchPlan | None:
+        rules = self._notice_rules(obs, Static)
+        if rules is None or self._overrides(Static, "next_save"):
+            return None
+        return BatchPlan(self.every, SaveKind.PERIODIC, _FOREVER, *rules)
+
     def __repr__(self) -> str:
         return f"Static(every={self.every})"
 
@@ -67,3 +73,13 @@ class Adaptive(Policy):
 
     def stationary_until(self, obs: Observation) -> int:
         return 0 if obs.save_every else _FOREVER  # periodic saves align to multiples
+
+    def batch_plan(self, obs: Observation) -> BatchPlan | None:
+        rules = self._notice_rules(obs, Adaptive)
+        if (rules is None or obs.save_every
+                or self._overrides(Adaptive, "next_save", "emergency_expected")):
+            return None
+        if self.emergency_expected(obs):
+            return BatchPlan(None, SaveKind.INSURANCE, _FOREVER, *rules)
+        tau = daly_interval(snapshot_estimate(obs), obs.mttp, obs.restart_time)
+        return BatchPlan(steps_for(tau, obs.step_time), SaveKind.INSURANCE, _FOREVER, *rules)

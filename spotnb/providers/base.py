@@ -87,6 +87,8 @@ class Provider(ABC):
 
     name: ClassVar[str] = "provider"
     unsupported: ClassVar[dict[Feature, str]] = {}
+    describe_interval: ClassVar[float] = 10.0  # seconds between describe calls (API quotas)
+    boot_timeout: ClassVar[float] = 1200.0     # VM boot + bootstrap install before the agent speaks
 
     def __init__(self, config: "Config") -> None:
         self.config = config
@@ -147,6 +149,24 @@ class Provider(ABC):
 
     def close(self) -> None:
         """Release what the provider holds (servers, clients)."""
+
+    def resume_state(self, launched: int, first_launch: float) -> None:
+        """After a controller restart: `launched` instances were already started, the first at
+        `first_launch` (the local market uses this to continue its schedule)."""
+
+    def reclaim(self, record: dict[str, Any]) -> Instance | None:
+        """Take over the instance of an `allocated` event whose controller died: return it to
+        keep watching it, or end it and return None (the job then relaunches from its last
+        checkpoint). The default ends it."""
+        instance = Instance(id=record["instance_id"], provider=self.name, region=record.get("region"),
+                            instance_type=record.get("instance_type", ""),
+                            launched_at=record.get("launched_at", record["t"]),
+                            info=dict(record.get("info") or {}))
+        try:
+            self.terminate(instance)
+        except Exception:  # noqa: BLE001 - it may be gone already
+            pass
+        return None
 
     # -- backend hooks -------------------------------------------------------------------
     def _validate(self) -> None:

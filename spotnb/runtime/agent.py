@@ -35,11 +35,15 @@ class Agent:
         self.spec = json.loads(self.store.read_bytes(self.store.job(job_id, "spec.json")))
         self.inc = json.loads(self.store.read_bytes(
             self.store.job(job_id, "incarnations", f"{incarnation:04d}.json")))
-        self.events = EventWriter(self.store, job_id, incarnation, "agent")
+        instance = os.environ.get("SPOTNB_INSTANCE_ID", "").replace("-", "_")
+        self.events = EventWriter(self.store, job_id, incarnation,
+                                  f"agent_{instance}" if instance else "agent")
         self.ctx: Any = None
         self._stop = threading.Event()
         self._last_progress: tuple | None = None
         self._last_beat = time.time()
+        self._flush_lock = threading.RLock()
+        self._bad_metrics: set[str] = set()
 
     # -- event plumbing --------------------------------------------------------------------
     _FLUSH_NOW = frozenset({"checkpoint", "resumed", "ready", "evacuating", "checkpoint_failed",
@@ -51,15 +55,22 @@ class Agent:
             self.flush()
 
     def flush(self) -> None:
-        """Move buffered metrics and progress into events and write them."""
+        """Move buffered metrics and progress into events and write them. Called from several
+        threads (flusher, checkpoint worker, notice watcher, training), one at a time."""
+        with self._flush_lock:
+            self._flush()
+
+    def _flush(self) -> None:
         ctx = self.ctx
         if ctx is not None:
-            rows = [ctx.rows.popleft() for _ in range(len(ctx.rows))]
+            rows = []
+            while ctx.rows:
+                rows.append(ctx.rows.popleft())
             if rows:
                 for row in rows:
-                    for key, value in row.items():
+                    for key, value in list(row.items()):
                         if not isinstance(value, (int, float, str, type(None))):
-                            row[key] = float(value)  # tensors, numpy scalars
+                            row[key] = self._scalar(key, value)
                 self.events.emit("metrics", rows=rows)
             progress = ctx.progress()
             key = (progress["step"], progress["save_s"])
@@ -75,10 +86,24 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - kept pending, retried on the next tick
             print(f"spotnb agent: event flush failed, will retry: {exc!r}", file=sys.stderr)
 
+    def _scalar(self, key: str, value: Any) -> Any:
+        """A metric as a number (tensors, numpy scalars); anything else is dropped, once said."""
+        try:
+            return float(value)
+        except (TypeError, ValueError, RuntimeError):
+            if key not in self._bad_metrics:
+                self._bad_metrics.add(key)
+                self.events.emit("warning", message=f"ctx.log({key}=...) got a "
+                                 f"{type(value).__name__} that is not a single number; dropped")
+            return None
+
     def _flusher(self) -> None:
         interval = self.spec.get("flush_interval", 0.5)
         while not self._stop.wait(interval):
-            self.flush()
+            try:
+                self.flush()
+            except Exception as exc:  # noqa: BLE001 - the heartbeat must go on
+                print(f"spotnb agent: flush failed: {exc!r}", file=sys.stderr)
 
     # -- run ---------------------------------------------------------------------------------
     def wait_for_previous(self) -> None:
@@ -114,12 +139,12 @@ class Agent:
         policy = resolve_policy(payload.get("policy") or self.spec.get("policy") or "hedged")
         beacon = Beacon(os.environ.get("SPOTNB_BEACON"))
         upload_bps = float(os.environ["SPOTNB_UPLOAD_BPS"]) if os.environ.get("SPOTNB_UPLOAD_BPS") else None
+        self.wait_for_previous()
         checkpointer = Checkpointer(self.store, self.job_id, self.incarnation, self.emit, beacon,
                                     keep_last=self.spec.get("keep_last", 2), upload_bps=upload_bps)
         market = self.inc.get("market", {})
         notice_cfg = self.inc.get("notice", {})
         watcher = None
-        self.wait_for_previous()
         self.ctx = ctx = Context(job_id=self.job_id, incarnation=self.incarnation,
                                  checkpointer=checkpointer, policy=policy, emit=self.emit,
                                  flush=self.flush, beacon=beacon, market=market,
@@ -132,11 +157,15 @@ class Agent:
                 ctx._receive_notice(notice)
                 self.flush()
 
+            def on_hint(hint: dict[str, Any]) -> None:
+                self.emit("hint", **hint)
+                ctx._request_save()  # elevated risk: checkpoint now, while it is cheap to
+
             watcher = make_watcher(notice_cfg["format"],
                                    base_url=os.environ.get("SPOTNB_METADATA_URL") or notice_cfg.get("base_url"),
                                    poll=float(self.spec.get("notice_poll", 1.0)),
                                    grace=float(market.get("grace", 30.0)), on_notice=on_notice,
-                                   on_hint=lambda hint: self.emit("hint", **hint))
+                                   on_hint=on_hint)
             ctx._acknowledge = watcher.acknowledge
             watcher.start()
         signal.signal(signal.SIGTERM, lambda *_: self._sigterm(ctx, market))
@@ -159,14 +188,17 @@ class Agent:
         return self._finish(EXIT_DONE)
 
     def _sigterm(self, ctx: Any, market: dict[str, Any]) -> None:
-        """A soft shutdown (GCP's ACPI soft-off, a local `terminate`) counts as a notice."""
+        """A soft shutdown (GCP's ACPI soft-off, a local `terminate`) counts as a notice. The
+        handler runs between two bytecodes of the training thread, so it only records the
+        notice; the event is written from another thread."""
         from spotnb.runtime.notice import Notice
         if ctx.notice is None:
             grace = float(market.get("grace", 30.0))
             notice = Notice(deadline=time.time() + grace, source="sigterm", action="SIGTERM")
-            self.emit("notice", deadline=notice.deadline, source="sigterm", action="SIGTERM",
-                      time_left=grace)
             ctx._receive_notice(notice)
+            threading.Thread(target=self.emit, args=("notice",), daemon=True,
+                             kwargs=dict(deadline=notice.deadline, source="sigterm",
+                                         action="SIGTERM", time_left=grace)).start()
 
     def _fail(self, message: str, exc: BaseException | None = None) -> int:
         tb = "".join(traceback.format_exception(exc)) if exc else traceback.format_exc()
@@ -175,8 +207,20 @@ class Agent:
         return self._finish(EXIT_USER_ERROR)
 
     def _finish(self, code: int) -> int:
+        """Stop the flusher and write the last events, retrying for a while: a lost `done` or
+        `error` would make the controller misread how the incarnation ended."""
         self._stop.set()
-        self.flush()
+        deadline = time.time() + 60
+        while True:
+            try:
+                self.flush()
+                if not self.events.pending:
+                    break
+            except Exception as exc:  # noqa: BLE001
+                print(f"spotnb agent: final flush failed, retrying: {exc!r}", file=sys.stderr)
+            if time.time() > deadline:
+                break
+            time.sleep(1.0)
         return code
 
 

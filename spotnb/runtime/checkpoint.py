@@ -229,7 +229,9 @@ class Checkpointer:
         shutil.rmtree(self.spool, ignore_errors=True)
 
     def _release(self, snap: Snapshot) -> None:
-        pool = getattr(snap, "_pool", None)
+        """Give the snapshot's buffers back, exactly once: a second release could free a pool
+        that a newer snapshot has taken meanwhile and let a third one overwrite it mid-save."""
+        pool = snap.__dict__.pop("_pool", None)
         if pool is not None:
             pool.in_use = False
 
@@ -256,8 +258,11 @@ class Checkpointer:
                     self._cv.notify_all()
 
     def _next_seq(self) -> int:
+        """A number no checkpoint folder has: another incarnation may have committed one (an
+        emergency save during this one's start) since this checkpointer was made."""
+        existing = [int(n) for n in self.store.ls(self.root) if n.isdigit()]
         with self._cv:
-            self._seq += 1
+            self._seq = max(self._seq, *existing, 0) + 1
             return self._seq
 
     def _write(self, snap: Snapshot) -> Manifest:
@@ -321,26 +326,33 @@ class Checkpointer:
         return {"size": size, "sha256": digest.hexdigest()}
 
     # -- retention -----------------------------------------------------------------------
-    def list_manifests(self) -> list[Manifest]:
-        """Committed checkpoints (manifest present), newest first."""
+    def list_manifests(self, strict: bool = False) -> list[Manifest]:
+        """Committed checkpoints (manifest present), newest first. With `strict`, a manifest
+        that exists but cannot be read (a transient store error) raises instead of being
+        skipped, so pruning never mistakes a committed checkpoint for a partial one."""
         out = []
         self.store.invalidate()
+        fields = set(Manifest.__dataclass_fields__)
         for name in reversed(self.store.ls(self.root)):
             if not name.isdigit():
                 continue
             path = f"{self.root}/{name}/MANIFEST.json"
             try:
                 doc = json.loads(self.store.read_bytes(path))
-            except (FileNotFoundError, ValueError, OSError):
+            except FileNotFoundError:
                 continue
-            out.append(Manifest(**doc))
+            except (ValueError, OSError):
+                if strict:
+                    raise
+                continue
+            out.append(Manifest(**{k: v for k, v in doc.items() if k in fields}))
         return out
 
     def _prune(self, newest: Manifest) -> None:
         """Keep the newest two checkpoints of any kind (one to fall back to) and `keep_last`
         periodic ones; drop superseded insurance/emergency ones and abandoned partial uploads."""
         try:
-            manifests = self.list_manifests()
+            manifests = self.list_manifests(strict=True)
             keep = {m.seq for m in manifests[:2]}
             keep |= {m.seq for m in [m for m in manifests if m.kind in _PERSISTENT][: self.keep_last]}
             committed = {m.seq for m in manifests}
@@ -348,7 +360,8 @@ class Checkpointer:
                 if m.seq not in keep:
                     self._delete(m.seq)
             for name in self.store.ls(self.root):
-                if name.isdigit() and int(name) < newest.seq and int(name) not in committed:
+                if name.isdigit() and int(name) < newest.seq and int(name) not in committed \
+                        and not self.store.exists(f"{self.root}/{name}/MANIFEST.json"):
                     self._delete(int(name))  # a partial upload a preemption or cancel left behind
         except Exception as exc:  # noqa: BLE001 - pruning is housekeeping, never fatal
             self.emit("warning", message=f"checkpoint pruning failed: {exc!r}")

@@ -83,6 +83,7 @@ class Context:
         self._save_due: SaveKind | None = None   # low-level API: the user saves, we back up
         self._notice: Notice | None = None
         self._notice_handled = False
+        self._requested: SaveKind | None = None  # a save asked for from outside (rebalance hint)
         self._last_save_step = 0
         self._evacuating = False
         self._in_loop = False
@@ -98,8 +99,9 @@ class Context:
         """Register objects with `state_dict`/`load_state_dict` (model, optimizer, scheduler,
         GradScaler, a stateful data loader ...). They are saved at every checkpoint and
         restored, with the RNG states and the step, before the first step runs."""
-        if self._in_loop:
-            raise RuntimeError("ctx.track() must be called before the training loop starts")
+        if self._in_loop or self._restored:
+            raise RuntimeError("ctx.track() must be called before ctx.restore() and the training "
+                               "loop, or the objects would start fresh while the step resumes")
         for name, obj in stateful.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise TypeError(f"ctx.track({name}=...): {type(obj).__name__} has no state_dict()/"
@@ -213,14 +215,33 @@ class Context:
         if self._notice is not None and not self._notice_handled:
             self._notice_handled = True
             self._on_notice_at_boundary()
+        if self._requested is not None:
+            kind, self._requested = self._requested, None
+            if self._tracked or self.state:
+                self._save(kind)
+            else:
+                self._due(kind)
         if self._plan is not None and self._step >= self._plan.step:
             if self._tracked or self.state:
                 self._save(self._plan.kind)
             else:
-                self._save_due = self._plan.kind
+                self._due(self._plan.kind)
                 self._last_save_step = self._step
                 self._replan()
+        self._arm()
+
+    def _due(self, kind: SaveKind) -> None:
+        """Low-level API: ask the script for a save (an emergency request is never downgraded)."""
+        if self._save_due != SaveKind.EMERGENCY:
+            self._save_due = kind
+
+    def _arm(self) -> None:
+        """Set the next boundary at which `_end_step` leaves its fast path. The watcher thread
+        may set a notice at any moment; re-checking after the write means it is never lost
+        (the watcher writes `_notice` before it zeroes `_next_save`)."""
         self._next_save = self._plan.step if self._plan else _NEVER
+        if (self._notice is not None and not self._notice_handled) or self._requested is not None:
+            self._next_save = 0
 
     def _on_notice_at_boundary(self) -> None:
         notice = self._notice
@@ -233,10 +254,14 @@ class Context:
             return
         self._emit("evacuating", step=self._step, time_left=left)
         if self._tracked or self.state:
-            self._save(SaveKind.EMERGENCY, wait=True)
+            try:
+                self._save(SaveKind.EMERGENCY, wait=True)
+            except Exception as exc:  # noqa: BLE001 - the store failed; keep training until killed
+                self._emit("checkpoint_failed", step=self._step, save_kind="emergency", error=repr(exc))
+                return
             self._evacuate_after_save()
         else:
-            self._save_due = SaveKind.EMERGENCY  # the script saves; backup() then evacuates
+            self._due(SaveKind.EMERGENCY)  # the script saves; backup() then evacuates
 
     def _evacuate_after_save(self) -> None:
         self._evacuating = True
@@ -263,8 +288,7 @@ class Context:
 
     def _replan(self) -> None:
         self._plan = self._policy.next_save(self._observation(), self._last_save_step)
-        self._next_save = 0 if (self._notice and not self._notice_handled) else \
-            (self._plan.step if self._plan else _NEVER)
+        self._arm()
 
     def _observation(self) -> Observation:
         steps = self._timed_steps
@@ -290,6 +314,12 @@ class Context:
     def _receive_notice(self, notice: Notice) -> None:
         """Watcher thread: move the next boundary to now."""
         self._notice = notice
+        self._next_save = 0
+
+    def _request_save(self, kind: SaveKind = SaveKind.INSURANCE) -> None:
+        """Any thread: save at the next step boundary (e.g. on a rebalance recommendation,
+        when the risk of a preemption rises but no deadline is known yet)."""
+        self._requested = kind
         self._next_save = 0
 
     def progress(self) -> dict[str, Any]:

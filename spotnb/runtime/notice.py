@@ -116,11 +116,17 @@ class AwsWatcher(NoticeWatcher):
         self._rebalance_seen = False
 
     def _get_token(self) -> str:
-        if self._token is None or time.time() > self._token_expiry - 60:
-            _, body, _ = _request(f"{self.base_url}/latest/api/token", method="PUT",
-                                  headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.token_ttl)})
+        if self._token is None or time.time() > self._token_expiry:
+            _, body, headers = _request(f"{self.base_url}/latest/api/token", method="PUT",
+                                        headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.token_ttl)})
             self._token = body.decode().strip()
-            self._token_expiry = time.time() + self.token_ttl
+            granted = {k.lower(): v for k, v in headers.items()}.get("x-aws-ec2-metadata-token-ttl-seconds")
+            try:
+                ttl = float(granted) if granted else float(self.token_ttl)
+            except ValueError:
+                ttl = float(self.token_ttl)
+            # refresh 60 s (or a tenth of a short TTL) before the server's own expiry
+            self._token_expiry = time.time() + ttl - min(60.0, ttl / 10)
         return self._token
 
     def _get(self, path: str) -> tuple[int, bytes]:
@@ -146,7 +152,7 @@ class AwsWatcher(NoticeWatcher):
             if status == 200:
                 self._rebalance_seen = True
                 if self.on_hint:
-                    self.on_hint({"source": "aws", "kind": "rebalance", **json.loads(body)})
+                    self.on_hint({"source": "aws", "hint": "rebalance", **json.loads(body)})
         return None
 
 
@@ -161,7 +167,22 @@ class AzureWatcher(NoticeWatcher):
         self.vm_name = vm_name
         self.document_incarnation: int | None = None
 
+    name_suffix = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
+
+    def _resolve_vm_name(self) -> None:
+        """Ask IMDS once for this VM's name (events list the resources they affect)."""
+        self._name_resolved = True
+        try:
+            _, body, _ = _request(self.base_url + self.name_suffix, headers={"Metadata": "true"})
+        except (OSError, _HTTPError):
+            return  # unknown: take every Preempt/Terminate event as ours
+        name = body.decode().strip()
+        if name:
+            self.vm_name = name
+
     def check(self) -> Notice | None:
+        if self.vm_name is None and not getattr(self, "_name_resolved", False):
+            self._resolve_vm_name()
         _, body, _ = _request(self.base_url + self.url_suffix, headers={"Metadata": "true"})
         doc = json.loads(body)
         incarnation = doc.get("DocumentIncarnation")
@@ -201,17 +222,24 @@ class GcpWatcher(NoticeWatcher):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._etags: dict[str, str] = {}
+        self.unavailable = 0  # 503 answers seen (retried)
 
     def _watch(self, path: str) -> str | None:
         etag = self._etags.get(path)
-        query = f"?wait_for_change=true&timeout_sec={self.long_poll_timeout}"
-        if etag:
-            query += f"&last_etag={etag}"
+        if etag is None:
+            # First look: a plain read returns the current value and its etag at once (a long
+            # poll without last_etag would wait for the *next* change and miss a notice that
+            # is already there).
+            query = ""
+        else:
+            query = f"?wait_for_change=true&timeout_sec={self.long_poll_timeout}&last_etag={etag}"
         try:
             _, body, headers = _request(f"{self.base_url}/computeMetadata/v1/instance/{path}{query}",
                                         headers=self.headers, timeout=self.long_poll_timeout + 5)
         except _HTTPError as exc:
-            if exc.status == 503:  # during maintenance: retry
+            if exc.status == 503:  # the metadata server is busy (during maintenance): retry
+                self.unavailable += 1
+                self._stop.wait(self.poll)
                 return None
             raise
         new_etag = {k.lower(): v for k, v in headers.items()}.get("etag")

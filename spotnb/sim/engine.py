@@ -33,7 +33,7 @@ from spotnb.policy.base import Observation, Policy, SaveKind
 from spotnb.preempt import PreemptionProcess
 from spotnb.sim.scenario import Scenario, as_range
 
-__all__ = ["SimResult", "simulate", "simulate_run", "METRICS", "run_seeds"]
+__all__ = ["SimResult", "simulate", "simulate_run", "METRICS", "run_seeds", "ENGINES"]
 
 #: Per-run figures, in the order tables show them.
 METRICS = ("compute", "recompute", "save", "alloc", "prep", "total", "preemptions", "cost",
@@ -52,10 +52,12 @@ class SimResult:
     mean: dict[str, float]
     std: dict[str, float]
     samples: list[dict[str, float]] | None = field(default=None, repr=False)
+    #: Which engine ran: "batch" (vectorised, `spotnb.sim.batch`) or "event" (run by run).
+    engine: str = "event"
 
     def to_dict(self) -> dict[str, Any]:
         return {"policy": self.policy, "runs": self.runs, "seed": self.seed,
-                "mean": dict(self.mean), "std": dict(self.std)}
+                "mean": dict(self.mean), "std": dict(self.std), "engine": self.engine}
 
     def __getitem__(self, key: str) -> float:
         return self.mean[key]
@@ -68,15 +70,39 @@ def run_seeds(seed: int, run: int) -> tuple[int, int]:
     return base, base + 1
 
 
+ENGINES = ("auto", "batch", "event")
+
+
 def simulate(scenario: Scenario, policy: Policy | str, runs: int = 100, seed: int = 0,
-             keep_samples: bool = False) -> SimResult:
-    """Simulate `runs` independent executions of `scenario` under `policy`."""
+             keep_samples: bool = False, *, engine: str = "auto") -> SimResult:
+    """Simulate `runs` independent executions of `scenario` under `policy`.
+
+    `engine="auto"` uses the vectorised engine (`spotnb.sim.batch`: exponential or no
+    preemptions, per-step step times, a policy with a `BatchPlan`) and the event-by-event
+    engine otherwise; `result.engine` says which ran. Both follow the same model; they use
+    different random numbers, so one seed gives different (equally distributed) runs on each.
+    "batch" raises if the vectorised engine does not apply; "event" forces the reference.
+    """
     from spotnb.policy import resolve_policy
 
     pol = resolve_policy(policy)
     if runs < 1:
         raise ValueError(f"runs must be positive, got {runs}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine is one of {ENGINES}, got {engine!r}")
     process = scenario.process()
+    name = policy if isinstance(policy, str) else repr(pol)
+    if engine != "event":
+        from spotnb.sim.batch import plan_for, simulate_batch
+
+        plan = plan_for(scenario, pol, process)
+        if plan is not None:
+            table = simulate_batch(scenario, plan, process, runs, seed)
+            return _summarise(name, runs, seed, table, keep_samples)
+        if engine == "batch":
+            raise ValueError(f"the vectorised engine does not cover {pol!r} on this scenario "
+                             "(needs exponential or no preemptions, per-step step times and a "
+                             "policy with a batch_plan)")
     sums = [0.0] * _N
     sq = [0.0] * _N
     samples: list[dict[str, float]] | None = [] if keep_samples else None
@@ -97,8 +123,20 @@ def simulate(scenario: Scenario, policy: Policy | str, runs: int = 100, seed: in
             std[k] = math.sqrt(var) if var > 0 else 0.0
         else:
             std[k] = 0.0
-    name = policy if isinstance(policy, str) else repr(pol)
     return SimResult(name, runs, seed, mean, std, samples)
+
+
+def _summarise(name: str, runs: int, seed: int, table: Any, keep_samples: bool) -> SimResult:
+    """A `SimResult` from the batch engine's runs × METRICS array."""
+    import numpy as np
+
+    mean_v = table.mean(axis=0)
+    std_v = table.std(axis=0, ddof=1) if runs > 1 else np.zeros(_N)
+    mean = {k: float(mean_v[i]) for i, k in enumerate(METRICS)}
+    std = {k: float(std_v[i]) for i, k in enumerate(METRICS)}
+    samples = ([dict(zip(METRICS, map(float, row))) for row in table] if keep_samples
+               else None)
+    return SimResult(name, runs, seed, mean, std, samples, engine="batch")
 
 
 def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from spotnb.ledger import Breakdown
-from spotnb.widget.state import Incarnation, JobState
+from spotnb.widget.state import Incarnation, JobState, describe_kill
 
 __all__ = ["metric_traces", "timeline_traces", "breakdown_traces", "static_figures_from_state",
            "PANELS", "COLORS", "CATEGORY_COLORS", "format_bytes"]
@@ -157,9 +157,7 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
             e = inc.killed
             kill["x"].append(float(e["t"]) - t0)
             kill["y"].append(label)
-            how = "left cleanly (evacuated)" if e.get("how") == "evacuated" else \
-                f"killed during {e.get('phase') or 'training'}"
-            kill["text"].append(f"preempted: {how}<br>lifetime {float(e.get('lifetime_s') or 0):.1f} s")
+            kill["text"].append(f"preempted: {describe_kill(e)}<br>lifetime {float(e.get('lifetime_s') or 0):.1f} s")
     cps = state.checkpoints
     stride = max(1, len(cps) // 400)        # thin the markers of very long runs
     for e in cps[::stride] if stride > 1 else cps:
@@ -206,17 +204,19 @@ def breakdown_traces(b: Breakdown) -> list[Trace]:
         share = val / total if total else 0.0
         out.append((f"bd:{cat}", {
             "type": "bar", "orientation": "h", "name": cat, "legendgroup": f"cat:{cat}",
-            "y": ["time"], "x": [val], "base": [base],
+            "y": [0], "x": [val], "base": [base],
             "hovertemplate": f"{cat}: %{{x:.1f}} s ({share:.0%})<extra></extra>",
-            "marker": {"color": CATEGORY_COLORS[cat]}, "width": 0.6,
+            "marker": {"color": CATEGORY_COLORS[cat]}, "width": 0.6, "showlegend": False,
         }))
         base += val
     return out
 
 
 def _layout(panel: str, state: JobState) -> dict[str, Any]:
-    common: dict[str, Any] = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
-                              "legend": {"orientation": "h", "y": -0.2}, "barmode": "overlay"}
+    # the legend sits above the plot, right-aligned: below it, it covers the x-axis title
+    common: dict[str, Any] = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 60, "b": 40},
+                              "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom",
+                                         "x": 1, "xanchor": "right"}, "barmode": "overlay"}
     if panel == "metrics":
         return {**common, "title": {"text": "metrics by step"}, "height": 380,
                 "xaxis": {"title": {"text": "step"}},
@@ -227,7 +227,8 @@ def _layout(panel: str, state: JobState) -> dict[str, Any]:
                 "xaxis": {"title": {"text": "seconds since submission"}},
                 "yaxis": {"autorange": "reversed"}}
     return {**common, "title": {"text": "where the time went (s)"}, "height": 220,
-            "xaxis": {"title": {"text": "seconds"}}}
+            "xaxis": {"title": {"text": "seconds"}},
+            "yaxis": {"showticklabels": False, "range": [-0.5, 0.5]}}
 
 
 def static_figures_from_state(state: JobState) -> dict[str, Any]:
@@ -241,7 +242,7 @@ def static_figures_from_state(state: JobState) -> dict[str, Any]:
     for name, traces in panels.items():
         data = []
         for _, tr in traces:
-            if name == "timeline":
+            if name in ("timeline", "breakdown"):
                 tr = {**tr, "showlegend": True}
             data.append(tr)
         figs[name] = go.Figure(data=data, layout=_layout(name, state))

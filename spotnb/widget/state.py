@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from spotnb.ledger import Breakdown, breakdown
 
-__all__ = ["Series", "Incarnation", "JobState", "FEED_KINDS", "MAX_POINTS"]
+__all__ = ["Series", "Incarnation", "JobState", "FEED_KINDS", "MAX_POINTS", "describe_kill"]
 
 MAX_POINTS = 1500          # per plotted trace; beyond this buckets double in width
 FEED_KINDS = frozenset({
@@ -26,6 +26,20 @@ FEED_KINDS = frozenset({
 # the only kinds `ledger.breakdown` looks at (progress: only the latest per incarnation matters)
 _LEDGER_KINDS = frozenset({"submitted", "status", "allocating", "allocated", "ready",
                            "preempted", "exited"})
+
+
+def describe_kill(e: dict[str, Any]) -> str:
+    """How a `preempted` event ended the instance, in words."""
+    if e.get("how") == "evacuated":
+        return "left cleanly after an emergency save"
+    phase = e.get("phase")
+    what = {"save": "killed while saving a checkpoint",
+            "upload": "killed while uploading a checkpoint"}.get(phase or "", "killed")
+    if e.get("noticed") is False:
+        what += " without notice"
+    elif e.get("noticed"):
+        what += " after the notice"
+    return what
 
 
 class Series:
@@ -269,11 +283,7 @@ class JobState:
                 self._reach(inc, int(e["step"]) - 1)
             bits = [f"#{n} {inc.instance_id or e.get('instance_id', '')} preempted",
                     f"at step ≈{max(inc.reached, 0)}", f"after {float(e.get('lifetime_s') or 0):.1f} s"]
-            if e.get("how") == "evacuated":
-                bits.append("left cleanly after an emergency save")
-            else:
-                bits.append(f"killed during {e.get('phase') or 'training'}"
-                            + ("" if e.get("noticed") else ", notice not seen"))
+            bits.append(describe_kill(e))
             self.preempt_marks.append((max(inc.reached, 0), "<br>".join(bits)))
             v["metrics"] += 1
         elif kind == "exited":

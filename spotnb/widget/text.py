@@ -14,7 +14,7 @@ import time
 from typing import Any, TextIO
 
 from spotnb.widget.figures import format_bytes
-from spotnb.widget.state import JobState
+from spotnb.widget.state import JobState, describe_kill
 
 __all__ = ["TextView", "event_line", "progress_line"]
 
@@ -42,9 +42,7 @@ def event_line(e: dict[str, Any]) -> str | None:
     if kind == "emergency_skipped":
         return f"{who}emergency save skipped ({float(e.get('time_left') or 0):.1f} s left, needs {e.get('needed')})"
     if kind == "preempted":
-        how = "after an emergency save" if e.get("how") == "evacuated" else \
-            f"killed during {e.get('phase') or 'training'}"
-        return f"{who}PREEMPTED {how}, lifetime {float(e.get('lifetime_s') or 0):.1f} s"
+        return f"{who}PREEMPTED: {describe_kill(e)}, lifetime {float(e.get('lifetime_s') or 0):.1f} s"
     if kind == "checkpoint" and e.get("save_kind") != "periodic":
         return (f"{who}checkpoint {e.get('save_kind')} at step {e.get('step')}: "
                 f"{format_bytes(e.get('bytes'))} in {float(e.get('snapshot_s') or 0):.3f} s "

@@ -18,12 +18,13 @@ import time
 from typing import Any, Callable
 
 import ipywidgets as widgets
+import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from spotnb.widget.figures import (CATEGORY_COLORS, breakdown_traces, format_bytes, metric_traces,
                                    timeline_traces)
-from spotnb.widget.state import JobState
+from spotnb.widget.state import JobState, describe_kill
 
 __all__ = ["JobView", "MessageBudget", "JobWidget", "render_info_html"]
 
@@ -109,6 +110,16 @@ class JobWidget(widgets.VBox):
         super().close()
 
 
+def _arrays(spec: dict[str, Any]) -> dict[str, Any]:
+    """Long numeric lists as float arrays: plotly validates and serialises them in bulk."""
+    out = dict(spec)
+    for k in ("x", "y", "base"):
+        v = out.get(k)
+        if isinstance(v, list) and len(v) > 32 and all(isinstance(a, float) for a in v):
+            out[k] = np.asarray(v, dtype=float)
+    return out
+
+
 def _esc(x: Any) -> str:
     return html.escape(str(x))
 
@@ -135,9 +146,8 @@ def _feed_line(e: dict[str, Any], t0: float) -> str:
     elif kind == "emergency_skipped":
         text = f"{who} emergency save skipped: {float(e.get('time_left') or 0):.1f} s left"
     elif kind == "preempted":
-        how = "after an emergency save" if e.get("how") == "evacuated" else \
-            f"killed during {_esc(e.get('phase') or 'training')}"
-        text = f"{who} ✖ preempted {how} (lifetime {float(e.get('lifetime_s') or 0):.1f} s)"
+        text = (f"{who} ✖ preempted: {_esc(describe_kill(e))} "
+                f"(lifetime {float(e.get('lifetime_s') or 0):.1f} s)")
     elif kind == "exited":
         text = f"{who} exited: {_esc(e.get('reason'))} (code {e.get('code')})"
     elif kind == "checkpoint":
@@ -251,11 +261,14 @@ class JobView:
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self._keys: list[str] = []
+        self._last_specs: dict[str, dict[str, Any]] = {}
         self._sent_versions: dict[str, int] = {}
         self._last_html = ""
         self._last_figure = -1e9
         self._last_html_t = -1e9
         self.flushes = 0
+        self.cpu_s = 0.0          # CPU seconds spent drawing (flusher thread)
+        self.fold_cpu_s = 0.0     # CPU seconds spent folding events (caller's thread)
         self.figure_flushes = 0
         self._build()
         if job is not None:
@@ -270,13 +283,13 @@ class JobView:
                             subplot_titles=("metrics by step", "instances (seconds since submission)",
                                             "where the time went (s)"))
         fig.update_layout(template="plotly_white", height=720, barmode="overlay",
-                          margin={"l": 70, "r": 20, "t": 40, "b": 30},
-                          legend={"orientation": "v", "x": 1.01, "y": 1.0},
+                          margin={"l": 70, "r": 20, "t": 70, "b": 30},
+                          legend={"orientation": "h", "x": 0.0, "y": 1.04, "yanchor": "bottom"},
                           uirevision="spotnb")
         fig.update_yaxes(range=[0, 1], visible=False, fixedrange=True, row=1, col=1, secondary_y=True)
         fig.update_xaxes(title_text="step", row=1, col=1)
         fig.update_yaxes(autorange="reversed", row=2, col=1)
-        fig.update_yaxes(showticklabels=False, row=3, col=1)
+        fig.update_yaxes(showticklabels=False, fixedrange=True, range=[-0.5, 0.5], row=3, col=1)
         # the fixed traces are part of the initial state (no messages); metrics are added later
         empty = JobState()
         initial = {"metrics": metric_traces(empty), "timeline": timeline_traces(empty, now=0.0),
@@ -288,6 +301,7 @@ class JobView:
                 else:
                     fig.add_trace(spec, row=row, col=1)
                 self._keys.append(key)
+                self._last_specs[key] = {k: v for k, v in spec.items() if k != "type"}
         self.figure = _Figure(fig)
         self.figure._spotnb_budget = self.budget
         self.info = _HTML(value=render_info_html(self.state, self.job_id))
@@ -314,8 +328,10 @@ class JobView:
     # -- sink ------------------------------------------------------------------------------------
     def on_events(self, events: list[dict[str, Any]]) -> None:
         """Called from the job's thread: fold only; the flusher draws."""
+        c0 = time.thread_time()
         with self._lock:
             self.state.feed_events(events)
+        self.fold_cpu_s += time.thread_time() - c0
         self._wake.set()
 
     # -- flushing --------------------------------------------------------------------------------
@@ -336,11 +352,13 @@ class JobView:
         while not self._closed.is_set():
             self._wake.wait(timeout=1.0)   # 1 s tick keeps the live bars growing during gaps
             self._wake.clear()
+            c0 = time.thread_time()
             try:
                 finished = self.flush()
             except Exception as exc:  # noqa: BLE001 - a drawing bug must not spin or kill the job
                 print(f"spotnb: widget refresh failed: {exc!r}")
                 finished = False
+            self.cpu_s += time.thread_time() - c0
             if finished:
                 return
             self._closed.wait(self.interval)
@@ -392,7 +410,7 @@ class JobView:
         if done and not pending_figure and self._last_html == html_value:
             with self.stop_button.hold_sync():     # one message, not three
                 self.stop_button.disabled = True
-                self.stop_button.description = st.status
+                self.stop_button.description = {"succeeded": "done"}.get(st.status, st.status)
                 self.stop_button.button_style = "success" if st.status == "succeeded" else ""
             return True
         if pending_figure or self._last_html != html_value:
@@ -427,7 +445,13 @@ class JobView:
                     if adds_only:
                         continue
                     spec.pop("type", None)
-                    fig.data[index[key]].update(spec)
+                    last = self._last_specs.get(key, {})
+                    changed = {k: v for k, v in spec.items() if k not in last or last[k] != v}
+                    if changed:   # plotly validates what it is given: give it only news
+                        fig.data[index[key]].update(_arrays(changed))
+                        self._last_specs[key] = spec
+        for key, spec, _, _ in adds:
+            self._last_specs[key] = {k: v for k, v in spec.items() if k != "type"}
         if adds:
             fig.add_traces([a[1] for a in adds], rows=[a[2] for a in adds], cols=[1] * len(adds),
                            secondary_ys=[a[3] for a in adds])

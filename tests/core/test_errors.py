@@ -63,6 +63,12 @@ def test_fn_must_take_ctx() -> None:
     ("local_alloc_delay", [3, 1], r"Config.local_alloc_delay: high \(1.0\) is below low"),
     ("local_schedule", [{"step": 3, "phase": "lunch"}], r"Config.local_schedule: .*phase"),
     ("local_capacity_failure", 1.5, r"Config.local_capacity_failure"),
+    ("heartbeat_timeout", 0, r"Config.heartbeat_timeout: 0 s is too short"),
+    ("notice_poll", 0, r"Config.notice_poll: 0 s would poll the metadata endpoint in a busy loop"),
+    ("requirements", ["lib @ git+https://user:ghp_secret@github.com/o/lib"],
+     r"Config.requirements: \[0\] carries credentials in its URL"),
+    ("store", "s3://AKIA:secret@bucket/prefix", r"Config.store: the store URL carries credentials"),
+    ("instance_type", "x9.mega", r"Config: instance_type 'x9.mega' is not in the price table"),
 ])
 def test_each_invalid_field_is_named(field: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -75,6 +81,11 @@ def test_unknown_field_lists_valid_ones_and_suggests() -> None:
         spot.Config(local_mtp="2m")
     with pytest.raises(ConfigError, match="save_evry"):
         spot.train(jobfns.slow_steps, save_evry=3)
+
+
+def test_region_and_regions_together_are_ambiguous() -> None:
+    with pytest.raises(ConfigError, match=r"give region \(one\) or regions \(candidates\), not both"):
+        spot.Config(region="us-east-1", regions=["us-west-2"])
 
 
 def test_other_providers_fields_are_rejected() -> None:

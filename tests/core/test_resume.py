@@ -20,21 +20,6 @@ def _losses(job: spot.Job) -> list[tuple[int, float]]:
     return job.metrics["loss"]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[tuple[int, float]]]:
-    """The uninterrupted run, on the same market with no preemption."""
-    home = tmp_path_factory.mktemp("ref-home")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SPOTNB_HOME", str(home))
-    try:
-        job = spot.train(jobfns.seeded_mlp, spot.Config(checkpoint="static:20", ship_modules=SHIP))
-        result = job.result(timeout=180)
-        assert job.breakdown().preemptions == 0
-        return result, _losses(job)
-    finally:
-        mp.undo()
-
-
 def test_bit_exact_resume_after_kills_during_steps_saves_and_uploads(reference) -> None:
     ref_result, ref_losses = reference
     schedule = [{"step": 25, "phase": "save"}, {"step": 45, "phase": "upload"},

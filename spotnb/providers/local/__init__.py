@@ -32,6 +32,8 @@ __all__ = ["LocalProvider"]
 
 class LocalProvider(Provider):
     name = "local"
+    describe_interval = 0.0  # a waitpid, free
+    boot_timeout = 120.0     # a process start and `import torch`
     unsupported: ClassVar[dict[Feature, str]] = {
         Feature.MEMORY_STORE: "local instances are separate processes and cannot see it",
         Feature.MULTI_REGION: "the local market has a single region ('local')",
@@ -111,7 +113,7 @@ class LocalProvider(Provider):
         self._injectors[instance_id] = injector
         return Instance(id=instance_id, provider="local", region="local",
                         instance_type=spec.instance_type, launched_at=now,
-                        info={"pid": proc.pid, "log": log_path, "beacon": beacon,
+                        info={"pid": proc.pid, "job_id": spec.job_id, "log": log_path, "beacon": beacon,
                               "kill_at": injector.kill_at if math.isfinite(injector.kill_at) else None,
                               "trigger": injector.trigger})
 
@@ -176,6 +178,24 @@ class LocalProvider(Provider):
         if self.emulator is not None:
             self.emulator.forget(instance.id)
 
+    def resume_state(self, launched: int, first_launch: float) -> None:
+        self.schedule = self.schedule[launched:]
+        self.t0 = first_launch
+
+    def reclaim(self, record: dict[str, Any]) -> Instance | None:
+        """An orphan of a dead controller has no injector or metadata server any more (they
+        lived in that controller): end it, and let the job resume from its checkpoint."""
+        pid = int((record.get("info") or {}).get("pid", 0))
+        if pid and _is_agent_of(pid, record):
+            try:
+                os.killpg(pid, 9)
+            except ProcessLookupError:
+                pass
+            deadline = time.time() + 10
+            while _is_agent_of(pid, record) and time.time() < deadline:
+                time.sleep(0.05)
+        return None
+
     def _prices(self, instance_type: str, regions: list[str] | None) -> dict[str, Price]:
         price = lookup_price(instance_type)
         if price is None:
@@ -197,3 +217,16 @@ class LocalProvider(Provider):
         if self.emulator is not None:
             self.emulator.close()
             self.emulator = None
+
+
+def _is_agent_of(pid: int, record: dict[str, Any]) -> bool:
+    """True if `pid` is still a live (not zombie) agent of this job (pids get reused)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().split(b"\0")
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return False
+    job = str((record.get("info") or {}).get("job_id") or "").encode()
+    return state != b"Z" and b"spotnb.runtime.agent" in cmd and (not job or job in cmd)

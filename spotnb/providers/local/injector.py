@@ -67,9 +67,9 @@ class Injector:
     def _run(self) -> None:
         if self.trigger is not None:
             return self._watch_trigger()
-        notice_at = self.kill_at - self.grace
         while not self._cancel.is_set() and self.proc.poll() is None:
             now = time.time()
+            notice_at = self.kill_at - self.grace  # kill_at may be moved by LocalProvider.inject
             if not self.noticed and now >= notice_at and math.isfinite(self.kill_at):
                 self.noticed = True
                 if self.notify:

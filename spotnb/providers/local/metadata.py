@@ -42,6 +42,8 @@ class MetadataEmulator:
         self.tokens: dict[str, float] = {}
         self.token_max_ttl = token_max_ttl
         self.requests = 0
+        self.paths: list[str] = []      # test hook: every request path, in order
+        self.gcp_unavailable = 0        # test hook: answer this many GCP requests with 503
         self.cond = threading.Condition()
         handler = type("Handler", (_Handler,), {"emulator": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -142,6 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         self.emulator.requests += 1
+        self.emulator.paths.append(self.path)
         meta, path, query = self._route()
         if meta is None:
             return self._send(404, "no such instance")
@@ -215,6 +218,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _gcp(self, meta: InstanceMetadata, path: str, query: dict[str, list[str]]) -> None:
         if self.headers.get("Metadata-Flavor") != "Google":
             return self._send(403, "Missing Metadata-Flavor:Google header.")
+        with self.emulator.cond:
+            busy = self.emulator.gcp_unavailable > 0
+            if busy:
+                self.emulator.gcp_unavailable -= 1
+        if busy:
+            return self._send(503, "Service Unavailable")
         key = path.rsplit("/", 1)[-1]
         if key not in ("preempted", "maintenance-event"):
             return self._send(404, "Not Found")

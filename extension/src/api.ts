@@ -1,0 +1,135 @@
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+/** One row of GET /spotnb/api/jobs (the job DB row plus derived fields). */
+export interface IJobRow {
+  id: string;
+  name: string | null;
+  provider: string;
+  region: string | null;
+  instance_type: string;
+  status: string;
+  created: number;
+  updated: number;
+  step: number;
+  total_steps: number | null;
+  preemptions: number;
+  spot_cost: number;
+  on_demand_cost: number;
+  burn_rate: number;
+  saved: number;
+  savings: number;
+  age: number;
+  active: boolean;
+  orphaned: boolean;
+}
+
+export interface IJobList {
+  now: number;
+  db: string;
+  jobs: IJobRow[];
+  running: number;
+  active: number;
+  burn_rate: number;
+  spent: number;
+  saved: number;
+}
+
+export interface ISeries {
+  x: number[];
+  y: number[];
+}
+
+export interface IBreakdown {
+  compute: number;
+  recompute: number;
+  save: number;
+  alloc: number;
+  prep: number;
+  other: number;
+  total: number;
+  preemptions: number;
+  incarnations: number;
+  step: number;
+  total_steps: number | null;
+  spot_cost: number;
+  on_demand_cost: number;
+  spot_price: number | null;
+  on_demand_price: number | null;
+  savings: number;
+}
+
+export interface IIncarnation {
+  n: number;
+  allocating: number | null;
+  allocated: number | null;
+  ready: number | null;
+  end: number | null;
+  end_how: string | null;
+  instance_id: string | null;
+  region: string | null;
+  instance_type: string | null;
+  spot_price: number | null;
+}
+
+export interface IJobDetail {
+  job: IJobRow;
+  now: number;
+  error?: string;
+  status?: string;
+  status_reason?: string | null;
+  name?: string | null;
+  provider?: string | null;
+  instance_type?: string | null;
+  job_start?: number | null;
+  step?: number;
+  total?: number | null;
+  step_time?: number | null;
+  last_metrics?: { [name: string]: number };
+  breakdown?: IBreakdown;
+  cost?: {
+    spot: number;
+    on_demand: number;
+    savings: number;
+    projected: number | null;
+    spot_price: number | null;
+    on_demand_price: number | null;
+  };
+  metrics?: { [name: string]: ISeries };
+  redo?: { [name: string]: Array<ISeries & { incarnation: number }> };
+  timeline?: IIncarnation[];
+  events?: {
+    count: number;
+    kinds: { [kind: string]: number };
+    recent: Array<{ t: number; kind: string; incarnation: number; [k: string]: any }>;
+  };
+  figures?: { [name: string]: any } | null;
+  failure?: { message: string; exc_type: string; traceback: string } | null;
+}
+
+/** A request to the spotnb server extension, with Jupyter's auth (token / XSRF) attached. */
+export async function requestAPI<T>(path: string, init: RequestInit = {}): Promise<T> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, 'spotnb', 'api', path);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (error) {
+    throw new ServerConnection.NetworkError(error as TypeError);
+  }
+  const text = await response.text();
+  let data: any = text;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    // not JSON (an HTML error page): keep the text
+  }
+  if (!response.ok) {
+    const message = (data && data.message) || text || response.statusText;
+    throw new ServerConnection.ResponseError(response, message);
+  }
+  return data as T;
+}
+
+export const ACTIVE = ['running', 'restoring', 'preempted', 'pending'];
+export const TERMINAL = ['succeeded', 'failed', 'stopped'];

@@ -1,0 +1,322 @@
+"""Azure Spot VMs through azure-mgmt-compute (`pip install 'spotnb[azure]'`).
+
+One VM per incarnation: `priority="Spot"`, the configured eviction policy and
+`billing_profile.max_price` (−1: never evicted for price), the bootstrap as cloud-init
+`custom_data`, a user-assigned managed identity for the store, and a NIC, Standard public IP
+(secure by default: closed to inbound traffic, needed for outbound pip installs) and OS disk
+created *inline* with `delete_option="Delete"`, so deleting the VM at the end of an incarnation
+deletes its disk, NIC and IP too. Only the compute SDK is needed (no azure-mgmt-network).
+
+Credentials come from azure-identity's DefaultAzureCredential chain (env, CLI, managed
+identity) and never enter a request body or the boot script. Fault injection:
+`provider.inject(instance)` calls `simulate_eviction`.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import re
+import time
+import urllib.parse
+import urllib.request
+from typing import Any, ClassVar, Iterator
+
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+from azure.mgmt.compute import models as m
+
+from spotnb.errors import CapacityError, ConfigError
+from spotnb.prices import lookup_price
+from spotnb.providers.base import (Feature, Instance, InstanceState, InstanceStatus, LaunchSpec,
+                                   Price, Provider)
+from spotnb.providers.bootstrap import azure_custom_data, require_remote_store
+from spotnb.providers.cleanup import JOB_TAG, job_tags
+
+__all__ = ["AzureProvider", "DEFAULT_IMAGE", "CAPACITY_CODES", "build_vm", "vm_name",
+           "throwaway_ssh_key"]
+
+DEFAULT_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"  # Ubuntu HPC: NVIDIA drivers, CUDA
+NETWORK_API_VERSION = "2022-11-01"
+ADMIN_USER = "spotnb"
+CAPACITY_CODES = frozenset({
+    "SkuNotAvailable", "AllocationFailed", "ZonalAllocationFailed",
+    "OverconstrainedAllocationRequest", "OverconstrainedZonalAllocationRequest",
+    "QuotaExceeded", "OperationNotAllowed", "SpotQuotaExceeded", "LowPriorityQuotaExceeded",
+    "AllocationFailedSpotCapacity",
+})
+_RETAIL_API = "https://prices.azure.com/api/retail/prices"
+
+
+def vm_name(spec: LaunchSpec) -> str:
+    """A VM (and Linux computer) name: ≤ 64 characters of letters, digits and dashes."""
+    return re.sub(r"[^a-z0-9-]", "-", f"spotnb-{spec.job_id}-{spec.incarnation}".lower())[:64]
+
+
+def throwaway_ssh_key() -> str:
+    """An OpenSSH public key whose private half is discarded at once: Azure requires a key or
+    a password for Linux VMs, and spotnb needs neither (nothing logs in)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    key = ed25519.Ed25519PrivateKey.generate()
+    return key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                         serialization.PublicFormat.OpenSSH).decode()
+
+
+def _image(ref: str) -> m.ImageReference:
+    if ref.startswith("/"):
+        return m.ImageReference(id=ref)
+    parts = ref.split(":")
+    if len(parts) != 4:
+        raise ConfigError(f"Config.azure_image: {ref!r} is neither 'publisher:offer:sku:version' "
+                          "nor an image resource id")
+    publisher, offer, sku, version = parts
+    return m.ImageReference(publisher=publisher, offer=offer, sku=sku, version=version)
+
+
+def build_vm(spec: LaunchSpec, config: Any, location: str, ssh_key: str) -> m.VirtualMachine:
+    """The exact VirtualMachine model sent to `begin_create_or_update` for one incarnation."""
+    name = vm_name(spec)
+    nic = m.VirtualMachineNetworkInterfaceConfiguration(
+        name=f"{name}-nic", primary=True, delete_option="Delete",
+        ip_configurations=[m.VirtualMachineNetworkInterfaceIPConfiguration(
+            name=f"{name}-ip", primary=True, subnet=m.SubResource(id=config.azure_subnet_id),
+            public_ip_address_configuration=m.VirtualMachinePublicIPAddressConfiguration(
+                name=f"{name}-pip", sku=m.PublicIPAddressSku(name="Standard", tier="Regional"),
+                delete_option="Delete", public_ip_allocation_method="Static"))])
+    os_disk = m.OSDisk(create_option="FromImage", delete_option="Delete",
+                       managed_disk=m.ManagedDiskParameters(storage_account_type="StandardSSD_LRS"))
+    if config.azure_disk_gb:
+        os_disk.disk_size_gb = config.azure_disk_gb
+    vm = m.VirtualMachine(
+        location=location, tags=job_tags(spec),
+        priority="Spot", eviction_policy=config.azure_eviction_policy,
+        billing_profile=m.BillingProfile(max_price=config.azure_max_price),
+        hardware_profile=m.HardwareProfile(vm_size=spec.instance_type),
+        storage_profile=m.StorageProfile(image_reference=_image(config.azure_image or DEFAULT_IMAGE),
+                                         os_disk=os_disk),
+        os_profile=m.OSProfile(
+            computer_name=name, admin_username=ADMIN_USER, custom_data=azure_custom_data(spec),
+            linux_configuration=m.LinuxConfiguration(
+                disable_password_authentication=True,
+                ssh=m.SshConfiguration(public_keys=[m.SshPublicKey(
+                    path=f"/home/{ADMIN_USER}/.ssh/authorized_keys", key_data=ssh_key)]))),
+        network_profile=m.NetworkProfile(network_api_version=NETWORK_API_VERSION,
+                                         network_interface_configurations=[nic]),
+    )
+    if config.azure_identity_id:
+        vm.identity = m.VirtualMachineIdentity(
+            type="UserAssigned",
+            user_assigned_identities={config.azure_identity_id: m.UserAssignedIdentitiesValue()})
+    return vm
+
+
+class AzureProvider(Provider):
+    """Azure Spot VMs; regions are Azure locations ("eastus", "westeurope")."""
+
+    name = "azure"
+    unsupported: ClassVar[dict[Feature, str]] = {
+        Feature.REBALANCE_HINT: "Azure Scheduled Events give no early rebalance recommendation",
+    }
+
+    def __init__(self, config: Any, compute: Any = None) -> None:
+        """`compute` is a ComputeManagementClient (built from DefaultAzureCredential if None)."""
+        super().__init__(config)
+        self._compute = compute
+        self._ssh_key: str | None = config.azure_ssh_public_key
+        self._launched: dict[str, Instance] = {}
+        self._terminated: set[str] = set()
+        self._pollers: dict[str, Any] = {}
+
+    # -- clients and settings --------------------------------------------------------------
+    @property
+    def compute(self) -> Any:
+        if self._compute is None:
+            from azure.identity import DefaultAzureCredential
+            from azure.mgmt.compute import ComputeManagementClient
+            self._compute = ComputeManagementClient(DefaultAzureCredential(), self.subscription())
+        return self._compute
+
+    def subscription(self) -> str:
+        sub = self.config.azure_subscription_id or os.environ.get("AZURE_SUBSCRIPTION_ID")
+        if not sub:
+            raise ConfigError("Config.azure_subscription_id: not set and $AZURE_SUBSCRIPTION_ID "
+                              "is empty; give the subscription that holds azure_resource_group")
+        return sub
+
+    def storage_account(self) -> str | None:
+        return self.config.azure_storage_account or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+
+    def ssh_key(self) -> str:
+        if self._ssh_key is None:
+            self._ssh_key = throwaway_ssh_key()
+        return self._ssh_key
+
+    def _vm_spec(self, spec: LaunchSpec) -> LaunchSpec:
+        """The spec the VM gets: adlfs on the VM needs the account *name* (never a key)."""
+        account = self.storage_account()
+        if account and spec.store_url.startswith("az://"):
+            return dataclasses.replace(spec, env={**spec.env, "AZURE_STORAGE_ACCOUNT_NAME": account})
+        return spec
+
+    def _location(self, spec: LaunchSpec) -> str:
+        location = spec.region or self.config.region
+        if not location:
+            raise ConfigError("Config.region: give an Azure location such as 'eastus'")
+        return location
+
+    # -- validation and planning -----------------------------------------------------------
+    def _validate(self) -> None:
+        require_remote_store(self.config, self.name)
+        cfg = self.config
+        self.subscription()
+        missing = [f for f in ("azure_resource_group", "azure_subnet_id") if not getattr(cfg, f)]
+        if missing:
+            raise ConfigError(f"Config.{missing[0]}: required for provider='azure' (see "
+                              "notebooks/03-clouds.ipynb for the one-time setup)")
+        if not (cfg.region or (isinstance(cfg.regions, list) and cfg.regions) or cfg.regions == "cheapest"):
+            raise ConfigError("Config.region: give an Azure location such as 'eastus' (or regions=[...])")
+        store = cfg.store_url()
+        if store.startswith("az://") and not self.storage_account():
+            raise ConfigError("Config.azure_storage_account: an az:// store needs the storage "
+                              "account name (or set $AZURE_STORAGE_ACCOUNT_NAME)")
+        if not cfg.azure_identity_id:
+            raise ConfigError("Config.azure_identity_id: give a user-assigned managed identity "
+                              "with 'Storage Blob Data Contributor' on the store, so the VM can "
+                              "reach it without a key")
+        if cfg.azure_image:
+            _image(cfg.azure_image)
+
+    def _plan_launch(self, spec: LaunchSpec) -> dict[str, Any]:
+        spec = self._vm_spec(spec)
+        location = self._location(spec) if (spec.region or self.config.region) else "<cheapest location>"
+        vm = build_vm(spec, self.config, location, "<throwaway ssh-ed25519 public key>"
+                      if self._ssh_key is None else self._ssh_key)
+        body = vm.as_dict()
+        body["properties"]["osProfile"]["customData"] = "<base64 of the cloud-config below>"
+        name = vm_name(spec)
+        rg = self.config.azure_resource_group
+        cloud_config = base64.b64decode(azure_custom_data(spec)).decode()
+        return {"provider": "azure", "location": location, "requests": [
+            {"api": "compute.virtual_machines.begin_create_or_update",
+             "args": {"resource_group_name": rg, "vm_name": name}, "body": body},
+        ], "cloud_config": cloud_config,
+            "terminate": {"api": "compute.virtual_machines.begin_delete",
+                          "args": {"resource_group_name": rg, "vm_name": name},
+                          "note": "deletes the OS disk, NIC and public IP with it (delete_option)"},
+            "fault_injection": {"api": "compute.virtual_machines.simulate_eviction",
+                                "args": {"resource_group_name": rg, "vm_name": name}}}
+
+    # -- backend hooks ---------------------------------------------------------------------
+    def _launch(self, spec: LaunchSpec) -> Instance:
+        spec = self._vm_spec(spec)
+        location = self._location(spec)
+        name = vm_name(spec)
+        vm = build_vm(spec, self.config, location, self.ssh_key())
+        try:
+            poller = self.compute.virtual_machines.begin_create_or_update(
+                self.config.azure_resource_group, name, vm)
+        except HttpResponseError as exc:
+            code = getattr(exc.error, "code", None) or ""
+            if code in CAPACITY_CODES:
+                raise CapacityError(f"{code} in {location}: {exc.message}") from None
+            raise
+        instance = Instance(id=name, provider="azure", region=location,
+                            instance_type=spec.instance_type, launched_at=time.time(),
+                            info={"resource_group": self.config.azure_resource_group,
+                                  "incarnation": spec.incarnation})
+        self._pollers[name] = poller
+        self._launched[name] = instance
+        return instance
+
+    def _describe(self, instance: Instance) -> InstanceStatus:
+        rg = instance.info.get("resource_group") or self.config.azure_resource_group
+        poller = self._pollers.get(instance.id)
+        if poller is not None and poller.done():
+            try:
+                poller.result()
+            except HttpResponseError as exc:  # the allocation failed after the request
+                code = getattr(exc.error, "code", None) or "failed"
+                return InstanceStatus(InstanceState.TERMINATED, detail={"error": code,
+                                                                        "message": exc.message})
+        try:
+            view = self.compute.virtual_machines.instance_view(rg, instance.id)
+        except ResourceNotFoundError:
+            # gone: we deleted it, or the platform evicted it (eviction policy Delete)
+            state = InstanceState.TERMINATED if instance.id in self._terminated else InstanceState.PREEMPTED
+            return InstanceStatus(state, detail={"azure": "not found"})
+        codes = [s.code for s in (view.statuses or []) if s.code]
+        power = next((c.split("/", 1)[1] for c in codes if c.startswith("PowerState/")), None)
+        failed = next((c for c in codes if c.startswith("ProvisioningState/failed")), None)
+        detail = {"azure": codes}
+        if failed:
+            return InstanceStatus(InstanceState.TERMINATED, detail={**detail, "error": failed})
+        if power == "running":
+            return InstanceStatus(InstanceState.RUNNING, detail=detail)
+        if power in (None, "starting"):
+            return InstanceStatus(InstanceState.PENDING, detail=detail)
+        if instance.id in self._terminated:
+            return InstanceStatus(InstanceState.TERMINATED, detail=detail)
+        if power in ("deallocated", "deallocating"):  # evicted with policy Deallocate
+            return InstanceStatus(InstanceState.PREEMPTED, detail=detail)
+        return InstanceStatus(InstanceState.EXITED, detail=detail)  # stopped: the guest shut down
+
+    def _terminate(self, instance: Instance) -> None:
+        """Delete the VM (its disk, NIC and IP go with it); the deletion finishes in Azure."""
+        self._terminated.add(instance.id)
+        rg = instance.info.get("resource_group") or self.config.azure_resource_group
+        try:
+            self.compute.virtual_machines.begin_delete(rg, instance.id)
+        except ResourceNotFoundError:
+            pass
+
+    def inject(self, instance: Instance) -> None:
+        """Fault injection: Azure evicts the VM about 30 s after a Preempt scheduled event."""
+        rg = instance.info.get("resource_group") or self.config.azure_resource_group
+        self.compute.virtual_machines.simulate_eviction(rg, instance.id)
+
+    def _prices(self, instance_type: str, regions: list[str] | None) -> dict[str, Price]:
+        """Spot and on-demand $/h from the public Retail Prices API; the built-in table if it
+        cannot be reached."""
+        wanted = [r for r in (regions or ([self.config.region] if self.config.region else
+                                          ["eastus", "westus2", "westeurope"])) if r]
+        table = lookup_price(instance_type, "azure")
+        out: dict[str, Price] = {}
+        for location in wanted:
+            try:
+                out[location] = _retail_price(instance_type, location)
+            except (OSError, ValueError, KeyError):
+                if table:
+                    out[location] = Price(table.spot, table.on_demand, table.source)
+        return out
+
+    # -- cleanup ---------------------------------------------------------------------------
+    def list_tagged(self) -> Iterator[tuple[Instance, str]]:
+        rg = self.config.azure_resource_group
+        for vm in self.compute.virtual_machines.list(rg):
+            tags = vm.tags or {}
+            if JOB_TAG in tags:
+                yield (Instance(id=vm.name, provider="azure", region=vm.location,
+                                instance_type="", launched_at=0.0, info={"resource_group": rg}),
+                       tags[JOB_TAG])
+
+    def close(self) -> None:
+        for instance in list(self._launched.values()):
+            if instance.id not in self._terminated:
+                try:
+                    self._terminate(instance)
+                except HttpResponseError:
+                    pass
+
+
+def _retail_price(instance_type: str, location: str, timeout: float = 5.0) -> Price:
+    query = (f"armRegionName eq '{location}' and armSkuName eq '{instance_type}' "
+             "and priceType eq 'Consumption' and serviceName eq 'Virtual Machines'")
+    url = f"{_RETAIL_API}?$filter={urllib.parse.quote(query)}"
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - public API
+        items = json.load(resp)["Items"]
+    linux = [i for i in items if "Windows" not in i.get("productName", "")
+             and "Low Priority" not in i.get("skuName", "")]
+    spot = min(i["retailPrice"] for i in linux if "Spot" in i["skuName"])
+    on_demand = min(i["retailPrice"] for i in linux if "Spot" not in i["skuName"])
+    return Price(spot, on_demand, "Azure Retail Prices API")

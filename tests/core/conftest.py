@@ -1,0 +1,30 @@
+"""Fixtures of the core tests."""
+from __future__ import annotations
+
+import pytest
+
+import spotnb as spot
+from tests.core import jobfns
+
+SHIP = ["tests.core.jobfns"]
+
+
+def _losses(job: spot.Job) -> list[tuple[int, float]]:
+    return job.metrics["loss"]
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[tuple[int, float]]]:
+    """The uninterrupted run, on the same market with no preemption."""
+    home = tmp_path_factory.mktemp("ref-home")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPOTNB_HOME", str(home))
+    try:
+        job = spot.train(jobfns.seeded_mlp, spot.Config(checkpoint="static:20", ship_modules=SHIP))
+        result = job.result(timeout=180)
+        assert job.breakdown().preemptions == 0
+        return result, _losses(job)
+    finally:
+        mp.undo()
+
+

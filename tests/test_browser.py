@@ -1,0 +1,172 @@
+"""The quickstart in a real JupyterLab, in headless Chromium, as a user sees it: run all cells,
+watch the loss plot grow, a preemption marker appear, the cost meter and the final status.
+
+Every wait is on a condition in the page (Playwright `wait_for_function`), never a sleep.
+CI installs Chromium through scripts/setup.d/40-browser.sh; locally the test is skipped when
+/usr/bin/chromium is missing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
+                       reason=f"{CHROMIUM} not installed (CI installs it: scripts/setup.d/40-browser.sh)"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """JupyterLab on 127.0.0.1 with a token, serving a temp dir holding the quickstart."""
+    work = tmp_path / "lab"
+    work.mkdir()
+    shutil.copy(ROOT / "notebooks" / "01-quickstart.ipynb", work)
+    settings = tmp_path / "lab-settings"
+    (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
+    (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    port, token = _free_port(), os.urandom(12).hex()
+    env = {**os.environ, "SPOTNB_FAST": "1", "SPOTNB_HOME": str(tmp_path / "spotnb-home"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "JUPYTERLAB_SETTINGS_DIR": str(settings),
+           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces"),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime")}
+    log = open(tmp_path / "jupyterlab.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={work}", "--LabApp.expose_app_in_browser=True",
+         *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],
+        cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:   # the server is up when its API answers (or the test fails with its log)
+        try:
+            with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            log.close()
+            pytest.fail(f"JupyterLab did not start:\n{(tmp_path / 'jupyterlab.log').read_text()[-3000:]}")
+        time.sleep(0.2)   # polling interval of a readiness probe, not a race-hiding sleep
+    try:
+        yield {"url": url, "token": token, "dir": work, "tmp": tmp_path}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        log.close()
+
+
+# JS helpers evaluated in the page: read what the user sees from the DOM and plotly's graph div
+_LOSS_POINTS = """() => {
+  const gd = document.querySelector('.spotnb-job-widget .js-plotly-plot');
+  if (!gd || !gd.data) return -1;
+  const t = gd.data.find(t => t.name === 'loss');
+  return t && t.x ? t.x.length : 0;
+}"""
+_STATUS = """() => {
+  const s = document.querySelector('.spotnb-job-widget .spotnb-status');
+  return s ? s.dataset.status : null;
+}"""
+_PREEMPT_MARKERS = """() => {
+  const gd = document.querySelector('.spotnb-job-widget .js-plotly-plot');
+  const t = gd && gd.data && gd.data.find(t => t.name === 'preempted');
+  return t && t.x ? t.x.filter(x => x !== null && x !== undefined).length / 2 : 0;
+}"""
+
+
+def test_quickstart_widget_in_jupyterlab(lab: dict[str, Any]) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1900})
+            console: list[str] = []
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            try:
+                _drive(page, lab)
+            except Exception:
+                shot = lab["tmp"] / "failure.png"
+                page.screenshot(path=str(shot), full_page=True)
+                print(f"failure screenshot: {shot}\nbrowser console (last 30):\n" + "\n".join(console[-30:]))
+                print("status:", page.evaluate(_STATUS), "loss points:", page.evaluate(_LOSS_POINTS))
+                raise
+        finally:
+            browser.close()
+
+
+def _drive(page: Any, lab: dict[str, Any]) -> None:
+    """Open the notebook, run all cells, check what the user sees, take screenshots."""
+    page.goto(f"{lab['url']}/lab/tree/01-quickstart.ipynb?token={lab['token']}")
+    # the notebook is open and its kernel is idle
+    page.wait_for_function("""() => {
+        const app = window.jupyterapp; const w = app && app.shell.currentWidget;
+        const k = w && w.sessionContext && w.sessionContext.session
+                  && w.sessionContext.session.kernel;
+        return !!(k && k.status === 'idle' && w.content && w.content.widgets.length > 5);
+    }""", timeout=60_000)
+    # start "run all" without awaiting it (its promise resolves only when all cells ran)
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+    # the widget renders and the loss plot has points while the job runs
+    page.wait_for_function(f"""() => {{
+        const n = ({_LOSS_POINTS})(); const s = ({_STATUS})();
+        return n > 0 && ['running', 'preempted', 'restoring'].includes(s);
+    }}""", timeout=60_000, polling=100)
+    first = page.evaluate(_LOSS_POINTS)
+    page.wait_for_function(f"() => ({_LOSS_POINTS})() > {first}", timeout=60_000, polling=100)
+    grown = page.evaluate(_LOSS_POINTS)
+
+    # a preemption marker appears, and the job ends succeeded
+    page.wait_for_function(f"() => ({_PREEMPT_MARKERS})() >= 1", timeout=90_000, polling=200)
+    page.wait_for_function(f"() => ({_STATUS})() === 'succeeded'", timeout=90_000, polling=200)
+
+    cost = page.evaluate("""() => {
+        const c = document.querySelector('.spotnb-job-widget .spotnb-cost');
+        return {spot: parseFloat(c.dataset.spot), onDemand: parseFloat(c.dataset.onDemand),
+                text: c.innerText};
+    }""")
+    assert 0 < cost["spot"] < cost["onDemand"], cost
+    assert "saved" in cost["text"]
+    final = page.evaluate(_LOSS_POINTS)
+    assert final >= grown > first > 0
+    assert page.evaluate(_PREEMPT_MARKERS) >= 2
+
+    widget = page.locator(".spotnb-job-widget").first
+    widget.scroll_into_view_if_needed()
+    shot = lab["tmp"] / "quickstart-widget.png"
+    widget.screenshot(path=str(shot))
+    page.screenshot(path=str(lab["tmp"] / "quickstart-page.png"))
+    print(f"screenshot: {shot}  (loss points {first} -> {grown} -> {final}, cost {cost})")

@@ -1,0 +1,99 @@
+"""Credentials stay in each SDK's own chain: they never reach a request body, a boot script, a
+dry-run plan or the job's config event. (The full-job scan of store files, job DB, user data,
+VM logs and events runs in test_aws_e2e.py against moto.)"""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+import spotnb as spot
+from spotnb.api import _public_config
+from spotnb.providers.base import LaunchSpec
+from spotnb.providers.bootstrap import SecretInBootstrap, bootstrap_script
+
+CANARY = {
+    "AWS_ACCESS_KEY_ID": "AKIASPOTNBCANARY7Q2X",
+    "AWS_SECRET_ACCESS_KEY": "spotnb-canary-aws-secret-9f8e7d6c5b4a",
+    "AZURE_CLIENT_ID": "11111111-2222-3333-4444-canarycanary",
+    "AZURE_CLIENT_SECRET": "spotnb-canary-azure-secret-5e4d3c",
+    "AZURE_TENANT_ID": "99999999-8888-7777-6666-canarytenant",
+    "AZURE_STORAGE_KEY": "spotnb-canary-storage-key-a1b2c3",
+    "GOOGLE_OAUTH_ACCESS_TOKEN": "spotnb-canary-gcp-token-ya29",
+}
+
+
+@pytest.fixture(autouse=True)
+def canaries(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in CANARY.items():
+        monkeypatch.setenv(k, v)
+
+
+def _clean(text: str) -> None:
+    leaked = [k for k, v in CANARY.items() if v in text]
+    assert leaked == [], f"credential values leaked: {leaked}"
+
+
+def _configs() -> list[spot.Config]:
+    return [
+        spot.Config(provider="aws", store="s3://bucket/spotnb", region="us-east-1",
+                    requirements=["einops"]),
+        spot.Config(provider="azure", store="az://c/spotnb", region="eastus",
+                    azure_subscription_id="sub", azure_resource_group="rg",
+                    azure_subnet_id="/subnet", azure_identity_id="/identity",
+                    azure_storage_account="acct"),
+        spot.Config(provider="gcp", store="gs://bucket/spotnb", region="us-central1-a",
+                    gcp_project="proj"),
+    ]
+
+
+@pytest.mark.parametrize("config", _configs(), ids=["aws", "azure", "gcp"])
+def test_dry_run_plan_and_config_event_hold_no_credential(config: spot.Config,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    def fit(ctx):
+        return 1
+
+    plan = spot.train(fit, config, dry_run=True)
+    _clean(json.dumps(plan, default=str))
+    _clean(capsys.readouterr().out)
+    _clean(json.dumps(_public_config(config), default=str))
+
+
+def test_launch_requests_hold_no_credential() -> None:
+    from spotnb.providers.azure import AzureProvider
+    from spotnb.providers.gcp import GCPProvider
+    from google.cloud import compute_v1
+
+    sent: list[str] = []
+
+    class VMs:
+        def begin_create_or_update(self, rg, name, vm):
+            sent.append(json.dumps(vm.as_dict()))
+            import base64
+            sent.append(base64.b64decode(vm.os_profile.custom_data).decode())
+            return SimpleNamespace(done=lambda: False)
+
+    class Instances:
+        def insert(self, request):
+            sent.append(compute_v1.InsertInstanceRequest.to_json(request))
+            return SimpleNamespace(result=lambda timeout=None: None)
+
+    azure_cfg, gcp_cfg = _configs()[1], _configs()[2]
+    spec = dict(job_id="j", incarnation=1, instance_type="x",
+                command=["python", "-m", "spotnb.runtime.agent"], spotnb_version="0.1.0")
+    AzureProvider(azure_cfg, compute=SimpleNamespace(virtual_machines=VMs())).launch(
+        LaunchSpec(store_url="az://c/spotnb", region="eastus", **spec))
+    GCPProvider(gcp_cfg, instances=Instances()).launch(
+        LaunchSpec(store_url="gs://bucket/spotnb", region="us-central1-a", **spec))
+    assert len(sent) == 3
+    for text in sent:
+        _clean(text)
+
+
+def test_bootstrap_refuses_credential_like_env() -> None:
+    spec = LaunchSpec(job_id="j", incarnation=1, store_url="s3://b/p", instance_type="x",
+                      region=None, command=["python", "-m", "spotnb.runtime.agent"],
+                      env={"AWS_SECRET_ACCESS_KEY": "x"})
+    with pytest.raises(SecretInBootstrap, match="credential"):
+        bootstrap_script(spec, "aws")
