@@ -5,6 +5,9 @@
 
 1. Job-runs per second for a 100,000-step job with MTTP = 3 h (goal >= 10,000 runs/s, one core).
 2. Milliseconds per run for a 30-day job with ~10,000 preemptions (goal <= 10 ms per run).
+
+Each line says which engine ran ("batch": vectorised, "event": run by run); `--event` times
+the event-by-event reference engine on the same scenarios for comparison.
 """
 from __future__ import annotations
 
@@ -19,11 +22,14 @@ GPU = dict(step_time=(0.8, 1.2), save_time=(15, 25), backup_time=(60, 120),
            spot_price=2.3, on_demand_price=6.2)
 
 
-def rate(scenario: Scenario, policy: str, runs: int) -> tuple[float, dict[str, float]]:
-    simulate(scenario, policy, runs=max(1, runs // 20))  # warm up
+ENGINE = "event" if "--event" in sys.argv else "auto"
+
+
+def rate(scenario: Scenario, policy: str, runs: int) -> tuple[float, dict[str, float], str]:
+    simulate(scenario, policy, runs=max(1, runs // 20), engine=ENGINE)  # warm up
     t0 = time.perf_counter()
-    res = simulate(scenario, policy, runs=runs, seed=1)
-    return (time.perf_counter() - t0) / runs, res.mean
+    res = simulate(scenario, policy, runs=runs, seed=1, engine=ENGINE)
+    return (time.perf_counter() - t0) / runs, res.mean, res.engine
 
 
 def main() -> None:
@@ -32,15 +38,16 @@ def main() -> None:
                          (120.0, "AWS grace 120 s: emergency saves only")):
         sc = Scenario(steps=100_000, grace=grace, **GPU)  # type: ignore[arg-type]
         for policy in ("static:1000", "adaptive", "hedged"):
-            per_run, mean = rate(sc, policy, 20_000)
-            print(f"   {label:<40} {policy:<12} {1 / per_run:9,.0f} runs/s   "
+            per_run, mean, engine = rate(sc, policy, 20_000)
+            print(f"   {label:<40} {policy:<12} {1 / per_run:9,.0f} runs/s [{engine}]  "
                   f"({mean['preemptions']:.1f} preemptions, {mean['saves']:.0f} saves per run)")
     print("2) 30-day job, ~10,000 preemptions")
     sc = Scenario(steps=30 * 86_400, step_time=1.0, save_time=2.0, backup_time=3.0,
                   alloc_time=(2, 8), prep_time=(2, 6), grace=30.0, mttp=255.0)
     for policy in ("adaptive", "hedged", "static:600"):
-        per_run, mean = rate(sc, policy, 100)
-        print(f"   {policy:<12} {per_run * 1e3:7.2f} ms/run   ({mean['preemptions']:,.0f} "
+        per_run, mean, engine = rate(sc, policy, 100)
+        print(f"   {policy:<12} {per_run * 1e3:7.2f} ms/run [{engine}]  "
+              f"({mean['preemptions']:,.0f} "
               f"preemptions, {mean['saves']:,.0f} saves, total {mean['total'] / 86400:.1f} d)")
 
 

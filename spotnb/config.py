@@ -107,8 +107,11 @@ class Config(BaseModel):
     local_alloc_delay: Range = Field((0.3, 0.8), description="Allocation delay, seconds or [low, high).")
     local_capacity_failure: float = Field(0.0, ge=0, lt=1, description="Chance an allocation fails "
                                                                        "for lack of capacity.")
-    local_schedule: list[Any] | None = Field(None, description="Deterministic preemptions: lifetimes "
-                                             "in seconds, or {'step': N, 'phase': 'step'|'save'|'upload'}.")
+    local_schedule: list[Any] | None = Field(None, description="Deterministic preemptions, one per "
+                                             "instance: lifetimes in seconds, or {'step': N, 'phase': "
+                                             "'step'|'save'|'upload', 'notice': bool} (a kill when the "
+                                             "instance reaches that step and phase; with notice, the "
+                                             "notice then and the kill local_grace later).")
     local_trace: str | None = Field(None, description="Replay a trace file (bamboo / parcae format) "
                                                       "or a bundled trace name.")
     local_notice_format: Literal["aws", "azure", "gcp"] = Field("aws", description="Which cloud's "
@@ -225,16 +228,17 @@ class Config(BaseModel):
         out: list[Any] = []
         for item in v:
             if isinstance(item, dict):
-                bad = set(item) - {"step", "phase", "after"}
+                bad = set(item) - {"step", "phase", "after", "notice"}
                 if bad:
-                    raise ValueError(f"schedule entry keys are step, phase, after; got {sorted(bad)}")
+                    raise ValueError(f"schedule entry keys are step, phase, notice, after; got {sorted(bad)}")
                 if "step" in item:
                     if not isinstance(item["step"], int) or item["step"] < 0:
                         raise ValueError(f"schedule 'step' must be a non-negative int, got {item['step']!r}")
                     phase = item.get("phase", "step")
                     if phase not in ("step", "save", "upload"):
                         raise ValueError(f"schedule 'phase' is one of step, save, upload; got {phase!r}")
-                    out.append({"step": item["step"], "phase": phase})
+                    out.append({"step": item["step"], "phase": phase,
+                                "notice": bool(item.get("notice", False))})
                 elif "after" in item:
                     out.append({"after": parse_duration(item["after"])})
                 else:

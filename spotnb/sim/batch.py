@@ -35,8 +35,10 @@ from spotnb.sim.scenario import Scenario, as_range
 
 __all__ = ["plan_for", "simulate_batch", "consts_for"]
 
-#: Slots evaluated per pass and chunk of runs (bounds memory: ~100 MB at most).
+#: VM attempts ("slots") and expected planned saves evaluated per pass and chunk of runs:
+#: bounds memory (tens of MB) without giving up long array operations.
 _SLOT_BUDGET = 1 << 17
+_SAVE_BUDGET = 1 << 21
 
 
 def _mean_obs(sc: Scenario, process: PreemptionProcess) -> Observation:
@@ -82,10 +84,10 @@ def _slots_guess(c: Consts) -> int:
     work = c.steps * c.st
     delta = c.d_lo + c.d_var / 2
     restart = c.a_lo + c.a_var / 2 + c.p_lo + c.p_var / 2
-    tau = c.stride * c.st if c.stride else min(work, c.mttp)
+    tau = min(work, c.stride * c.st if c.stride else c.mttp)
     wall = work + (work / tau) * delta * (c.stride > 0) + (work / c.mttp) * (restart + tau / 2)
     slots = wall / (c.mttp + restart) + 1.0
-    return int(min(1 << 20, math.ceil(1.2 * slots + 3.0 * math.sqrt(slots) + 4)))
+    return int(min(1 << 17, math.ceil(1.2 * slots + 3.0 * math.sqrt(slots) + 4)))
 
 
 class _Runs:
@@ -109,7 +111,13 @@ def simulate_batch(sc: Scenario, plan: BatchPlan, process: PreemptionProcess, ru
     state = _Runs(runs)
     first_pass = _slots_guess(c)
     later = max(8, first_pass // 4)
-    per_chunk = max(1, _SLOT_BUDGET // first_pass)
+    # planned saves are evaluated per slot too: budget them (a stride of a few steps on long
+    # lives would otherwise hold millions of saves in memory at once)
+    saves_per_slot = 1.0
+    if c.stride and math.isfinite(c.mttp):
+        saves_per_slot += min(c.mttp, c.steps * c.st) / (c.stride * c.st)
+    per_chunk = max(1, min(_SLOT_BUDGET // first_pass,
+                           int(_SAVE_BUDGET // (first_pass * saves_per_slot))))
     for lo in range(0, runs, per_chunk):
         rows = np.arange(lo, min(runs, lo + per_chunk))
         width = first_pass

@@ -1,5 +1,9 @@
 """The event-driven simulator: one job on one spot VM at a time, many independent runs.
 
+`simulate` runs the vectorised engine (`spotnb.sim.batch`, same model, array code across runs
+and VM lifetimes) whenever it applies, and this event-by-event engine (`simulate_run`, the
+reference) otherwise; `SimResult.engine` says which.
+
 It jumps from event to event (next planned save, notice, kill, allocation, ready), asking the
 policy exactly when the runtime would: at start/resume and after every save (`next_save`), and
 at the first step boundary after a notice (`on_notice`, `allocate_on_notice`). The cost of a
@@ -213,7 +217,9 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
         plan_ins = plan is not None and plan.kind is _INSURANCE
         while True:
             target = plan_step if plan_step < total_steps else total_steps
-            if target <= step:
+            # target == step only right after a notice handled exactly at a planned save's
+            # step without leaving: that save is due now (it used to slip by one step)
+            if target < step or (target == step and not notified):
                 target = step + 1
             t_target = t + (target - step) * st
             if not notified and notice < t_target:

@@ -81,12 +81,17 @@ class Injector:
             self._cancel.wait(min(max(wait, 0.0), 0.25))
 
     def _watch_trigger(self) -> None:
-        """Kill without notice at the first moment the beacon shows the step and phase."""
+        """At the first moment the beacon shows the step and phase: kill at once, or (with
+        `notice`) publish the notice and kill `grace` seconds later."""
         assert self.trigger is not None
         target, phases = self.trigger["step"], _PHASES[self.trigger.get("phase", "step")]
         while not self._cancel.is_set() and self.proc.poll() is None:
             step, phase = read_beacon(self.beacon_path)
             if step >= target and (phases is None or phase in phases):
-                self.kill_now()
-                return
+                if not self.trigger.get("notice"):
+                    self.kill_now()
+                    return
+                self.kill_at = time.time() + self.grace
+                self.trigger = None
+                return self._run()  # the timed path: notice now, kill at kill_at
             time.sleep(0.0005)
