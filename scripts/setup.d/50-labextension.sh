@@ -33,16 +33,18 @@ _spotnb_labext() {
     echo "setup: 50-labextension: jupyter-builder build failed" >&2; return 1; }
   cp "$ext/install.json" "$root/spotnb/labextension/install.json" || return 1
 
-  # What `jupyter labextension develop --overwrite .` does (without needing spotnb's
-  # _jupyter_labextension_paths): link the build output into <prefix>/share/jupyter/labextensions.
+  # Put the fresh build where `pip install` puts the wheel's shared-data
+  # (<prefix>/share/jupyter/labextensions/spotnb). Copy, never symlink: pip records these files,
+  # and a later install or uninstall through a symlink fails (or deletes the build itself).
   local prefix
   prefix=$(python -c 'import sys; print(sys.prefix)')
   local dest="$prefix/share/jupyter/labextensions/spotnb"
   mkdir -p "$(dirname "$dest")"
-  if [ -L "$dest" ] || [ -e "$dest" ]; then
-    rm -rf "$dest"
+  if [ -L "$dest" ]; then
+    rm -f "$dest"
   fi
-  ln -s "$root/spotnb/labextension" "$dest" || return 1
+  mkdir -p "$dest"
+  cp -r "$root/spotnb/labextension/." "$dest/" || return 1
 
   # The server extension: the same file the wheel installs through shared-data.
   mkdir -p "$prefix/etc/jupyter/jupyter_server_config.d"
