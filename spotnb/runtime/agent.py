@@ -21,6 +21,7 @@ from typing import Any
 _STARTED = time.time()
 
 EXIT_DONE, EXIT_USER_ERROR, EXIT_EVACUATED = 0, 1, 3
+WAIT_FOR_PREVIOUS = 900.0  # seconds a replacement waits for the instance it replaces to end
 
 __all__ = ["main", "Agent", "EXIT_DONE", "EXIT_USER_ERROR", "EXIT_EVACUATED"]
 
@@ -112,8 +113,12 @@ class Agent:
         if self.incarnation <= 1:
             return
         marker = self.store.job(self.job_id, "incarnations", f"{self.incarnation - 1:04d}.end")
+        deadline = time.time() + WAIT_FOR_PREVIOUS
         while not self.store.exists(marker):
-            time.sleep(0.05)
+            if time.time() > deadline:  # its controller is gone: do not idle on a paid instance
+                raise RuntimeError(f"incarnation {self.incarnation - 1} never ended (no end marker "
+                                   f"after {WAIT_FOR_PREVIOUS:.0f} s); its controller may have died")
+            time.sleep(0.05 if self.store.local else 1.0)
             self.store.invalidate()
         self.inc["high_water"] = json.loads(self.store.read_bytes(marker)).get("high_water", 0)
 
@@ -139,7 +144,11 @@ class Agent:
         policy = resolve_policy(payload.get("policy") or self.spec.get("policy") or "hedged")
         beacon = Beacon(os.environ.get("SPOTNB_BEACON"))
         upload_bps = float(os.environ["SPOTNB_UPLOAD_BPS"]) if os.environ.get("SPOTNB_UPLOAD_BPS") else None
-        self.wait_for_previous()
+        try:
+            self.wait_for_previous()
+        except RuntimeError as exc:
+            self.emit("warning", message=str(exc))
+            return self._finish(4)
         checkpointer = Checkpointer(self.store, self.job_id, self.incarnation, self.emit, beacon,
                                     keep_last=self.spec.get("keep_last", 2), upload_bps=upload_bps)
         market = self.inc.get("market", {})

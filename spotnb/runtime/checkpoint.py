@@ -236,6 +236,12 @@ class Checkpointer:
             pool.in_use = False
 
     def _work(self) -> None:
+        # Background saves must not slow training: on Linux a thread has its own nice value, so
+        # the writer yields the cores to the training threads whenever both want them.
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
         while True:
             with self._cv:
                 while self._pending is None and not self._closed:

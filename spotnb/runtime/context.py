@@ -277,13 +277,13 @@ class Context:
         state = {"step": self._step, "rng": _rng_state(), "user": self.state,
                  "objects": {name: obj.state_dict() for name, obj in self._tracked.items()}}
         snap = self._ckpt.snapshot(state, self._step, kind.value, files=files)
+        self._last_save_step = self._step
+        self._replan()  # before the hand-off: once the writer thread runs, it competes for the GIL
         if wait:
             self._ckpt.save_now(snap)
         else:
             self._ckpt.submit(snap)
         self._save_s += time.perf_counter() - t0
-        self._last_save_step = self._step
-        self._replan()
         self._t_last = time.perf_counter()  # the save is not step time
 
     def _replan(self) -> None:

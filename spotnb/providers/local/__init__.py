@@ -52,6 +52,7 @@ class LocalProvider(Provider):
         self._injectors: dict[str, Injector] = {}
         self._terminated: set[str] = set()
         self._closing = threading.Event()
+        self._lock = threading.Lock()
         self.tmp = tempfile.mkdtemp(prefix="spotnb-local-")
 
     def _process(self) -> PreemptionProcess:
@@ -102,13 +103,16 @@ class LocalProvider(Provider):
         if self.config.local_upload_bps:
             env["SPOTNB_UPLOAD_BPS"] = str(self.config.local_upload_bps)
         command = [sys.executable if c == "python" else c for c in spec.command]
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        with self._lock:  # close() must never miss an instance started while it runs
+            if self._closing.is_set():
+                raise CapacityError("the job was stopped while waiting for an instance")
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+            self._procs[instance_id] = proc
         now = time.time()
         if self.t0 is None:
             self.t0 = now
-        self._procs[instance_id] = proc
         injector = self._schedule_kill(instance_id, proc, beacon, now)
         self._injectors[instance_id] = injector
         return Instance(id=instance_id, provider="local", region="local",
@@ -203,7 +207,8 @@ class LocalProvider(Provider):
         return {"local": Price(price.spot, price.on_demand, price.source + ", local market")}
 
     def close(self) -> None:
-        self._closing.set()
+        with self._lock:
+            self._closing.set()
         for instance_id, proc in list(self._procs.items()):
             if proc.poll() is None:
                 self._terminated.add(instance_id)
