@@ -84,9 +84,9 @@ def _check_inputs(config: Config) -> None:
             raise ConfigError(f"Config.requirements[{i}]: {spec!r} is not a pip requirement: {exc}") from None
 
 
-def _new_job_id(name: str | None) -> str:
-    stem = time.strftime("%Y%m%d-%H%M%S")
-    return f"{stem}-{secrets.token_hex(3)}"
+def _new_job_id() -> str:
+    """Sortable by submission time, unique across processes and machines sharing a store."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 def _spec(job_id: str, config: Config) -> dict[str, Any]:
@@ -159,7 +159,7 @@ def train(fn: Callable[[Any], Any], config: Config | None = None, *, dry_run: bo
     except Exception as exc:  # noqa: BLE001
         raise ConfigError(f"Config.store: cannot open {config.store_url()!r}: {exc}") from None
     db = JobDB()
-    job_id = _new_job_id(config.name)
+    job_id = _new_job_id()
     store.write_bytes(store.job(job_id, "fn.pkl"), payload)
     store.write_bytes(store.job(job_id, "spec.json"), json.dumps(_spec(job_id, config), indent=1).encode())
     db.add_job(job_id, name=config.name, provider=config.provider, region=config.region,

@@ -6,7 +6,6 @@ that the checkpoint policy needs.
 """
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
@@ -157,7 +156,3 @@ class JobDB:
         mttp = (exposure + prior_mttp) / (events + 1)
         restart = (sum(restarts) + prior_restart) / (len(restarts) + 1)
         return MarketStats(mttp, restart, events, exposure)
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, default=str)

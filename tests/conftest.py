@@ -1,7 +1,6 @@
 """Shared fixtures: every test gets its own SPOTNB_HOME (job DB, default store, logs)."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 

@@ -173,6 +173,8 @@ class Context:
         """Upload files the script wrote (with the step and RNG state) as one checkpoint; on
         restore they are put back at the same paths. Waits for the upload after a notice."""
         kind = self._save_due or SaveKind.MANUAL
+        if self._in_loop:  # since the last step ended, the script was writing its checkpoint
+            self._save_s += time.perf_counter() - self._t_last
         files = [(p, f"files/{i}-{os.path.basename(p)}") for i, p in enumerate(paths)]
         self._save(kind, files=files, wait=bool(wait) or kind == SaveKind.EMERGENCY)
         if kind == SaveKind.EMERGENCY:

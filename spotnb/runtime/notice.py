@@ -63,6 +63,7 @@ class NoticeWatcher:
         self.notice: Notice | None = None
         self.errors = 0
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def check(self) -> Notice | None:
@@ -285,9 +286,12 @@ class GcpWatcher(NoticeWatcher):
                 self.errors += 1
                 self._stop.wait(self.poll)
                 continue
-            if notice is not None and self.notice is None:
-                self.notice = notice
-                if self.on_notice:
+            if notice is not None:
+                with self._lock:  # two long-poll threads: only the first notice counts
+                    first = self.notice is None
+                    if first:
+                        self.notice = notice
+                if first and self.on_notice:
                     self.on_notice(notice)
                 return
 

@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 
-import pytest
 import torch
 
 import spotnb as spot

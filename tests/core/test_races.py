@@ -4,7 +4,6 @@ real file store; a notice "arriving during a save" is delivered from inside the 
 which is the interleaving the watcher thread can produce."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 
-import pytest
 import torch
 
 import spotnb as spot
