@@ -41,16 +41,25 @@ class Beacon:
         self.slots[0] = step
 
     def set_phase(self, phase: Phase) -> None:
+        """The checkpoint writer's phase (its own thread)."""
         self.slots[1] = int(phase)
+
+    def set_snapshot(self, active: bool) -> None:
+        """The training thread's blocking copy, in a slot of its own so that it never
+        overwrites what the writer thread is doing at the same time."""
+        self.slots[2] = int(active)
 
 
 def read_beacon(path: str) -> tuple[int, Phase]:
     """(step, phase) as last written; (0, IDLE) if the file is absent or empty."""
     try:
         with open(path, "rb") as f:
-            data = f.read(16)
+            data = f.read(24)
     except FileNotFoundError:
         return 0, Phase.IDLE
-    if len(data) < 16:
+    if len(data) < 24:
         return 0, Phase.IDLE
-    return int.from_bytes(data[:8], "little", signed=True), Phase(int.from_bytes(data[8:16], "little"))
+    step = int.from_bytes(data[:8], "little", signed=True)
+    if int.from_bytes(data[16:24], "little"):
+        return step, Phase.SNAPSHOT
+    return step, Phase(int.from_bytes(data[8:16], "little"))

@@ -63,6 +63,45 @@ class Manifest:
         return json.dumps(self.__dict__, indent=1, sort_keys=True).encode()
 
 
+def _remove_dead_spools(parent: str) -> None:
+    """Spool folders of killed instances (SIGKILL leaves them behind) hold whole checkpoints'
+    worth of bytes: remove those whose process is gone."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if not name.startswith("spotnb-spool-") or len(parts) < 4 or not parts[2].isdigit():
+            continue
+        pid = int(parts[2])
+        try:
+            os.kill(pid, 0)
+            continue  # alive (or not ours to judge)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        except OSError:
+            continue
+
+
+class _HashingFile:
+    """A write-only file that hashes what passes through (torch.save only calls write)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def digest(self) -> dict[str, Any]:
+        return {"size": self.size, "sha256": self.sha.hexdigest()}
+
+
 class _BufferPool:
     """Keeps one CPU buffer per tensor position so repeated snapshots copy, not allocate."""
 
@@ -129,7 +168,11 @@ class Checkpointer:
         self.beacon = beacon or Beacon(None)
         self.keep_last = keep_last
         self.upload_bps = upload_bps
-        self.spool = tempfile.mkdtemp(prefix="spotnb-spool-", dir=spool_dir)
+        if spool_dir is None and store.local:  # beside the store, so a save can be renamed in
+            spool_dir = store.path(".spool")
+            os.makedirs(spool_dir, exist_ok=True)
+        _remove_dead_spools(spool_dir or tempfile.gettempdir())
+        self.spool = tempfile.mkdtemp(prefix=f"spotnb-spool-{os.getpid()}-", dir=spool_dir)
         self.root = store.job(job_id, "ckpt")
         self._pools = [_BufferPool(), _BufferPool()]
         self._cv = threading.Condition()
@@ -153,7 +196,7 @@ class Checkpointer:
     def snapshot(self, state: Any, step: int, kind: str,
                  files: list[tuple[str, str]] | None = None) -> Snapshot:
         """Copy `state` (nested dicts/lists of tensors and plain values) into CPU memory."""
-        self.beacon.set_phase(Phase.SNAPSHOT)
+        self.beacon.set_snapshot(True)
         t0 = time.perf_counter()
         with self._cv:
             pool = next((p for p in self._pools if not p.in_use), None)
@@ -171,7 +214,7 @@ class Checkpointer:
             spooled.append((local, name))
             dests[name] = src
         dt = time.perf_counter() - t0
-        self.beacon.set_phase(Phase.IDLE)
+        self.beacon.set_snapshot(False)
         snap = Snapshot(copied, step, kind, dt, _nbytes(copied), spooled, dests)
         snap._pool = pool  # type: ignore[attr-defined]
         self.snapshot_ema, self.snapshot_var = _ewm(self.snapshot_ema, self.snapshot_var, dt)
@@ -278,13 +321,17 @@ class Checkpointer:
         try:
             self.beacon.set_phase(Phase.SAVE)
             spool = os.path.join(self.spool, f"state-{seq}.pt")
-            torch.save(snap.state, spool)
+            with open(spool, "wb") as f:
+                hashed = _HashingFile(f)
+                torch.save(snap.state, hashed)  # hashed as it is written: no second read
             self._release(snap)
             files: dict[str, dict[str, Any]] = {}
             self.beacon.set_phase(Phase.UPLOAD)
             for local, name in [(spool, "state.pt"), *snap.files]:
-                files[name] = self._upload(local, f"{folder}/{name}")
-                os.unlink(local)
+                known = hashed.digest() if local == spool else None
+                files[name] = self._upload(local, f"{folder}/{name}", known)
+                if os.path.exists(local):
+                    os.unlink(local)
             self.beacon.set_phase(Phase.COMMIT)
             upload_s = time.perf_counter() - t0
             total = sum(f["size"] for f in files.values())
@@ -304,8 +351,17 @@ class Checkpointer:
         self._prune(manifest)
         return manifest
 
-    def _upload(self, local: str, dest: str) -> dict[str, Any]:
-        """Copy a spooled file to the store in chunks, hashing as it goes (throttled if asked)."""
+    def _upload(self, local: str, dest: str,
+                known: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Copy a spooled file to the store in chunks, hashing as it goes (throttled if asked).
+        On a local store a file already hashed is simply renamed into place when it can be."""
+        if known is not None and self.store.local and not self.upload_bps:
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            try:
+                os.replace(local, dest)  # same filesystem: atomic, and no copy at all
+                return known
+            except OSError:
+                pass  # another filesystem: copy below
         digest = hashlib.sha256()
         size = 0
         start = time.perf_counter()
@@ -320,7 +376,8 @@ class Checkpointer:
                 chunk = src.read(CHUNK)
                 if not chunk:
                     break
-                digest.update(chunk)
+                if known is None:
+                    digest.update(chunk)
                 out.write(chunk)
                 size += len(chunk)
                 if self.upload_bps:
@@ -329,7 +386,7 @@ class Checkpointer:
                         time.sleep(ahead)
         if self.store.local:
             os.replace(target, dest)
-        return {"size": size, "sha256": digest.hexdigest()}
+        return known if known is not None else {"size": size, "sha256": digest.hexdigest()}
 
     # -- retention -----------------------------------------------------------------------
     def list_manifests(self, strict: bool = False) -> list[Manifest]:
