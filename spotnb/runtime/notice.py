@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+from abc import ABC, abstractmethod
 import time
 import urllib.error
 import urllib.request
@@ -49,7 +50,7 @@ def _request(url: str, method: str = "GET", headers: dict[str, str] | None = Non
         raise _HTTPError(exc.code, exc.read()) from None
 
 
-class NoticeWatcher:
+class NoticeWatcher(ABC):
     """Base: a polling loop in a daemon thread. Subclasses implement `check()`."""
 
     source = "none"
@@ -66,9 +67,9 @@ class NoticeWatcher:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
+    @abstractmethod
     def check(self) -> Notice | None:
         """One look at the endpoint: the notice if one is scheduled."""
-        raise NotImplementedError
 
     def acknowledge(self) -> None:
         """Tell the platform it may proceed now (Azure); a no-op elsewhere."""
