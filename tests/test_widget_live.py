@@ -72,8 +72,11 @@ def test_widget_and_text_follow_a_preempted_job_then_replay_it(
     from spotnb.widget.text import TextView
     from spotnb.widget.view import JobView
     monkeypatch.chdir(tmp_path)
+    # an emulated upload bandwidth gives the third kill an upload to land in (a local store
+    # otherwise renames a checkpoint into place in microseconds)
     job = spot.train(fit, spot.Config(local_schedule=[3, 4, {"step": 120, "phase": "upload"}],
-                                      local_grace=2.5, save_every=50, notice_poll=0.1, ship_modules=[__name__]))
+                                      local_grace=2.5, save_every=50, notice_poll=0.1,
+                                      local_upload_bps=5e4, ship_modules=[__name__]))
     view = JobView(job)
     out = io.StringIO()
     TextView(job, file=out, interval=1.0)
