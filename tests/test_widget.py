@@ -222,7 +222,7 @@ def test_feed_collapses_periodic_checkpoints_and_keeps_preemptions() -> None:
     st = JobState()
     st.feed_events(events_of(steps=3000, preempt_at=(450,), save_every=50))
     page = render_info_html(st, "job-1")
-    assert "preempted" in page and "relaunched" in page and "(×" in page
+    assert "✖ PREEMPTED" in page and "relaunched" in page and "(×" in page
 
 
 def test_failed_job_shows_the_remote_traceback(sent: list[Any], clock: FakeClock) -> None:

@@ -16,47 +16,67 @@ from typing import Any, TextIO
 from spotnb.widget.figures import format_bytes
 from spotnb.widget.state import JobState, describe_kill
 
-__all__ = ["TextView", "event_line", "progress_line"]
+__all__ = ["TextView", "event_text", "event_line", "progress_line"]
 
 
-def event_line(e: dict[str, Any]) -> str | None:
-    """One human line for a notable event, or None for events that only feed the progress line."""
+def event_text(e: dict[str, Any]) -> str:
+    """One plain line describing any event: the text view and the widget's feed both use it."""
     kind, n = e.get("kind"), e.get("incarnation", 0)
     who = f"#{n} " if n else ""
+    num = lambda key: float(e.get(key) or 0)  # noqa: E731
     if kind == "submitted":
         return f"submitted ({e.get('provider')}, {e.get('instance_type')})"
     if kind == "allocated":
         return (f"{who}allocated {e.get('instance_id')} in {e.get('region')} "
-                f"({e.get('instance_type')}) after {float(e.get('alloc_s') or 0):.1f} s, "
-                f"spot ${float(e.get('spot_price') or 0):.3f}/h vs on-demand "
-                f"${float(e.get('on_demand_price') or 0):.3f}/h")
+                f"({e.get('instance_type')}) after {num('alloc_s'):.1f} s, spot "
+                f"${num('spot_price'):.3f}/h vs on-demand ${num('on_demand_price'):.3f}/h")
     if kind == "alloc_failed":
         return f"{who}no capacity in {e.get('region')}: {e.get('reason')}; retry in {e.get('retry_in')} s"
+    if kind == "ready":
+        return f"{who}ready at step {e.get('step')} after {num('prep_s'):.1f} s prep"
     if kind == "resumed":
         return (f"{who}relaunched: resumed from step {e.get('from_step')} ({e.get('save_kind')} "
-                f"checkpoint #{e.get('seq')}, restore {float(e.get('restore_s') or 0):.2f} s)")
+                f"checkpoint #{e.get('seq')}, restore {num('restore_s'):.2f} s)")
     if kind == "notice":
-        return f"{who}PREEMPTION NOTICE ({e.get('source')}): {float(e.get('time_left') or 0):.1f} s left"
+        return f"{who}⚠ PREEMPTION NOTICE ({e.get('source')}): {num('time_left'):.1f} s left"
     if kind == "evacuated":
         return f"{who}saved and left cleanly at step {e.get('step')}"
     if kind == "emergency_skipped":
-        return f"{who}emergency save skipped ({float(e.get('time_left') or 0):.1f} s left, needs {e.get('needed')})"
+        return (f"{who}emergency save skipped ({num('time_left'):.1f} s left, needs "
+                f"{num('needed'):.1f} s)")
     if kind == "preempted":
-        return f"{who}PREEMPTED: {describe_kill(e)}, lifetime {float(e.get('lifetime_s') or 0):.1f} s"
-    if kind == "checkpoint" and e.get("save_kind") != "periodic":
+        return f"{who}✖ PREEMPTED: {describe_kill(e)}, lifetime {num('lifetime_s'):.1f} s"
+    if kind == "exited":
+        return f"{who}exited: {e.get('reason')} (code {e.get('code')})"
+    if kind == "checkpoint":
         return (f"{who}checkpoint {e.get('save_kind')} at step {e.get('step')}: "
-                f"{format_bytes(e.get('bytes'))} in {float(e.get('snapshot_s') or 0):.3f} s "
-                f"+ {float(e.get('upload_s') or 0):.3f} s upload")
+                f"{format_bytes(e.get('bytes'))} in {num('snapshot_s'):.3f} s "
+                f"+ {num('upload_s'):.3f} s upload")
     if kind in ("checkpoint_failed", "checkpoint_invalid"):
         return f"{who}{kind.replace('_', ' ')}: {e.get('error') or e.get('reason') or ''}"
     if kind == "error":
-        tb = (e.get("traceback") or "").rstrip()
-        return f"{who}ERROR {e.get('exc_type')}: {e.get('message')}" + (f"\n{tb}" if tb else "")
-    if kind in ("warning", "hint"):
-        return f"{who}{kind}: {e.get('message')}"
+        return f"{who}ERROR {e.get('exc_type')}: {e.get('message')}"
+    if kind == "done":
+        return f"{who}done at step {e.get('step')}"
     if kind == "stopped":
         return f"stopped: {e.get('reason')}"
-    return None
+    return f"{who}{kind}: {e.get('message') or ''}"
+
+
+_LOUD = frozenset({"submitted", "allocated", "alloc_failed", "resumed", "notice", "evacuated",
+                   "emergency_skipped", "preempted", "checkpoint", "checkpoint_failed",
+                   "checkpoint_invalid", "error", "warning", "hint", "stopped"})
+
+
+def event_line(e: dict[str, Any]) -> str | None:
+    """The line a terminal shows for a notable event (errors with the remote traceback), or
+    None for events that only feed the progress line (periodic checkpoints included)."""
+    kind = e.get("kind")
+    if kind not in _LOUD or (kind == "checkpoint" and e.get("save_kind") == "periodic"):
+        return None
+    text = event_text(e)
+    tb = (e.get("traceback") or "").rstrip() if kind == "error" else ""
+    return text + (f"\n{tb}" if tb else "")
 
 
 def progress_line(state: JobState, width: int = 20) -> str:

@@ -22,9 +22,10 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from spotnb.widget.figures import (CATEGORY_COLORS, breakdown_traces, format_bytes, metric_traces,
+from spotnb.widget.figures import (CATEGORY_COLORS, breakdown_traces, metric_traces,
                                    timeline_traces)
-from spotnb.widget.state import JobState, describe_kill
+from spotnb.widget.state import JobState
+from spotnb.widget.text import event_text
 
 __all__ = ["JobView", "MessageBudget", "JobWidget", "render_info_html"]
 
@@ -125,46 +126,8 @@ def _esc(x: Any) -> str:
 
 
 def _feed_line(e: dict[str, Any], t0: float) -> str:
-    kind, n = e.get("kind"), e.get("incarnation", 0)
     when = f"{float(e['t']) - t0:6.1f}s" if t0 else ""
-    who = f"#{n}" if n else ""
-    if kind == "allocated":
-        text = (f"{who} allocated {_esc(e.get('instance_id'))} in {_esc(e.get('region'))} "
-                f"({_esc(e.get('instance_type'))}) after {float(e.get('alloc_s') or 0):.1f} s")
-    elif kind == "alloc_failed":
-        text = f"{who} no capacity in {_esc(e.get('region'))}: {_esc(e.get('reason'))}"
-    elif kind == "ready":
-        text = f"{who} ready at step {e.get('step')} after {float(e.get('prep_s') or 0):.1f} s prep"
-    elif kind == "resumed":
-        text = (f"{who} relaunched: resumed from step {e.get('from_step')} "
-                f"({_esc(e.get('save_kind'))} checkpoint #{e.get('seq')})")
-    elif kind == "notice":
-        text = (f"{who} ⚠ preemption notice ({_esc(e.get('source'))}): "
-                f"{float(e.get('time_left') or 0):.1f} s left")
-    elif kind == "evacuated":
-        text = f"{who} saved and left cleanly at step {e.get('step')}"
-    elif kind == "emergency_skipped":
-        text = f"{who} emergency save skipped: {float(e.get('time_left') or 0):.1f} s left"
-    elif kind == "preempted":
-        text = (f"{who} ✖ preempted: {_esc(describe_kill(e))} "
-                f"(lifetime {float(e.get('lifetime_s') or 0):.1f} s)")
-    elif kind == "exited":
-        text = f"{who} exited: {_esc(e.get('reason'))} (code {e.get('code')})"
-    elif kind == "checkpoint":
-        text = (f"{who} checkpoint {_esc(e.get('save_kind'))} at step {e.get('step')}: "
-                f"{format_bytes(e.get('bytes'))}, {float(e.get('snapshot_s') or 0):.3f} s + "
-                f"{float(e.get('upload_s') or 0):.3f} s upload")
-    elif kind in ("checkpoint_failed", "checkpoint_invalid"):
-        text = f"{who} {kind.replace('_', ' ')}: {_esc(e.get('error') or e.get('reason') or '')}"
-    elif kind == "error":
-        text = f"{who} error: {_esc(e.get('exc_type'))}: {_esc(e.get('message'))}"
-    elif kind == "done":
-        text = f"{who} done at step {e.get('step')}"
-    elif kind == "stopped":
-        text = f"stopped: {_esc(e.get('reason'))}"
-    else:
-        text = f"{who} {_esc(kind)}: {_esc(e.get('message') or '')}"
-    return f"<div class='spotnb-feed-line'><code>{when}</code> {text}</div>"
+    return f"<div class='spotnb-feed-line'><code>{when}</code> {_esc(event_text(e))}</div>"
 
 
 def _compact_feed(feed: list[dict[str, Any]], limit: int) -> list[tuple[dict[str, Any], int]]:
