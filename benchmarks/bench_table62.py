@@ -26,8 +26,9 @@ OTHERS = ("adaptive", "hedged")
 
 
 def table(runs: int, seed: int) -> str:
-    lines = ["| scenario | policy | total (h) | compute (h) | recompute (h) | save (h) | "
-             "alloc + prep (h) | preemptions | saves | emergency saves tried | spot $ | overhead |",
+    lines = [("| scenario | policy | total (h) | compute (h) | recompute (h) | save (h) | "
+              "alloc + prep (h) | preemptions | saves | emergency saves tried | spot $ | "
+              "overhead |"),
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in SCENARIOS:
         sc = example_scenario(name)

@@ -3,7 +3,8 @@ one thing mocked: recording stand-ins for `ComputeManagementClient.virtual_machi
 `ResourceManagementClient.resource_groups`. The VirtualMachine built for create, the
 ResourceGroup created on first use, and the delete / simulate_eviction calls, are asserted field
 by field against azure-mgmt-compute's and azure-mgmt-resource's own models and their REST
-serialisation (`as_dict`), with no network. The Blob store itself runs against Azurite in test_store_conformance.py."""
+serialisation (`as_dict`), with no network. The Blob store itself runs against Azurite in
+test_store_conformance.py."""
 from __future__ import annotations
 
 import base64
@@ -89,8 +90,10 @@ class FakeVirtualMachines:
                 SimpleNamespace(name="other", location="eastus", tags={})]
 
     def list_all(self) -> list[Any]:
-        vm_id = f"/subscriptions/{SUB}/resourceGroups/spotnb-westeurope/providers/Microsoft.Compute/virtualMachines/spotnb-y-2"
-        return [SimpleNamespace(name="spotnb-y-2", location="westeurope", tags={JOB_TAG: "y"}, id=vm_id),
+        vm_id = (f"/subscriptions/{SUB}/resourceGroups/spotnb-westeurope/providers/"
+                 "Microsoft.Compute/virtualMachines/spotnb-y-2")
+        return [SimpleNamespace(name="spotnb-y-2", location="westeurope", tags={JOB_TAG: "y"},
+                                id=vm_id),
                 SimpleNamespace(name="other", location="eastus", tags={}, id="/x")]
 
 
@@ -219,7 +222,8 @@ def test_validate() -> None:
 
 
 def _default_group_provider(fake: FakeVirtualMachines) -> AzureProvider:
-    p = AzureProvider(_config(azure_resource_group=None), compute=SimpleNamespace(virtual_machines=fake),
+    p = AzureProvider(_config(azure_resource_group=None),
+                      compute=SimpleNamespace(virtual_machines=fake),
                       resources=SimpleNamespace(resource_groups=FakeResourceGroups(fake.calls)))
     p.validate()                     # no azure_resource_group is fine
     return p

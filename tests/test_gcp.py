@@ -203,7 +203,8 @@ def test_capacity_errors_move_on(provider: GCPProvider, fake: FakeInstances) -> 
 def test_validate() -> None:
     GCPProvider(_config(region="us-central1")).validate()                  # a region is fine
     GCPProvider(_config(region=None, regions=["us-central1", "europe-west4-b"])).validate()
-    with pytest.raises(ConfigError, match="Config.regions: 'eastus' is neither a GCP region nor a zone"):
+    with pytest.raises(ConfigError,
+                       match="Config.regions: 'eastus' is neither a GCP region nor a zone"):
         GCPProvider(_config(region=None, regions=["us-central1", "eastus"])).validate()
     with pytest.raises(ConfigError, match="Config.region: 'us-central1-' is neither"):
         GCPProvider(_config(region="us-central1-")).validate()
@@ -272,7 +273,8 @@ def test_region_lists_its_zones_and_tries_them_in_turn(fake: FakeInstances) -> N
     assert inst.region == inst.info["zone"] == "us-central1-c"
     req = [r for k, r in fake.calls if k == "insert"][-1]
     assert req.instance_resource.machine_type == "zones/us-central1-c/machineTypes/g2-standard-4"
-    assert req.instance_resource.disks[0].initialize_params.disk_type.startswith("zones/us-central1-c/")
+    disk = req.instance_resource.disks[0]
+    assert disk.initialize_params.disk_type.startswith("zones/us-central1-c/")
     (listing,) = zones.requests
     assert isinstance(listing, compute_v1.ListZonesRequest)
     assert listing.project == PROJECT and listing.filter == "region eq .*/regions/us-central1"
@@ -297,9 +299,11 @@ def test_region_with_every_zone_exhausted_is_a_capacity_error(fake: FakeInstance
         assert zone in str(err.value)
 
 
-def test_region_where_no_zone_offers_the_machine_type_is_a_config_error(fake: FakeInstances) -> None:
+def test_region_where_no_zone_offers_the_machine_type_is_a_config_error(
+        fake: FakeInstances) -> None:
     provider = _region_provider(fake, FakeZones())
-    fake.insert_error = gexc.BadRequest("Machine type with name 'g2-standard-4' does not exist in zone")
+    fake.insert_error = gexc.BadRequest(
+        "Machine type with name 'g2-standard-4' does not exist in zone")
     with pytest.raises(ConfigError, match="Config.instance_type: no zone of us-central1 can run"):
         provider.launch(_spec(zone="us-central1"))
     fake.calls.clear()

@@ -12,7 +12,7 @@ import json
 import pytest
 
 import spotnb as spot
-from spotnb.policy import Periodic, Static, resolve_policy
+from spotnb.policy import Periodic, resolve_policy
 from spotnb.sim import Scenario, simulate
 from spotnb.sim.cli import main as simulate_main
 from tests.core import jobfns

@@ -17,7 +17,8 @@ from spotnb.policy.intervals import daly2_interval, daly_interval, expected_tota
 from spotnb.policy.periodic import Daly, Young
 from spotnb.policy.static import Adaptive, Periodic, Static
 
-__all__ = ["Observation", "Plan", "Policy", "SaveKind", "Static", "Periodic", "Adaptive", "Young", "Daly",
+__all__ = ["Observation", "Plan", "Policy", "SaveKind", "Static", "Periodic", "Adaptive", "Young",
+           "Daly",
            "Hedged", "daly_interval", "daly2_interval", "young_interval", "expected_total",
            "unprotected_fraction", "emergency_feasible", "steps_for", "resolve_policy",
            "policy_names", "FACTORIES"]

@@ -9,7 +9,8 @@ from spotnb.policy.intervals import daly_interval
 
 _FOREVER = 2**62
 
-__all__ = ["Static", "Periodic", "Adaptive", "daly_interval", "snapshot_estimate", "upload_estimate",
+__all__ = ["Static", "Periodic", "Adaptive", "daly_interval", "snapshot_estimate",
+           "upload_estimate",
            "periodic_plan"]
 
 

@@ -167,7 +167,8 @@ class AzureProvider(Provider):
         if self._resources is None:
             from azure.identity import DefaultAzureCredential
             from azure.mgmt.resource.resources import ResourceManagementClient
-            self._resources = ResourceManagementClient(DefaultAzureCredential(), self.subscription())
+            self._resources = ResourceManagementClient(DefaultAzureCredential(),
+                                                       self.subscription())
         return self._resources
 
     def resource_group(self, location: str) -> str:

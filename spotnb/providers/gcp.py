@@ -74,7 +74,8 @@ def is_region(name: str | None) -> bool:
 def instance_name(spec: LaunchSpec) -> str:
     """A valid GCE name, `[a-z]([-a-z0-9]*[a-z0-9])?` of at most 63 characters, for any job id
     (a real one or the dry run's "<job-id>"): runs of other characters become one dash, and a
-    long id is cut so the incarnation number stays at the end (names must differ per incarnation)."""
+    long id is cut so the incarnation number stays at the end (names must differ per
+    incarnation)."""
     suffix = f"-{spec.incarnation}"
     job = re.sub(r"[^a-z0-9]+", "-", spec.job_id.lower()).strip("-") or "job"
     job = job[:_NAME_MAX - len("spotnb-") - len(suffix)].rstrip("-")
