@@ -341,3 +341,10 @@ def test_region_dry_run_names_the_zone_order(fake: FakeInstances) -> None:
 
 def test_list_tagged(provider: GCPProvider) -> None:
     assert [(i.id, job) for i, job in provider.list_tagged()] == [("spotnb-x-1", "x")]
+
+
+def test_region_without_zones_is_a_config_error(fake: FakeInstances) -> None:
+    provider = _region_provider(fake, FakeZones(zones=[_zone("europe-west4-a", "europe-west4")]))
+    with pytest.raises(ConfigError, match="'us-central1' has no zone that is UP"):
+        provider.launch(_spec(zone="us-central1"))
+    assert fake.inserted_zones() == []
