@@ -1,8 +1,10 @@
 """Azure provider. The compute control plane cannot run here (no emulator exists), so it is the
-one thing mocked: a recording stand-in for `ComputeManagementClient.virtual_machines`. The
-VirtualMachine built for create, and the delete / simulate_eviction calls, are asserted field
-by field against azure-mgmt-compute's own models and their REST serialisation (`as_dict`), with
-no network. The Blob store itself runs against Azurite in test_store_conformance.py."""
+one thing mocked: recording stand-ins for `ComputeManagementClient.virtual_machines` and
+`ResourceManagementClient.resource_groups`. The VirtualMachine built for create, the
+ResourceGroup created on first use, and the delete / simulate_eviction calls, are asserted field
+by field against azure-mgmt-compute's and azure-mgmt-resource's own models and their REST
+serialisation (`as_dict`), with no network. The Blob store itself runs against Azurite in
+test_store_conformance.py."""
 from __future__ import annotations
 
 import base64
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.mgmt.compute import models as m
+from azure.mgmt.resource.resources.models import ResourceGroup
 
 import spotnb as spot
 from spotnb.errors import CapacityError, ConfigError
@@ -19,7 +22,7 @@ from spotnb.providers import get_provider_class
 from spotnb.providers.azure import (AzureProvider, DEFAULT_IMAGE, build_vm, throwaway_ssh_key,
                                     vm_name)
 from spotnb.providers.base import InstanceState, LaunchSpec
-from spotnb.providers.cleanup import JOB_TAG
+from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG
 
 SUB = "00000000-0000-0000-0000-000000000000"
 RG = "spotnb-rg"
@@ -85,6 +88,25 @@ class FakeVirtualMachines:
     def list(self, rg: str) -> list[Any]:
         return [SimpleNamespace(name="spotnb-x-1", location="eastus", tags={JOB_TAG: "x"}),
                 SimpleNamespace(name="other", location="eastus", tags={})]
+
+    def list_all(self) -> list[Any]:
+        vm_id = (f"/subscriptions/{SUB}/resourceGroups/spotnb-westeurope/providers/"
+                 "Microsoft.Compute/virtualMachines/spotnb-y-2")
+        return [SimpleNamespace(name="spotnb-y-2", location="westeurope", tags={JOB_TAG: "y"},
+                                id=vm_id),
+                SimpleNamespace(name="other", location="eastus", tags={}, id="/x")]
+
+
+class FakeResourceGroups:
+    """Records `resource_groups.create_or_update(name, ResourceGroup)` calls into `log`, a list
+    shared with the VMs' fake so the order of the two is visible."""
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def create_or_update(self, name: str, group: ResourceGroup) -> ResourceGroup:
+        self.log.append(("create_group", (name, group), {}))
+        return group
 
 
 def _view(*codes: str) -> m.VirtualMachineInstanceView:
@@ -197,6 +219,62 @@ def test_validate() -> None:
         AzureProvider(_config(store="memory://x")).validate()
     with pytest.raises(ConfigError, match="azure_image"):
         AzureProvider(_config(azure_image="not-an-image")).validate()
+
+
+def _default_group_provider(fake: FakeVirtualMachines) -> AzureProvider:
+    p = AzureProvider(_config(azure_resource_group=None),
+                      compute=SimpleNamespace(virtual_machines=fake),
+                      resources=SimpleNamespace(resource_groups=FakeResourceGroups(fake.calls)))
+    p.validate()                     # no azure_resource_group is fine
+    return p
+
+
+def test_default_resource_group_is_created_on_first_use(fake: FakeVirtualMachines) -> None:
+    provider = _default_group_provider(fake)
+    inst = provider.launch(_spec())
+    (kind, (name, group), _), create = fake.calls[0], fake.calls[1]
+    assert (kind, name) == ("create_group", "spotnb-eastus")          # before the VM
+    assert isinstance(group, ResourceGroup)
+    assert group.location == "eastus" and group.tags == {MANAGED_TAG: "true"}
+    assert dict(group) == {"location": "eastus", "tags": {MANAGED_TAG: "true"}}  # the REST body
+    assert create[0] == "create" and create[1][0] == "spotnb-eastus"
+    assert inst.info["resource_group"] == "spotnb-eastus"
+    # once per location: a second incarnation reuses it; another location gets its own
+    provider.launch(_spec())
+    provider.launch(_spec(region="westeurope"))
+    groups = [c[1][0] for c in fake.calls if c[0] == "create_group"]
+    assert groups == ["spotnb-eastus", "spotnb-westeurope"]
+    # the VM is watched, evicted and deleted in the group it was created in
+    provider.inject(inst)
+    assert fake.calls[-1] == ("simulate_eviction", ("spotnb-eastus", inst.id), {})
+    provider.terminate(inst)
+    assert fake.calls[-1] == ("delete", ("spotnb-eastus", inst.id), {})
+    # gc without a configured group looks through the subscription
+    assert [(i.id, i.info["resource_group"], job) for i, job in provider.list_tagged()] == \
+        [("spotnb-y-2", "spotnb-westeurope", "y")]
+
+
+def test_configured_resource_group_is_never_created(provider: AzureProvider,
+                                                    fake: FakeVirtualMachines) -> None:
+    provider.launch(_spec())
+    assert [c[0] for c in fake.calls] == ["create"] and fake.calls[0][1][0] == RG
+
+
+def test_dry_run_names_the_default_resource_group(capsys: pytest.CaptureFixture) -> None:
+    def fit(ctx):
+        return 1
+
+    plan = spot.train(fit, _config(azure_resource_group=None), dry_run=True)
+    assert plan["resource_group"] == "spotnb-eastus"
+    group, vm = plan["requests"]
+    assert group["api"] == "resources.resource_groups.create_or_update"
+    assert group["args"] == {"resource_group_name": "spotnb-eastus"}
+    assert group["body"] == {"location": "eastus", "tags": {MANAGED_TAG: "true"}}
+    assert "first use" in group["note"]
+    assert vm["api"] == "compute.virtual_machines.begin_create_or_update"
+    assert vm["args"]["resource_group_name"] == "spotnb-eastus"
+    assert plan["terminate"]["args"]["resource_group_name"] == "spotnb-eastus"
+    assert "spotnb-eastus" in capsys.readouterr().out
 
 
 def test_dry_run(capsys: pytest.CaptureFixture) -> None:

@@ -1,7 +1,8 @@
 """Checkpoint policies: when to save so a spot job finishes early and cheaply.
 
 Policies are chosen by name in `Config(checkpoint=...)` or passed as objects. Names:
-`static:N`, `young`, `daly`, `daly2`, `adaptive`, `hedged` (see `policy_names()`).
+`static:N` (every N steps, plus emergency saves), `periodic:N` (every N steps and nothing else:
+the thesis's baseline), `young`, `daly`, `daly2`, `adaptive`, `hedged` (see `policy_names()`).
 Pure: importing this package pulls in no torch, pandas or plotly.
 """
 from __future__ import annotations
@@ -14,9 +15,10 @@ from spotnb.policy.base import (Observation, Plan, Policy, SaveKind, emergency_f
 from spotnb.policy.hedged import Hedged, unprotected_fraction
 from spotnb.policy.intervals import daly2_interval, daly_interval, expected_total, young_interval
 from spotnb.policy.periodic import Daly, Young
-from spotnb.policy.static import Adaptive, Static
+from spotnb.policy.static import Adaptive, Periodic, Static
 
-__all__ = ["Observation", "Plan", "Policy", "SaveKind", "Static", "Adaptive", "Young", "Daly",
+__all__ = ["Observation", "Plan", "Policy", "SaveKind", "Static", "Periodic", "Adaptive", "Young",
+           "Daly",
            "Hedged", "daly_interval", "daly2_interval", "young_interval", "expected_total",
            "unprotected_fraction", "emergency_feasible", "steps_for", "resolve_policy",
            "policy_names", "FACTORIES"]
@@ -36,6 +38,7 @@ def _no_arg(name: str, make: Callable[[], Policy]) -> Callable[[str | None], Pol
 
 _FACTORIES: dict[str, Callable[[str | None], Policy]] = {
     "static": lambda arg: Static(int(arg)) if arg else _need_arg("static", "static:100"),
+    "periodic": lambda arg: Periodic(int(arg)) if arg else _need_arg("periodic", "periodic:100"),
     "young": _no_arg("young", Young),
     "daly": _no_arg("daly", Daly),
     "daly2": _no_arg("daly2", lambda: Daly(order=2)),
@@ -59,7 +62,7 @@ def resolve_policy(spec: Any) -> Policy:
     factory = _FACTORIES.get(name)
     if factory is None:
         raise ValueError(f"unknown checkpoint policy {spec!r}; choose one of {policy_names()} "
-                         "(static takes a step count: 'static:100')")
+                         "(static and periodic take a step count: 'static:100', 'periodic:50')")
     try:
         return factory(arg or None)
     except (TypeError, ValueError) as exc:

@@ -1,12 +1,16 @@
-"""Fixed and thesis policies: a save every N steps, and the adaptive Algorithm 1."""
+"""Fixed and thesis policies: a save every N steps (with or without emergency saves), and the
+adaptive Algorithm 1."""
 from __future__ import annotations
+
+import math
 
 from spotnb.policy.base import BatchPlan, Observation, Plan, Policy, SaveKind, steps_for
 from spotnb.policy.intervals import daly_interval
 
 _FOREVER = 2**62
 
-__all__ = ["Static", "Adaptive", "daly_interval", "snapshot_estimate", "upload_estimate",
+__all__ = ["Static", "Periodic", "Adaptive", "daly_interval", "snapshot_estimate",
+           "upload_estimate",
            "periodic_plan"]
 
 
@@ -52,6 +56,27 @@ class Static(Policy):
 
     def __repr__(self) -> str:
         return f"Static(every={self.every})"
+
+
+class Periodic(Static):
+    """A save every `every` steps and nothing else, not even on a notice: the VM trains on
+    until it is killed. The thesis's baseline (Table 6.2 compares Adaptive with it); `Static`
+    is the same interval plus the emergency save whenever it fits, so it cannot stand in."""
+
+    name = "periodic"
+
+    def on_notice(self, obs: Observation, time_left: float) -> bool:
+        return False
+
+    def batch_plan(self, obs: Observation) -> BatchPlan | None:
+        cls = type(self)
+        if (self._overrides(Periodic, "next_save", "on_notice")
+                or cls.allocate_on_notice is not Policy.allocate_on_notice):
+            return None
+        return BatchPlan(self.every, SaveKind.PERIODIC, _FOREVER, math.inf, False)
+
+    def __repr__(self) -> str:
+        return f"Periodic(every={self.every})"
 
 
 class Adaptive(Policy):

@@ -5,7 +5,11 @@ One VM per incarnation: `priority="Spot"`, the configured eviction policy and
 `custom_data`, a user-assigned managed identity for the store, and a NIC, Standard public IP
 (secure by default: closed to inbound traffic, needed for outbound pip installs) and OS disk
 created *inline* with `delete_option="Delete"`, so deleting the VM at the end of an incarnation
-deletes its disk, NIC and IP too. Only the compute SDK is needed (no azure-mgmt-network).
+deletes its disk, NIC and IP too. Besides the compute SDK only azure-mgmt-resource is used (no
+azure-mgmt-network): without `azure_resource_group`, the VMs go into a group spotnb creates on
+first use, `spotnb-<location>` (one per location, tagged spotnb-managed, never deleted by spotnb:
+it is empty between jobs and costs nothing), with `resource_groups.create_or_update`, which is
+idempotent. A configured group is used as it is and never created.
 
 Credentials come from azure-identity's DefaultAzureCredential chain (env, CLI, managed
 identity) and never enter a request body or the boot script. Fault injection:
@@ -31,10 +35,10 @@ from spotnb.prices import lookup_price
 from spotnb.providers.base import (Feature, Instance, InstanceState, InstanceStatus, LaunchSpec,
                                    Price, Provider)
 from spotnb.providers.bootstrap import azure_custom_data, require_remote_store
-from spotnb.providers.cleanup import JOB_TAG, job_tags
+from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG, job_tags
 
 __all__ = ["AzureProvider", "DEFAULT_IMAGE", "CAPACITY_CODES", "build_vm", "vm_name",
-           "throwaway_ssh_key"]
+           "throwaway_ssh_key", "default_resource_group", "resource_group_model"]
 
 DEFAULT_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"  # Ubuntu HPC: NVIDIA drivers, CUDA
 NETWORK_API_VERSION = "2022-11-01"
@@ -51,6 +55,24 @@ _RETAIL_API = "https://prices.azure.com/api/retail/prices"
 def vm_name(spec: LaunchSpec) -> str:
     """A VM (and Linux computer) name: ≤ 64 characters of letters, digits and dashes."""
     return re.sub(r"[^a-z0-9-]", "-", f"spotnb-{spec.job_id}-{spec.incarnation}".lower())[:64]
+
+
+def default_resource_group(location: str) -> str:
+    """The group spotnb creates on first use when `azure_resource_group` is not set."""
+    return f"spotnb-{location}"
+
+
+def resource_group_model(location: str) -> Any:
+    """The exact ResourceGroup sent to `resource_groups.create_or_update`."""
+    from azure.mgmt.resource.resources.models import ResourceGroup
+    return ResourceGroup(location=location, tags={MANAGED_TAG: "true"})
+
+
+def _group_of(resource_id: str) -> str | None:
+    """The resource group in an ARM id (/subscriptions/…/resourceGroups/NAME/providers/…)."""
+    parts = resource_id.split("/")
+    lowered = [p.lower() for p in parts]
+    return parts[lowered.index("resourcegroups") + 1] if "resourcegroups" in lowered else None
 
 
 def throwaway_ssh_key() -> str:
@@ -119,10 +141,13 @@ class AzureProvider(Provider):
         Feature.REBALANCE_HINT: "Azure Scheduled Events give no early rebalance recommendation",
     }
 
-    def __init__(self, config: Any, compute: Any = None) -> None:
-        """`compute` is a ComputeManagementClient (built from DefaultAzureCredential if None)."""
+    def __init__(self, config: Any, compute: Any = None, resources: Any = None) -> None:
+        """`compute` is a ComputeManagementClient and `resources` a ResourceManagementClient
+        (each built from DefaultAzureCredential if None)."""
         super().__init__(config)
         self._compute = compute
+        self._resources = resources
+        self._groups_ready: set[str] = set()
         self._ssh_key: str | None = config.azure_ssh_public_key
         self._launched: dict[str, Instance] = {}
         self._terminated: set[str] = set()
@@ -137,11 +162,35 @@ class AzureProvider(Provider):
             self._compute = ComputeManagementClient(DefaultAzureCredential(), self.subscription())
         return self._compute
 
+    @property
+    def resources(self) -> Any:
+        if self._resources is None:
+            from azure.identity import DefaultAzureCredential
+            from azure.mgmt.resource.resources import ResourceManagementClient
+            self._resources = ResourceManagementClient(DefaultAzureCredential(),
+                                                       self.subscription())
+        return self._resources
+
+    def resource_group(self, location: str) -> str:
+        """The configured group, or the one spotnb creates for this location."""
+        return self.config.azure_resource_group or default_resource_group(location)
+
+    def _ensure_group(self, location: str) -> str:
+        """The group for `location`, created first if it is spotnb's default (once per provider)."""
+        rg = self.resource_group(location)
+        if not self.config.azure_resource_group and rg not in self._groups_ready:
+            self.resources.resource_groups.create_or_update(rg, resource_group_model(location))
+            self._groups_ready.add(rg)
+        return rg
+
+    def _group_of_instance(self, instance: Instance) -> str:
+        return instance.info.get("resource_group") or self.resource_group(instance.region or "")
+
     def subscription(self) -> str:
         sub = self.config.azure_subscription_id or os.environ.get("AZURE_SUBSCRIPTION_ID")
         if not sub:
             raise ConfigError("Config.azure_subscription_id: not set and $AZURE_SUBSCRIPTION_ID "
-                              "is empty; give the subscription that holds azure_resource_group")
+                              "is empty; give the subscription to launch in")
         return sub
 
     def storage_account(self) -> str | None:
@@ -170,9 +219,8 @@ class AzureProvider(Provider):
         require_remote_store(self.config, self.name)
         cfg = self.config
         self.subscription()
-        missing = [f for f in ("azure_resource_group", "azure_subnet_id") if not getattr(cfg, f)]
-        if missing:
-            raise ConfigError(f"Config.{missing[0]}: required for provider='azure' (see "
+        if not cfg.azure_subnet_id:
+            raise ConfigError("Config.azure_subnet_id: required for provider='azure' (see "
                               "notebooks/03-clouds.ipynb for the one-time setup)")
         if not (cfg.region or (isinstance(cfg.regions, list) and cfg.regions) or cfg.regions == "cheapest"):
             raise ConfigError("Config.region: give an Azure location such as 'eastus' (or regions=[...])")
@@ -195,12 +243,19 @@ class AzureProvider(Provider):
         body = vm.as_dict()
         body["properties"]["osProfile"]["customData"] = "<base64 of the cloud-config below>"
         name = vm_name(spec)
-        rg = self.config.azure_resource_group
+        rg = self.resource_group(location if (spec.region or self.config.region) else "<location>")
         cloud_config = base64.b64decode(azure_custom_data(spec)).decode()
-        return {"provider": "azure", "location": location, "requests": [
-            {"api": "compute.virtual_machines.begin_create_or_update",
-             "args": {"resource_group_name": rg, "vm_name": name}, "body": body},
-        ], "cloud_config": cloud_config,
+        requests: list[dict[str, Any]] = []
+        if not self.config.azure_resource_group:
+            requests.append({
+                "api": "resources.resource_groups.create_or_update",
+                "args": {"resource_group_name": rg}, "body": dict(resource_group_model(location)),
+                "note": "Config.azure_resource_group is not set: spotnb creates this group on "
+                        "first use (idempotent; set azure_resource_group to use your own)"})
+        requests.append({"api": "compute.virtual_machines.begin_create_or_update",
+                         "args": {"resource_group_name": rg, "vm_name": name}, "body": body})
+        return {"provider": "azure", "location": location, "resource_group": rg,
+                "requests": requests, "cloud_config": cloud_config,
             "terminate": {"api": "compute.virtual_machines.begin_delete",
                           "args": {"resource_group_name": rg, "vm_name": name},
                           "note": "deletes the OS disk, NIC and public IP with it (delete_option)"},
@@ -213,9 +268,9 @@ class AzureProvider(Provider):
         location = self._location(spec)
         name = vm_name(spec)
         vm = build_vm(spec, self.config, location, self.ssh_key())
+        rg = self._ensure_group(location)
         try:
-            poller = self.compute.virtual_machines.begin_create_or_update(
-                self.config.azure_resource_group, name, vm)
+            poller = self.compute.virtual_machines.begin_create_or_update(rg, name, vm)
         except HttpResponseError as exc:
             code = getattr(exc.error, "code", None) or ""
             if code in CAPACITY_CODES:
@@ -223,14 +278,13 @@ class AzureProvider(Provider):
             raise
         instance = Instance(id=name, provider="azure", region=location,
                             instance_type=spec.instance_type, launched_at=time.time(),
-                            info={"resource_group": self.config.azure_resource_group,
-                                  "incarnation": spec.incarnation})
+                            info={"resource_group": rg, "incarnation": spec.incarnation})
         self._pollers[name] = poller
         self._launched[name] = instance
         return instance
 
     def _describe(self, instance: Instance) -> InstanceStatus:
-        rg = instance.info.get("resource_group") or self.config.azure_resource_group
+        rg = self._group_of_instance(instance)
         poller = self._pollers.get(instance.id)
         if poller is not None and poller.done():
             try:
@@ -264,7 +318,7 @@ class AzureProvider(Provider):
     def _terminate(self, instance: Instance) -> None:
         """Delete the VM (its disk, NIC and IP go with it); the deletion finishes in Azure."""
         self._terminated.add(instance.id)
-        rg = instance.info.get("resource_group") or self.config.azure_resource_group
+        rg = self._group_of_instance(instance)
         try:
             self.compute.virtual_machines.begin_delete(rg, instance.id)
         except ResourceNotFoundError:
@@ -272,7 +326,7 @@ class AzureProvider(Provider):
 
     def inject(self, instance: Instance) -> None:
         """Fault injection: Azure evicts the VM about 30 s after a Preempt scheduled event."""
-        rg = instance.info.get("resource_group") or self.config.azure_resource_group
+        rg = self._group_of_instance(instance)
         self.compute.virtual_machines.simulate_eviction(rg, instance.id)
 
     def _prices(self, instance_type: str, regions: list[str] | None) -> dict[str, Price]:
@@ -292,10 +346,16 @@ class AzureProvider(Provider):
 
     # -- cleanup ---------------------------------------------------------------------------
     def list_tagged(self) -> Iterator[tuple[Instance, str]]:
-        rg = self.config.azure_resource_group
-        for vm in self.compute.virtual_machines.list(rg):
+        """The configured group's tagged VMs, or (spotnb's groups being one per location) every
+        tagged VM of the subscription."""
+        configured = self.config.azure_resource_group
+        vms = (self.compute.virtual_machines.list(configured) if configured
+               else self.compute.virtual_machines.list_all())
+        for vm in vms:
             tags = vm.tags or {}
             if JOB_TAG in tags:
+                rg = configured or _group_of(getattr(vm, "id", None) or "") \
+                    or default_resource_group(vm.location)
                 yield (Instance(id=vm.name, provider="azure", region=vm.location,
                                 instance_type="", launched_at=0.0, info={"resource_group": rg}),
                        tags[JOB_TAG])

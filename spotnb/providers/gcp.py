@@ -5,7 +5,16 @@ instance_termination_action="DELETE", on_host_maintenance="TERMINATE")`: a preem
 deleted with its boot disk (`auto_delete`), so nothing is left billing; GPU VMs cannot
 live-migrate, hence TERMINATE on host maintenance (the agent's GcpWatcher treats
 TERMINATE_ON_HOST_MAINTENANCE as a preemption). The bootstrap is the `startup-script`
-metadata item. Regions are zones ("us-central1-a").
+metadata item.
+
+Where: `region` / `regions` take zones ("us-central1-a") or regions ("us-central1"). A region is
+tried zone by zone, in the order `ZonesClient.list` gives for it (zones that are UP, sorted by
+name); a capacity error (ZONE_RESOURCE_POOL_EXHAUSTED, stockout, quota) or a zone that does not
+offer the machine type moves on to the next zone, and only when every zone refused does the
+launch raise CapacityError (the controller then backs off and tries again). When the credentials
+may not list zones (compute.zones.list denied, or no credentials at all in a dry run), the
+fallback is the zone suffixes GCE uses, `<region>-a, -b, -c, -d, -f` (`FALLBACK_ZONE_SUFFIXES`):
+those a region lacks are skipped like a zone without the machine type.
 
 Credentials come from google-auth's Application Default Credentials; the VM uses its service
 account. Fault injection: `provider.inject(instance)` calls `simulate_maintenance_event`.
@@ -14,12 +23,14 @@ key; spotnb uses its built-in table (the same price in every zone).
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
 from typing import Any, ClassVar, Iterator
 
 from google.api_core import exceptions as gexc
+from google.auth.exceptions import DefaultCredentialsError
 from google.cloud import compute_v1
 
 from spotnb.errors import CapacityError, ConfigError
@@ -29,21 +40,52 @@ from spotnb.providers.base import (Feature, Instance, InstanceState, InstanceSta
 from spotnb.providers.bootstrap import gcp_startup_script, require_remote_store
 from spotnb.providers.cleanup import JOB_TAG, job_tags
 
-__all__ = ["GCPProvider", "DEFAULT_IMAGE", "CAPACITY_MARKERS", "build_instance", "instance_name",
-           "insert_request", "delete_request", "simulate_request"]
+__all__ = ["GCPProvider", "DEFAULT_IMAGE", "CAPACITY_MARKERS", "FALLBACK_ZONE_SUFFIXES",
+           "build_instance", "instance_name", "insert_request", "delete_request",
+           "simulate_request", "zones_request", "is_zone", "is_region"]
+
+log = logging.getLogger("spotnb.providers.gcp")
 
 DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/pytorch-latest-gpu"
 # Error reasons that mean "not in this zone now": the controller tries the next candidate.
 CAPACITY_MARKERS = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
                     "QUOTA_EXCEEDED", "RESOURCE_EXHAUSTED", "UNSUPPORTED_OPERATION",
                     "does not have enough resources available", "stockout")
+# Errors that mean "this zone cannot serve this request at all" (no such zone, machine type or
+# GPU there): inside a region, the next zone is tried; for an explicit zone they are raised.
+NOT_IN_ZONE_MARKERS = ("does not exist in zone", "Unknown zone", "Invalid value for field 'zone'")
+#: Zone suffixes tried, in this order, when zones cannot be listed (GCE names zones a–f; most
+#: regions have three of them, and a suffix a region lacks is skipped).
+FALLBACK_ZONE_SUFFIXES = ("a", "b", "c", "d", "f")
 _ZONE = re.compile(r"^[a-z]+-[a-z]+\d+-[a-z]$")
+_REGION = re.compile(r"^[a-z]+-[a-z]+\d+$")
+_NAME_MAX = 63
 _INSERT_TIMEOUT = 180.0
 
 
+def is_zone(name: str | None) -> bool:
+    return bool(name and _ZONE.match(name))
+
+
+def is_region(name: str | None) -> bool:
+    return bool(name and _REGION.match(name))
+
+
 def instance_name(spec: LaunchSpec) -> str:
-    """RFC 1035 name: lowercase letters, digits and dashes, ≤ 63, starting with a letter."""
-    return re.sub(r"[^a-z0-9-]", "-", f"spotnb-{spec.job_id}-{spec.incarnation}".lower())[:63]
+    """A valid GCE name, `[a-z]([-a-z0-9]*[a-z0-9])?` of at most 63 characters, for any job id
+    (a real one or the dry run's "<job-id>"): runs of other characters become one dash, and a
+    long id is cut so the incarnation number stays at the end (names must differ per
+    incarnation)."""
+    suffix = f"-{spec.incarnation}"
+    job = re.sub(r"[^a-z0-9]+", "-", spec.job_id.lower()).strip("-") or "job"
+    job = job[:_NAME_MAX - len("spotnb-") - len(suffix)].rstrip("-")
+    return f"spotnb-{job}{suffix}"
+
+
+def _labels(spec: LaunchSpec) -> dict[str, str]:
+    """job_tags as valid GCE label values (lowercase letters, digits, `_` and `-`, ≤ 63)."""
+    return {k: re.sub(r"[^a-z0-9_-]+", "-", v.lower()).strip("-")[:_NAME_MAX]
+            for k, v in job_tags(spec).items()}
 
 
 def build_instance(spec: LaunchSpec, config: Any, zone: str) -> compute_v1.Instance:
@@ -53,7 +95,7 @@ def build_instance(spec: LaunchSpec, config: Any, zone: str) -> compute_v1.Insta
         boot=True, auto_delete=True, type_="PERSISTENT",
         initialize_params=compute_v1.AttachedDiskInitializeParams(
             source_image=config.gcp_image or DEFAULT_IMAGE, disk_size_gb=config.gcp_disk_gb,
-            disk_type=f"zones/{zone}/diskTypes/pd-balanced", labels=job_tags(spec)))
+            disk_type=f"zones/{zone}/diskTypes/pd-balanced", labels=_labels(spec)))
     nic = compute_v1.NetworkInterface(
         network=config.gcp_network or "global/networks/default",
         # an ephemeral external IP for outbound pip installs; the default firewall admits no
@@ -63,7 +105,7 @@ def build_instance(spec: LaunchSpec, config: Any, zone: str) -> compute_v1.Insta
         nic.subnetwork = config.gcp_subnetwork
     instance = compute_v1.Instance(
         name=name, machine_type=f"zones/{zone}/machineTypes/{spec.instance_type}",
-        labels=job_tags(spec), disks=[disk], network_interfaces=[nic],
+        labels=_labels(spec), disks=[disk], network_interfaces=[nic],
         scheduling=compute_v1.Scheduling(provisioning_model="SPOT",
                                          instance_termination_action="DELETE",
                                          on_host_maintenance="TERMINATE", automatic_restart=False),
@@ -93,12 +135,23 @@ def simulate_request(project: str, zone: str, name: str) -> compute_v1.SimulateM
     return compute_v1.SimulateMaintenanceEventInstanceRequest(project=project, zone=zone, instance=name)
 
 
-def _is_capacity(text: str) -> bool:
-    return any(marker in text for marker in CAPACITY_MARKERS)
+def zones_request(project: str, region: str) -> compute_v1.ListZonesRequest:
+    """Zones of one region: `Zone.region` is the region's URL, matched by a regular expression
+    (the `eq` form of the list filter must match the whole field)."""
+    return compute_v1.ListZonesRequest(project=project, filter=f"region eq .*/regions/{region}")
+
+
+def _is_capacity(exc: Exception) -> bool:
+    return any(marker in str(exc) for marker in CAPACITY_MARKERS) or \
+        isinstance(exc, (gexc.ResourceExhausted, gexc.TooManyRequests))
+
+
+def _not_in_zone(exc: Exception) -> bool:
+    return isinstance(exc, gexc.NotFound) or any(m in str(exc) for m in NOT_IN_ZONE_MARKERS)
 
 
 class GCPProvider(Provider):
-    """GCE Spot VMs; regions are zones."""
+    """GCE Spot VMs; a region is tried zone by zone."""
 
     name = "gcp"
     unsupported: ClassVar[dict[Feature, str]] = {
@@ -106,18 +159,27 @@ class GCPProvider(Provider):
         Feature.REBALANCE_HINT: "GCE gives no early rebalance recommendation",
     }
 
-    def __init__(self, config: Any, instances: Any = None) -> None:
-        """`instances` is an InstancesClient (built from Application Default Credentials if None)."""
+    def __init__(self, config: Any, instances: Any = None, zones: Any = None) -> None:
+        """`instances` is an InstancesClient and `zones` a ZonesClient (each built from
+        Application Default Credentials if None)."""
         super().__init__(config)
         self._client = instances
+        self._zones_client = zones
         self._launched: dict[str, Instance] = {}
         self._terminated: set[str] = set()
+        self._region_zones: dict[str, tuple[list[str], str]] = {}
 
     @property
     def instances(self) -> Any:
         if self._client is None:
             self._client = compute_v1.InstancesClient()
         return self._client
+
+    @property
+    def zones_client(self) -> Any:
+        if self._zones_client is None:
+            self._zones_client = compute_v1.ZonesClient()
+        return self._zones_client
 
     def project(self) -> str:
         project = self.config.gcp_project or os.environ.get("GOOGLE_CLOUD_PROJECT") \
@@ -134,11 +196,38 @@ class GCPProvider(Provider):
                               "credentials; give the project id")
         return project
 
-    def _zone(self, spec: LaunchSpec) -> str:
-        zone = spec.region or self.config.region
-        if not zone:
-            raise ConfigError("Config.region: give a GCP zone such as 'us-central1-a'")
-        return zone
+    def _where_to(self, spec: LaunchSpec) -> str:
+        where = spec.region or self.config.region
+        if not where:
+            raise ConfigError("Config.region: give a GCP region or zone such as 'us-central1' "
+                              "or 'us-central1-a'")
+        return where
+
+    def zones(self, where: str) -> tuple[list[str], str]:
+        """The zones to try for a region or zone, in order, and where that order came from.
+
+        A region's zones are listed once per provider (they do not change during a job); when
+        listing fails (permission denied, no credentials) the fallback order is used instead."""
+        if is_zone(where):
+            return [where], "the configured zone"
+        if where not in self._region_zones:
+            project = self.project()
+            try:
+                listed = sorted(z.name for z in self.zones_client.list(
+                    request=zones_request(project, where))
+                    if z.region.rsplit("/", 1)[-1] == where and z.status != "DOWN")
+                if not listed:
+                    raise ConfigError(f"Config.region: {where!r} has no zone that is UP in project "
+                                      f"{project!r} (ZonesClient.list); check the region name")
+                result = (listed, "ZonesClient.list")
+            except (gexc.GoogleAPICallError, DefaultCredentialsError) as exc:
+                log.warning("cannot list the zones of %s (%s); trying %s-%s in turn", where,
+                            type(exc).__name__, where, "/".join(FALLBACK_ZONE_SUFFIXES))
+                result = ([f"{where}-{s}" for s in FALLBACK_ZONE_SUFFIXES],
+                          f"fallback (zones could not be listed: {type(exc).__name__})")
+            self._region_zones[where] = result
+        zones, source = self._region_zones[where]
+        return list(zones), source
 
     # -- validation and planning -----------------------------------------------------------
     def _validate(self) -> None:
@@ -148,21 +237,33 @@ class GCPProvider(Provider):
             raise ConfigError("Config.gcp_project: give the project id (or set $GOOGLE_CLOUD_PROJECT)")
         regions = self.config.candidate_regions()
         if not regions:
-            raise ConfigError("Config.region: give a GCP zone such as 'us-central1-a' (or regions=[...])")
+            raise ConfigError("Config.region: give a GCP region or zone such as 'us-central1' or "
+                              "'us-central1-a' (or regions=[...])")
+        field = "region" if self.config.region else "regions"
         for r in ([] if regions == "cheapest" else regions):
-            if not _ZONE.match(r or ""):
-                raise ConfigError(f"Config.regions: {r!r} is not a GCP zone (e.g. 'us-central1-a')")
+            if not (is_zone(r) or is_region(r)):
+                raise ConfigError(f"Config.{field}: {r!r} is neither a GCP region nor a zone "
+                                  "(e.g. 'us-central1' or 'us-central1-a')")
 
     def _plan_launch(self, spec: LaunchSpec) -> dict[str, Any]:
-        zone = spec.region or self.config.region or "<cheapest zone>"
+        where = spec.region or self.config.region
         project = self.project()
+        if where:
+            zones, source = self.zones(where)
+        else:
+            zones, source = ["<cheapest zone>"], "regions='cheapest'"
+        zone = zones[0]
         req = insert_request(spec, self.config, project, zone)
         body = compute_v1.Instance.to_dict(req.instance_resource)
         for item in body["metadata"]["items"]:
             if item["key"] == "startup-script":
                 item["value"] = "<the bootstrap script below>"
         name = instance_name(spec)
-        return {"provider": "gcp", "project": project, "zone": zone, "requests": [
+        return {"provider": "gcp", "project": project, "zone": zone, "zones": zones,
+                "zone_order": (f"{where}: tried in this order ({source}); a capacity error or a "
+                               "zone without the machine type moves on to the next"
+                               if len(zones) > 1 else f"{zone} ({source})"),
+                "requests": [
             {"api": "compute_v1.InstancesClient.insert", "args": {"project": project, "zone": zone},
              "body": body}],
             "bootstrap": gcp_startup_script(spec),
@@ -174,16 +275,32 @@ class GCPProvider(Provider):
 
     # -- backend hooks ---------------------------------------------------------------------
     def _launch(self, spec: LaunchSpec) -> Instance:
-        zone = self._zone(spec)
+        where = self._where_to(spec)
         project = self.project()
+        zones, _ = self.zones(where)
+        refused: list[str] = []
+        capacity = False
+        for zone in zones:
+            try:
+                return self._insert(spec, project, zone)
+            except gexc.GoogleAPICallError as exc:
+                if _is_capacity(exc):
+                    capacity = True
+                elif not (len(zones) > 1 and _not_in_zone(exc)):
+                    raise
+                log.info("%s: %s; trying the next zone", zone, exc)
+                refused.append(f"{zone}: {exc}")
+        if len(zones) == 1 and capacity:
+            raise CapacityError(refused[0])
+        if capacity:
+            raise CapacityError(f"no capacity in any zone of {where}: " + "; ".join(refused))
+        raise ConfigError(f"Config.instance_type: no zone of {where} can run "
+                          f"{spec.instance_type!r}: " + "; ".join(refused))
+
+    def _insert(self, spec: LaunchSpec, project: str, zone: str) -> Instance:
         req = insert_request(spec, self.config, project, zone)
-        try:
-            operation = self.instances.insert(request=req)
-            operation.result(timeout=_INSERT_TIMEOUT)  # errors of the insert surface here
-        except gexc.GoogleAPICallError as exc:
-            if _is_capacity(str(exc)) or isinstance(exc, (gexc.ResourceExhausted, gexc.TooManyRequests)):
-                raise CapacityError(f"{zone}: {exc}") from None
-            raise
+        operation = self.instances.insert(request=req)
+        operation.result(timeout=_INSERT_TIMEOUT)  # errors of the insert surface here
         name = req.instance_resource.name
         instance = Instance(id=name, provider="gcp", region=zone, instance_type=spec.instance_type,
                             launched_at=time.time(),

@@ -26,7 +26,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "simulate", help="simulate checkpoint policies on a spot scenario",
         description="Simulate a training job on spot VMs under several checkpoint policies. "
-                    "Policies: " + ", ".join(n + (":N" if n == "static" else "")
+                    "Policies: " + ", ".join(n + (":N" if n in ("static", "periodic") else "")
                                              for n in policy_names()) + ", on-demand.")
     p.add_argument("--scenario", required=True, help="scenario file (YAML or JSON)")
     p.add_argument("--policy", action="append", dest="policies", metavar="NAME",
