@@ -250,3 +250,34 @@ def test_a_job_survives_a_damaged_manifest_between_incarnations(reference, tmp_p
     assert [e["from_step"] for e in resumed] == [20]
     for name, tensor in ref_result["params"].items():
         assert torch.equal(result["params"][name], tensor), name
+
+
+# -- the local market's scratch folders ---------------------------------------------------
+def test_a_local_job_leaves_no_scratch_folder(tmp_path, monkeypatch) -> None:
+    """Each local job left two /tmp/spotnb-local-* folders (one from the config check at
+    submit, one from its controller); now none once the controller is done, and the folder
+    of a market whose process died is removed by the next market."""
+    import subprocess
+    import sys
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))          # the controller and the agents
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # this process
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (scratch / f"spotnb-local-{dead}-stale").mkdir()
+    (scratch / f"spotnb-local-{os.getpid()}-alive").mkdir()
+    job = spot.train(functools.partial(jobfns.slow_steps, steps=20, step_time=0.01),
+                     spot.Config(checkpoint="static:10", ship_modules=SHIP,
+                                 local_alloc_delay=(0.05, 0.1)))
+    assert job.result(timeout=180) == 20
+
+    def left() -> list[str]:
+        return sorted(p.name for p in scratch.iterdir() if p.name.startswith("spotnb-local-"))
+
+    deadline = time.time() + 60  # the controller closes its market after the job's last event
+    while left() != [f"spotnb-local-{os.getpid()}-alive"] and time.time() < deadline:
+        time.sleep(0.1)
+    assert left() == [f"spotnb-local-{os.getpid()}-alive"]
