@@ -64,14 +64,9 @@ def short_lived(obs: Observation, mttp: float | None = None) -> bool:
 
     The controller measures MTTP from allocation and R from request to ready, so
     MTTP < R + one save + one step means the typical instance ends before its first save
-    could land. Until a save has been measured on this instance, its duration counts as at
-    least the grace period: a save that does not fit the grace cannot be an emergency save,
-    and the size-based guess ignores the fixed costs that dominate on a loaded machine."""
+    could land: start-up alone outlasts the mean life (the livelock of issue 14)."""
     mttp = obs.mttp if mttp is None else mttp
-    save = snapshot_estimate(obs) + upload_estimate(obs)
-    if not (obs.snapshot_time and obs.upload_time):
-        save = max(save, obs.grace)
-    return mttp < obs.restart_time + save + obs.step_time
+    return mttp < obs.restart_time + snapshot_estimate(obs) + upload_estimate(obs) + obs.step_time
 
 
 @lru_cache(maxsize=256)
