@@ -99,7 +99,6 @@ DAMAGE: dict[str, Callable[[dict], Any]] = {
     "dests names an unlisted file": _set("dests", {"other.bin": "/tmp/x"}),
     "lists a file that is not there": lambda d: d["files"].__setitem__(
         "extra.bin", {"size": 3, "sha256": "0" * 64}),
-    "step differs from the state's": _set("step", 25),
 }
 
 
