@@ -540,7 +540,8 @@ class Checkpointer:
             if manifest is None:
                 continue
             if isinstance(manifest, Exception):
-                self.emit("checkpoint_invalid", seq=seq, step=None, reason=str(manifest))
+                self.emit("checkpoint_invalid", seq=seq, step=None,
+                          reason=f"checkpoint {seq:08d}: {manifest}")
                 continue
             found = self._load(manifest)
             if found is not None:
