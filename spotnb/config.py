@@ -7,6 +7,7 @@ field, or a field of another provider, is a `ConfigError` that names it and list
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from pathlib import Path
@@ -19,6 +20,12 @@ from spotnb.errors import ConfigError
 __all__ = ["Config", "parse_duration", "spotnb_home", "PROVIDER_PREFIXES"]
 
 PROVIDER_PREFIXES = ("local_", "aws_", "azure_", "gcp_")
+
+#: Longest job name: it is shown in lists and widgets and becomes part of cloud resource tags.
+MAX_NAME = 200
+_DAY = 86400.0
+#: fsspec protocols that can only read (a store is written by every instance and the controller).
+_READ_ONLY = {"http", "https", "github", "git", "zip", "tar", "libarchive", "reference", "data"}
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|min|s|m|h|d)")
@@ -43,9 +50,27 @@ def parse_duration(value: Any) -> float:
             seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     else:
         raise ValueError(f"expected a duration (seconds or '2m'), got {type(value).__name__}")
-    if seconds != seconds or seconds < 0:
+    if not math.isfinite(seconds):
+        raise ValueError(f"{value!r} is not a finite duration: give seconds or a string like '2m'"
+                         " (None, where the field allows it, means 'no limit')")
+    if seconds < 0:
         raise ValueError(f"duration must be non-negative, got {value!r}")
     return seconds
+
+
+def _bounded(seconds: float, low: float, high: float, why: str) -> float:
+    """`seconds` if within [low, high]; else a ValueError with the bounds and why they are there
+    (an absurd duration is a typo, and a job that waits 1000 days for it is worse than an error)."""
+    if not low <= seconds <= high:
+        raise ValueError(f"{seconds:g} s is outside [{_human(low)}, {_human(high)}]: {why}")
+    return seconds
+
+
+def _human(seconds: float) -> str:
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
 
 
 def spotnb_home() -> Path:
@@ -188,7 +213,8 @@ class Config(BaseModel):
         if v < 2.0:
             raise ValueError(f"{v:g} s is too short: instances report every few seconds; use >= 2 s "
                              "(a minute is usual for clouds)")
-        return v
+        return _bounded(v, 2.0, _DAY, "a dead instance would be noticed only after that long, "
+                        "and paid for meanwhile (a minute is usual for clouds)")
 
     @field_validator("notice_poll")
     @classmethod
@@ -196,6 +222,20 @@ class Config(BaseModel):
         if v < 0.01:
             raise ValueError(f"{v:g} s would poll the metadata endpoint in a busy loop; use >= 0.01 s "
                              "(AWS suggests 5 s, Azure 1 s)")
+        return _bounded(v, 0.01, 60.0, "a notice gives 30 s to 2 min of warning, and a poll this "
+                        "rare would miss it (AWS suggests 5 s, Azure 1 s)")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if len(v) > MAX_NAME:
+            raise ValueError(f"{len(v)} characters is too long a label; use at most {MAX_NAME}")
+        bad = sorted({repr(c) for c in v if ord(c) < 32 or ord(c) == 127})
+        if bad:
+            raise ValueError(f"contains control characters ({', '.join(bad)}), which would garble "
+                             "lists, logs and cloud tags; use printable text")
         return v
 
     @field_validator("requirements")
@@ -213,10 +253,26 @@ class Config(BaseModel):
     def _opt_duration(cls, v: Any) -> float | None:
         return None if v is None else parse_duration(v)
 
+    @field_validator("local_mttp")
+    @classmethod
+    def _mttp(cls, v: float | None) -> float | None:
+        if v is None:
+            return v
+        if v <= 0:
+            raise ValueError("local_mttp must be positive (or None for no random preemptions)")
+        return _bounded(v, 0.0, 30 * _DAY, "use None for no random preemptions")
+
+    @field_validator("local_grace")
+    @classmethod
+    def _local_grace(cls, v: float | None) -> float | None:
+        return None if v is None else _bounded(v, 0.0, 3600.0, "clouds give 30 s to 2 min of notice")
+
     @field_validator("local_alloc_delay", mode="before")
     @classmethod
     def _alloc(cls, v: Any) -> Range:
-        return _range(v, "local_alloc_delay")
+        lo, hi = _range(v, "local_alloc_delay")
+        _bounded(hi, 0.0, 3600.0, "every launch of the local market would wait that long")
+        return lo, hi
 
     @field_validator("local_schedule", mode="before")
     @classmethod
@@ -240,11 +296,11 @@ class Config(BaseModel):
                     out.append({"step": item["step"], "phase": phase,
                                 "notice": bool(item.get("notice", False))})
                 elif "after" in item:
-                    out.append({"after": parse_duration(item["after"])})
+                    out.append({"after": _lifetime(item["after"])})
                 else:
                     raise ValueError("a schedule entry needs 'step' or 'after'")
             else:
-                out.append({"after": parse_duration(item)})
+                out.append({"after": _lifetime(item)})
         return out
 
     @field_validator("provider")
@@ -263,6 +319,8 @@ class Config(BaseModel):
         if v is not None and _has_userinfo(v):
             raise ValueError("the store URL carries credentials; they would travel in the job spec. "
                              "Give the bucket only and let the SDK's credential chain sign requests")
+        if v is not None:
+            _check_store(v.strip())
         return v
 
     @field_validator("checkpoint")
@@ -282,8 +340,6 @@ class Config(BaseModel):
                 if name.startswith(prefix):
                     raise ValueError(f"{name} applies to provider={prefix[:-1]!r}, but provider is "
                                      f"{self.provider!r}: remove it or set provider={prefix[:-1]!r}")
-        if self.local_mttp is not None and self.local_mttp <= 0:
-            raise ValueError("local_mttp must be positive (or None for no random preemptions)")
         if self.region is not None and self.regions is not None:
             raise ValueError("give region (one) or regions (candidates), not both")
         if self.provider == "local" and (self.price_spot is None or self.price_on_demand is None):
@@ -309,6 +365,37 @@ class Config(BaseModel):
         if self.regions is not None:
             return self.regions
         return [self.region] if self.region else []
+
+
+def _lifetime(value: Any) -> float:
+    return _bounded(parse_duration(value), 0.0, 30 * _DAY, "a scheduled lifetime is at most 30 days")
+
+
+def _check_store(url: str) -> None:
+    """Refuse a store spotnb could not write, or one whose place depends on the working
+    directory (the controller, the instances and a later notebook would each find another)."""
+    import fsspec
+    from fsspec.core import split_protocol
+    from fsspec.registry import known_implementations
+
+    protocol, rest = split_protocol(url)
+    if protocol is None:
+        if not os.path.isabs(os.path.expanduser(url)):
+            raise ValueError(f"{url!r} is a relative path; give an absolute one such as "
+                             f"{os.path.abspath(url)!r} (or file://{os.path.abspath(url)})")
+        return
+    protocol = protocol.lower()
+    if protocol in _READ_ONLY:
+        raise ValueError(f"{protocol}:// stores can only be read, and every instance writes "
+                         "its events and checkpoints there; use an object store (s3://, gs://, "
+                         "az://) or a shared path (file:///...)")
+    if protocol not in known_implementations and protocol not in fsspec.registry:
+        raise ValueError(f"{protocol}:// is not a filesystem fsspec knows; use file:///..., "
+                         "s3://bucket/prefix, gs://bucket/prefix or az://container/prefix")
+    if protocol in ("file", "local") and not rest.startswith("/"):
+        raise ValueError(f"{url!r} is relative (file://{rest.split('/')[0]} names a host, not a "
+                         f"folder); write an absolute path with three slashes: "
+                         f"file://{os.path.abspath(rest)}")
 
 
 def _has_userinfo(text: str) -> bool:

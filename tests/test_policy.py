@@ -175,3 +175,91 @@ def test_policy_import_is_pure() -> None:
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# -- short-lived instances (issue 14, item 5: a livelock under load) -------------------------
+def _livelock_obs(**kw: object) -> Observation:
+    """What the runtime saw in the livelock: 6 s lives, start-up longer than that, a 1 s
+    grace, a small state whose save was never measured (so it looked free)."""
+    base = dict(step=0, step_time=0.05, snapshot_time=0.0, upload_time=0.0, mttp=6.0,
+                restart_time=7.0, grace=1.0, state_bytes=4_000_000)
+    base.update(kw)
+    return Observation(**base)  # type: ignore[arg-type]
+
+
+def test_hedged_saves_right_after_the_first_step_when_lives_are_shorter_than_start_up() -> None:
+    from spotnb.policy.hedged import short_lived
+    o = _livelock_obs()
+    assert short_lived(o)
+    assert Hedged().next_save(o, 0) == Plan(1, SaveKind.INSURANCE)
+    assert Hedged().next_save(o.with_(step=30), 30) == Plan(31, SaveKind.INSURANCE)  # a resume
+    # before the first step is timed, the job's length is no reason to skip it
+    assert Hedged().next_save(o.with_(step_time=0.0, total_steps=400), 0) == \
+        Plan(1, SaveKind.INSURANCE)
+    # the guessed save must not pass for an emergency save that would abandon the insurance
+    assert not Hedged().on_notice(o.with_(step=1), 1.0)
+
+
+def test_hedged_then_saves_at_a_sane_interval() -> None:
+    # after one measured save: the Daly interval with every preemption unprotected, and never
+    # more often than one upload takes
+    o = _livelock_obs(step=1, snapshot_time=0.005, upload_time=2.0)
+    plan = Hedged().next_save(o, 1)
+    tau = max(daly_interval(0.005, 6.0, 7.0), 2.0)
+    assert plan == Plan(1 + steps_for(tau, 0.05), SaveKind.INSURANCE)
+    o = _livelock_obs(step=1, snapshot_time=0.05, upload_time=0.01, step_time=0.01)
+    plan = Hedged().next_save(o, 1)
+    assert plan == Plan(1 + steps_for(daly_interval(0.05, 6.0, 7.0), 0.01), SaveKind.INSURANCE)
+    # an emergency save measured to fit is still taken
+    assert Hedged().on_notice(o, 1.0)
+
+
+def test_hedged_is_unchanged_where_instances_live_long() -> None:
+    # a 1 s grace that the measured save fits, and lives far longer than start-up: no insurance
+    o = _livelock_obs(mttp=3600.0, restart_time=7.0, snapshot_time=0.01, upload_time=0.1)
+    assert Hedged().next_save(o, 0) is None and Hedged().on_notice(o, 1.0)
+    # unmeasured, on a normal market: no first-step save either (no cost for ordinary jobs)
+    o = _livelock_obs(mttp=3 * 3600.0, restart_time=170.0, grace=120.0)
+    assert Hedged().next_save(o, 0) is None
+    assert Hedged().batch_plan(o.with_(snapshot_time=0.01, upload_time=0.1)) is not None
+    assert Hedged().batch_plan(_livelock_obs()) is None  # the simulator asks event by event
+
+
+def _wide_linear(ctx, steps: int = 400, step_time: float = 0.05) -> int:
+    """4 MB of state and steps of known length: with a slow upload, no save fits a 1 s grace."""
+    import time as _time
+
+    import torch
+    model = torch.nn.Linear(1000, 1000)
+    ctx.track(model=model)
+    for _ in ctx.steps(steps):
+        _time.sleep(step_time)
+    return ctx.step_index
+
+
+@pytest.mark.timeout(900)
+def test_short_lived_instances_with_slow_start_up_make_progress() -> None:
+    """The livelock, small. Allocation takes 20 s, so the controller's R (request to ready)
+    exceeds the 21 s mean life; the grace is 1 s and the 4 MB state takes 2 s to upload, so
+    no emergency save can finish. Before the fix Hedged trusted the notice (the size-based
+    guess of the save fits 1 s), took no insurance, and every incarnation began at step 0
+    (one of 15 jobs under load: 150 launches, never a checkpoint). Now the first save comes
+    right after the first step, and a preemption no longer takes everything with it."""
+    import time
+
+    import spotnb as spot
+    config = spot.Config(checkpoint="hedged", local_mttp=21.0, local_grace=1.0,
+                         local_alloc_delay=20.0, local_upload_bps=2e6, local_seed=3,
+                         ship_modules=[__name__])
+    job = spot.train(_wide_linear, config)
+    try:
+        deadline = time.time() + 600  # lives that outlast a loaded box's start-up are random
+        while time.time() < deadline and job.status not in ("succeeded", "failed"):
+            if any(e["kind"] == "checkpoint" for e in job.events):
+                break
+            time.sleep(0.5)
+        saved = [e for e in job.events if e["kind"] == "checkpoint"]
+        assert saved, [e["kind"] for e in job.events]
+        assert saved[0]["save_kind"] == "insurance" and saved[0]["step"] <= 2, saved[0]
+    finally:
+        job.stop()

@@ -129,10 +129,11 @@ class Policy(ABC):
 
     def _notice_rules(self, obs: Observation, owner: type) -> tuple[float, bool] | None:
         """`(notice_margin, allocate_on_notice)` when `on_notice` is `Policy`'s (the thesis rule
-        of `emergency_feasible`) and `allocate_on_notice` is `owner`'s or `Policy`'s, so a
-        subclass that overrides either falls back to the event-by-event simulation."""
+        of `emergency_feasible`, or `owner`'s, which must then reduce to it for `obs`) and
+        `allocate_on_notice` is `owner`'s or `Policy`'s, so a subclass that overrides either
+        falls back to the event-by-event simulation."""
         cls = type(self)
-        if cls.on_notice is not Policy.on_notice:
+        if cls.on_notice not in (Policy.on_notice, owner.on_notice):
             return None
         if cls.allocate_on_notice not in (Policy.allocate_on_notice, owner.allocate_on_notice):
             return None

@@ -17,6 +17,17 @@ Why it beats the thesis's Adaptive (measured in `benchmarks/POLICY_GAINS.md`):
   the allocation wait (DeepSpotCloud). The cost is paying for two VMs for that overlap.
 * **End of job.** A save whose expected saving (work since the last save × chance of an
   unprotected preemption before the end) is below its cost δ is skipped.
+* **Short-lived instances.** When an instance's expected life is shorter than its start-up
+  plus one save (`short_lived`), the notice cannot be counted on: the kill often lands during
+  start-up or the first save, and a save only guessed from the state size (never measured on
+  this instance) may not fit the grace at all under load. Then every preemption is taken as
+  unprotected (p = 0), the first save comes right after the first step (everything done before
+  it is otherwise lost with near certainty: Daly's τ assumes a life of many intervals), later
+  ones every max(τ, β) with τ = sqrt(2·δ·(MTTP + R)) (not more often than an upload takes,
+  so uploads do not queue behind each other), and the emergency save is taken only when
+  measured δ + β fit, because `save_now` would abandon the insurance upload in flight for it.
+  Without this, 15 jobs with `local_mttp=6s` on 2 cores made no progress at all: start-up
+  exceeded the lifetime and a 1 s grace "looked sufficient" for a save that never finished.
 * **Optional hazard.** `hazard(obs) -> rate/s` replaces the single MTTP by a rate that depends
   on the instance's age or the time of day (e.g. estimated from a trace by
   `spotnb.traces.Trace.hazard_by_time`); the interval is recomputed after every save.
@@ -31,7 +42,7 @@ from spotnb.policy.base import FOREVER, BatchPlan, Observation, Plan, Policy, Sa
 from spotnb.policy.intervals import daly_interval
 from spotnb.policy.static import periodic_plan, snapshot_estimate, upload_estimate
 
-__all__ = ["Hedged", "unprotected_fraction"]
+__all__ = ["Hedged", "unprotected_fraction", "short_lived"]
 
 Hazard = Callable[[Observation], float]
 
@@ -46,6 +57,16 @@ def unprotected_fraction(obs: Observation, margin: float = 0.5) -> float:
     """
     mean = snapshot_estimate(obs) + upload_estimate(obs) + margin
     return _fail_share(obs.grace, obs.step_time, mean, math.hypot(obs.snapshot_sd, obs.upload_sd))
+
+
+def short_lived(obs: Observation, mttp: float | None = None) -> bool:
+    """Whether an instance is expected to die before it has started and committed one save.
+
+    The controller measures MTTP from allocation and R from request to ready, so
+    MTTP < R + one save + one step means the typical instance ends before its first save
+    could land: start-up alone outlasts the mean life (the livelock of issue 14)."""
+    mttp = obs.mttp if mttp is None else mttp
+    return mttp < obs.restart_time + snapshot_estimate(obs) + upload_estimate(obs) + obs.step_time
 
 
 @lru_cache(maxsize=256)
@@ -80,16 +101,34 @@ class Hedged(Policy):
         self.hazard = hazard
         self.margin = margin
 
+    def market_mttp(self, obs: Observation) -> float:
+        """Mean time to preemption: the observation's, or the hazard's at this moment."""
+        if self.hazard is not None:
+            rate = self.hazard(obs)
+            return 1.0 / rate if rate > 0 else math.inf
+        return obs.mttp
+
+    def fragile(self, obs: Observation) -> bool:
+        """Whether instances die too young for the notice to protect anything (see `short_lived`)."""
+        return short_lived(obs, self.market_mttp(obs))
+
     def effective_mttp(self, obs: Observation) -> float:
         """Mean time between preemptions that an emergency save will not cover."""
+        mttp = self.market_mttp(obs)
+        if short_lived(obs, mttp):
+            return mttp  # no notice can be relied on
         unprotected = unprotected_fraction(obs, self.margin)
         if unprotected <= 0.0:
             return math.inf
-        mttp = obs.mttp
-        if self.hazard is not None:
-            rate = self.hazard(obs)
-            mttp = 1.0 / rate if rate > 0 else math.inf
         return mttp / unprotected
+
+    def on_notice(self, obs: Observation, time_left: float) -> bool:
+        """The thesis rule, except on short-lived instances: there, only a save measured to fit.
+        An emergency save abandons the insurance upload in flight, and one that then does not
+        finish before the kill loses both."""
+        if self.fragile(obs) and not (obs.snapshot_time and obs.upload_time):
+            return False
+        return super().on_notice(obs, time_left)
 
     def interval(self, obs: Observation) -> float:
         """Seconds of compute between insurance saves (inf = none needed)."""
@@ -104,6 +143,11 @@ class Hedged(Policy):
         if math.isinf(mttp):
             return periodic
         tau = daly_interval(snapshot_estimate(obs), mttp, obs.restart_time)
+        if self.fragile(obs):
+            if not obs.snapshot_time:  # nothing saved on this instance yet: right after a step
+                tau = 0.0
+            else:  # at most one upload in flight: a queue of them only adds CPU load
+                tau = max(tau, upload_estimate(obs))
         step = last_save_step + steps_for(tau, obs.step_time)
         if self.end_aware and obs.total_steps is not None:
             step = self._worth_it(obs, last_save_step, step, mttp)
@@ -122,6 +166,8 @@ class Hedged(Policy):
         total = obs.total_steps or 0
         if step >= total:
             return None
+        if obs.step_time <= 0:
+            return step  # no step timed yet: the remaining work is unknown, not zero
         remaining = (total - step) * obs.step_time
         at_risk = (step - last) * obs.step_time
         saving = at_risk * (1.0 - math.exp(-remaining / mttp))
@@ -130,7 +176,7 @@ class Hedged(Policy):
         return step
 
     def stationary_until(self, obs: Observation) -> int:
-        if obs.save_every or self.hazard is not None:
+        if obs.save_every or self.hazard is not None or self.fragile(obs):
             return 0
         if not (self.end_aware and obs.total_steps is not None):
             return 2**62
@@ -154,8 +200,9 @@ class Hedged(Policy):
         are fixed within a run), and the saving it weighs shrinks as that step nears the end,
         so the saves it keeps are exactly those up to one threshold, found by bisection."""
         rules = self._notice_rules(obs, Hedged)
-        if (rules is None or obs.save_every or self.hazard is not None
-                or self._overrides(Hedged, "next_save", "effective_mttp", "_worth_it")):
+        if (rules is None or obs.save_every or self.hazard is not None or self.fragile(obs)
+                or self._overrides(Hedged, "next_save", "effective_mttp", "_worth_it",
+                                   "market_mttp", "fragile")):
             return None
         mttp = self.effective_mttp(obs)
         if math.isinf(mttp):

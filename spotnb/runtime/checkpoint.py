@@ -25,7 +25,7 @@ import torch
 from spotnb.runtime.beacon import Beacon, Phase
 from spotnb.store import Store
 
-__all__ = ["Checkpointer", "Snapshot", "Manifest", "SaveCancelled", "CHUNK"]
+__all__ = ["Checkpointer", "Snapshot", "Manifest", "SaveCancelled", "InvalidManifest", "CHUNK"]
 
 CHUNK = 4 * 1024 * 1024
 _PERSISTENT = ("periodic", "final")
@@ -33,6 +33,13 @@ _PERSISTENT = ("periodic", "final")
 
 class SaveCancelled(Exception):
     """An upload was abandoned because a newer (emergency) checkpoint superseded it."""
+
+
+class InvalidManifest(ValueError):
+    """A MANIFEST.json that exists but cannot describe a checkpoint (unparseable, wrong shape).
+
+    The checkpoint it names is skipped like one whose files fail their hash: restore falls
+    back to the one before, and pruning treats it as debris instead of giving up."""
 
 
 @dataclass
@@ -61,6 +68,59 @@ class Manifest:
 
     def to_json(self) -> bytes:
         return json.dumps(self.__dict__, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def parse(cls, raw: bytes, folder: str) -> "Manifest":
+        """A manifest from the bytes of `<folder>/MANIFEST.json`, checked field by field.
+
+        Anything in the store may have been damaged or rewritten between incarnations, and a
+        KeyError or TypeError deep inside restore would fail the whole job; refusing the shape
+        here turns every such damage into "this checkpoint is invalid, take the previous one".
+        Raises `InvalidManifest` saying what is wrong."""
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidManifest(f"MANIFEST.json is not JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise InvalidManifest(f"MANIFEST.json is a {type(doc).__name__}, not an object")
+        missing = [k for k in ("seq", "step", "kind", "files", "incarnation", "created") if k not in doc]
+        if missing:
+            raise InvalidManifest(f"MANIFEST.json lacks {', '.join(missing)}")
+        for key in ("seq", "step", "incarnation"):
+            if not _is_int(doc[key]) or doc[key] < 0:
+                raise InvalidManifest(f"MANIFEST.json {key} is {doc[key]!r}, not a non-negative int")
+        if not folder.isdigit() or doc["seq"] != int(folder):
+            raise InvalidManifest(f"MANIFEST.json seq {doc['seq']} does not match its folder {folder}")
+        if not isinstance(doc["kind"], str):
+            raise InvalidManifest(f"MANIFEST.json kind is {doc['kind']!r}, not a string")
+        for key in ("created", "snapshot_s", "upload_s", "bytes"):
+            if key in doc and (not isinstance(doc[key], (int, float)) or isinstance(doc[key], bool)):
+                raise InvalidManifest(f"MANIFEST.json {key} is {doc[key]!r}, not a number")
+        files = doc["files"]
+        if not isinstance(files, dict) or "state.pt" not in files:
+            raise InvalidManifest("MANIFEST.json files does not list state.pt")
+        for name, meta in files.items():
+            if not _safe_name(name):
+                raise InvalidManifest(f"MANIFEST.json lists a file outside its folder: {name!r}")
+            if not (isinstance(meta, dict) and _is_int(meta.get("size")) and meta["size"] >= 0
+                    and isinstance(meta.get("sha256"), str) and len(meta["sha256"]) == 64):
+                raise InvalidManifest(f"MANIFEST.json entry {name!r} lacks a size and sha256")
+        dests = doc.get("dests", {})
+        if not isinstance(dests, dict) or not all(
+                isinstance(k, str) and k in files and isinstance(v, str) and v for k, v in dests.items()):
+            raise InvalidManifest("MANIFEST.json dests must map listed files to paths")
+        fields = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in doc.items() if k in fields})
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _safe_name(name: Any) -> bool:
+    """A file name a manifest may list: relative, inside the checkpoint's folder."""
+    return (isinstance(name, str) and bool(name) and not name.startswith("/")
+            and ".." not in name.split("/") and "\\" not in name)
 
 
 def _remove_dead_spools(parent: str) -> None:
@@ -343,6 +403,9 @@ class Checkpointer:
         finally:
             self._release(snap)
             self.beacon.set_phase(Phase.IDLE)
+            for local in [os.path.join(self.spool, f"state-{seq}.pt"), *(f for f, _ in snap.files)]:
+                if os.path.exists(local):
+                    os.unlink(local)  # a failed save must not leave its copy in the spool
         self.upload_ema, self.upload_var = _ewm(self.upload_ema, self.upload_var, upload_s)
         self.last_bytes = total
         self.committed.append(manifest)
@@ -363,20 +426,31 @@ class Checkpointer:
             except OSError:
                 pass  # another filesystem: copy below
         digest = hashlib.sha256()
-        size = 0
         start = time.perf_counter()
-        fs = self.store.fs
         target = f"{dest}.tmp-{uuid.uuid4().hex[:8]}" if self.store.local else dest
         if self.store.local:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-        with open(local, "rb") as src, fs.open(target, "wb") as out:
+        try:
+            size = self._copy(local, target, known is None, digest, start)
+        except BaseException:
+            if self.store.local and os.path.exists(target):
+                os.unlink(target)  # a full disk or a cancel must not leave debris in the store
+            raise
+        if self.store.local:
+            os.replace(target, dest)
+        return known if known is not None else {"size": size, "sha256": digest.hexdigest()}
+
+    def _copy(self, local: str, target: str, hash_it: bool, digest: Any, start: float) -> int:
+        """Chunked, cancellable, throttled copy into the store; returns the bytes copied."""
+        size = 0
+        with open(local, "rb") as src, self.store.fs.open(target, "wb") as out:
             while True:
                 if self._cancel.is_set() and threading.current_thread() is self._worker:
                     raise SaveCancelled()
                 chunk = src.read(CHUNK)
                 if not chunk:
                     break
-                if known is None:
+                if hash_it:
                     digest.update(chunk)
                 out.write(chunk)
                 size += len(chunk)
@@ -384,50 +458,73 @@ class Checkpointer:
                     ahead = size / self.upload_bps - (time.perf_counter() - start)
                     if ahead > 0:
                         time.sleep(ahead)
-        if self.store.local:
-            os.replace(target, dest)
-        return known if known is not None else {"size": size, "sha256": digest.hexdigest()}
+        return size
 
     # -- retention -----------------------------------------------------------------------
-    def list_manifests(self, strict: bool = False) -> list[Manifest]:
-        """Committed checkpoints (manifest present), newest first. With `strict`, a manifest
-        that exists but cannot be read (a transient store error) raises instead of being
-        skipped, so pruning never mistakes a committed checkpoint for a partial one."""
-        out = []
+    def _scan(self) -> list[tuple[int, Manifest | Exception | None]]:
+        """Every checkpoint folder, newest first, with its manifest, None when it has none (a
+        partial upload), or the exception that reading or checking it raised."""
         self.store.invalidate()
-        fields = set(Manifest.__dataclass_fields__)
+        out: list[tuple[int, Manifest | Exception | None]] = []
         for name in reversed(self.store.ls(self.root)):
             if not name.isdigit():
                 continue
-            path = f"{self.root}/{name}/MANIFEST.json"
             try:
-                doc = json.loads(self.store.read_bytes(path))
+                raw = self.store.read_bytes(f"{self.root}/{name}/MANIFEST.json")
+                found: Manifest | Exception | None = Manifest.parse(raw, name)
             except FileNotFoundError:
-                continue
-            except (ValueError, OSError):
-                if strict:
-                    raise
-                continue
-            out.append(Manifest(**{k: v for k, v in doc.items() if k in fields}))
+                found = None
+            except (ValueError, OSError) as exc:  # InvalidManifest is a ValueError
+                found = exc
+            out.append((int(name), found))
+        return out
+
+    def list_manifests(self, strict: bool = False) -> list[Manifest]:
+        """Committed checkpoints (a well-formed manifest present), newest first. With `strict`,
+        a manifest that exists but cannot be read (a transient store error, not a bad shape)
+        raises instead of being skipped."""
+        out = []
+        for _, found in self._scan():
+            if strict and isinstance(found, Exception) and not isinstance(found, InvalidManifest):
+                raise found
+            if isinstance(found, Manifest):
+                out.append(found)
         return out
 
     def _prune(self, newest: Manifest) -> None:
         """Keep the newest two checkpoints of any kind (one to fall back to) and `keep_last`
-        periodic ones; drop superseded insurance/emergency ones and abandoned partial uploads."""
+        periodic ones; drop superseded insurance/emergency ones, abandoned partial uploads and
+        checkpoints whose manifest is damaged.
+
+        Decided folder by folder: one manifest that cannot be read right now is kept and left
+        out of the count (it might be committed), never a reason to stop pruning the rest."""
         try:
-            manifests = self.list_manifests(strict=True)
-            keep = {m.seq for m in manifests[:2]}
-            keep |= {m.seq for m in [m for m in manifests if m.kind in _PERSISTENT][: self.keep_last]}
-            committed = {m.seq for m in manifests}
-            for m in manifests:
-                if m.seq not in keep:
-                    self._delete(m.seq)
-            for name in self.store.ls(self.root):
-                if name.isdigit() and int(name) < newest.seq and int(name) not in committed \
-                        and not self.store.exists(f"{self.root}/{name}/MANIFEST.json"):
-                    self._delete(int(name))  # a partial upload a preemption or cancel left behind
+            scan = self._scan()
         except Exception as exc:  # noqa: BLE001 - pruning is housekeeping, never fatal
             self.emit("warning", message=f"checkpoint pruning failed: {exc!r}")
+            return
+        manifests = [m for _, m in scan if isinstance(m, Manifest)]
+        keep = {m.seq for m in manifests[:2]}
+        keep |= {m.seq for m in [m for m in manifests if m.kind in _PERSISTENT][: self.keep_last]}
+        for seq, found in scan:
+            if seq in keep or seq == newest.seq:
+                continue
+            if isinstance(found, Manifest):
+                doomed = True
+            elif found is None:
+                # a partial upload a preemption or cancel left behind (older than this save,
+                # and still without a manifest: not one committing right now)
+                doomed = seq < newest.seq and not self.store.exists(
+                    f"{self.root}/{seq:08d}/MANIFEST.json")
+            else:
+                # a damaged manifest is never restorable; one unreadable for now may be fine
+                doomed = isinstance(found, InvalidManifest) and seq < newest.seq
+            if not doomed:
+                continue
+            try:
+                self._delete(seq)
+            except Exception as exc:  # noqa: BLE001 - the next save prunes again
+                self.emit("warning", message=f"checkpoint pruning could not delete {seq}: {exc!r}")
 
     def _delete(self, seq: int) -> None:
         folder = f"{self.root}/{seq:08d}"
@@ -436,24 +533,39 @@ class Checkpointer:
 
     # -- restore -------------------------------------------------------------------------
     def load_latest(self) -> tuple[Manifest, Any] | None:
-        """The newest checkpoint whose files all verify, and its state; None if there is none."""
-        for manifest in self.list_manifests():
-            folder = f"{self.root}/{manifest.seq:08d}"
-            try:
-                paths = {name: self._fetch_verified(f"{folder}/{name}", meta)
-                         for name, meta in manifest.files.items()}
-            except (ValueError, OSError) as exc:
-                self.emit("checkpoint_invalid", seq=manifest.seq, step=manifest.step, reason=str(exc))
+        """The newest checkpoint whose manifest is well formed and whose files all verify, and
+        its state; None if there is none. Every checkpoint passed over is reported as a
+        `checkpoint_invalid` event saying why."""
+        for seq, manifest in self._scan():
+            if manifest is None:
                 continue
+            if isinstance(manifest, Exception):
+                self.emit("checkpoint_invalid", seq=seq, step=None,
+                          reason=f"checkpoint {seq:08d}: {manifest}")
+                continue
+            found = self._load(manifest)
+            if found is not None:
+                return manifest, found
+        return None
+
+    def _load(self, manifest: Manifest) -> Any | None:
+        folder = f"{self.root}/{manifest.seq:08d}"
+        paths: dict[str, str] = {}
+        try:
+            for name, meta in manifest.files.items():
+                paths[name] = self._fetch_verified(f"{folder}/{name}", meta)
             state = torch.load(paths["state.pt"], map_location="cpu", weights_only=False)
             for name, dest in manifest.dests.items():
                 os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
                 shutil.copyfile(paths[name], dest)
+        except Exception as exc:  # noqa: BLE001 - any damage means: take the previous checkpoint
+            self.emit("checkpoint_invalid", seq=manifest.seq, step=manifest.step, reason=str(exc))
+            return None
+        finally:
             for path in paths.values():
-                if path.startswith(self.spool):
+                if path.startswith(self.spool) and os.path.exists(path):
                     os.unlink(path)
-            return manifest, state
-        return None
+        return state
 
     def _fetch_verified(self, path: str, meta: dict[str, Any]) -> str:
         local = os.path.join(self.spool, f"restore-{uuid.uuid4().hex[:8]}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,7 +54,18 @@ class LocalProvider(Provider):
         self._terminated: set[str] = set()
         self._closing = threading.Event()
         self._lock = threading.Lock()
-        self.tmp = tempfile.mkdtemp(prefix="spotnb-local-")
+        self._tmp: str | None = None
+
+    @property
+    def tmp(self) -> str:
+        """This market's scratch folder (instances' beacon files), made at the first launch:
+        a provider made only to validate a config (every `train` makes one) leaves nothing.
+        Removed by `close`; folders of markets whose process died are removed here."""
+        with self._lock:
+            if self._tmp is None:
+                _remove_dead_markets(tempfile.gettempdir())
+                self._tmp = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-")
+            return self._tmp
 
     def _process(self) -> PreemptionProcess:
         cfg = self.config
@@ -222,6 +234,31 @@ class LocalProvider(Provider):
         if self.emulator is not None:
             self.emulator.close()
             self.emulator = None
+        with self._lock:
+            tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+_TMP_PREFIX = "spotnb-local-"
+
+
+def _remove_dead_markets(parent: str) -> None:
+    """Scratch folders `spotnb-local-<pid>-*` whose controller is gone (SIGKILL skips `close`)."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_TMP_PREFIX):].split("-", 1)[0]
+        if not name.startswith(_TMP_PREFIX) or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        except OSError:
+            continue  # alive under another user: not ours to judge
 
 
 def _is_agent_of(pid: int, record: dict[str, Any]) -> bool:
