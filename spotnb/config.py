@@ -134,7 +134,7 @@ class Config(BaseModel):
                                                                        "for lack of capacity.")
     local_schedule: list[Any] | None = Field(None, description="Deterministic preemptions, one per "
                                              "instance: lifetimes in seconds, or {'step': N, 'phase': "
-                                             "'step'|'save'|'upload', 'notice': bool} (a kill when the "
+                                             "'step'|'save'|'upload'|'commit'|'restore', 'notice': bool} (a kill when the "
                                              "instance reaches that step and phase; with notice, the "
                                              "notice then and the kill local_grace later).")
     local_trace: str | None = Field(None, description="Replay a trace file (bamboo / parcae format) "
@@ -291,8 +291,9 @@ class Config(BaseModel):
                     if not isinstance(item["step"], int) or item["step"] < 0:
                         raise ValueError(f"schedule 'step' must be a non-negative int, got {item['step']!r}")
                     phase = item.get("phase", "step")
-                    if phase not in ("step", "save", "upload"):
-                        raise ValueError(f"schedule 'phase' is one of step, save, upload; got {phase!r}")
+                    if phase not in ("step", "save", "upload", "commit", "restore"):
+                        raise ValueError("schedule 'phase' is one of step, save, upload, commit, "
+                                         f"restore; got {phase!r}")
                     out.append({"step": item["step"], "phase": phase,
                                 "notice": bool(item.get("notice", False))})
                 elif "after" in item:

@@ -27,13 +27,17 @@ Writers buffer and flush; readers tail. Nothing here imports the runtime or the 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import threading
 import time
 from typing import Any, Iterable, Protocol
 
 from spotnb.store import Store
 
-__all__ = ["EventWriter", "EventReader", "EventSink", "Event", "SEGMENT_BYTES"]
+__all__ = ["EventWriter", "EventReader", "EventSink", "Event", "SEGMENT_BYTES", "as_metric"]
+
+log = logging.getLogger("spotnb.events")
 
 Event = dict[str, Any]
 SEGMENT_BYTES = 512 * 1024  # a writer rewrites at most this much per flush
@@ -46,7 +50,38 @@ class EventSink(Protocol):
 
 
 def _dumps(event: Event) -> bytes:
-    return (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode()
+    """One JSON line. A NaN or an infinity anywhere would make a line JavaScript's JSON.parse
+    rejects (the lab panel reads these): the agent already turns metric values into null, and
+    anything else non-finite becomes null here rather than a write that fails forever."""
+    try:
+        text = json.dumps(event, separators=(",", ":"), default=str, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(event), separators=(",", ":"), default=str, allow_nan=False)
+    return (text + "\n").encode()
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def as_metric(value: Any) -> float | None:
+    """A logged value as a finite float, or None when it is no number a chart can draw (a
+    string, null, NaN, an infinity, an integer beyond float range). Readers use it so that
+    no value in any log, however odd or from whichever writer, can stop them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, int):  # bool included
+        try:
+            return float(value)
+        except OverflowError:
+            return None
+    return None
 
 
 class EventWriter:
@@ -110,6 +145,7 @@ class EventReader:
     def __init__(self, store: Store, job_id: str) -> None:
         self.store, self.job_id = store, job_id
         self._offsets: dict[str, int] = {}
+        self.skipped: dict[str, int] = {}   # unusable lines per file (see _parse)
 
     def poll(self) -> list[Event]:
         folder = self.store.job(self.job_id, "events")
@@ -130,10 +166,37 @@ class EventReader:
             end = data.rfind(b"\n") + 1
             for line in data[:end].splitlines():
                 if line.strip():
-                    out.append(json.loads(line))
+                    event = self._parse(name, line)
+                    if event is not None:
+                        out.append(event)
             self._offsets[name] = offset + end
-        out.sort(key=lambda e: e["t"])
+        out.sort(key=_time_of)
         return out
+
+    def _parse(self, name: str, line: bytes) -> Event | None:
+        """One event, or None for a line no reader can use (corrupt, truncated by a crash, not
+        an object, no kind): skipped with one log line per file, never an exception that would
+        stop a follower and leave `job.result()` waiting forever."""
+        try:
+            event = json.loads(line)
+        except ValueError as exc:
+            problem = f"not JSON ({exc})"
+        else:
+            if isinstance(event, dict) and isinstance(event.get("kind"), str):
+                t = as_metric(event.get("t"))
+                event["t"] = t if t is not None else 0.0
+                if not isinstance(event.get("incarnation", 0), int):
+                    event["incarnation"] = 0
+                return event
+            problem = "not an event object"
+        if name not in self.skipped:
+            log.warning("job %s: skipped a line of events/%s that is %s", self.job_id, name, problem)
+        self.skipped[name] = self.skipped.get(name, 0) + 1
+        return None
+
+
+def _time_of(event: Event) -> float:
+    return event["t"]  # made a finite float by _parse
 
 
 def read_all(store: Store, job_id: str) -> list[Event]:

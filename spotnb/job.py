@@ -3,12 +3,13 @@ so a Job built by `spot.attach` in a new kernel shows exactly what the original 
 from __future__ import annotations
 
 import html
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from spotnb.errors import JobFailed, JobStopped
-from spotnb.events import Event, EventReader, EventSink
+from spotnb.events import Event, EventReader, EventSink, as_metric
 from spotnb.ledger import Breakdown, breakdown
 from spotnb.store import Store
 
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from spotnb.jobdb import JobDB
 
 __all__ = ["Job", "STATUSES", "TERMINAL"]
+
+log = logging.getLogger("spotnb.job")
 
 STATUSES = ("pending", "running", "preempted", "restoring", "succeeded", "failed", "stopped")
 TERMINAL = frozenset({"succeeded", "failed", "stopped"})
@@ -55,12 +58,16 @@ class Job:
                 self._events.append(e)
                 kind = e["kind"]
                 if kind == "metrics":
-                    for row in e["rows"]:
-                        step = row["step"]
+                    rows = e.get("rows")
+                    for row in rows if isinstance(rows, list) else ():
+                        step = row.get("step") if isinstance(row, dict) else None
+                        if not isinstance(step, int):
+                            continue
                         for key, value in row.items():
-                            if key not in ("step", "t") and isinstance(value, (int, float)):
-                                self._metrics.setdefault(key, []).append((step, float(value)))
-                elif kind == "status":
+                            number = as_metric(value)
+                            if number is not None and key not in ("step", "t"):
+                                self._metrics.setdefault(key, []).append((step, number))
+                elif kind == "status" and isinstance(e.get("status"), str):
                     self._status = e["status"]
                     if e["status"] == "stopped":
                         self._stop_reason = e.get("reason")
@@ -74,7 +81,7 @@ class Job:
             try:
                 sink.on_events(events)
             except Exception as exc:  # noqa: BLE001 - a broken view must not stop the job
-                print(f"spotnb: a job view failed and was detached: {exc!r}")
+                log.warning("job %s: a job view failed and was detached: %r", self.id, exc)
                 self.remove_sink(sink)
         if self._status in TERMINAL:
             self._finished.set()
@@ -109,7 +116,8 @@ class Job:
                     self._revive_controller()
                 try:
                     self._ingest(reader.poll())
-                except OSError:
+                except Exception as exc:  # noqa: BLE001 - the follower must outlive any bad read
+                    log.warning("job %s: reading events failed, retrying: %r", self.id, exc)
                     continue
 
         if not self._finished.is_set():

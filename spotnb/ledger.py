@@ -15,6 +15,7 @@ the categories add up to the total:
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
@@ -88,7 +89,9 @@ def breakdown(events: Iterable[dict[str, Any]], now: float | None = None) -> Bre
     start = end = None
     out = Breakdown()
     for e in events:
-        kind, t, n = e["kind"], e["t"], e.get("incarnation", 0)
+        kind, t, n = e.get("kind"), _num(e.get("t")), e.get("incarnation", 0)
+        if not isinstance(n, int):
+            continue
         if kind == "submitted":
             start = t if start is None else min(start, t)
             continue
@@ -102,14 +105,14 @@ def breakdown(events: Iterable[dict[str, Any]], now: float | None = None) -> Bre
             start = t if start is None else min(start, t)
         elif kind == "allocated":
             inc.allocated = t
-            inc.spot = float(e.get("spot_price") or 0.0)
-            inc.on_demand = float(e.get("on_demand_price") or 0.0)
+            inc.spot = _num(e.get("spot_price"))
+            inc.on_demand = _num(e.get("on_demand_price"))
             out.spot_price, out.on_demand_price = inc.spot, inc.on_demand
         elif kind == "ready" and inc.ready is None:
             inc.ready = t
         elif kind == "progress":
             inc.progress = e
-            out.step = max(out.step, int(e.get("step") or 0))
+            out.step = max(out.step, int(_num(e.get("step"))))
             out.total_steps = e.get("total") or out.total_steps
         elif kind in ("preempted", "exited"):
             inc.end = t
@@ -137,7 +140,7 @@ def breakdown(events: Iterable[dict[str, Any]], now: float | None = None) -> Bre
         out.prep += visible.get(("prep", n), 0.0)
         running = visible.get(("running", n), 0.0)
         p = inc.progress or {}
-        c, rc, s = (float(p.get(k) or 0.0) for k in ("compute_s", "recompute_s", "save_s"))
+        c, rc, s = (_num(p.get(k)) for k in ("compute_s", "recompute_s", "save_s"))
         accounted = c + rc + s
         if accounted > running > 0:  # clock slack between processes: scale to the wall time
             c, rc, s = (x * running / accounted for x in (c, rc, s))
@@ -156,6 +159,18 @@ def breakdown(events: Iterable[dict[str, Any]], now: float | None = None) -> Bre
     out.total = max(0.0, stop - start)
     out.other += max(0.0, out.total - sum(getattr(out, k) for k in CATEGORIES))
     return out
+
+
+def _num(value: Any) -> float:
+    """A finite float from an event field, 0.0 for anything else: a corrupt or odd log must
+    not stop the breakdown that the widget, the CLI and the controller all compute."""
+    if isinstance(value, (int, float)):
+        try:
+            number = float(value)
+        except OverflowError:
+            return 0.0
+        return number if math.isfinite(number) else 0.0
+    return 0.0
 
 
 def _sweep(intervals: list[tuple[float, float, str, int]], start: float,

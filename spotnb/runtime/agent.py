@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
 import os
 import signal
 import sys
@@ -19,6 +21,7 @@ import traceback
 from typing import Any
 
 _STARTED = time.time()
+log = logging.getLogger("spotnb.agent")
 
 EXIT_DONE, EXIT_USER_ERROR, EXIT_EVACUATED = 0, 1, 3
 WAIT_FOR_PREVIOUS = 900.0  # seconds a replacement waits for the instance it replaces to end
@@ -61,7 +64,13 @@ class Agent:
         with self._flush_lock:
             self._flush()
 
-    def _flush(self) -> None:
+    def flush_through(self, step: int) -> None:
+        """Make every row and the progress logged so far durable, or raise (the checkpoint
+        worker calls this before it commits the state of `step`; see Checkpointer)."""
+        with self._flush_lock:
+            self._flush(strict=True)
+
+    def _flush(self, strict: bool = False) -> None:
         ctx = self.ctx
         if ctx is not None:
             rows = []
@@ -69,9 +78,9 @@ class Agent:
                 rows.append(ctx.rows.popleft())
             if rows:
                 for row in rows:
-                    for key, value in list(row.items()):
-                        if not isinstance(value, (int, float, str, type(None))):
-                            row[key] = self._scalar(key, value)
+                    for key, value in row.items():
+                        if type(value) is not float or not math.isfinite(value):
+                            row[key] = self._scalar(key, value, row["step"])
                 self.events.emit("metrics", rows=rows)
             progress = ctx.progress()
             key = (progress["step"], progress["save_s"])
@@ -85,18 +94,42 @@ class Agent:
         try:
             self.events.flush()
         except Exception as exc:  # noqa: BLE001 - kept pending, retried on the next tick
-            print(f"spotnb agent: event flush failed, will retry: {exc!r}", file=sys.stderr)
+            if strict:
+                raise
+            log.warning("event flush failed, will retry: %r", exc)
 
-    def _scalar(self, key: str, value: Any) -> Any:
-        """A metric as a number (tensors, numpy scalars); anything else is dropped, once said."""
+    def _scalar(self, key: str, value: Any, step: int) -> Any:
+        """A metric value the event log can carry: a finite float (tensors and numpy scalars
+        converted), an int that fits a float exactly enough, a string, or None. NaN, an
+        infinity or a number beyond float range becomes None (JSON cannot carry it and the lab
+        panel's JSON.parse would reject it) with one warning per metric naming the first step:
+        a diverged loss is news the user wants. Anything else is dropped, once said."""
+        if value is None or isinstance(value, (str, bool)):
+            return value
+        if isinstance(value, int):
+            if abs(value) <= 2**53:
+                return value
+            try:
+                return float(value)
+            except OverflowError:
+                return self._bad(key, step, "an integer beyond float range")
         try:
-            return float(value)
+            number = float(value)
+        except OverflowError:
+            return self._bad(key, step, "a number beyond float range")
         except (TypeError, ValueError, RuntimeError):
-            if key not in self._bad_metrics:
-                self._bad_metrics.add(key)
-                self.events.emit("warning", message=f"ctx.log({key}=...) got a "
-                                 f"{type(value).__name__} that is not a single number; dropped")
-            return None
+            return self._bad(key, step, f"a {type(value).__name__} that is not a single number")
+        if math.isfinite(number):
+            return number
+        return self._bad(key, step, repr(number))
+
+    def _bad(self, key: str, step: int, what: str) -> None:
+        if key not in self._bad_metrics:
+            self._bad_metrics.add(key)
+            self.events.emit("warning", metric=key, step=step,
+                             message=f"ctx.log({key}=...) got {what} at step {step}; it is shown as "
+                             "a gap (later such values of this metric are not reported again)")
+        return None
 
     def _flusher(self) -> None:
         interval = self.spec.get("flush_interval", 0.5)
@@ -104,7 +137,7 @@ class Agent:
             try:
                 self.flush()
             except Exception as exc:  # noqa: BLE001 - the heartbeat must go on
-                print(f"spotnb agent: flush failed: {exc!r}", file=sys.stderr)
+                log.warning("flush failed: %r", exc)
 
     # -- run ---------------------------------------------------------------------------------
     def wait_for_previous(self) -> None:
@@ -150,7 +183,8 @@ class Agent:
             self.emit("warning", message=str(exc))
             return self._finish(4)
         checkpointer = Checkpointer(self.store, self.job_id, self.incarnation, self.emit, beacon,
-                                    keep_last=self.spec.get("keep_last", 2), upload_bps=upload_bps)
+                                    keep_last=self.spec.get("keep_last", 2), upload_bps=upload_bps,
+                                    before_commit=self.flush_through)
         market = self.inc.get("market", {})
         notice_cfg = self.inc.get("notice", {})
         watcher = None
@@ -226,7 +260,7 @@ class Agent:
                 if not self.events.pending:
                     break
             except Exception as exc:  # noqa: BLE001
-                print(f"spotnb agent: final flush failed, retrying: {exc!r}", file=sys.stderr)
+                log.warning("final flush failed, retrying: %r", exc)
             if time.time() > deadline:
                 break
             time.sleep(1.0)

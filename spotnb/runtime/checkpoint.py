@@ -222,8 +222,11 @@ class Checkpointer:
 
     def __init__(self, store: Store, job_id: str, incarnation: int,
                  emit: Callable[..., Any], beacon: Beacon | None = None, keep_last: int = 2,
-                 upload_bps: float | None = None, spool_dir: str | None = None) -> None:
+                 upload_bps: float | None = None, spool_dir: str | None = None,
+                 before_commit: Callable[[int], None] | None = None) -> None:
         self.store, self.job_id, self.incarnation = store, job_id, incarnation
+        # called with the step just before a manifest is written; raising aborts the commit
+        self.before_commit = before_commit
         self.emit = emit
         self.beacon = beacon or Beacon(None)
         self.keep_last = keep_last
@@ -378,6 +381,7 @@ class Checkpointer:
         seq = self._next_seq()
         folder = f"{self.root}/{seq:08d}"
         t0 = time.perf_counter()
+        committed = False
         try:
             self.beacon.set_phase(Phase.SAVE)
             spool = os.path.join(self.spool, f"state-{seq}.pt")
@@ -392,17 +396,24 @@ class Checkpointer:
                 files[name] = self._upload(local, f"{folder}/{name}", known)
                 if os.path.exists(local):
                     os.unlink(local)
-            self.beacon.set_phase(Phase.COMMIT)
             upload_s = time.perf_counter() - t0
             total = sum(f["size"] for f in files.values())
             manifest = Manifest(seq=seq, step=snap.step, kind=snap.kind, files=files,
                                 incarnation=self.incarnation, created=time.time(),
                                 snapshot_s=snap.snapshot_s, upload_s=upload_s, bytes=total,
                                 dests=snap.dests)
+            if self.before_commit is not None:
+                # what the run logged up to this step becomes durable no later than the state:
+                # a kill right after the commit must not leave a hole in the loss curve that
+                # the resume (which starts after this step) would never fill
+                self.before_commit(snap.step)
+            self.beacon.set_phase(Phase.COMMIT)
             self.store.write_bytes(f"{folder}/MANIFEST.json", manifest.to_json())
+            committed = True
         finally:
             self._release(snap)
-            self.beacon.set_phase(Phase.IDLE)
+            if not committed:
+                self.beacon.set_phase(Phase.IDLE)
             for local in [os.path.join(self.spool, f"state-{seq}.pt"), *(f for f, _ in snap.files)]:
                 if os.path.exists(local):
                     os.unlink(local)  # a failed save must not leave its copy in the spool
@@ -411,6 +422,9 @@ class Checkpointer:
         self.committed.append(manifest)
         self.emit("checkpoint", seq=seq, save_kind=snap.kind, step=snap.step, snapshot_s=snap.snapshot_s,
                   upload_s=upload_s, bytes=total)
+        # COMMIT lasts until the checkpoint is announced, so the local market can land a kill
+        # between a commit and the news of it
+        self.beacon.set_phase(Phase.IDLE)
         self._prune(manifest)
         return manifest
 

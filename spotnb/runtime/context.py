@@ -16,13 +16,14 @@ from typing import Any, Iterator
 import torch
 
 from spotnb.policy.base import Observation, Plan, Policy, SaveKind
-from spotnb.runtime.beacon import Beacon
+from spotnb.runtime.beacon import Beacon, Phase
 from spotnb.runtime.checkpoint import Checkpointer
 from spotnb.runtime.notice import Notice
 
 __all__ = ["Context", "Evacuate"]
 
 _NEVER = 2**62
+_RESERVED = frozenset({"step", "t", "incarnation", "replica"})  # row keys spotnb fills in
 
 
 class Evacuate(BaseException):
@@ -115,8 +116,18 @@ class Context:
             return self.resumed_from
         self._restored = True
         t0 = time.perf_counter()
-        found = self._ckpt.load_latest()
+        self._beacon.set_phase(Phase.RESTORE)
+        try:
+            found = self._ckpt.load_latest()
+        finally:
+            self._beacon.set_phase(Phase.IDLE)
         if found is None:
+            if self._high_water > 0:
+                # an earlier incarnation got this far, yet nothing restores: say so, loudly
+                self._emit("warning", message=f"no checkpoint could be restored although an earlier "
+                           f"instance reached step {self._high_water}: every checkpoint is missing "
+                           "or failed verification, so training restarts from step 0",
+                           restart_from_zero=True, high_water=self._high_water)
             return None
         manifest, state = found
         objects = state.get("objects", {})
@@ -155,7 +166,18 @@ class Context:
         self._end_step()
 
     def log(self, **metrics: Any) -> None:
-        """Record metrics for the current step; they reach the notebook within about a second."""
+        """Record metrics for the current step; they reach the notebook within about a second.
+
+        Values are numbers (Python, numpy or one-element tensors). `step`, `t`, `incarnation`
+        and `replica` are recorded for you and refused as metric names: a metric of that name
+        would silently replace the step or the time of every row. A value JSON cannot carry
+        (NaN, an infinity, a number beyond float range) arrives as a gap plus one warning per
+        metric naming the step, never as an error in the notebook."""
+        if not _RESERVED.isdisjoint(metrics):
+            bad = sorted(_RESERVED.intersection(metrics))
+            raise ValueError(f"ctx.log({bad[0]}=...): {', '.join(map(repr, bad))} "
+                             f"{'is' if len(bad) == 1 else 'are'} recorded with every row for you; "
+                             f"name the metric differently, e.g. ctx.log(my_{bad[0]}=...)")
         metrics["step"] = self._step
         metrics["t"] = time.time()
         self.rows.append(metrics)

@@ -8,12 +8,16 @@ at step 1,000,000. It imports neither plotly nor ipywidgets, so it is cheap to t
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from spotnb.events import as_metric
 from spotnb.ledger import Breakdown, breakdown
+
+log = logging.getLogger("spotnb.widget")
 
 __all__ = ["Series", "Incarnation", "JobState", "FEED_KINDS", "MAX_POINTS", "describe_kill"]
 
@@ -166,12 +170,19 @@ class JobState:
         self._boundaries: dict[int, int] = {}
         self.n_events = 0
         # bumped when a panel has something new to draw
+        self.n_skipped = 0
         self.versions = {"metrics": 0, "timeline": 0, "breakdown": 0, "info": 0}
 
     # -- folding ---------------------------------------------------------------------------
     def feed_events(self, events: Iterable[dict[str, Any]]) -> None:
         for e in events:
-            self._fold(e)
+            try:
+                self._fold(e)
+            except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
+                # a field of an unexpected type (a corrupt log, a newer writer): skip the
+                # event, keep the view alive
+                self.n_skipped += 1
+                log.warning("skipped an event the view cannot read (%r): %.200s", exc, e)
 
     def _inc(self, n: int) -> Incarnation:
         inc = self.incs.get(n)
@@ -301,8 +312,8 @@ class JobState:
         top = inc.reached
         last = self.last_metrics
         for row in rows:
-            step = row.get("step")
-            if step is None:
+            step = row.get("step") if isinstance(row, dict) else None
+            if not isinstance(step, int) or isinstance(step, bool):
                 continue
             redo = step <= boundary
             if not redo and new_t is None:
@@ -310,9 +321,11 @@ class JobState:
             if step > top:
                 top = step
             for key, value in row.items():
-                if key == "step" or key == "t" or not isinstance(value, (int, float)):
+                if key == "step" or key == "t":
                     continue
-                value = float(value)
+                value = as_metric(value)
+                if value is None:
+                    continue
                 last[key] = value
                 if redo:
                     per = self.redo.get(key)

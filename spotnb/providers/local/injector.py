@@ -16,7 +16,8 @@ from spotnb.runtime.beacon import Phase, read_beacon
 
 __all__ = ["Kill", "Injector"]
 
-_PHASES = {"step": None, "save": {Phase.SNAPSHOT, Phase.SAVE}, "upload": {Phase.UPLOAD}}
+_PHASES = {"step": None, "save": {Phase.SNAPSHOT, Phase.SAVE}, "upload": {Phase.UPLOAD},
+           "commit": {Phase.COMMIT}, "restore": {Phase.RESTORE}}
 
 
 @dataclass
