@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from spotnb.runtime.beacon import Beacon, Phase
+from spotnb.signing import BadSignature, sign_doc, verify_doc
 from spotnb.store import Store
 
 __all__ = ["Checkpointer", "Snapshot", "Manifest", "SaveCancelled", "CHUNK"]
@@ -59,8 +60,18 @@ class Manifest:
     bytes: int = 0
     dests: dict[str, str] = field(default_factory=dict)
 
-    def to_json(self) -> bytes:
-        return json.dumps(self.__dict__, indent=1, sort_keys=True).encode()
+    def to_json(self, key: bytes | None = None, job_id: str = "") -> bytes:
+        """The manifest as written; with a key, signed (it holds every file's sha256, so the
+        signature covers the state that restore will torch.load)."""
+        doc = dict(self.__dict__)
+        if key is not None:
+            doc = sign_doc(key, job_id, _manifest_name(self.seq), doc)
+        return json.dumps(doc, indent=1, sort_keys=True).encode()
+
+
+def _manifest_name(seq: int | str) -> str:
+    """What a manifest's signature binds it to: its place, so it cannot be moved to another."""
+    return f"ckpt/{int(seq):08d}/MANIFEST.json"
 
 
 def _remove_dead_spools(parent: str) -> None:
@@ -162,8 +173,14 @@ class Checkpointer:
 
     def __init__(self, store: Store, job_id: str, incarnation: int,
                  emit: Callable[..., Any], beacon: Beacon | None = None, keep_last: int = 2,
-                 upload_bps: float | None = None, spool_dir: str | None = None) -> None:
+                 upload_bps: float | None = None, spool_dir: str | None = None,
+                 key: bytes | None = None) -> None:
         self.store, self.job_id, self.incarnation = store, job_id, incarnation
+        # with a key, manifests are signed at commit and only signed ones are restored (the
+        # agent always has one; without, as in unit tests, nothing is authenticated)
+        self.key = key
+        self._unverified: dict[int, str] = {}
+        self._reported: set[int] = set()
         self.emit = emit
         self.beacon = beacon or Beacon(None)
         self.keep_last = keep_last
@@ -339,7 +356,7 @@ class Checkpointer:
                                 incarnation=self.incarnation, created=time.time(),
                                 snapshot_s=snap.snapshot_s, upload_s=upload_s, bytes=total,
                                 dests=snap.dests)
-            self.store.write_bytes(f"{folder}/MANIFEST.json", manifest.to_json())
+            self.store.write_bytes(f"{folder}/MANIFEST.json", manifest.to_json(self.key, self.job_id))
         finally:
             self._release(snap)
             self.beacon.set_phase(Phase.IDLE)
@@ -408,6 +425,12 @@ class Checkpointer:
                 if strict:
                     raise
                 continue
+            if self.key is not None:
+                try:
+                    doc = verify_doc(self.key, self.job_id, _manifest_name(name), doc)
+                except BadSignature as exc:
+                    self._unverified[int(name)] = str(exc)
+                    continue  # not a checkpoint of this job: never restored, never counted
             out.append(Manifest(**{k: v for k, v in doc.items() if k in fields}))
         return out
 
@@ -437,7 +460,12 @@ class Checkpointer:
     # -- restore -------------------------------------------------------------------------
     def load_latest(self) -> tuple[Manifest, Any] | None:
         """The newest checkpoint whose files all verify, and its state; None if there is none."""
-        for manifest in self.list_manifests():
+        manifests = self.list_manifests()
+        for seq, reason in sorted(self._unverified.items(), reverse=True):
+            if seq not in self._reported:
+                self._reported.add(seq)
+                self.emit("checkpoint_invalid", seq=seq, step=None, reason=reason)
+        for manifest in manifests:
             folder = f"{self.root}/{manifest.seq:08d}"
             try:
                 paths = {name: self._fetch_verified(f"{folder}/{name}", meta)
