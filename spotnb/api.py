@@ -296,6 +296,100 @@ def _refuse_legacy(job: Job) -> None:
         job.db.update_job(job.id, status="failed")
 
 
+RESUMABLE = frozenset({"failed", "stopped"})
+
+
+def resume(job_id: str, fn: Callable[[Any], Any] | None = None, config: Config | None = None, *,
+           detach: bool = True, **overrides: Any) -> Job:
+    """Continue a stopped or failed job from its latest verified checkpoint.
+
+    For the job that failed on a bug at step 9,000 of 10,000: fix the function and pass it as
+    `fn` (it must track the same state, so the checkpoint restores into it), and/or change
+    Config fields (`config=` and keyword overrides, merged over the job's own). The job keeps
+    its id, its history and its checkpoints: the feed shows the resume and the breakdown goes
+    on adding up. Moving a job to another provider or store is refused (its checkpoints live
+    in its store and its instances on its provider): submit a new job for that.
+
+    Everything is checked before anything is written; with `detach=False` the job is driven
+    from a thread of this process, as with `train`.
+    """
+    from spotnb.events import EventReader, EventWriter
+    from spotnb.files import FilesError, collect, upload
+    from spotnb.jobdb import JobDB
+    from spotnb.providers import get_provider_class
+    from spotnb.signing import key_path, load_key, seal
+    from spotnb.spec import ShippedFile, SpecError, load_spec, write_spec
+    from spotnb.store import Store
+
+    db = JobDB()
+    row = db.job(job_id)
+    if row is None:
+        raise SpotnbError(f"no job {job_id!r} in {db.path}")
+    full_id = row["id"]
+    store = Store(row["store"])
+    key = load_key(full_id)
+    if key is None:
+        raise SpotnbError(f"job {full_id}: its key is not on this machine ({key_path(full_id)}); resume "
+                          "it from the machine that submitted it")
+    try:
+        spec = load_spec(store, full_id, key)
+    except SpecError as exc:
+        raise SpotnbError(f"job {full_id}: cannot resume it: {exc}") from None
+    job = Job(full_id, store, db, {"name": spec.name})
+    job._ingest(EventReader(store, full_id).poll())
+    if job.status not in RESUMABLE:
+        hint = "nothing to resume" if job.status == "succeeded" else "stop it first (spotnb stop)"
+        raise SpotnbError(f"job {full_id} is {job.status}: only a failed or stopped job can be "
+                          f"resumed; {hint}")
+    old = spec.to_config()
+    if config is not None and not isinstance(config, Config):
+        raise ConfigError(f"config must be a spot.Config, got {type(config).__name__}")
+    given = {k: getattr(config, k) for k in config.model_fields_set} if config is not None else {}
+    changes = {**given, **overrides}
+    new = _merge(old, changes)
+    if new.provider != old.provider:
+        raise ConfigError(f"Config.provider: job {full_id} ran on {old.provider!r} and cannot move to "
+                          f"{new.provider!r} (its instances and checkpoints belong there); submit a "
+                          "new job with spot.train instead")
+    if new.store_url() != store.url:
+        raise ConfigError(f"Config.store: job {full_id} keeps its checkpoints in {store.url!r}; it cannot "
+                          f"resume from {new.store_url()!r}")
+    if fn is None and not isinstance(new.checkpoint, str) and "checkpoint" in changes:
+        raise ConfigError("Config.checkpoint: a Policy object travels with the function; pass fn= too")
+    if fn is not None:
+        _check_fn(fn)
+    _check_inputs(new)
+    provider = get_provider_class(new.provider)(new)
+    provider.validate()
+    payload = _pickle_payload(fn, new) if fn is not None else None
+    files = spec.files
+    if "files" in changes:
+        try:
+            collected = collect(new.files, os.getcwd())
+        except FilesError as exc:
+            raise ConfigError(str(exc)) from None
+        upload(store, collected)
+        files = [ShippedFile(**{k: v for k, v in f.items() if k != "source"}) for f in collected]
+    # -- all checked: write --------------------------------------------------------------------
+    if payload is not None:
+        store.write_bytes(store.job(full_id, "fn.pkl"), seal(key, full_id, "fn.pkl", payload))
+    fresh = _spec(full_id, new, [], created=spec.created)
+    write_spec(store, fresh.model_copy(update={"cwd": spec.cwd, "files": files}), key)
+    store.rm(store.job(full_id, "STOP"))
+    changed = sorted(k for k in changes if getattr(old, k, None) != getattr(new, k))
+    writer = EventWriter(store, full_id, 0, "api")
+    writer.emit("job_resumed", from_status=job.status, new_fn=fn is not None, changed=changed,
+                config=_public_config(new))
+    writer.emit("status", status="pending")
+    writer.flush()
+    db.update_job(full_id, status="pending")
+    fresh_job = Job(full_id, store, db, {"name": new.name})
+    with _LIVE_LOCK:
+        _LIVE.pop(full_id, None)
+    _drive(fresh_job, new, provider, detach)
+    return fresh_job
+
+
 def attach(job_id: str, store: str | None = None) -> Job:
     """A Job for an existing job, from any process: full history, then live while it runs."""
     from spotnb.jobdb import JobDB
