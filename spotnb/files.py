@@ -78,8 +78,8 @@ def collect(paths: Iterable[str], cwd: str, limit: int | None = None) -> list[di
         total += st.st_size
         if total > limit:
             raise FilesError(f"Config.files: {given!r} ({local}) brings the files shipped with the job "
-                             f"to {total / 2**20:.1f} MiB, over the {limit / 2**20:.0f} MiB limit; put "
-                             "large data in a bucket and read it from the function")
+                             f"to {_human(total)}, over the {_human(limit)} limit; put large data in "
+                             "a bucket and read it from the function")
         entry = {"path": dest, "sha256": _sha256(local), "size": st.st_size,
                  "mode": stat.S_IMODE(st.st_mode) & 0o755 | 0o600, "source": local}
         prior = out.get(dest)
@@ -88,6 +88,13 @@ def collect(paths: Iterable[str], cwd: str, limit: int | None = None) -> list[di
                              "on the instance; rename one or ship their folders instead")
         out[dest] = entry
     return list(out.values())
+
+
+def _human(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def upload(store: Store, entries: list[dict[str, Any]]) -> int:
