@@ -410,7 +410,14 @@ def attach(job_id: str, store: str | None = None) -> Job:
     st = Store(url)
     if not st.exists(st.job(full_id, "spec.json")):
         raise SpotnbError(f"job {full_id!r} has no spec in store {url!r}")
-    job = Job(full_id, st, db, {"name": row.get("name") if row else None})
+    name = row.get("name") if row else None
+    if name is None:  # only viewing: the spec's name as JSON (nothing here runs or steers code)
+        from spotnb.spec import SpecError, load_spec
+        try:
+            name = load_spec(st, full_id, None, verify=False).name
+        except (SpecError, OSError):
+            name = None
+    job = Job(full_id, st, db, {"name": name})
     job.follow()
     return job
 
