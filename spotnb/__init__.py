@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["train", "attach", "resume", "jobs", "Config", "Job", "JobFailed", "JobStopped", "ConfigError",
-           "SpotnbError", "Breakdown", "policy", "__version__"]
+__all__ = ["train", "attach", "resume", "jobs", "Config", "Job", "JobFailed", "JobStopped",
+           "ConfigError", "SpotnbError", "Breakdown", "policy", "__version__"]
 
 _LAZY = {
     "train": "spotnb.api", "attach": "spotnb.api", "resume": "spotnb.api", "jobs": "spotnb.api",

@@ -92,7 +92,8 @@ def _new_job_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
-def _spec(job_id: str, config: Config, files: list[dict[str, Any]], created: float | None = None) -> "JobSpec":
+def _spec(job_id: str, config: Config, files: list[dict[str, Any]],
+          created: float | None = None) -> "JobSpec":
     """The job's JSON spec: the whole Config (a Policy object stays in the fn payload), what
     the instance needs in typed form, and the shipped files."""
     from spotnb.spec import JobSpec, RuntimeSettings, ShippedFile, config_json

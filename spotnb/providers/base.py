@@ -127,8 +127,9 @@ class Provider(ABC):
             from spotnb.signing import key_path, load_key
             key = load_key(spec.job_id)
             if key is None:
-                raise ConfigError(f"job {spec.job_id}: no job key at {key_path(spec.job_id)}; an instance "
-                                  "could not verify the job. Drive the job from the machine that submitted it")
+                raise ConfigError(f"job {spec.job_id}: no job key at {key_path(spec.job_id)}; an "
+                                  "instance could not verify the job. Drive the job from the "
+                                  "machine that submitted it")
             spec = dataclasses.replace(spec, job_key=key.hex())
         return self._launch(spec)
 

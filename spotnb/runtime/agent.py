@@ -18,7 +18,7 @@ import time
 import traceback
 from typing import Any
 
-from spotnb.signing import BadSignature, key_from_env, unseal, seal
+from spotnb.signing import BadSignature, key_from_env, seal, unseal
 from spotnb.spec import JobSpec, RuntimeSettings, SpecError, load_spec
 
 _STARTED = time.time()
