@@ -32,7 +32,7 @@ from typing import Any, Iterable
 from spotnb.providers.base import LaunchSpec
 from spotnb.signing import KEY_ENV
 
-KEY_PLACEHOLDER = "<the job's key, added at launch>"
+KEY_PLACEHOLDER = "<the job key, added at launch>"
 
 __all__ = ["bootstrap_script", "aws_user_data", "azure_custom_data", "gcp_startup_script",
            "store_extra", "install_specs", "SecretInBootstrap", "PYTHON_CANDIDATES",

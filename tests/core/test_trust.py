@@ -208,3 +208,19 @@ def test_a_forged_unsigned_spec_is_refused_for_a_job_with_a_key(store_url: str) 
     job.store.write_bytes(path, json.dumps(doc).encode())
     with pytest.raises(SpecError, match="not signed, but this job has a key"):
         load_spec(job.store, job.id, load_key(job.id))
+
+
+def test_the_boot_script_carries_the_key_only_when_launching() -> None:
+    """A cloud VM gets the key in its boot script at launch; a dry run (no key yet) shows
+    where it would go, and the script never echoes it into its log."""
+    from spotnb.providers.base import LaunchSpec
+    from spotnb.providers.bootstrap import KEY_PLACEHOLDER, bootstrap_script
+    base = dict(job_id="j", incarnation=1, store_url="s3://b/p", instance_type="x", region=None,
+                command=["python", "-m", "spotnb.runtime.agent"], spotnb_version="0.1.0")
+    key = "ab" * 32
+    launched = bootstrap_script(LaunchSpec(job_key=key, **base), "aws")
+    assert f"export SPOTNB_JOB_KEY={key}\n" in launched
+    assert "set -x" not in launched and "$SPOTNB_JOB_KEY" not in launched
+    assert key not in repr(LaunchSpec(job_key=key, **base))
+    planned = bootstrap_script(LaunchSpec(**base), "aws")
+    assert "SPOTNB_JOB_KEY='" + KEY_PLACEHOLDER + "'" in planned and key not in planned
