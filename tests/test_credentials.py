@@ -80,8 +80,6 @@ def test_launch_requests_hold_no_credential() -> None:
             return SimpleNamespace(result=lambda timeout=None: None)
 
     azure_cfg, gcp_cfg = _configs()[1], _configs()[2]
-    from spotnb.signing import new_key, save_key
-    save_key("j", new_key())  # what train does: launch hands the job's key to the instance
     spec = dict(job_id="j", incarnation=1, instance_type="x",
                 command=["python", "-m", "spotnb.runtime.agent"], spotnb_version="0.1.0")
     AzureProvider(azure_cfg, compute=SimpleNamespace(virtual_machines=VMs())).launch(

@@ -8,6 +8,7 @@ launch (SkyPilot's pattern). Core code never names a concrete provider.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -49,7 +50,8 @@ class LaunchSpec:
     its own identity (instance profile / managed identity / service account, or the local
     user's). It does carry the job's HMAC key (`job_key`, hidden from repr), which the instance
     needs to verify the job it runs; `Provider.launch` fills it in from the notebook machine's
-    key file, and the dry run (no key yet) shows a placeholder."""
+    key file (without one the instance refuses the job), and the dry run (no key yet) shows a
+    placeholder."""
 
     job_id: str
     incarnation: int
@@ -126,11 +128,13 @@ class Provider(ABC):
         if spec.job_key is None:
             from spotnb.signing import key_path, load_key
             key = load_key(spec.job_id)
-            if key is None:
-                raise ConfigError(f"job {spec.job_id}: no job key at {key_path(spec.job_id)}; an "
-                                  "instance could not verify the job. Drive the job from the "
-                                  "machine that submitted it")
-            spec = dataclasses.replace(spec, job_key=key.hex())
+            if key is not None:
+                spec = dataclasses.replace(spec, job_key=key.hex())
+            else:  # the instance will refuse to run anything: say why here too
+                logging.getLogger("spotnb.providers").warning(
+                    "job %s: no job key at %s; its instance cannot verify the job and will refuse "
+                    "it (drive the job from the machine that submitted it)", spec.job_id,
+                    key_path(spec.job_id))
         return self._launch(spec)
 
     def describe(self, instance: Instance) -> InstanceStatus:
