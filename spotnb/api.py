@@ -347,12 +347,12 @@ def resume(job_id: str, fn: Callable[[Any], Any] | None = None, config: Config |
         raise ConfigError(f"config must be a spot.Config, got {type(config).__name__}")
     given = {k: getattr(config, k) for k in config.model_fields_set} if config is not None else {}
     changes = {**given, **overrides}
-    new = _merge(old, changes)
-    if new.provider != old.provider:
+    if changes.get("provider", old.provider) != old.provider:
         raise ConfigError(f"Config.provider: job {full_id} ran on {old.provider!r} and cannot move to "
-                          f"{new.provider!r} (its instances and checkpoints belong there); submit a "
-                          "new job with spot.train instead")
-    if new.store_url() != store.url:
+                          f"{changes['provider']!r} (its instances and checkpoints belong there); "
+                          "submit a new job with spot.train instead")
+    new = _merge(old, changes)
+    if new.store_url().rstrip("/") != store.url:
         raise ConfigError(f"Config.store: job {full_id} keeps its checkpoints in {store.url!r}; it cannot "
                           f"resume from {new.store_url()!r}")
     if fn is None and not isinstance(new.checkpoint, str) and "checkpoint" in changes:

@@ -85,21 +85,27 @@ class JobSpec(_Model):
         return str(self.config.get("provider", "local"))
 
     def to_config(self) -> "Config":
-        """The job's Config (notebook side). A Policy object that was given is not here: the
-        controller then uses the default policy for its own decisions (pre-allocation)."""
-        from spotnb.config import Config
-        return Config(**self.config)
+        """The job's Config (notebook side), validated again. Other providers' fields (all at
+        their defaults, since a Config refuses them when set) are left out so that validation
+        passes; a field this spotnb does not know is refused with the usual clear error. A
+        Policy object that was given is not here (it is code, in fn.pkl): the controller then
+        uses the default policy for its own decisions (pre-allocation)."""
+        from spotnb.config import PROVIDER_PREFIXES, Config
+        own = f"{self.provider}_"
+        fields = {k: v for k, v in self.config.items()
+                  if not (k.startswith(PROVIDER_PREFIXES) and not k.startswith(own))
+                  and not (k == "checkpoint" and v is None)}
+        return Config(**fields)
 
     def to_doc(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
 
 def config_json(config: "Config") -> dict[str, Any]:
-    """A Config's explicitly set fields as JSON (only those: other providers' fields must stay
-    unset to validate again). A Policy object for `checkpoint` is left out (it is code)."""
-    data = config.model_dump(mode="json", exclude_unset=True, exclude={"checkpoint"})
-    if isinstance(config.checkpoint, str) and "checkpoint" in config.model_fields_set:
-        data["checkpoint"] = config.checkpoint
+    """The whole validated Config as JSON. A Policy object for `checkpoint` is code: it stays in
+    the signed function payload and `checkpoint` is None here."""
+    data = config.model_dump(mode="json", exclude={"checkpoint"})
+    data["checkpoint"] = config.checkpoint if isinstance(config.checkpoint, str) else None
     return data
 
 
@@ -143,33 +149,16 @@ def load_spec(store: Store, job_id: str, key: bytes | None, *, verify: bool = Tr
 def legacy_spec(store: Store, job_id: str, old: dict[str, Any]) -> JobSpec:
     """A JobSpec for a job submitted before specs were versioned (spec.json read with
     defaults, plus config.pkl). The Config comes from the `submitted` event's public config
-    (JSON), never from config.pkl: only its non-default fields are kept, so another
-    provider's defaults do not trip validation. A Policy object (shown there by its repr)
-    becomes the default policy."""
+    (JSON, the whole Config as the spec holds it now), never from config.pkl. A Policy object
+    (shown there by its repr) becomes the default policy."""
     from spotnb.events import read_all
     submitted = next((e for e in read_all(store, job_id) if e.get("kind") == "submitted"), None)
-    public = dict((submitted or {}).get("config") or {})
-    config: dict[str, Any] = {}
-    try:
-        from spotnb.config import Config
-        fields = Config.model_fields
-    except ImportError:  # on an instance without the notebook side: keep it as it was
-        fields = {}
-    for name, value in public.items():
-        field = fields.get(name)
-        if fields and field is None:
-            continue  # a field this spotnb no longer has
-        if field is not None:
-            default = field.default_factory() if field.default_factory is not None else field.default
-            if _jsonish(default) == value:
-                continue
-        config[name] = value
-    checkpoint = config.get("checkpoint")
-    if checkpoint is not None and old.get("policy") != checkpoint:
-        config.pop("checkpoint")  # the repr of a Policy object, not a name
+    config = dict((submitted or {}).get("config") or {})
+    if config.get("checkpoint") != old.get("policy"):
+        config["checkpoint"] = None  # the repr of a Policy object, not a name
     for name in ("provider", "instance_type", "name"):
         if old.get(name) is not None:
-            config[name] = old[name]
+            config.setdefault(name, old[name])
     return JobSpec(
         job_id=job_id, name=old.get("name"), created=float(old.get("created") or 0.0),
         spotnb_version=str(old.get("spotnb_version") or ""), cwd=str(old.get("cwd") or ""),
@@ -181,6 +170,3 @@ def legacy_spec(store: Store, job_id: str, old: dict[str, Any]) -> JobSpec:
                                 heartbeat_interval=float(old.get("heartbeat_interval") or 5.0)))
 
 
-def _jsonish(value: Any) -> Any:
-    """A default as it appears in JSON (tuples are lists)."""
-    return json.loads(json.dumps(value)) if value is not None else None
