@@ -267,31 +267,32 @@ def run_controller(job_id: str, store_url: str | None = None) -> int:
     store = Store(url)
     try:
         spec = load_spec(store, job_id, load_key(job_id))
-    except SpecError as exc:
-        raise SpotnbError(f"job {job_id}: cannot drive it: {exc}") from None
-    config = spec.to_config()
+        config = spec.to_config()
+    except (SpecError, ConfigError) as exc:
+        # end it visibly: a controller that raised here would be restarted, and fail, forever
+        _refuse(Job(job_id, store, db), f"the job spec cannot be used: {exc}", "bad spec")
+        return 1
     job = Job(job_id, store, db, {"name": config.name})
     if spec.legacy:
-        _refuse_legacy(job)
+        _refuse(job, "this job was submitted by an older spotnb and is not signed; an instance "
+                     "runs only signed jobs: submit it again", "unsigned job")
         return 0
     provider = get_provider_class(config.provider)(config)
     Controller(job, config, provider, store, db).run()
     return 0
 
 
-def _refuse_legacy(job: Job) -> None:
-    """A job submitted before jobs were signed: its settings were read (as JSON), but no
-    instance would run its unsigned function, so end it clearly instead of launching one."""
+def _refuse(job: Job, message: str, reason: str) -> None:
+    """End a job no instance could run (an unsigned job of an older spotnb, a spec that does
+    not verify) with an error, instead of launching one for nothing."""
     from spotnb.events import EventReader, EventWriter
     from spotnb.job import TERMINAL
     job._ingest(EventReader(job.store, job.id).poll())
     if job.status in TERMINAL:
         return
     writer = EventWriter(job.store, job.id, 0, "ctl")
-    writer.emit("error", exc_type="UnsignedJob", traceback="",
-                message="this job was submitted by an older spotnb and is not signed; an instance "
-                        "runs only signed jobs: submit it again")
-    writer.emit("status", status="failed", reason="unsigned job")
+    writer.emit("error", exc_type="UnrunnableJob", traceback="", message=message)
+    writer.emit("status", status="failed", reason=reason)
     writer.flush()
     if job.db is not None:
         job.db.update_job(job.id, status="failed")

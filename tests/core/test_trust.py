@@ -224,3 +224,22 @@ def test_the_boot_script_carries_the_key_only_when_launching() -> None:
     assert key not in repr(LaunchSpec(job_key=key, **base))
     planned = bootstrap_script(LaunchSpec(**base), "aws")
     assert "SPOTNB_JOB_KEY='" + KEY_PLACEHOLDER + "'" in planned and key not in planned
+
+
+def test_a_controller_ends_a_job_whose_spec_was_tampered_with(store_url: str) -> None:
+    """No instance is launched for a spec that does not verify, and the job ends visibly (a
+    controller that crashed instead would be restarted, and crash, at every `spotnb jobs`)."""
+    from spotnb import api
+    config = spot.Config(ship_modules=SHIP, store=store_url)
+    _, payload, files = api._prepare(jobfns.fails_at, config)
+    job = api._submit(payload, config, files, detach=True)   # submitted; no controller yet
+    path = job.store.job(job.id, "spec.json")
+    doc = json.loads(job.store.read_bytes(path))
+    doc["config"]["requirements"] = ["evil-package"]
+    job.store.write_bytes(path, json.dumps(doc).encode())
+    assert api.run_controller(job.id, store_url) == 1
+    job = spot.attach(job.id)
+    assert job.wait(60) and job.status == "failed"
+    with pytest.raises(spot.JobFailed, match="the job spec cannot be used: .*wrong signature"):
+        job.result()
+    assert not [e for e in job.events if e["kind"] == "allocating"]
