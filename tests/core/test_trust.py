@@ -243,3 +243,15 @@ def test_a_controller_ends_a_job_whose_spec_was_tampered_with(store_url: str) ->
     with pytest.raises(spot.JobFailed, match="the job spec cannot be used: .*wrong signature"):
         job.result()
     assert not [e for e in job.events if e["kind"] == "allocating"]
+
+
+def test_a_spec_of_an_unknown_version_is_refused_clearly(store_url: str) -> None:
+    from spotnb.signing import new_key
+    from spotnb.spec import JobSpec, SpecError, load_spec, write_spec
+    store, key = Store(store_url), new_key()
+    spec = JobSpec(job_id="j1", created=1.0, spotnb_version="9", cwd="/", config={}, spec_version=2)
+    write_spec(store, spec, key)
+    with pytest.raises(SpecError, match="spec_version 2 is not one this spotnb reads"):
+        load_spec(store, "j1", key)
+    with pytest.raises(SpecError, match="wrong signature"):
+        load_spec(store, "j1", new_key())
