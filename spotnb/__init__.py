@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["train", "attach", "jobs", "Config", "Job", "JobFailed", "JobStopped", "ConfigError",
-           "SpotnbError", "Breakdown", "policy", "__version__"]
+__all__ = ["train", "attach", "resume", "jobs", "Config", "Job", "JobFailed", "JobStopped",
+           "ConfigError", "SpotnbError", "Breakdown", "policy", "__version__"]
 
 _LAZY = {
-    "train": "spotnb.api", "attach": "spotnb.api", "jobs": "spotnb.api",
+    "train": "spotnb.api", "attach": "spotnb.api", "resume": "spotnb.api", "jobs": "spotnb.api",
     "Config": "spotnb.config", "Job": "spotnb.job", "Breakdown": "spotnb.ledger",
     "JobFailed": "spotnb.errors", "JobStopped": "spotnb.errors", "ConfigError": "spotnb.errors",
     "SpotnbError": "spotnb.errors",
@@ -26,7 +26,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from spotnb.api import attach, jobs, train
+    from spotnb.api import attach, jobs, resume, train
     from spotnb.config import Config
     from spotnb.errors import ConfigError, JobFailed, JobStopped, SpotnbError
     from spotnb.job import Job

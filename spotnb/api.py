@@ -10,14 +10,17 @@ import threading
 import time
 import weakref
 from importlib import import_module
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from spotnb.config import Config
 from spotnb.errors import ConfigError, SpotnbError
 from spotnb.job import Job
 
-__all__ = ["train", "attach", "jobs", "dry_run_plan", "start_controller", "ensure_controller",
-           "run_controller"]
+if TYPE_CHECKING:
+    from spotnb.spec import JobSpec
+
+__all__ = ["train", "attach", "resume", "jobs", "dry_run_plan", "start_controller",
+           "ensure_controller", "run_controller"]
 
 _LIVE: "weakref.WeakValueDictionary[str, Job]" = weakref.WeakValueDictionary()
 _LIVE_LOCK = threading.Lock()
@@ -89,16 +92,20 @@ def _new_job_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
-def _spec(job_id: str, config: Config) -> dict[str, Any]:
-    return {
-        "job_id": job_id, "name": config.name, "created": time.time(), "spotnb_version": _version(),
-        "provider": config.provider, "instance_type": config.instance_type,
-        "save_every": config.save_every, "keep_last": config.keep_last,
-        "policy": config.checkpoint if isinstance(config.checkpoint, str) else None,
-        "notice_poll": config.notice_poll, "flush_interval": 0.5,
-        "heartbeat_interval": max(0.5, min(5.0, config.heartbeat_timeout / 4)),
-        "cwd": os.getcwd(), "requirements": list(config.requirements), "files": list(config.files),
-    }
+def _spec(job_id: str, config: Config, files: list[dict[str, Any]],
+          created: float | None = None) -> "JobSpec":
+    """The job's JSON spec: the whole Config (a Policy object stays in the fn payload), what
+    the instance needs in typed form, and the shipped files."""
+    from spotnb.spec import JobSpec, RuntimeSettings, ShippedFile, config_json
+    return JobSpec(
+        job_id=job_id, name=config.name, created=created or time.time(), spotnb_version=_version(),
+        cwd=os.getcwd(), config=config_json(config),
+        runtime=RuntimeSettings(
+            policy=config.checkpoint if isinstance(config.checkpoint, str) else None,
+            save_every=config.save_every, keep_last=config.keep_last,
+            notice_poll=config.notice_poll, flush_interval=0.5,
+            heartbeat_interval=max(0.5, min(5.0, config.heartbeat_timeout / 4))),
+        files=[ShippedFile(**{k: v for k, v in f.items() if k != "source"}) for f in files])
 
 
 def _public_config(config: Config) -> dict[str, Any]:
@@ -107,20 +114,28 @@ def _public_config(config: Config) -> dict[str, Any]:
     return data
 
 
-def _prepare(fn: Any, config: Config) -> tuple[Any, bytes]:
-    """Everything that can fail on bad input, before anything is written or launched."""
+def _prepare(fn: Any, config: Config) -> tuple[Any, bytes, list[dict[str, Any]]]:
+    """Everything that can fail on bad input, before anything is written or launched:
+    the provider's checks, the function's pickle and the files to ship (hashed, size-limited)."""
+    from spotnb.files import FilesError, collect
     from spotnb.providers import get_provider_class
     _check_fn(fn)
     _check_inputs(config)
     provider = get_provider_class(config.provider)(config)
     provider.validate()
     payload = _pickle_payload(fn, config)
-    return provider, payload
+    try:
+        files = collect(config.files, os.getcwd())
+    except FilesError as exc:
+        raise ConfigError(str(exc)) from None
+    return provider, payload, files
 
 
 def dry_run_plan(fn: Any, config: Config) -> dict[str, Any]:
+    """The provider's exact requests for the first incarnation, sending nothing. The job key
+    does not exist yet: the plan shows where it would go, never a key."""
     from spotnb.providers.base import LaunchSpec
-    provider, _ = _prepare(fn, config)
+    provider, _, _ = _prepare(fn, config)
     regions = config.candidate_regions()
     region = None if regions == "cheapest" or not regions else regions[0]
     spec = LaunchSpec(job_id="<job-id>", incarnation=1, store_url=config.store_url(),
@@ -129,6 +144,43 @@ def dry_run_plan(fn: Any, config: Config) -> dict[str, Any]:
                                "--job", "<job-id>", "--incarnation", "1"],
                       requirements=list(config.requirements), spotnb_version=_version())
     return provider.plan_launch(spec)
+
+
+def _open_store(url: str) -> Any:
+    from spotnb.store import Store
+    try:
+        return Store(url)
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigError(f"Config.store: cannot open {url!r}: {exc}") from None
+
+
+def _submit(fn_payload: bytes, config: Config, files: list[dict[str, Any]], detach: bool) -> Job:
+    """Write a new job to the store and the job DB (key, signed fn and spec, shipped files,
+    `submitted` event); start nothing."""
+    from spotnb.events import EventWriter
+    from spotnb.files import upload
+    from spotnb.jobdb import JobDB
+    from spotnb.signing import new_key, save_key, seal
+    from spotnb.spec import write_spec
+
+    store = _open_store(config.store_url())
+    db = JobDB()
+    job_id = _new_job_id()
+    key = new_key()
+    save_key(job_id, key)
+    upload(store, files)
+    store.write_bytes(store.job(job_id, "fn.pkl"), seal(key, job_id, "fn.pkl", fn_payload))
+    write_spec(store, _spec(job_id, config, files), key)
+    db.add_job(job_id, name=config.name, provider=config.provider, region=config.region,
+               instance_type=config.instance_type, store=store.url)
+    submitted = EventWriter(store, job_id, 0, "api")
+    submitted.emit("submitted", name=config.name, provider=config.provider,
+                   instance_type=config.instance_type, config=_public_config(config),
+                   spotnb_version=_version(), detached=detach,
+                   files=[{"path": f["path"], "size": f["size"]} for f in files])
+    submitted.emit("status", status="pending")
+    submitted.flush()
+    return Job(job_id, store, db, {"name": config.name})
 
 
 def train(fn: Callable[[Any], Any], config: Config | None = None, *, dry_run: bool = False,
@@ -143,47 +195,29 @@ def train(fn: Callable[[Any], Any], config: Config | None = None, *, dry_run: bo
     dead notebook do not stop a job that may run for days, and `spot.attach(id)` picks it up
     from anywhere. `detach=False` drives it from a thread of this process instead.
     """
-    from spotnb.controller import Controller
-    from spotnb.events import EventWriter
-    from spotnb.jobdb import JobDB
-    from spotnb.store import Store
-
     config = _merge(config, overrides)
     if dry_run:
         plan = dry_run_plan(fn, config)
         print(json.dumps(plan, indent=2, default=str))
         return plan  # type: ignore[return-value]
-    provider, payload = _prepare(fn, config)
-    try:
-        store = Store(config.store_url())
-    except Exception as exc:  # noqa: BLE001
-        raise ConfigError(f"Config.store: cannot open {config.store_url()!r}: {exc}") from None
-    db = JobDB()
-    job_id = _new_job_id()
-    store.write_bytes(store.job(job_id, "fn.pkl"), payload)
-    store.write_bytes(store.job(job_id, "spec.json"), json.dumps(_spec(job_id, config), indent=1).encode())
-    db.add_job(job_id, name=config.name, provider=config.provider, region=config.region,
-               instance_type=config.instance_type, store=store.url)
-    import cloudpickle
-    store.write_bytes(store.job(job_id, "config.pkl"), cloudpickle.dumps(config))
-    submitted = EventWriter(store, job_id, 0, "api")
-    submitted.emit("submitted", name=config.name, provider=config.provider,
-                   instance_type=config.instance_type, config=_public_config(config),
-                   spotnb_version=_version(), detached=detach)
-    submitted.emit("status", status="pending")
-    submitted.flush()
-    job = Job(job_id, store, db, {"name": config.name})
+    provider, payload, files = _prepare(fn, config)
+    job = _submit(payload, config, files, detach)
+    _drive(job, config, provider, detach)
+    return job
+
+
+def _drive(job: Job, config: Config, provider: Any, detach: bool) -> None:
+    from spotnb.controller import Controller
     with _LIVE_LOCK:
-        _LIVE[job_id] = job
+        _LIVE[job.id] = job
     if detach:
         provider.close()
-        start_controller(job_id, store.url)
+        start_controller(job.id, job.store.url)
         job.follow()
     else:
-        controller = Controller(job, config, provider, store, db)
+        controller = Controller(job, config, provider, job.store, job.db)
         job._controller = controller  # type: ignore[attr-defined]  (keeps it alive with the job)
         controller.start()
-    return job
 
 
 def start_controller(job_id: str, store_url: str) -> int:
@@ -216,12 +250,13 @@ def ensure_controller(row: dict[str, Any]) -> bool:
 
 def run_controller(job_id: str, store_url: str | None = None) -> int:
     """The body of `spotnb controller JOB_ID`: drive the job until it ends (or another
-    controller holds it)."""
-    import cloudpickle
-
+    controller holds it). The job's settings come from its JSON spec, verified with the job's
+    key on this machine; nothing from the store is unpickled here."""
     from spotnb.controller import Controller
     from spotnb.jobdb import JobDB
     from spotnb.providers import get_provider_class
+    from spotnb.signing import load_key
+    from spotnb.spec import SpecError, load_spec
     from spotnb.store import Store
 
     db = JobDB()
@@ -230,11 +265,131 @@ def run_controller(job_id: str, store_url: str | None = None) -> int:
     if not url:
         raise SpotnbError(f"no job {job_id!r} in {db.path}; pass --store")
     store = Store(url)
-    config = cloudpickle.loads(store.read_bytes(store.job(job_id, "config.pkl")))
-    provider = get_provider_class(config.provider)(config)
+    try:
+        spec = load_spec(store, job_id, load_key(job_id))
+        config = spec.to_config()
+    except (SpecError, ConfigError) as exc:
+        # end it visibly: a controller that raised here would be restarted, and fail, forever
+        _refuse(Job(job_id, store, db), f"the job spec cannot be used: {exc}", "bad spec")
+        return 1
     job = Job(job_id, store, db, {"name": config.name})
+    if spec.legacy:
+        _refuse(job, "this job was submitted by an older spotnb and is not signed; an instance "
+                     "runs only signed jobs: submit it again", "unsigned job")
+        return 0
+    provider = get_provider_class(config.provider)(config)
     Controller(job, config, provider, store, db).run()
     return 0
+
+
+def _refuse(job: Job, message: str, reason: str) -> None:
+    """End a job no instance could run (an unsigned job of an older spotnb, a spec that does
+    not verify) with an error, instead of launching one for nothing."""
+    from spotnb.events import EventReader, EventWriter
+    from spotnb.job import TERMINAL
+    job._ingest(EventReader(job.store, job.id).poll())
+    if job.status in TERMINAL:
+        return
+    writer = EventWriter(job.store, job.id, 0, "ctl")
+    writer.emit("error", exc_type="UnrunnableJob", traceback="", message=message)
+    writer.emit("status", status="failed", reason=reason)
+    writer.flush()
+    if job.db is not None:
+        job.db.update_job(job.id, status="failed")
+
+
+RESUMABLE = frozenset({"failed", "stopped"})
+
+
+def resume(job_id: str, fn: Callable[[Any], Any] | None = None, config: Config | None = None, *,
+           detach: bool = True, **overrides: Any) -> Job:
+    """Continue a stopped or failed job from its latest verified checkpoint.
+
+    For the job that failed on a bug at step 9,000 of 10,000: fix the function and pass it as
+    `fn` (it must track the same state, so the checkpoint restores into it), and/or change
+    Config fields (`config=` and keyword overrides, merged over the job's own). The job keeps
+    its id, its history and its checkpoints: the feed shows the resume and the breakdown goes
+    on adding up. Moving a job to another provider or store is refused (its checkpoints live
+    in its store and its instances on its provider): submit a new job for that.
+
+    Everything is checked before anything is written; with `detach=False` the job is driven
+    from a thread of this process, as with `train`.
+    """
+    from spotnb.events import EventReader, EventWriter
+    from spotnb.files import FilesError, collect, upload
+    from spotnb.jobdb import JobDB
+    from spotnb.providers import get_provider_class
+    from spotnb.signing import key_path, load_key, seal
+    from spotnb.spec import ShippedFile, SpecError, load_spec, write_spec
+    from spotnb.store import Store
+
+    db = JobDB()
+    row = db.job(job_id)
+    if row is None:
+        raise SpotnbError(f"no job {job_id!r} in {db.path}")
+    full_id = row["id"]
+    store = Store(row["store"])
+    key = load_key(full_id)
+    if key is None:
+        raise SpotnbError(f"job {full_id}: its key is not on this machine ({key_path(full_id)}); resume "
+                          "it from the machine that submitted it")
+    try:
+        spec = load_spec(store, full_id, key)
+    except SpecError as exc:
+        raise SpotnbError(f"job {full_id}: cannot resume it: {exc}") from None
+    job = Job(full_id, store, db, {"name": spec.name})
+    job._ingest(EventReader(store, full_id).poll())
+    if job.status not in RESUMABLE:
+        hint = "nothing to resume" if job.status == "succeeded" else "stop it first (spotnb stop)"
+        raise SpotnbError(f"job {full_id} is {job.status}: only a failed or stopped job can be "
+                          f"resumed; {hint}")
+    old = spec.to_config()
+    if config is not None and not isinstance(config, Config):
+        raise ConfigError(f"config must be a spot.Config, got {type(config).__name__}")
+    given = {k: getattr(config, k) for k in config.model_fields_set} if config is not None else {}
+    changes = {**given, **overrides}
+    if changes.get("provider", old.provider) != old.provider:
+        raise ConfigError(f"Config.provider: job {full_id} ran on {old.provider!r} and cannot move to "
+                          f"{changes['provider']!r} (its instances and checkpoints belong there); "
+                          "submit a new job with spot.train instead")
+    new = _merge(old, changes)
+    if new.store_url().rstrip("/") != store.url:
+        raise ConfigError(f"Config.store: job {full_id} keeps its checkpoints in {store.url!r}; it cannot "
+                          f"resume from {new.store_url()!r}")
+    if fn is None and not isinstance(new.checkpoint, str) and "checkpoint" in changes:
+        raise ConfigError("Config.checkpoint: a Policy object travels with the function; pass fn= too")
+    if fn is not None:
+        _check_fn(fn)
+    _check_inputs(new)
+    provider = get_provider_class(new.provider)(new)
+    provider.validate()
+    payload = _pickle_payload(fn, new) if fn is not None else None
+    files = spec.files
+    if "files" in changes:
+        try:
+            collected = collect(new.files, os.getcwd())
+        except FilesError as exc:
+            raise ConfigError(str(exc)) from None
+        upload(store, collected)
+        files = [ShippedFile(**{k: v for k, v in f.items() if k != "source"}) for f in collected]
+    # -- all checked: write --------------------------------------------------------------------
+    if payload is not None:
+        store.write_bytes(store.job(full_id, "fn.pkl"), seal(key, full_id, "fn.pkl", payload))
+    fresh = _spec(full_id, new, [], created=spec.created)
+    write_spec(store, fresh.model_copy(update={"cwd": spec.cwd, "files": files}), key)
+    store.rm(store.job(full_id, "STOP"))
+    changed = sorted(k for k in changes if getattr(old, k, None) != getattr(new, k))
+    writer = EventWriter(store, full_id, 0, "api")
+    writer.emit("job_resumed", from_status=job.status, new_fn=fn is not None, changed=changed,
+                config=_public_config(new))
+    writer.emit("status", status="pending")
+    writer.flush()
+    db.update_job(full_id, status="pending")
+    fresh_job = Job(full_id, store, db, {"name": new.name})
+    with _LIVE_LOCK:
+        _LIVE.pop(full_id, None)
+    _drive(fresh_job, new, provider, detach)
+    return fresh_job
 
 
 def attach(job_id: str, store: str | None = None) -> Job:
@@ -257,7 +412,14 @@ def attach(job_id: str, store: str | None = None) -> Job:
     st = Store(url)
     if not st.exists(st.job(full_id, "spec.json")):
         raise SpotnbError(f"job {full_id!r} has no spec in store {url!r}")
-    job = Job(full_id, st, db, {"name": row.get("name") if row else None})
+    name = row.get("name") if row else None
+    if name is None:  # only viewing: the spec's name as JSON (nothing here runs or steers code)
+        from spotnb.spec import SpecError, load_spec
+        try:
+            name = load_spec(st, full_id, None, verify=False).name
+        except (SpecError, OSError):
+            name = None
+    job = Job(full_id, st, db, {"name": name})
     job.follow()
     return job
 

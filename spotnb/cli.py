@@ -1,4 +1,4 @@
-"""The `spotnb` command: jobs, logs, show, stop, demo, simulate, gc."""
+"""The `spotnb` command: jobs, logs, show, stop, resume, demo, simulate, gc."""
 from __future__ import annotations
 
 import argparse
@@ -76,6 +76,25 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Continue a failed or stopped job from its latest checkpoint (with the same function;
+    from Python, `spot.resume(id, fn=fixed)` also replaces the function)."""
+    from spotnb.api import resume
+    overrides: dict[str, Any] = {}
+    for item in args.set or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            print(f"--set {item!r}: expected FIELD=VALUE, e.g. --set max_retries=2", file=sys.stderr)
+            return 2
+        try:
+            overrides[name] = json.loads(value)
+        except ValueError:
+            overrides[name] = value  # a plain string: "2m", "static:50"
+    job = resume(args.job_id, **overrides)
+    print(f"job {job.id} resumed: {job.status}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from spotnb.demo import run_demo
     return run_demo(steps=args.steps, step_delay=args.step_delay)
@@ -115,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-wait", action="store_true")
     p.add_argument("--timeout", type=float, default=120)
     p.set_defaults(func=cmd_stop)
+    p = sub.add_parser("resume", help="continue a failed or stopped job from its latest checkpoint")
+    p.add_argument("job_id")
+    p.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                   help="change a Config field (JSON or a plain string), repeatable")
+    p.set_defaults(func=cmd_resume)
     p = sub.add_parser("demo", help="the quickstart on the local spot market")
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--step-delay", type=float, default=0.01, help="seconds added to each step")

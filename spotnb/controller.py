@@ -259,6 +259,16 @@ class Controller:
         allocated = {e["incarnation"]: e for e in events if e["kind"] == "allocated"}
         launched = {e["incarnation"]: e for e in events if e["kind"] == "launched"}
         ended = {e["incarnation"]: e for e in events if e["kind"] in ("preempted", "exited")}
+        resumed_at = max((e["t"] for e in events if e["kind"] == "job_resumed"), default=None)
+        if resumed_at is not None and all(n in ended for n in started) and \
+                resumed_at > max(e["t"] for e in ended.values()):
+            # spot.resume after the job ended: a new incarnation restores from the latest
+            # checkpoint, with a fresh allowance of retries
+            self.preemptions = sum(e["kind"] == "preempted" for e in events)
+            if allocated:
+                self.provider.resume_state(launched=len(allocated),
+                                           first_launch=min(e["t"] for e in allocated.values()))
+            return last + 1, None, None
         # the last incarnation's end is counted when it is decided on below
         self.preemptions = sum(e["kind"] == "preempted" and e["incarnation"] < last for e in events)
         self.retries = sum(e["kind"] == "exited" and e["incarnation"] < last

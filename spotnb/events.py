@@ -21,6 +21,8 @@ An event is a dict with `t` (unix seconds), `kind`, `incarnation` and kind-speci
     done          result (store path), step
     status        status (pending | running | preempted | restoring | succeeded | failed | stopped)
     stopped       reason
+    files         count, written, workdir          the agent laid out Config.files
+    job_resumed   from_status, new_fn, changed, config   spot.resume continued a failed/stopped job
 
 Writers buffer and flush; readers tail. Nothing here imports the runtime or the notebook side.
 """

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from spotnb.errors import JobFailed, JobStopped
+from spotnb.errors import JobFailed, JobStopped, SpotnbError
 from spotnb.events import Event, EventReader, EventSink, as_metric
 from spotnb.ledger import Breakdown, breakdown
 from spotnb.store import Store
@@ -193,10 +193,42 @@ class Job:
         if self._status == "stopped":
             raise JobStopped(f"job {self.id} was stopped: {self._stop_reason or 'stop requested'}")
         if not self._result_loaded:
-            import cloudpickle
-            self._result = cloudpickle.loads(self.store.read_bytes(self.store.job(self.id, "result.pkl")))
+            self._result = self._load_result()
             self._result_loaded = True
         return self._result
+
+    def _load_result(self) -> Any:
+        """Unpickle result.pkl only once its signature verifies with the job's key (kept on the
+        machine that submitted the job): a pickle from anyone else would run their code here."""
+        import cloudpickle
+
+        from spotnb.signing import BadSignature, key_path, load_key, unseal
+        key = load_key(self.id)
+        path = self.store.job(self.id, "result.pkl")
+        if key is None and self._legacy():
+            raise SpotnbError(f"job {self.id} was submitted by an older spotnb: its result is not "
+                              f"signed and is not loaded. If you trust everyone who can write the "
+                              f"store, load it yourself: cloudpickle.loads(Store(url).read_bytes("
+                              f"{path!r}))")
+        if key is None:
+            raise SpotnbError(f"job {self.id}: its key is not on this machine ({key_path(self.id)}), so "
+                              "its result cannot be verified and is not loaded; copy the key file "
+                              "from the machine that submitted the job")
+        blob = self.store.read_bytes(path)
+        try:
+            payload = unseal(key, self.id, "result.pkl", blob)
+        except BadSignature as exc:
+            raise SpotnbError(f"job {self.id}: result.pkl is not loaded: {exc}") from None
+        return cloudpickle.loads(payload)
+
+    def _legacy(self) -> bool:
+        """True for a job of a spotnb before jobs were signed (its spec has no version)."""
+        import json
+        try:
+            doc = json.loads(self.store.read_bytes(self.store.job(self.id, "spec.json")))
+            return isinstance(doc, dict) and "spec_version" not in doc
+        except (OSError, ValueError):
+            return False
 
     def stop(self, wait: bool = True, timeout: float | None = 60) -> None:
         """Stop the job: terminate its instance; the job ends as "stopped"."""

@@ -97,8 +97,8 @@ def breakdown(events: Iterable[dict[str, Any]], now: float | None = None) -> Bre
             continue
         inc = incs.setdefault(n, _Inc()) if n else None
         if inc is None:
-            if kind == "status" and e.get("status") in ("succeeded", "failed", "stopped"):
-                end = t
+            if kind == "status":  # a resumed job ends again later: only the last end counts
+                end = t if e.get("status") in ("succeeded", "failed", "stopped") else None
             continue
         if kind == "allocating" and inc.allocating is None:
             inc.allocating = t

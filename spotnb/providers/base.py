@@ -7,6 +7,8 @@ launch (SkyPilot's pattern). Core code never names a concrete provider.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -44,8 +46,12 @@ class InstanceState(str, Enum):
 
 @dataclass
 class LaunchSpec:
-    """What one incarnation needs. Holds no secret: the instance reaches the store with its own
-    credentials (instance profile / managed identity / service account, or the local user's)."""
+    """What one incarnation needs. Holds no cloud credential: the instance reaches the store with
+    its own identity (instance profile / managed identity / service account, or the local
+    user's). It does carry the job's HMAC key (`job_key`, hidden from repr), which the instance
+    needs to verify the job it runs; `Provider.launch` fills it in from the notebook machine's
+    key file (without one the instance refuses the job), and the dry run (no key yet) shows a
+    placeholder."""
 
     job_id: str
     incarnation: int
@@ -56,6 +62,7 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
     requirements: list[str] = field(default_factory=list)
     spotnb_version: str = ""
+    job_key: str | None = field(default=None, repr=False)  # hex; never logged, never in an event
 
 
 @dataclass
@@ -118,6 +125,16 @@ class Provider(ABC):
         market has none; the controller retries with backoff and moves on to other regions."""
         if not spec.command:
             raise ValueError("LaunchSpec.command is empty")
+        if spec.job_key is None:
+            from spotnb.signing import key_path, load_key
+            key = load_key(spec.job_id)
+            if key is not None:
+                spec = dataclasses.replace(spec, job_key=key.hex())
+            else:  # the instance will refuse to run anything: say why here too
+                logging.getLogger("spotnb.providers").warning(
+                    "job %s: no job key at %s; its instance cannot verify the job and will refuse "
+                    "it (drive the job from the machine that submitted it)", spec.job_id,
+                    key_path(spec.job_id))
         return self._launch(spec)
 
     def describe(self, instance: Instance) -> InstanceStatus:

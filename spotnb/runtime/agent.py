@@ -20,6 +20,9 @@ import time
 import traceback
 from typing import Any
 
+from spotnb.signing import BadSignature, key_from_env, seal, unseal
+from spotnb.spec import JobSpec, RuntimeSettings, SpecError, load_spec
+
 _STARTED = time.time()
 log = logging.getLogger("spotnb.agent")
 
@@ -36,7 +39,11 @@ class Agent:
 
         self.store = Store(store_url)
         self.job_id, self.incarnation = job_id, incarnation
-        self.spec = json.loads(self.store.read_bytes(self.store.job(job_id, "spec.json")))
+        # the job key authenticates the spec, the function and each checkpoint; it leaves the
+        # environment here, before any user code could see it or pass it to a child process
+        self.key = key_from_env()
+        self.job_spec: JobSpec | None = None
+        self.spec: dict[str, Any] = RuntimeSettings().model_dump()  # until the signed spec is read
         self.inc = json.loads(self.store.read_bytes(
             self.store.job(job_id, "incarnations", f"{incarnation:04d}.json")))
         instance = os.environ.get("SPOTNB_INSTANCE_ID", "").replace("-", "_")
@@ -164,14 +171,26 @@ class Agent:
         from spotnb.runtime.context import Context, Evacuate
         from spotnb.runtime.notice import make_watcher
 
-        if self.spec.get("cwd") and os.path.isdir(self.spec["cwd"]):
-            os.chdir(self.spec["cwd"])
-        sys.path.insert(0, os.getcwd())
         self.emit("started", pid=os.getpid(), host=os.uname().nodename, python=sys.version.split()[0],
                   boot_s=time.time() - _STARTED)
         threading.Thread(target=self._flusher, name="spotnb-flusher", daemon=True).start()
+        refused = self._load_spec()
+        if refused:
+            return self._fail(refused)
         try:
-            payload = cloudpickle.loads(self.store.read_bytes(self.store.job(self.job_id, "fn.pkl")))
+            self._enter_workdir()
+        except (OSError, ValueError) as exc:
+            return self._fail(str(exc), exc)
+        try:
+            blob = self.store.read_bytes(self.store.job(self.job_id, "fn.pkl"))
+            code = unseal(self.key, self.job_id, "fn.pkl", blob)  # verified before it is unpickled
+        except BadSignature as exc:
+            return self._fail(f"refusing to load the function: {exc}; resubmit the job (or resume it "
+                              "with a new fn)", exc)
+        except OSError as exc:
+            return self._fail(f"could not read the function from the store: {exc}", exc)
+        try:
+            payload = cloudpickle.loads(code)
         except Exception:  # noqa: BLE001
             return self._fail("could not load the function on the instance")
         policy = resolve_policy(payload.get("policy") or self.spec.get("policy") or "hedged")
@@ -184,7 +203,7 @@ class Agent:
             return self._finish(4)
         checkpointer = Checkpointer(self.store, self.job_id, self.incarnation, self.emit, beacon,
                                     keep_last=self.spec.get("keep_last", 2), upload_bps=upload_bps,
-                                    before_commit=self.flush_through)
+                                    before_commit=self.flush_through, key=self.key)
         market = self.inc.get("market", {})
         notice_cfg = self.inc.get("notice", {})
         watcher = None
@@ -222,13 +241,54 @@ class Agent:
             checkpointer.close()
             return self._fail(f"{type(exc).__name__}: {exc}", exc)
         checkpointer.wait()
+        try:
+            pickled = cloudpickle.dumps(result)
+        except Exception as exc:  # noqa: BLE001 - cloudpickle raises many kinds
+            kind = type(result)
+            checkpointer.close()
+            return self._fail(f"the function returned a {kind.__module__}.{kind.__qualname__} that "
+                              f"cannot be pickled to send back ({type(exc).__name__}: {exc}); return "
+                              "plain values, tensors or state_dicts instead", exc)
         path = self.store.job(self.job_id, "result.pkl")
-        self.store.write_bytes(path, cloudpickle.dumps(result))
+        self.store.write_bytes(path, seal(self.key, self.job_id, "result.pkl", pickled))
         self.emit("done", result="result.pkl", step=ctx.step_index)
         checkpointer.close()
         if watcher:
             watcher.stop()
         return self._finish(EXIT_DONE)
+
+    def _load_spec(self) -> str | None:
+        """Read and verify the job spec; the reason to refuse the job, or None."""
+        if self.key is None:
+            return ("no job key reached this instance (SPOTNB_JOB_KEY): it cannot verify what it "
+                    "would run; the controller hands the key over at launch")
+        try:
+            spec = load_spec(self.store, self.job_id, self.key)
+        except SpecError as exc:
+            return f"refusing the job spec: {exc}"
+        if spec.legacy:
+            return ("this job was submitted by an older spotnb and is not signed; an instance runs "
+                    "only signed jobs: submit it again")
+        self.job_spec = spec
+        self.spec = {**spec.runtime.model_dump(), "cwd": spec.cwd}
+        return None
+
+    def _enter_workdir(self) -> None:
+        """Work where the job's files belong: `SPOTNB_WORKDIR` (a cloud VM's boot script sets
+        it), else the notebook's own directory when it exists here (the local market); then lay
+        the shipped files out there."""
+        from spotnb.files import lay_out
+        assert self.job_spec is not None
+        workdir = os.environ.get("SPOTNB_WORKDIR") or (
+            self.job_spec.cwd if self.job_spec.cwd and os.path.isdir(self.job_spec.cwd) else "")
+        if workdir:
+            os.makedirs(workdir, exist_ok=True)
+            os.chdir(workdir)
+        sys.path.insert(0, os.getcwd())
+        if self.job_spec.files:
+            written = lay_out(self.store, self.job_spec.files, os.getcwd())
+            self.emit("files", count=len(self.job_spec.files), written=len(written),
+                      workdir=os.getcwd())
 
     def _sigterm(self, ctx: Any, market: dict[str, Any]) -> None:
         """A soft shutdown (GCP's ACPI soft-off, a local `terminate`) counts as a notice. The

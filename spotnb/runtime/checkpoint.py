@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from spotnb.runtime.beacon import Beacon, Phase
+from spotnb.signing import BadSignature, sign_doc, verify_doc
 from spotnb.store import Store
 
 __all__ = ["Checkpointer", "Snapshot", "Manifest", "SaveCancelled", "InvalidManifest", "CHUNK"]
@@ -66,11 +67,18 @@ class Manifest:
     bytes: int = 0
     dests: dict[str, str] = field(default_factory=dict)
 
-    def to_json(self) -> bytes:
-        return json.dumps(self.__dict__, indent=1, sort_keys=True).encode()
+    def to_json(self, key: bytes | None = None, job_id: str = "") -> bytes:
+        """The manifest as written; with a key, signed (it holds every file's sha256, so the
+        signature covers the state that restore will torch.load)."""
+        doc = dict(self.__dict__)
+        if key is not None:
+            doc = sign_doc(key, job_id, _manifest_name(self.seq), doc)
+        return json.dumps(doc, indent=1, sort_keys=True).encode()
+
 
     @classmethod
-    def parse(cls, raw: bytes, folder: str) -> "Manifest":
+    def parse(cls, raw: bytes, folder: str, key: bytes | None = None,
+              job_id: str = "") -> "Manifest":
         """A manifest from the bytes of `<folder>/MANIFEST.json`, checked field by field.
 
         Anything in the store may have been damaged or rewritten between incarnations, and a
@@ -83,6 +91,11 @@ class Manifest:
             raise InvalidManifest(f"MANIFEST.json is not JSON ({exc})") from None
         if not isinstance(doc, dict):
             raise InvalidManifest(f"MANIFEST.json is a {type(doc).__name__}, not an object")
+        if key is not None:  # signed by this job's agent, for this folder, or not a checkpoint
+            try:
+                doc = verify_doc(key, job_id, _manifest_name(folder if folder.isdigit() else 0), doc)
+            except BadSignature as exc:
+                raise InvalidManifest(str(exc)) from None
         missing = [k for k in ("seq", "step", "kind", "files", "incarnation", "created") if k not in doc]
         if missing:
             raise InvalidManifest(f"MANIFEST.json lacks {', '.join(missing)}")
@@ -111,6 +124,11 @@ class Manifest:
             raise InvalidManifest("MANIFEST.json dests must map listed files to paths")
         fields = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in doc.items() if k in fields})
+
+
+def _manifest_name(seq: int | str) -> str:
+    """What a manifest's signature binds it to: its place, so it cannot be moved to another."""
+    return f"ckpt/{int(seq):08d}/MANIFEST.json"
 
 
 def _is_int(value: Any) -> bool:
@@ -223,10 +241,14 @@ class Checkpointer:
     def __init__(self, store: Store, job_id: str, incarnation: int,
                  emit: Callable[..., Any], beacon: Beacon | None = None, keep_last: int = 2,
                  upload_bps: float | None = None, spool_dir: str | None = None,
-                 before_commit: Callable[[int], None] | None = None) -> None:
+                 before_commit: Callable[[int], None] | None = None,
+                 key: bytes | None = None) -> None:
         self.store, self.job_id, self.incarnation = store, job_id, incarnation
         # called with the step just before a manifest is written; raising aborts the commit
         self.before_commit = before_commit
+        # with a key, manifests are signed at commit and only signed ones are restored (the
+        # agent always has one; without, as in unit tests, nothing is authenticated)
+        self.key = key
         self.emit = emit
         self.beacon = beacon or Beacon(None)
         self.keep_last = keep_last
@@ -408,7 +430,7 @@ class Checkpointer:
                 # the resume (which starts after this step) would never fill
                 self.before_commit(snap.step)
             self.beacon.set_phase(Phase.COMMIT)
-            self.store.write_bytes(f"{folder}/MANIFEST.json", manifest.to_json())
+            self.store.write_bytes(f"{folder}/MANIFEST.json", manifest.to_json(self.key, self.job_id))
             committed = True
         finally:
             self._release(snap)
@@ -485,7 +507,7 @@ class Checkpointer:
                 continue
             try:
                 raw = self.store.read_bytes(f"{self.root}/{name}/MANIFEST.json")
-                found: Manifest | Exception | None = Manifest.parse(raw, name)
+                found: Manifest | Exception | None = Manifest.parse(raw, name, self.key, self.job_id)
             except FileNotFoundError:
                 found = None
             except (ValueError, OSError) as exc:  # InvalidManifest is a ValueError

@@ -25,7 +25,7 @@ MAX_POINTS = 1500          # per plotted trace; beyond this buckets double in wi
 FEED_KINDS = frozenset({
     "allocated", "alloc_failed", "ready", "resumed", "notice", "evacuated", "emergency_skipped",
     "preempted", "exited", "checkpoint", "checkpoint_failed", "checkpoint_invalid", "error",
-    "done", "stopped", "warning", "hint",
+    "done", "stopped", "warning", "hint", "job_resumed",
 })
 # the only kinds `ledger.breakdown` looks at (progress: only the latest per incarnation matters)
 _LEDGER_KINDS = frozenset({"submitted", "status", "allocating", "allocated", "ready",

@@ -60,12 +60,19 @@ def event_text(e: dict[str, Any]) -> str:
         return f"{who}done at step {e.get('step')}"
     if kind == "stopped":
         return f"stopped: {e.get('reason')}"
+    if kind == "job_resumed":
+        what = ["new function"] if e.get("new_fn") else []
+        what += [f"{k} changed" for k in e.get("changed") or []]
+        return (f"resumed after it {e.get('from_status')}" + (f" ({', '.join(what)})" if what else "")
+                + ": continuing from the latest checkpoint")
+    if kind == "files":
+        return f"{who}{e.get('count')} shipped file(s) in {e.get('workdir')} ({e.get('written')} written)"
     return f"{who}{kind}: {e.get('message') or ''}"
 
 
 _LOUD = frozenset({"submitted", "allocated", "alloc_failed", "resumed", "notice", "evacuated",
                    "emergency_skipped", "preempted", "checkpoint", "checkpoint_failed",
-                   "checkpoint_invalid", "error", "warning", "hint", "stopped"})
+                   "checkpoint_invalid", "error", "warning", "hint", "stopped", "job_resumed"})
 
 
 def event_line(e: dict[str, Any]) -> str | None:

@@ -181,7 +181,11 @@ def test_a_restarted_controller_ends_a_job_its_predecessor_had_finished(reason, 
     ctl.emit("exited", instance_id="local-gone", reason=reason, code=0)
     ctl.flush()
     if reason == "done":
-        store.write_bytes(store.job(job_id, "result.pkl"), __import__("cloudpickle").dumps(7))
+        from spotnb.signing import new_key, save_key, seal
+        key = new_key()
+        save_key(job_id, key)
+        store.write_bytes(store.job(job_id, "result.pkl"),
+                          seal(key, job_id, "result.pkl", __import__("cloudpickle").dumps(7)))
     job = Job(job_id, store, db)
     Controller(job, config, get_provider_class("local")(config), store, db).run()
     assert job.status == status

@@ -27,6 +27,7 @@ from spotnb.providers.base import (Feature, Instance, InstanceState, InstanceSta
                                    Price, Provider)
 from spotnb.providers.local.injector import Injector
 from spotnb.providers.local.metadata import MetadataEmulator
+from spotnb.signing import KEY_ENV
 
 __all__ = ["LocalProvider"]
 
@@ -112,6 +113,8 @@ class LocalProvider(Provider):
                "SPOTNB_METADATA_URL": self.emulator.base_url(instance_id),
                "SPOTNB_BEACON": beacon, "SPOTNB_INSTANCE_ID": instance_id,
                "PYTHONUNBUFFERED": "1"}
+        if spec.job_key:  # the key hand-off: only in the agent's environment (owner-readable)
+            env[KEY_ENV] = spec.job_key
         if self.config.local_upload_bps:
             env["SPOTNB_UPLOAD_BPS"] = str(self.config.local_upload_bps)
         command = [sys.executable if c == "python" else c for c in spec.command]
