@@ -191,13 +191,14 @@ def start_controller(job_id: str, store_url: str) -> int:
     import subprocess
 
     from spotnb.config import spotnb_home
-    logdir = spotnb_home() / "logs" / job_id
-    logdir.mkdir(parents=True, exist_ok=True)
-    with open(logdir / "controller.log", "ab") as log:
+    from spotnb.store import private_dir
+    logdir = private_dir(spotnb_home() / "logs" / job_id)
+    # umask: every file the controller writes (log, store, job DB) is owner-only
+    with open(os.open(logdir / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "spotnb.cli", "controller", job_id,
                                  "--store", store_url], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                cwd=os.getcwd())
+                                cwd=os.getcwd(), umask=0o077)
     return proc.pid
 
 

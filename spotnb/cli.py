@@ -138,7 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    result: Any = args.func(args)
+    from spotnb.errors import SpotnbError
+    try:
+        result: Any = args.func(args)
+    except SpotnbError as exc:  # bad input (an ambiguous id, no such job): say so, no traceback
+        print(f"spotnb {args.command}: {exc}", file=sys.stderr)
+        return 2
     return int(result or 0)
 
 

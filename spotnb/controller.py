@@ -151,6 +151,8 @@ class Controller:
             print(f"spotnb: job {self.job.id} already has a live controller", file=sys.stderr)
             return
         self._thread_alive = True
+        for folder in ("", "events", "incarnations"):  # temp files of writes that died
+            self.store.clean_temp(self.store.job(self.job.id, folder) if folder else self.store.job(self.job.id))
         threading.Thread(target=self._keep_lease, name="spotnb-lease", daemon=True).start()
         try:
             self._run()

@@ -27,6 +27,7 @@ Writers buffer and flush; readers tail. Nothing here imports the runtime or the 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from typing import Any, Iterable, Protocol
@@ -64,10 +65,12 @@ class EventWriter:
         self._io_lock = threading.Lock()
         self.last_flush = 0.0
         # resume numbering after an earlier writer of the same name (e.g. a restarted controller)
-        prefix = f"{incarnation:04d}-{writer}-"
-        existing = [n for n in store.ls(store.job(job_id, "events")) if n.startswith(prefix)]
+        # (only names of finished segments: a temp file of a write that died is no segment)
+        segment = re.compile(rf"{incarnation:04d}-{re.escape(writer)}-(\d+)\.jsonl")
+        existing = [int(m.group(1)) for n in store.ls(store.job(job_id, "events"))
+                    if (m := segment.fullmatch(n))]
         if existing:
-            self._segment = max(int(n[len(prefix):-6]) for n in existing) + 1
+            self._segment = max(existing) + 1
 
     def emit(self, kind: str, **fields: Any) -> Event:
         event: Event = {"t": fields.pop("t", None) or time.time(), "kind": kind,

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from spotnb.config import spotnb_home
+from spotnb.errors import SpotnbError
+from spotnb.store import private_dir
 
-__all__ = ["JobDB", "MarketStats", "PRIOR_MTTP", "PRIOR_RESTART"]
+__all__ = ["JobDB", "MarketStats", "AmbiguousJobId", "PRIOR_MTTP", "PRIOR_RESTART"]
 
 PRIOR_MTTP = 3 * 3600.0   # thesis: ~4 preemptions per 12 h on Azure NC12s_v3
 PRIOR_RESTART = 170.0     # median GPU spot allocation ~110 s (DeepSpotCloud) + ~60 s preparation
@@ -42,6 +44,16 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 """
 
 
+class AmbiguousJobId(SpotnbError, LookupError):
+    """An id prefix matches more than one job: acting on the newest would be a guess."""
+
+    def __init__(self, prefix: str, matches: list[str]) -> None:
+        shown = ", ".join(matches[:10]) + (f" and {len(matches) - 10} more" if len(matches) > 10 else "")
+        super().__init__(f"job id {prefix!r} is ambiguous: it starts {len(matches)} job ids "
+                         f"({shown}); give more of the id")
+        self.prefix, self.matches = prefix, matches
+
+
 class MarketStats:
     """MTTP and R for one market, with a documented prior when there is no history."""
 
@@ -55,7 +67,10 @@ class MarketStats:
 class JobDB:
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.path = Path(path) if path else spotnb_home() / "jobs.db"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # the DB names every job's store and instances: owner-only, like the home it lives in
+        private_dir(self.path.parent)
+        if not self.path.exists():
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
         self._lock = threading.Lock()
         with self._connect() as con:
             con.executescript(_SCHEMA)
@@ -86,9 +101,16 @@ class JobDB:
         self._exec(f"UPDATE jobs SET {cols} WHERE id=?", (*fields.values(), job_id))
 
     def job(self, job_id: str) -> dict[str, Any] | None:
+        """The job with this id, or the one job whose id starts with it; None if none does.
+
+        Raises AmbiguousJobId when a prefix matches several jobs. The prefix is compared as
+        text (`substr`), never as a LIKE pattern, so `_` and `%` in it match only themselves."""
         rows = self._exec("SELECT * FROM jobs WHERE id=?", (job_id,))
-        if not rows:
-            rows = self._exec("SELECT * FROM jobs WHERE id LIKE ? ORDER BY created DESC", (job_id + "%",))
+        if not rows and job_id:
+            rows = self._exec("SELECT * FROM jobs WHERE substr(id, 1, ?) = ? ORDER BY created DESC",
+                              (len(job_id), job_id))
+            if len(rows) > 1:
+                raise AmbiguousJobId(job_id, [r["id"] for r in rows])
         return dict(rows[0]) if rows else None
 
     def jobs(self) -> list[dict[str, Any]]:

@@ -1,0 +1,117 @@
+"""Hostile runs of the job lifecycle (issue 14, part H1): paused controllers, leftover temp
+files, ambiguous ids and who may read the files. Real processes and real signals on the
+local spot market; every wait is on a condition with a generous deadline."""
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import spotnb as spot
+from spotnb.cli import main as cli
+from spotnb.errors import SpotnbError
+from spotnb.jobdb import JobDB
+from spotnb.server.data import JobViews
+from tests.core import jobfns
+
+SHIP = ["tests.core.jobfns"]
+
+
+class _Until:
+    """A sink that signals once an event matches."""
+
+    def __init__(self, match) -> None:
+        self.match, self.hit = match, threading.Event()
+
+    def on_events(self, events: list[dict]) -> None:
+        if any(self.match(e) for e in events):
+            self.hit.set()
+
+
+def _wait_progress(job: spot.Job, step: int, timeout: float = 120) -> None:
+    until = _Until(lambda e: e["kind"] == "progress" and e["step"] >= step)
+    job.add_sink(until)
+    assert until.hit.wait(timeout), f"job never reached step {step}"
+    job.remove_sink(until)
+
+
+def _wait(cond, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, what
+        time.sleep(0.05)
+
+
+# -- ids ------------------------------------------------------------------------------------
+def test_an_ambiguous_prefix_is_an_error_listing_the_matches(capsys) -> None:
+    db = JobDB()
+    for job_id in ("20260101-aaa", "20260101-aab", "a_c", "xbc"):
+        db.add_job(job_id, name=None, provider="local", region=None, instance_type="cpu",
+                   store="file:///nonexistent")
+    with pytest.raises(SpotnbError, match="ambiguous") as err:
+        db.job("2026")
+    assert "20260101-aaa" in str(err.value) and "20260101-aab" in str(err.value)
+    assert db.job("20260101-aab")["id"] == "20260101-aab"   # a full id is never ambiguous
+    assert db.job("x_c") is None and db.job("x%") is None    # no LIKE wildcards
+    assert db.job("a_")["id"] == "a_c"
+    # the CLI says so (exit 2, no traceback), and so does the REST API's data layer
+    assert cli(["show", "2026"]) == 2
+    assert "20260101-aaa" in capsys.readouterr().err
+    with pytest.raises(SpotnbError, match="ambiguous"):
+        JobViews(db).detail("2026")
+    with pytest.raises(SpotnbError, match="ambiguous"):
+        spot.attach("2026")
+
+
+# -- owner-only files -------------------------------------------------------------------------
+def test_home_store_and_db_are_owner_only(tmp_path: Path, monkeypatch) -> None:
+    home = tmp_path / "fresh" / "home"            # created by spotnb, not by the test
+    monkeypatch.setenv("SPOTNB_HOME", str(home))
+    job = spot.train(functools.partial(jobfns.slow_steps, steps=30, step_time=0.001),
+                     spot.Config(ship_modules=SHIP, checkpoint="static:10"))
+    assert job.result(timeout=120) == 30
+    assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
+    seen = {"dirs": 0, "files": 0}
+    for root, dirs, files in os.walk(home / "store"):
+        for d in dirs:
+            mode = stat.S_IMODE(os.stat(os.path.join(root, d)).st_mode)
+            assert mode & 0o077 == 0, f"{os.path.join(root, d)} is {oct(mode)}"
+            seen["dirs"] += 1
+        for f in files:
+            mode = stat.S_IMODE(os.stat(os.path.join(root, f)).st_mode)
+            assert mode & 0o077 == 0, f"{os.path.join(root, f)} is {oct(mode)}"
+            seen["files"] += 1
+    names = {f for _, _, files in os.walk(home / "store") for f in files}
+    assert {"fn.pkl", "spec.json", "MANIFEST.json", "state.pt", "result.pkl"} <= names, names
+    for f in home.iterdir():
+        if f.name.startswith("jobs.db"):
+            assert stat.S_IMODE(os.stat(f).st_mode) & 0o077 == 0, f
+
+
+# -- leftover temp files ----------------------------------------------------------------------
+def test_a_leftover_temp_file_does_not_wedge_the_job(monkeypatch) -> None:
+    monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
+    job = spot.train(functools.partial(jobfns.slow_steps, steps=300, step_time=0.02),
+                     spot.Config(ship_modules=SHIP, checkpoint="static:20"))
+    _wait_progress(job, 20)
+    db = JobDB()
+    os.kill(db.lease(job.id)["pid"], signal.SIGKILL)
+    # what an interrupted write of the controller's next segment leaves behind
+    events = Path(job.store.job(job.id, "events"))
+    old = events / "0000-ctl-00000.jsonl.tmp-0badf00d"
+    old.write_bytes(b'{"t": 1, "kind": "sta')
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    fresh = events / "0001-ctl-00000.jsonl.tmp-0f00dbad"   # as a live writer's would be
+    fresh.write_bytes(b"")
+    _wait(lambda: not db.controller_alive(job.id), 60, "the killed controller's lease never ran out")
+    again = spot.attach(job.id)            # starts a new controller, which must not crash
+    assert again.result(timeout=180) == 300
+    assert not [e for e in again.events if e["kind"] == "error"]
+    assert not old.exists(), "a stale temp file was left in the store"
+    assert fresh.exists(), "a live writer's temp file was removed"
