@@ -8,7 +8,9 @@ learns everything, its own status included, by reading that log back.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sqlite3
 import socket
 import sys
 import threading
@@ -39,6 +41,10 @@ STOP_CHECK = 1.0          # seconds between looks for a STOP marker in the store
 # a controller silent this long is presumed dead and may be replaced (env: for tests and ops)
 LEASE_TTL = float(os.environ.get("SPOTNB_LEASE_TTL", "10"))
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# a store that refuses writes for a while (full disk): retry a flush this often, events kept
+FLUSH_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
+
+log = logging.getLogger("spotnb.controller")
 
 
 class LeaseLost(Exception):
@@ -61,6 +67,8 @@ class Controller:
         self._stop_checked = 0.0
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._lease_lost = threading.Event()
+        self.generation = 0             # lease generation this controller holds (0: none yet)
+        self._lease_until = 0.0         # when the lease last renewed runs out
         self._thread = threading.Thread(target=self._main, name=f"spotnb-ctl-{job.id}", daemon=True)
         self._writers: dict[int, EventWriter] = {}
         self.preemptions = 0
@@ -80,11 +88,53 @@ class Controller:
         self._stop.set()
 
     def emit(self, kind: str, incarnation: int = 0, **fields: Any) -> None:
+        """Write one event now, stamped with this controller's lease generation, only while it
+        holds the lease (checked before the event is stamped, so a late write is recognisable)."""
+        self._fence()
         writer = self._writers.get(incarnation)
         if writer is None:
             writer = self._writers[incarnation] = EventWriter(self.store, self.job.id, incarnation, "ctl")
-        writer.emit(kind, **fields)
-        writer.flush()
+        writer.emit(kind, gen=self.generation, **fields)
+        self._flush(writer)
+
+    def _flush(self, writer: EventWriter) -> None:
+        """Flush, riding out a store that refuses writes for a while (a full disk): the events
+        stay pending and the flush is retried with backoff, as long as the lease is held."""
+        for wait in (*FLUSH_BACKOFF, None):
+            self._fence()
+            try:
+                writer.flush()
+                return
+            except OSError as exc:
+                if wait is None:
+                    raise
+                log.warning("job %s: cannot write events (%s); %d kept, retrying in %.1f s",
+                            self.job.id, exc, writer.pending, wait)
+                time.sleep(wait)
+
+    def _fence(self) -> None:
+        """Raise LeaseLost unless this controller still holds its lease generation. When the
+        renewing thread is late (a paused or starved process), ask the job DB now rather than
+        trust a lease that may have run out while this process was not running."""
+        if not self._lease_lost.is_set() and time.time() > self._lease_until - LEASE_TTL / 2:
+            try:
+                until = self.db.renew_lease(self.job.id, self.owner, self.generation, LEASE_TTL)
+            except sqlite3.OperationalError:
+                until = self._lease_until if time.time() < self._lease_until else None
+            if until is None:
+                self._lose_lease()
+            else:
+                self._lease_until = max(self._lease_until, until)
+        if self._lease_lost.is_set():
+            raise LeaseLost()
+
+    def _lose_lease(self) -> None:
+        """Another controller holds the job now: stop, and write nothing more."""
+        self._lease_lost.set()
+        self._stop.set()
+        dropped = sum(w.discard() for w in self._writers.values())
+        if dropped:
+            log.warning("job %s: lease lost; %d unwritten event(s) dropped", self.job.id, dropped)
 
     def set_status(self, status: str, **fields: Any) -> None:
         if self.job.status != status or fields:
@@ -122,8 +172,7 @@ class Controller:
                            burn_rate=(b.spot_price or 0.0) if self.job.status in ("running", "restoring") else 0.0)
 
     def _stop_requested(self) -> bool:
-        if self._lease_lost.is_set():
-            raise LeaseLost()
+        self._fence()
         now = time.time()
         if not self._stop.is_set() and now - self._stop_checked >= STOP_CHECK:
             self._stop_checked = now
@@ -133,12 +182,22 @@ class Controller:
         return self._stop.is_set()
 
     def _keep_lease(self) -> None:
-        """Renew the lease in the job DB; if another controller holds it, stop driving."""
+        """Renew the lease in the job DB; if another controller holds it, stop driving.
+
+        A busy DB (another process writing) must not kill this thread: it used to, the lease
+        then ran out under a healthy controller and a second one was started beside it. Each
+        attempt waits at most a quarter TTL for the DB lock and is retried soon after."""
         while not self._lease_lost.is_set() and self._thread_alive:
-            if not self.db.acquire_lease(self.job.id, self.owner, os.getpid(), LEASE_TTL):
-                self._lease_lost.set()
-                self._stop.set()
+            try:
+                until = self.db.renew_lease(self.job.id, self.owner, self.generation, LEASE_TTL)
+            except sqlite3.OperationalError as exc:
+                log.warning("job %s: lease renewal failed (%s); retrying", self.job.id, exc)
+                time.sleep(min(1.0, LEASE_TTL / 8))
+                continue
+            if until is None:
+                self._lose_lease()
                 return
+            self._lease_until = max(self._lease_until, until)
             time.sleep(LEASE_TTL / 4)
 
     def run(self) -> None:
@@ -147,24 +206,37 @@ class Controller:
 
     # -- main loop -----------------------------------------------------------------------------
     def _main(self) -> None:
-        if not self.db.acquire_lease(self.job.id, self.owner, os.getpid(), LEASE_TTL):
+        taken = time.time()
+        lease = self.db.take_lease(self.job.id, self.owner, os.getpid(), LEASE_TTL)
+        if lease is None:
             print(f"spotnb: job {self.job.id} already has a live controller", file=sys.stderr)
             return
+        self.generation, self._lease_until = lease["generation"], taken + LEASE_TTL
         self._thread_alive = True
+        if lease["previous_expiry"] is not None:
+            # first, so readers know the fence before any late write of the predecessor
+            self.emit("controller_restarted", owner=self.owner,
+                      previous_expiry=lease["previous_expiry"])
         for folder in ("", "events", "incarnations"):  # temp files of writes that died
             self.store.clean_temp(self.store.job(self.job.id, folder) if folder else self.store.job(self.job.id))
         threading.Thread(target=self._keep_lease, name="spotnb-lease", daemon=True).start()
         try:
             self._run()
         except LeaseLost:
+            self._lose_lease()
             print(f"spotnb: another controller took job {self.job.id} over", file=sys.stderr)
             return
         except BaseException as exc:  # noqa: BLE001 - a controller bug must end the job visibly
             tb = traceback.format_exc()
+            print(tb, file=sys.stderr)
+            if self._lease_lost.is_set():
+                return  # not ours to end any more
             self.emit("error", message=f"controller error: {exc!r}", exc_type=type(exc).__name__,
                       traceback=tb)
-            self.set_status("failed", reason="controller error")
-            print(tb, file=sys.stderr)
+            try:
+                self.set_status("failed", reason="controller error")
+            except LeaseLost:
+                pass
         finally:
             self._thread_alive = False
             if not self._lease_lost.is_set():
@@ -268,7 +340,6 @@ class Controller:
         if allocated:
             self.provider.resume_state(launched=len(allocated),
                                        first_launch=min(e["t"] for e in allocated.values()))
-        self.emit("controller_restarted", last, owner=self.owner)
         outcome: _Outcome | None = None
         for n in started:
             if n in ended:
@@ -304,6 +375,7 @@ class Controller:
         return last, None, outcome
 
     def _write_end_marker(self, n: int, reason: str) -> None:
+        self._fence()
         marker = {"high_water": self._high_water, "reason": reason, "t": time.time()}
         self.store.write_bytes(self.store.job(self.job.id, "incarnations", f"{n:04d}.end"),
                                json.dumps(marker).encode())
@@ -450,6 +522,7 @@ class Controller:
                     return self._classify(n, instance, status), pre
             if reported_end is not None and now - reported_end > EXIT_GRACE:
                 # the agent is finished but its instance did not go away: end it ourselves
+                self._fence()
                 self.provider.terminate(instance)
                 self.pump()
                 return self._classify(n, instance, InstanceStatus(InstanceState.EXITED)), pre
@@ -459,6 +532,7 @@ class Controller:
             limit = self.config.heartbeat_timeout if heard else max(self.config.heartbeat_timeout,
                                                                      self.provider.boot_timeout)
             if time.time() - last_seen > limit:
+                self._fence()
                 self.provider.terminate(instance)
                 return _Outcome("lost", detail={"why": f"no event for {limit:.0f} s"}), pre
             time.sleep(poll)
@@ -497,6 +571,7 @@ class Controller:
         return _Outcome("crashed", status.exit_code, {"log": str(instance.info.get("log", ""))})
 
     def _finish_incarnation(self, n: int, instance: Instance, outcome: _Outcome) -> None:
+        self._fence()  # a controller that lost the job must not end its instance
         self.provider.terminate(instance)
         end_t = outcome.detail.get("at", time.time())
         lifetime = end_t - instance.launched_at

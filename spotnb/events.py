@@ -83,6 +83,13 @@ class EventWriter:
     def pending(self) -> int:
         return len(self._pending)
 
+    def discard(self) -> int:
+        """Drop what is buffered (a controller that lost its lease must not write it later).
+        Returns how many events were dropped."""
+        with self._lock:
+            dropped, self._pending = len(self._pending), []
+        return dropped
+
     def flush(self) -> None:
         """Write what is buffered. Never loses an event: on failure they stay pending."""
         with self._io_lock:
@@ -113,6 +120,7 @@ class EventReader:
     def __init__(self, store: Store, job_id: str) -> None:
         self.store, self.job_id = store, job_id
         self._offsets: dict[str, int] = {}
+        self._fences: dict[int, float] = {}  # lease generation -> its predecessor's expiry
 
     def poll(self) -> list[Event]:
         folder = self.store.job(self.job_id, "events")
@@ -136,6 +144,23 @@ class EventReader:
                     out.append(json.loads(line))
             self._offsets[name] = offset + end
         out.sort(key=lambda e: e["t"])
+        return self._fenced(out)
+
+    def _fenced(self, events: list[Event]) -> list[Event]:
+        """Drop controller events (they carry `gen`, their lease generation) stamped after a
+        newer generation's predecessor lost its lease: a controller that was paused past its
+        lease may write once more before it notices; what it says then is not the job's state.
+        The newer controller announces itself (`controller_restarted` with `gen` and
+        `previous_expiry`) before anything else, so the fence is known before the stale writes."""
+        out = []
+        for e in events:
+            gen = e.get("gen")
+            if e.get("kind") == "controller_restarted" and isinstance(gen, int):
+                t = e.get("previous_expiry")
+                self._fences[gen] = float(t) if isinstance(t, (int, float)) else float(e["t"])
+            if isinstance(gen, int) and any(g > gen and e["t"] > t for g, t in self._fences.items()):
+                continue
+            out.append(e)
         return out
 
 

@@ -37,6 +37,9 @@ CREATE TABLE IF NOT EXISTS incarnations (
 CREATE TABLE IF NOT EXISTS leases (
   job_id TEXT PRIMARY KEY, owner TEXT, pid INTEGER, expires REAL
 );
+CREATE TABLE IF NOT EXISTS lease_generations (
+  job_id TEXT PRIMARY KEY, generation INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS checkpoints (
   job_id TEXT, n INTEGER, seq INTEGER, kind TEXT, step INTEGER, snapshot_s REAL, upload_s REAL,
   bytes INTEGER, t REAL, PRIMARY KEY (job_id, seq)
@@ -75,8 +78,8 @@ class JobDB:
         with self._connect() as con:
             con.executescript(_SCHEMA)
 
-    def _connect(self) -> sqlite3.Connection:
-        con = sqlite3.connect(self.path, timeout=30)
+    def _connect(self, timeout: float = 30.0) -> sqlite3.Connection:
+        con = sqlite3.connect(self.path, timeout=timeout)
         con.row_factory = sqlite3.Row
         con.execute("PRAGMA journal_mode=WAL")
         return con
@@ -117,19 +120,57 @@ class JobDB:
         return [dict(r) for r in self._exec("SELECT * FROM jobs ORDER BY created DESC")]
 
     # -- controller leases: one controller drives a job at a time -----------------------------
-    def acquire_lease(self, job_id: str, owner: str, pid: int, ttl: float) -> bool:
-        """Take or renew the job's lease; False if another live owner holds it."""
+    # Each takeover increments the job's lease *generation* (kept after the lease is released,
+    # so it only ever grows). A controller stamps its generation on everything it writes and
+    # renews only the generation it took: a paused controller that wakes up after another took
+    # over finds its generation gone and stops, and readers can tell its late writes apart.
+    def take_lease(self, job_id: str, owner: str, pid: int, ttl: float) -> dict[str, Any] | None:
+        """Take the job's lease as a new generation; None while another live owner holds it.
+
+        Returns {"generation": n, "previous_expiry": t or None}: t is when the predecessor's
+        lease ran out (or now, if it was released), the instant after which its writes are void."""
         now = time.time()
         with self._lock, self._connect() as con:
             con.execute("BEGIN IMMEDIATE")
             row = con.execute("SELECT owner, expires FROM leases WHERE job_id=?", (job_id,)).fetchone()
             if row is not None and row["owner"] != owner and row["expires"] > now:
                 con.execute("ROLLBACK")
-                return False
+                return None
+            gen_row = con.execute("SELECT generation FROM lease_generations WHERE job_id=?",
+                                  (job_id,)).fetchone()
+            generation = (gen_row["generation"] if gen_row else 0) + 1
+            con.execute("INSERT OR REPLACE INTO lease_generations VALUES (?,?)", (job_id, generation))
             con.execute("INSERT OR REPLACE INTO leases VALUES (?,?,?,?)", (job_id, owner, pid, now + ttl))
             con.execute("UPDATE jobs SET controller_pid=?, heartbeat=? WHERE id=?", (pid, now, job_id))
             con.execute("COMMIT")
-            return True
+        previous = (min(row["expires"], now) if row is not None else now) if generation > 1 else None
+        return {"generation": generation, "previous_expiry": previous}
+
+    def renew_lease(self, job_id: str, owner: str, generation: int, ttl: float) -> float | None:
+        """Extend a lease this owner holds as `generation`; returns the new expiry, or None if
+        the lease is no longer this owner's generation (another controller took the job)."""
+        now = time.time()
+        with self._lock, self._connect() as con:
+            con.execute("BEGIN IMMEDIATE")
+            ok = con.execute(
+                "SELECT 1 FROM leases l JOIN lease_generations g ON g.job_id = l.job_id "
+                "WHERE l.job_id=? AND l.owner=? AND g.generation=?", (job_id, owner, generation)).fetchone()
+            if ok is None:
+                con.execute("ROLLBACK")
+                return None
+            con.execute("UPDATE leases SET expires=? WHERE job_id=?", (now + ttl, job_id))
+            con.execute("UPDATE jobs SET heartbeat=? WHERE id=?", (now, job_id))
+            con.execute("COMMIT")
+        return now + ttl
+
+    def acquire_lease(self, job_id: str, owner: str, pid: int, ttl: float) -> bool:
+        """Take or renew the job's lease; False if another live owner holds it."""
+        lease = self.lease(job_id)
+        if lease is not None and lease["owner"] == owner:
+            gen = self._exec("SELECT generation FROM lease_generations WHERE job_id=?", (job_id,))
+            if gen and self.renew_lease(job_id, owner, gen[0]["generation"], ttl) is not None:
+                return True
+        return self.take_lease(job_id, owner, pid, ttl) is not None
 
     def release_lease(self, job_id: str, owner: str) -> None:
         self._exec("DELETE FROM leases WHERE job_id=? AND owner=?", (job_id, owner))

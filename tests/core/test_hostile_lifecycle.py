@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import spotnb as spot
 from spotnb.cli import main as cli
@@ -115,3 +116,42 @@ def test_a_leftover_temp_file_does_not_wedge_the_job(monkeypatch) -> None:
     assert not [e for e in again.events if e["kind"] == "error"]
     assert not old.exists(), "a stale temp file was left in the store"
     assert fresh.exists(), "a live writer's temp file was removed"
+
+
+# -- split-brain controllers --------------------------------------------------------------------
+def test_a_paused_controller_does_not_fail_the_job_its_successor_drives(reference, monkeypatch) -> None:
+    """SIGSTOP the controller past its lease (a suspended laptop), let `jobs()` start a second
+    one, SIGCONT the first: the job still ends bit-exact, and nothing the first one may still
+    have said (an exit, an error, `failed`) reaches the job's history."""
+    monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
+    job = spot.train(functools.partial(jobfns.seeded_mlp, step_delay=0.1),
+                     spot.Config(checkpoint="static:20", ship_modules=SHIP))
+    _wait_progress(job, 25)
+    db = JobDB()
+    first = db.lease(job.id)
+    os.kill(first["pid"], signal.SIGSTOP)
+    try:
+        _wait(lambda: not db.controller_alive(job.id), 60, "the paused controller's lease never ran out")
+        spot.jobs()                         # notices the stale lease and starts a second controller
+        _wait(lambda: (db.lease(job.id) or {}).get("owner") not in (None, first["owner"]), 60,
+              "no second controller took the job")
+        restarted = _Until(lambda e: e["kind"] == "controller_restarted")
+        job.add_sink(restarted)
+        assert restarted.hit.wait(60), "the second controller never announced itself"
+    finally:
+        os.kill(first["pid"], signal.SIGCONT)
+    # the first one wakes up while the second drives the job; it must notice and keep quiet
+    ref_result, ref_losses = reference
+    result = job.result(timeout=300)
+    for name, tensor in ref_result["params"].items():
+        assert torch.equal(result["params"][name], tensor), name
+    ref = dict(ref_losses)
+    assert all(value == ref[step] for step, value in job.metrics["loss"])
+    kinds = [(e["kind"], e.get("status") or e.get("reason")) for e in job.events]
+    assert ("status", "failed") not in kinds and ("exited", "crashed") not in kinds, kinds
+    assert not [e for e in job.events if e["kind"] == "error"]
+    # and a fresh reader of the log (a new kernel's attach) sees the same clean history
+    again = spot.Job(job.id, job.store)
+    again.follow()
+    assert again.wait(60) and again.status == "succeeded"
+    assert [e for e in again.events if e["kind"] == "status"][-1]["status"] == "succeeded"
