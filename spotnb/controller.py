@@ -43,6 +43,7 @@ LEASE_TTL = float(os.environ.get("SPOTNB_LEASE_TTL", "10"))
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 # a store that refuses writes for a while (full disk): retry a flush this often, events kept
 FLUSH_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
+STALL_WARN = 3            # instances in a row without a new checkpoint before the feed says so
 
 log = logging.getLogger("spotnb.controller")
 
@@ -309,12 +310,48 @@ class Controller:
                 self._stop_reason = f"max_preemptions={limit} reached"
                 self._end_stopped()
                 return False
+            if not self._progressing(n, pre):
+                return False
         cost = breakdown(self.job.events).spot_cost
         if self.config.max_cost is not None and cost >= self.config.max_cost:
             self._cancel_pre(pre)
             self._stop_reason = f"max_cost=${self.config.max_cost} reached (spent ${cost:.4f})"
             self._end_stopped()
             return False
+        return True
+
+    def _stalled(self, n: int) -> int:
+        """How many instances in a row, up to incarnation `n`, ended without committing a
+        checkpoint: each relaunch of those starts over from the same step."""
+        saved = {e["incarnation"] for e in self.job.events if e["kind"] == "checkpoint"}
+        ran = sorted({e["incarnation"] for e in self.job.events
+                      if e["kind"] == "allocated" and e["incarnation"] <= n})
+        count = 0
+        for m in reversed(ran):
+            if m in saved:
+                break
+            count += 1
+        return count
+
+    def _progressing(self, n: int, pre: Future | None) -> bool:
+        """Say so when relaunches stop making net progress; end the job at the limit."""
+        stalled = self._stalled(n)
+        limit = self.config.max_stalled_relaunches
+        if limit is not None and stalled >= limit:
+            self._cancel_pre(pre)
+            self._stop_reason = (
+                f"no net progress: the last {stalled} instances ended without committing a "
+                f"checkpoint (max_stalled_relaunches={limit}). Their lifetimes were shorter than "
+                "start-up plus a save: use a market with longer lifetimes, make start-up or saves "
+                "faster, or raise max_stalled_relaunches")
+            self._end_stopped()
+            return False
+        if stalled >= STALL_WARN:
+            self.emit("warning", n, message=(
+                f"no net progress: {stalled} instances in a row ended without committing a "
+                f"checkpoint; the job stops after {limit}" if limit is not None else
+                f"no net progress: {stalled} instances in a row ended without committing a checkpoint"),
+                stalled=stalled)
         return True
 
     def _recover(self) -> tuple[int, Instance | None, _Outcome | None] | None:
@@ -410,10 +447,21 @@ class Controller:
                          requirements=list(self.config.requirements), spotnb_version=_version())
         attempt = 0
         requested = time.time()
+        tried: list[str] = []
         self.db.record_incarnation(self.job.id, n, requested=requested, provider=self.provider.name,
                                    instance_type=self.config.instance_type)
         while not self._stop_requested() and not (cancel is not None and cancel.is_set()):
+            waited = time.time() - requested
+            if self.config.max_wait is not None and attempt and waited >= self.config.max_wait:
+                self._stop_reason = (
+                    f"max_wait={self.config.max_wait:g}s reached: no spot capacity for "
+                    f"{self.config.instance_type} in {waited:.0f} s and {attempt} attempt(s), "
+                    f"regions tried: {', '.join(tried)}. Add regions (Config.regions), choose "
+                    "another instance_type, or raise max_wait")
+                return None
             region = regions[attempt % len(regions)]
+            if (region or self.provider.name) not in tried:
+                tried.append(region or self.provider.name)
             self.emit("allocating", n, region=region, attempt=attempt + 1)
             try:
                 instance = self.provider.launch(LaunchSpec(region=region, **spec_base))
@@ -421,6 +469,8 @@ class Controller:
                 wait = BACKOFF[min(attempt, len(BACKOFF) - 1)] if (attempt + 1) % len(regions) == 0 else 0.0
                 self.emit("alloc_failed", n, region=region, reason=str(exc), retry_in=wait)
                 attempt += 1
+                if self.config.max_wait is not None:  # never sleep past the limit
+                    wait = max(0.0, min(wait, requested + self.config.max_wait - time.time()))
                 if self._stop.wait(wait) or (cancel is not None and cancel.is_set()):
                     break
                 continue

@@ -155,3 +155,26 @@ def test_a_paused_controller_does_not_fail_the_job_its_successor_drives(referenc
     again.follow()
     assert again.wait(60) and again.status == "succeeded"
     assert [e for e in again.events if e["kind"] == "status"][-1]["status"] == "succeeded"
+
+
+# -- giving up clearly ------------------------------------------------------------------------------
+def test_max_wait_gives_up_naming_the_wait_and_the_regions() -> None:
+    job = spot.train(functools.partial(jobfns.slow_steps, steps=10, step_time=0.001),
+                     spot.Config(ship_modules=SHIP, local_capacity_failure=0.99, max_wait="3s",
+                                 local_seed=1))
+    with pytest.raises(spot.JobStopped, match=r"max_wait=3s reached.*regions tried: local"):
+        job.result(timeout=120)
+    assert job.status == "stopped"
+    assert not [e for e in job.events if e["kind"] == "allocated"]
+
+
+def test_relaunches_without_net_progress_are_reported_then_stopped() -> None:
+    kill_early = [{"step": 3, "phase": "step"}] * 8   # every instance dies before its first save
+    job = spot.train(functools.partial(jobfns.slow_steps, steps=400, step_time=0.01),
+                     spot.Config(ship_modules=SHIP, checkpoint="static:100", local_schedule=kill_early,
+                                 max_stalled_relaunches=4))
+    with pytest.raises(spot.JobStopped, match=r"no net progress.*max_stalled_relaunches=4"):
+        job.result(timeout=240)
+    warnings = [e for e in job.events if e["kind"] == "warning" and "no net progress" in e["message"]]
+    assert warnings and warnings[0]["stalled"] == 3
+    assert len([e for e in job.events if e["kind"] == "allocated"]) == 4
