@@ -17,6 +17,7 @@ from spotnb.errors import ConfigError, SpotnbError
 from spotnb.job import Job
 
 __all__ = ["train", "attach", "jobs", "dry_run_plan", "start_controller", "ensure_controller",
+           "job_vanished", "mark_lost",
            "run_controller"]
 
 _LIVE: "weakref.WeakValueDictionary[str, Job]" = weakref.WeakValueDictionary()
@@ -202,14 +203,49 @@ def start_controller(job_id: str, store_url: str) -> int:
     return proc.pid
 
 
+def job_vanished(row: dict[str, Any]) -> str | None:
+    """Why an unfinished job's store or job directory is gone for good (None: it is there, or
+    the store cannot be reached right now, which is not the same). A local store is looked at
+    without opening it, since opening one creates its root again."""
+    url = row.get("store") or ""
+    spec = f"jobs/{row['id']}/spec.json"
+    try:
+        if url.startswith("file://") or "://" not in url:
+            import fsspec
+            root = fsspec.core.url_to_fs(url)[1]
+            if not os.path.isdir(root):
+                return f"its store {root} no longer exists"
+            if not os.path.exists(os.path.join(root, spec)):
+                return f"its job directory {os.path.join(root, 'jobs', row['id'])} no longer exists"
+            return None
+        from spotnb.store import Store
+        st = Store(url)
+        return None if st.exists(st.job(row["id"], "spec.json")) else f"{url}/{spec} no longer exists"
+    except Exception:  # noqa: BLE001 - unreachable or no credentials: unknown, not lost
+        return None
+
+
+def mark_lost(row: dict[str, Any], reason: str) -> dict[str, Any]:
+    """Record in the job DB that a job is lost (the store cannot remember it any more)."""
+    from spotnb.jobdb import JobDB
+    reason = f"{reason}; nothing can resume it (start it again, or `spotnb gc` leftover instances)"
+    JobDB().update_job(row["id"], status="lost", status_reason=reason, burn_rate=0.0)
+    return {**row, "status": "lost", "status_reason": reason}
+
+
 def ensure_controller(row: dict[str, Any]) -> bool:
     """Restart the controller of an unfinished job whose controller died (stale lease).
-    Returns True if one was started; the lease keeps two from driving the job at once."""
+    Returns True if one was started; the lease keeps two from driving the job at once.
+    A job whose store vanished is marked lost instead, once: no controller could run it."""
     from spotnb.jobdb import JobDB
     from spotnb.job import TERMINAL
     if row.get("status") in TERMINAL:
         return False
     if JobDB().controller_alive(row["id"]):
+        return False
+    why = job_vanished(row)
+    if why is not None:
+        row.update(mark_lost(row, why))
         return False
     start_controller(row["id"], row["store"])
     return True
@@ -249,6 +285,10 @@ def attach(job_id: str, store: str | None = None) -> Job:
         ensure_controller(row)
     with _LIVE_LOCK:
         live = _LIVE.get(row["id"] if row else job_id)
+    if row is not None and row.get("status") == "lost":  # its store is gone: the DB says so
+        job = live or Job(row["id"], None, db, {"name": row.get("name")})  # type: ignore[arg-type]
+        job._mark_lost(row.get("status_reason") or "its store vanished")
+        return job
     if live is not None:
         return live
     if row is None and store is None:

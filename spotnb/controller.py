@@ -259,6 +259,8 @@ class Controller:
                     self._end_stopped()
                     return
                 if instance is None:
+                    if self._vanished():
+                        return
                     self.set_status("pending" if n == 1 else "restoring")
                     instance = pre.result() if pre is not None else self._allocate(n)
                     pre = None
@@ -354,11 +356,27 @@ class Controller:
                 stalled=stalled)
         return True
 
+    def _vanished(self) -> bool:
+        """If the job's store or directory is gone, record the job as lost in the job DB (no
+        event can be written) and say so: nothing can be launched or resumed without it."""
+        from spotnb.api import job_vanished, mark_lost
+        row = {"id": self.job.id, "store": self.store.url}
+        why = job_vanished(row)
+        if why is None:
+            return False
+        self._fence()
+        reason = mark_lost(row, why)["status_reason"]
+        self.job._mark_lost(reason)
+        log.error("job %s is lost: %s", self.job.id, why)
+        return True
+
     def _recover(self) -> tuple[int, Instance | None, _Outcome | None] | None:
         """Pick the job up where the log says it is: fresh (incarnation 1), or after a controller
         that died. Every incarnation it left open is reclaimed by the provider (kept, or ended and
         closed with an event); how the last one ended decides what happens next, as it would
         have for the dead controller."""
+        if self._vanished():
+            return None
         self.pump()
         if self.job.status in TERMINAL:
             return None

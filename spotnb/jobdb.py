@@ -77,6 +77,9 @@ class JobDB:
         self._lock = threading.Lock()
         with self._connect() as con:
             con.executescript(_SCHEMA)
+            cols = {r["name"] for r in con.execute("PRAGMA table_info(jobs)")}
+            if "status_reason" not in cols:  # a DB from before terminal reasons were kept here
+                con.execute("ALTER TABLE jobs ADD COLUMN status_reason TEXT")
 
     def _connect(self, timeout: float = 30.0) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=timeout)

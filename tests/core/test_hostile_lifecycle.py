@@ -178,3 +178,34 @@ def test_relaunches_without_net_progress_are_reported_then_stopped() -> None:
     warnings = [e for e in job.events if e["kind"] == "warning" and "no net progress" in e["message"]]
     assert warnings and warnings[0]["stalled"] == 3
     assert len([e for e in job.events if e["kind"] == "allocated"]) == 4
+
+
+# -- a vanished store ---------------------------------------------------------------------------
+def test_a_job_whose_directory_vanished_is_lost_not_running(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
+    job = spot.train(functools.partial(jobfns.slow_steps, steps=2000, step_time=0.02),
+                     spot.Config(ship_modules=SHIP, checkpoint="static:20"))
+    _wait_progress(job, 10)
+    db = JobDB()
+    agent = next(e for e in job.events if e["kind"] == "allocated")["info"]["pid"]
+    killed = db.lease(job.id)["pid"]
+    os.kill(killed, signal.SIGKILL)
+    os.kill(agent, signal.SIGKILL)        # nothing writes to the store any more
+    _wait(lambda: not db.controller_alive(job.id), 60, "the killed controller's lease never ran out")
+    import shutil
+    shutil.rmtree(job.store.job(job.id))
+    log = Path(os.environ["SPOTNB_HOME"]) / "logs" / job.id / "controller.log"
+    size = log.stat().st_size
+    rows = {r["id"]: r for r in spot.jobs()}
+    assert rows[job.id]["status"] == "lost" and "no longer exists" in rows[job.id]["status_reason"]
+    assert db.job(job.id)["status"] == "lost"          # remembered: the next call spawns nothing
+    spot.jobs()
+    assert db.lease(job.id)["pid"] == killed and log.stat().st_size == size, "a controller was spawned"
+    again = spot.attach(job.id)
+    assert again.status == "lost" and again.done
+    with pytest.raises(spot.JobFailed, match="lost"):
+        again.result(timeout=5)
+    assert job.wait(60) and job.status == "lost"       # the original handle learns it too
+    assert cli(["stop", job.id]) == 0
+    assert "lost" in capsys.readouterr().out
+    assert JobViews(db).detail(job.id)["job"]["status"] == "lost"
