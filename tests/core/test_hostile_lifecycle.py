@@ -209,3 +209,31 @@ def test_a_job_whose_directory_vanished_is_lost_not_running(monkeypatch, capsys)
     assert cli(["stop", job.id]) == 0
     assert "lost" in capsys.readouterr().out
     assert JobViews(db).detail(job.id)["job"]["status"] == "lost"
+
+
+# -- a store full for a few seconds -------------------------------------------------------------
+def test_a_store_full_for_a_few_seconds_does_not_end_the_job(monkeypatch) -> None:
+    """The controller's event writes fail with ENOSPC for 3 s around a preemption (the store's
+    disk full while the agent's checkpoint took the space): it keeps the events and retries."""
+    import errno
+
+    from spotnb.store import Store
+    full_until = [0.0]
+    real = Store.write_bytes
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        if "-ctl-" in path and time.time() < full_until[0]:
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        real(self, path, data)
+
+    monkeypatch.setattr(Store, "write_bytes", write_bytes)
+    job = spot.train(functools.partial(jobfns.slow_steps, steps=120, step_time=0.02),
+                     spot.Config(ship_modules=SHIP, checkpoint="static:20",
+                                 local_schedule=[{"step": 40, "phase": "step"}]),
+                     detach=False)                  # the controller runs in this process
+    _wait_progress(job, 35)
+    full_until[0] = time.time() + 3.0               # the kill at step 40 lands in the window
+    assert job.result(timeout=180) == 120
+    assert job.breakdown().preemptions == 1
+    kinds = [e["kind"] for e in job.events]
+    assert "error" not in kinds and kinds.count("preempted") == 1
