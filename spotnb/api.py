@@ -208,19 +208,18 @@ def job_vanished(row: dict[str, Any]) -> str | None:
     the store cannot be reached right now, which is not the same). A local store is looked at
     without opening it, since opening one creates its root again."""
     url = row.get("store") or ""
-    spec = f"jobs/{row['id']}/spec.json"
     try:
         if url.startswith("file://") or "://" not in url:
             import fsspec
             root = fsspec.core.url_to_fs(url)[1]
             if not os.path.isdir(root):
                 return f"its store {root} no longer exists"
-            if not os.path.exists(os.path.join(root, spec)):
-                return f"its job directory {os.path.join(root, 'jobs', row['id'])} no longer exists"
-            return None
+            folder = os.path.join(root, "jobs", row["id"])
+            return None if os.path.isdir(folder) else f"its job directory {folder} no longer exists"
         from spotnb.store import Store
         st = Store(url)
-        return None if st.exists(st.job(row["id"], "spec.json")) else f"{url}/{spec} no longer exists"
+        folder = st.job(row["id"])
+        return None if st.exists(folder) else f"its job directory {url}/jobs/{row['id']} no longer exists"
     except Exception:  # noqa: BLE001 - unreachable or no credentials: unknown, not lost
         return None
 
