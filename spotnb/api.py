@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from spotnb.spec import JobSpec
 
 __all__ = ["train", "attach", "resume", "jobs", "dry_run_plan", "start_controller",
-           "ensure_controller", "run_controller"]
+           "ensure_controller", "job_vanished", "mark_lost", "run_controller"]
 
 _LIVE: "weakref.WeakValueDictionary[str, Job]" = weakref.WeakValueDictionary()
 _LIVE_LOCK = threading.Lock()
@@ -225,24 +225,59 @@ def start_controller(job_id: str, store_url: str) -> int:
     import subprocess
 
     from spotnb.config import spotnb_home
-    logdir = spotnb_home() / "logs" / job_id
-    logdir.mkdir(parents=True, exist_ok=True)
-    with open(logdir / "controller.log", "ab") as log:
+    from spotnb.store import private_dir
+    logdir = private_dir(spotnb_home() / "logs" / job_id)
+    # umask: every file the controller writes (log, store, job DB) is owner-only
+    with open(os.open(logdir / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "spotnb.cli", "controller", job_id,
                                  "--store", store_url], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                cwd=os.getcwd())
+                                cwd=os.getcwd(), umask=0o077)
     return proc.pid
+
+
+def job_vanished(row: dict[str, Any]) -> str | None:
+    """Why an unfinished job's store or job directory is gone for good (None: it is there, or
+    the store cannot be reached right now, which is not the same). A local store is looked at
+    without opening it, since opening one creates its root again."""
+    url = row.get("store") or ""
+    try:
+        if url.startswith("file://") or "://" not in url:
+            import fsspec
+            root = fsspec.core.url_to_fs(url)[1]
+            if not os.path.isdir(root):
+                return f"its store {root} no longer exists"
+            folder = os.path.join(root, "jobs", row["id"])
+            return None if os.path.isdir(folder) else f"its job directory {folder} no longer exists"
+        from spotnb.store import Store
+        st = Store(url)
+        folder = st.job(row["id"])
+        return None if st.exists(folder) else f"its job directory {url}/jobs/{row['id']} no longer exists"
+    except Exception:  # noqa: BLE001 - unreachable or no credentials: unknown, not lost
+        return None
+
+
+def mark_lost(row: dict[str, Any], reason: str) -> dict[str, Any]:
+    """Record in the job DB that a job is lost (the store cannot remember it any more)."""
+    from spotnb.jobdb import JobDB
+    reason = f"{reason}; nothing can resume it (start it again, or `spotnb gc` leftover instances)"
+    JobDB().update_job(row["id"], status="lost", status_reason=reason, burn_rate=0.0)
+    return {**row, "status": "lost", "status_reason": reason}
 
 
 def ensure_controller(row: dict[str, Any]) -> bool:
     """Restart the controller of an unfinished job whose controller died (stale lease).
-    Returns True if one was started; the lease keeps two from driving the job at once."""
+    Returns True if one was started; the lease keeps two from driving the job at once.
+    A job whose store vanished is marked lost instead, once: no controller could run it."""
     from spotnb.jobdb import JobDB
     from spotnb.job import TERMINAL
     if row.get("status") in TERMINAL:
         return False
     if JobDB().controller_alive(row["id"]):
+        return False
+    why = job_vanished(row)
+    if why is not None:
+        row.update(mark_lost(row, why))
         return False
     start_controller(row["id"], row["store"])
     return True
@@ -403,6 +438,10 @@ def attach(job_id: str, store: str | None = None) -> Job:
         ensure_controller(row)
     with _LIVE_LOCK:
         live = _LIVE.get(row["id"] if row else job_id)
+    if row is not None and row.get("status") == "lost":  # its store is gone: the DB says so
+        job = live or Job(row["id"], None, db, {"name": row.get("name")})  # type: ignore[arg-type]
+        job._mark_lost(row.get("status_reason") or "its store vanished")
+        return job
     if live is not None:
         return live
     if row is None and store is None:

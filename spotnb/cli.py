@@ -61,6 +61,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     from spotnb.api import attach
     job = attach(args.job_id)
     print(repr(job))
+    if job.status == "lost":
+        print(f"lost: {job._stop_reason}")
     print(job.breakdown().table())
     return 0
 
@@ -73,7 +75,16 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return 0
     job.stop(wait=not args.no_wait, timeout=args.timeout)
     print(f"job {job.id}: {job.status}")
-    return 0
+    if args.no_wait or job.done:
+        return 0
+    print(f"spotnb stop: job {job.id} did not end within {args.timeout:g} s; its controller "
+          f"may not be running (see {_controller_log(job.id)})", file=sys.stderr)
+    return 1
+
+
+def _controller_log(job_id: str) -> str:
+    from spotnb.config import spotnb_home
+    return str(spotnb_home() / "logs" / job_id / "controller.log")
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -162,7 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    result: Any = args.func(args)
+    from spotnb.errors import SpotnbError
+    try:
+        result: Any = args.func(args)
+    except SpotnbError as exc:  # bad input (an ambiguous id, no such job): say so, no traceback
+        print(f"spotnb {args.command}: {exc}", file=sys.stderr)
+        return 2
     return int(result or 0)
 
 

@@ -116,6 +116,11 @@ class Config(BaseModel):
     max_preemptions: int | None = Field(None, ge=0, description="Stop after this many preemptions.")
     max_retries: int = Field(0, ge=0, description="Relaunches after a user error (default 0).")
     max_cost: float | None = Field(None, gt=0, description="Stop when the spot spend reaches this ($).")
+    max_wait: Duration | None = Field(None, gt=0, description="Stop when no spot capacity was found "
+                                      "for this long (None: keep asking).")
+    max_stalled_relaunches: int | None = Field(8, ge=1, description="Stop after this many instances "
+                                               "in a row ended without committing a checkpoint "
+                                               "(no net progress); None: never.")
     heartbeat_timeout: Duration = Field(60.0, description="Silence after which an instance counts as dead.")
     notice_poll: Duration = Field(1.0, description="Seconds between polls of the preemption notice.")
     requirements: list[str] = Field(default_factory=list, description="pip specs the function needs.")
@@ -206,6 +211,16 @@ class Config(BaseModel):
     @classmethod
     def _duration(cls, v: Any) -> float:
         return parse_duration(v)
+
+    @field_validator("max_wait", mode="before")
+    @classmethod
+    def _optional_duration(cls, v: Any) -> float | None:
+        if v is None:
+            return None
+        d = parse_duration(v)
+        if not math.isfinite(d):
+            raise ValueError("must be a finite duration such as '30m' (or None to keep asking)")
+        return d
 
     @field_validator("heartbeat_timeout")
     @classmethod

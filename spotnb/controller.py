@@ -8,7 +8,9 @@ learns everything, its own status included, by reading that log back.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sqlite3
 import socket
 import sys
 import threading
@@ -39,6 +41,11 @@ STOP_CHECK = 1.0          # seconds between looks for a STOP marker in the store
 # a controller silent this long is presumed dead and may be replaced (env: for tests and ops)
 LEASE_TTL = float(os.environ.get("SPOTNB_LEASE_TTL", "10"))
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# a store that refuses writes for a while (full disk): retry a flush this often, events kept
+FLUSH_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
+STALL_WARN = 3            # instances in a row without a new checkpoint before the feed says so
+
+log = logging.getLogger("spotnb.controller")
 
 
 class LeaseLost(Exception):
@@ -61,6 +68,8 @@ class Controller:
         self._stop_checked = 0.0
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._lease_lost = threading.Event()
+        self.generation = 0             # lease generation this controller holds (0: none yet)
+        self._lease_until = 0.0         # when the lease last renewed runs out
         self._thread = threading.Thread(target=self._main, name=f"spotnb-ctl-{job.id}", daemon=True)
         self._writers: dict[int, EventWriter] = {}
         self.preemptions = 0
@@ -80,11 +89,53 @@ class Controller:
         self._stop.set()
 
     def emit(self, kind: str, incarnation: int = 0, **fields: Any) -> None:
+        """Write one event now, stamped with this controller's lease generation, only while it
+        holds the lease (checked before the event is stamped, so a late write is recognisable)."""
+        self._fence()
         writer = self._writers.get(incarnation)
         if writer is None:
             writer = self._writers[incarnation] = EventWriter(self.store, self.job.id, incarnation, "ctl")
-        writer.emit(kind, **fields)
-        writer.flush()
+        writer.emit(kind, gen=self.generation, **fields)
+        self._flush(writer)
+
+    def _flush(self, writer: EventWriter) -> None:
+        """Flush, riding out a store that refuses writes for a while (a full disk): the events
+        stay pending and the flush is retried with backoff, as long as the lease is held."""
+        for wait in (*FLUSH_BACKOFF, None):
+            self._fence()
+            try:
+                writer.flush()
+                return
+            except OSError as exc:
+                if wait is None:
+                    raise
+                log.warning("job %s: cannot write events (%s); %d kept, retrying in %.1f s",
+                            self.job.id, exc, writer.pending, wait)
+                time.sleep(wait)
+
+    def _fence(self) -> None:
+        """Raise LeaseLost unless this controller still holds its lease generation. When the
+        renewing thread is late (a paused or starved process), ask the job DB now rather than
+        trust a lease that may have run out while this process was not running."""
+        if not self._lease_lost.is_set() and time.time() > self._lease_until - LEASE_TTL / 2:
+            try:
+                until = self.db.renew_lease(self.job.id, self.owner, self.generation, LEASE_TTL)
+            except sqlite3.OperationalError:
+                until = self._lease_until if time.time() < self._lease_until else None
+            if until is None:
+                self._lose_lease()
+            else:
+                self._lease_until = max(self._lease_until, until)
+        if self._lease_lost.is_set():
+            raise LeaseLost()
+
+    def _lose_lease(self) -> None:
+        """Another controller holds the job now: stop, and write nothing more."""
+        self._lease_lost.set()
+        self._stop.set()
+        dropped = sum(w.discard() for w in self._writers.values())
+        if dropped:
+            log.warning("job %s: lease lost; %d unwritten event(s) dropped", self.job.id, dropped)
 
     def set_status(self, status: str, **fields: Any) -> None:
         if self.job.status != status or fields:
@@ -122,8 +173,7 @@ class Controller:
                            burn_rate=(b.spot_price or 0.0) if self.job.status in ("running", "restoring") else 0.0)
 
     def _stop_requested(self) -> bool:
-        if self._lease_lost.is_set():
-            raise LeaseLost()
+        self._fence()
         now = time.time()
         if not self._stop.is_set() and now - self._stop_checked >= STOP_CHECK:
             self._stop_checked = now
@@ -133,12 +183,22 @@ class Controller:
         return self._stop.is_set()
 
     def _keep_lease(self) -> None:
-        """Renew the lease in the job DB; if another controller holds it, stop driving."""
+        """Renew the lease in the job DB; if another controller holds it, stop driving.
+
+        A busy DB (another process writing) must not kill this thread: it used to, the lease
+        then ran out under a healthy controller and a second one was started beside it. Each
+        attempt waits at most a quarter TTL for the DB lock and is retried soon after."""
         while not self._lease_lost.is_set() and self._thread_alive:
-            if not self.db.acquire_lease(self.job.id, self.owner, os.getpid(), LEASE_TTL):
-                self._lease_lost.set()
-                self._stop.set()
+            try:
+                until = self.db.renew_lease(self.job.id, self.owner, self.generation, LEASE_TTL)
+            except sqlite3.OperationalError as exc:
+                log.warning("job %s: lease renewal failed (%s); retrying", self.job.id, exc)
+                time.sleep(min(1.0, LEASE_TTL / 8))
+                continue
+            if until is None:
+                self._lose_lease()
                 return
+            self._lease_until = max(self._lease_until, until)
             time.sleep(LEASE_TTL / 4)
 
     def run(self) -> None:
@@ -147,22 +207,37 @@ class Controller:
 
     # -- main loop -----------------------------------------------------------------------------
     def _main(self) -> None:
-        if not self.db.acquire_lease(self.job.id, self.owner, os.getpid(), LEASE_TTL):
+        taken = time.time()
+        lease = self.db.take_lease(self.job.id, self.owner, os.getpid(), LEASE_TTL)
+        if lease is None:
             print(f"spotnb: job {self.job.id} already has a live controller", file=sys.stderr)
             return
+        self.generation, self._lease_until = lease["generation"], taken + LEASE_TTL
         self._thread_alive = True
+        if lease["previous_expiry"] is not None:
+            # first, so readers know the fence before any late write of the predecessor
+            self.emit("controller_restarted", owner=self.owner,
+                      previous_expiry=lease["previous_expiry"])
+        for folder in ("", "events", "incarnations"):  # temp files of writes that died
+            self.store.clean_temp(self.store.job(self.job.id, folder) if folder else self.store.job(self.job.id))
         threading.Thread(target=self._keep_lease, name="spotnb-lease", daemon=True).start()
         try:
             self._run()
         except LeaseLost:
+            self._lose_lease()
             print(f"spotnb: another controller took job {self.job.id} over", file=sys.stderr)
             return
         except BaseException as exc:  # noqa: BLE001 - a controller bug must end the job visibly
             tb = traceback.format_exc()
+            print(tb, file=sys.stderr)
+            if self._lease_lost.is_set():
+                return  # not ours to end any more
             self.emit("error", message=f"controller error: {exc!r}", exc_type=type(exc).__name__,
                       traceback=tb)
-            self.set_status("failed", reason="controller error")
-            print(tb, file=sys.stderr)
+            try:
+                self.set_status("failed", reason="controller error")
+            except LeaseLost:
+                pass
         finally:
             self._thread_alive = False
             if not self._lease_lost.is_set():
@@ -184,6 +259,8 @@ class Controller:
                     self._end_stopped()
                     return
                 if instance is None:
+                    if self._vanished():
+                        return
                     self.set_status("pending" if n == 1 else "restoring")
                     instance = pre.result() if pre is not None else self._allocate(n)
                     pre = None
@@ -235,6 +312,8 @@ class Controller:
                 self._stop_reason = f"max_preemptions={limit} reached"
                 self._end_stopped()
                 return False
+            if not self._progressing(n, pre):
+                return False
         cost = breakdown(self.job.events).spot_cost
         if self.config.max_cost is not None and cost >= self.config.max_cost:
             self._cancel_pre(pre)
@@ -243,11 +322,61 @@ class Controller:
             return False
         return True
 
+    def _stalled(self, n: int) -> int:
+        """How many instances in a row, up to incarnation `n`, ended without committing a
+        checkpoint: each relaunch of those starts over from the same step."""
+        saved = {e["incarnation"] for e in self.job.events if e["kind"] == "checkpoint"}
+        ran = sorted({e["incarnation"] for e in self.job.events
+                      if e["kind"] == "allocated" and e["incarnation"] <= n})
+        count = 0
+        for m in reversed(ran):
+            if m in saved:
+                break
+            count += 1
+        return count
+
+    def _progressing(self, n: int, pre: Future | None) -> bool:
+        """Say so when relaunches stop making net progress; end the job at the limit."""
+        stalled = self._stalled(n)
+        limit = self.config.max_stalled_relaunches
+        if limit is not None and stalled >= limit:
+            self._cancel_pre(pre)
+            self._stop_reason = (
+                f"no net progress: the last {stalled} instances ended without committing a "
+                f"checkpoint (max_stalled_relaunches={limit}). Their lifetimes were shorter than "
+                "start-up plus a save: use a market with longer lifetimes, make start-up or saves "
+                "faster, or raise max_stalled_relaunches")
+            self._end_stopped()
+            return False
+        if stalled >= STALL_WARN:
+            self.emit("warning", n, message=(
+                f"no net progress: {stalled} instances in a row ended without committing a "
+                f"checkpoint; the job stops after {limit}" if limit is not None else
+                f"no net progress: {stalled} instances in a row ended without committing a checkpoint"),
+                stalled=stalled)
+        return True
+
+    def _vanished(self) -> bool:
+        """If the job's store or directory is gone, record the job as lost in the job DB (no
+        event can be written) and say so: nothing can be launched or resumed without it."""
+        from spotnb.api import job_vanished, mark_lost
+        row = {"id": self.job.id, "store": self.store.url}
+        why = job_vanished(row)
+        if why is None:
+            return False
+        self._fence()
+        reason = mark_lost(row, why)["status_reason"]
+        self.job._mark_lost(reason)
+        log.error("job %s is lost: %s", self.job.id, why)
+        return True
+
     def _recover(self) -> tuple[int, Instance | None, _Outcome | None] | None:
         """Pick the job up where the log says it is: fresh (incarnation 1), or after a controller
         that died. Every incarnation it left open is reclaimed by the provider (kept, or ended and
         closed with an event); how the last one ended decides what happens next, as it would
         have for the dead controller."""
+        if self._vanished():
+            return None
         self.pump()
         if self.job.status in TERMINAL:
             return None
@@ -276,7 +405,6 @@ class Controller:
         if allocated:
             self.provider.resume_state(launched=len(allocated),
                                        first_launch=min(e["t"] for e in allocated.values()))
-        self.emit("controller_restarted", last, owner=self.owner)
         outcome: _Outcome | None = None
         for n in started:
             if n in ended:
@@ -312,6 +440,7 @@ class Controller:
         return last, None, outcome
 
     def _write_end_marker(self, n: int, reason: str) -> None:
+        self._fence()
         marker = {"high_water": self._high_water, "reason": reason, "t": time.time()}
         self.store.write_bytes(self.store.job(self.job.id, "incarnations", f"{n:04d}.end"),
                                json.dumps(marker).encode())
@@ -346,10 +475,21 @@ class Controller:
                          requirements=list(self.config.requirements), spotnb_version=_version())
         attempt = 0
         requested = time.time()
+        tried: list[str] = []
         self.db.record_incarnation(self.job.id, n, requested=requested, provider=self.provider.name,
                                    instance_type=self.config.instance_type)
         while not self._stop_requested() and not (cancel is not None and cancel.is_set()):
+            waited = time.time() - requested
+            if self.config.max_wait is not None and attempt and waited >= self.config.max_wait:
+                self._stop_reason = (
+                    f"max_wait={self.config.max_wait:g}s reached: no spot capacity for "
+                    f"{self.config.instance_type} in {waited:.0f} s and {attempt} attempt(s), "
+                    f"regions tried: {', '.join(tried)}. Add regions (Config.regions), choose "
+                    "another instance_type, or raise max_wait")
+                return None
             region = regions[attempt % len(regions)]
+            if (region or self.provider.name) not in tried:
+                tried.append(region or self.provider.name)
             self.emit("allocating", n, region=region, attempt=attempt + 1)
             try:
                 instance = self.provider.launch(LaunchSpec(region=region, **spec_base))
@@ -357,6 +497,8 @@ class Controller:
                 wait = BACKOFF[min(attempt, len(BACKOFF) - 1)] if (attempt + 1) % len(regions) == 0 else 0.0
                 self.emit("alloc_failed", n, region=region, reason=str(exc), retry_in=wait)
                 attempt += 1
+                if self.config.max_wait is not None:  # never sleep past the limit
+                    wait = max(0.0, min(wait, requested + self.config.max_wait - time.time()))
                 if self._stop.wait(wait) or (cancel is not None and cancel.is_set()):
                     break
                 continue
@@ -458,6 +600,7 @@ class Controller:
                     return self._classify(n, instance, status), pre
             if reported_end is not None and now - reported_end > EXIT_GRACE:
                 # the agent is finished but its instance did not go away: end it ourselves
+                self._fence()
                 self.provider.terminate(instance)
                 self.pump()
                 return self._classify(n, instance, InstanceStatus(InstanceState.EXITED)), pre
@@ -467,6 +610,7 @@ class Controller:
             limit = self.config.heartbeat_timeout if heard else max(self.config.heartbeat_timeout,
                                                                      self.provider.boot_timeout)
             if time.time() - last_seen > limit:
+                self._fence()
                 self.provider.terminate(instance)
                 return _Outcome("lost", detail={"why": f"no event for {limit:.0f} s"}), pre
             time.sleep(poll)
@@ -505,6 +649,7 @@ class Controller:
         return _Outcome("crashed", status.exit_code, {"log": str(instance.info.get("log", ""))})
 
     def _finish_incarnation(self, n: int, instance: Instance, outcome: _Outcome) -> None:
+        self._fence()  # a controller that lost the job must not end its instance
         self.provider.terminate(instance)
         end_t = outcome.detail.get("at", time.time())
         lifetime = end_t - instance.launched_at

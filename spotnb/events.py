@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import threading
 import time
 from typing import Any, Iterable, Protocol
@@ -101,10 +102,12 @@ class EventWriter:
         self._io_lock = threading.Lock()
         self.last_flush = 0.0
         # resume numbering after an earlier writer of the same name (e.g. a restarted controller)
-        prefix = f"{incarnation:04d}-{writer}-"
-        existing = [n for n in store.ls(store.job(job_id, "events")) if n.startswith(prefix)]
+        # (only names of finished segments: a temp file of a write that died is no segment)
+        segment = re.compile(rf"{incarnation:04d}-{re.escape(writer)}-(\d+)\.jsonl")
+        existing = [int(m.group(1)) for n in store.ls(store.job(job_id, "events"))
+                    if (m := segment.fullmatch(n))]
         if existing:
-            self._segment = max(int(n[len(prefix):-6]) for n in existing) + 1
+            self._segment = max(existing) + 1
 
     def emit(self, kind: str, **fields: Any) -> Event:
         event: Event = {"t": fields.pop("t", None) or time.time(), "kind": kind,
@@ -116,6 +119,13 @@ class EventWriter:
     @property
     def pending(self) -> int:
         return len(self._pending)
+
+    def discard(self) -> int:
+        """Drop what is buffered (a controller that lost its lease must not write it later).
+        Returns how many events were dropped."""
+        with self._lock:
+            dropped, self._pending = len(self._pending), []
+        return dropped
 
     def flush(self) -> None:
         """Write what is buffered. Never loses an event: on failure they stay pending."""
@@ -148,6 +158,7 @@ class EventReader:
         self.store, self.job_id = store, job_id
         self._offsets: dict[str, int] = {}
         self.skipped: dict[str, int] = {}   # unusable lines per file (see _parse)
+        self._fences: dict[int, float] = {}  # lease generation -> its predecessor's expiry
 
     def poll(self) -> list[Event]:
         folder = self.store.job(self.job_id, "events")
@@ -173,6 +184,23 @@ class EventReader:
                         out.append(event)
             self._offsets[name] = offset + end
         out.sort(key=_time_of)
+        return self._fenced(out)
+
+    def _fenced(self, events: list[Event]) -> list[Event]:
+        """Drop controller events (they carry `gen`, their lease generation) stamped after a
+        newer generation's predecessor lost its lease: a controller that was paused past its
+        lease may write once more before it notices; what it says then is not the job's state.
+        The newer controller announces itself (`controller_restarted` with `gen` and
+        `previous_expiry`) before anything else, so the fence is known before the stale writes."""
+        out = []
+        for e in events:
+            gen = e.get("gen")
+            if e.get("kind") == "controller_restarted" and isinstance(gen, int):
+                t = as_metric(e.get("previous_expiry"))
+                self._fences[gen] = t if t is not None else e["t"]
+            if isinstance(gen, int) and any(g > gen and e["t"] > t for g, t in self._fences.items()):
+                continue
+            out.append(e)
         return out
 
     def _parse(self, name: str, line: bytes) -> Event | None:

@@ -20,8 +20,9 @@ __all__ = ["Job", "STATUSES", "TERMINAL"]
 
 log = logging.getLogger("spotnb.job")
 
-STATUSES = ("pending", "running", "preempted", "restoring", "succeeded", "failed", "stopped")
-TERMINAL = frozenset({"succeeded", "failed", "stopped"})
+STATUSES = ("pending", "running", "preempted", "restoring", "succeeded", "failed", "stopped", "lost")
+# lost: the job's store or job directory vanished; the job DB is where that is remembered
+TERMINAL = frozenset({"succeeded", "failed", "stopped", "lost"})
 _FOLLOW_INTERVAL = 0.25
 _CONTROLLER_CHECK = 15.0  # seconds between looks at the job's controller lease
 
@@ -132,13 +133,22 @@ class Job:
             row = self.db.job(self.id) if self.db is not None else None
             if row is not None:
                 ensure_controller(row)
+                if row.get("status") == "lost":  # the store is gone: only the DB can say so
+                    self._mark_lost(row.get("status_reason") or "its store vanished")
         except Exception as exc:  # noqa: BLE001 - try again at the next check
             print(f"spotnb: could not check job {self.id}'s controller: {exc!r}")
+
+    def _mark_lost(self, reason: str) -> None:
+        """The store is gone: no event can say so, the job DB row does (see api.job_vanished)."""
+        with self._lock:
+            self._status, self._stop_reason = "lost", reason
+        self._finished.set()
 
     # -- public ---------------------------------------------------------------------------------
     @property
     def status(self) -> str:
-        """pending, running, preempted, restoring, succeeded, failed or stopped."""
+        """pending, running, preempted, restoring, succeeded, failed, stopped or lost (its
+        store or job directory vanished)."""
         return self._status
 
     @property
@@ -190,6 +200,8 @@ class Job:
             err = self._error or {}
             raise JobFailed(f"job {self.id} failed: {err.get('message', 'see events')}",
                             err.get("traceback", ""))
+        if self._status == "lost":
+            raise JobFailed(f"job {self.id} is lost: {self._stop_reason or 'its store vanished'}")
         if self._status == "stopped":
             raise JobStopped(f"job {self.id} was stopped: {self._stop_reason or 'stop requested'}")
         if not self._result_loaded:

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from spotnb.config import spotnb_home
+from spotnb.errors import SpotnbError
+from spotnb.store import private_dir
 
-__all__ = ["JobDB", "MarketStats", "PRIOR_MTTP", "PRIOR_RESTART"]
+__all__ = ["JobDB", "MarketStats", "AmbiguousJobId", "PRIOR_MTTP", "PRIOR_RESTART"]
 
 PRIOR_MTTP = 3 * 3600.0   # thesis: ~4 preemptions per 12 h on Azure NC12s_v3
 PRIOR_RESTART = 170.0     # median GPU spot allocation ~110 s (DeepSpotCloud) + ~60 s preparation
@@ -35,11 +37,24 @@ CREATE TABLE IF NOT EXISTS incarnations (
 CREATE TABLE IF NOT EXISTS leases (
   job_id TEXT PRIMARY KEY, owner TEXT, pid INTEGER, expires REAL
 );
+CREATE TABLE IF NOT EXISTS lease_generations (
+  job_id TEXT PRIMARY KEY, generation INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS checkpoints (
   job_id TEXT, n INTEGER, seq INTEGER, kind TEXT, step INTEGER, snapshot_s REAL, upload_s REAL,
   bytes INTEGER, t REAL, PRIMARY KEY (job_id, seq)
 );
 """
+
+
+class AmbiguousJobId(SpotnbError, LookupError):
+    """An id prefix matches more than one job: acting on the newest would be a guess."""
+
+    def __init__(self, prefix: str, matches: list[str]) -> None:
+        shown = ", ".join(matches[:10]) + (f" and {len(matches) - 10} more" if len(matches) > 10 else "")
+        super().__init__(f"job id {prefix!r} is ambiguous: it starts {len(matches)} job ids "
+                         f"({shown}); give more of the id")
+        self.prefix, self.matches = prefix, matches
 
 
 class MarketStats:
@@ -55,13 +70,19 @@ class MarketStats:
 class JobDB:
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.path = Path(path) if path else spotnb_home() / "jobs.db"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # the DB names every job's store and instances: owner-only, like the home it lives in
+        private_dir(self.path.parent)
+        if not self.path.exists():
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
         self._lock = threading.Lock()
         with self._connect() as con:
             con.executescript(_SCHEMA)
+            cols = {r["name"] for r in con.execute("PRAGMA table_info(jobs)")}
+            if "status_reason" not in cols:  # a DB from before terminal reasons were kept here
+                con.execute("ALTER TABLE jobs ADD COLUMN status_reason TEXT")
 
-    def _connect(self) -> sqlite3.Connection:
-        con = sqlite3.connect(self.path, timeout=30)
+    def _connect(self, timeout: float = 30.0) -> sqlite3.Connection:
+        con = sqlite3.connect(self.path, timeout=timeout)
         con.row_factory = sqlite3.Row
         con.execute("PRAGMA journal_mode=WAL")
         return con
@@ -86,28 +107,73 @@ class JobDB:
         self._exec(f"UPDATE jobs SET {cols} WHERE id=?", (*fields.values(), job_id))
 
     def job(self, job_id: str) -> dict[str, Any] | None:
+        """The job with this id, or the one job whose id starts with it; None if none does.
+
+        Raises AmbiguousJobId when a prefix matches several jobs. The prefix is compared as
+        text (`substr`), never as a LIKE pattern, so `_` and `%` in it match only themselves."""
         rows = self._exec("SELECT * FROM jobs WHERE id=?", (job_id,))
-        if not rows:
-            rows = self._exec("SELECT * FROM jobs WHERE id LIKE ? ORDER BY created DESC", (job_id + "%",))
+        if not rows and job_id:
+            rows = self._exec("SELECT * FROM jobs WHERE substr(id, 1, ?) = ? ORDER BY created DESC",
+                              (len(job_id), job_id))
+            if len(rows) > 1:
+                raise AmbiguousJobId(job_id, [r["id"] for r in rows])
         return dict(rows[0]) if rows else None
 
     def jobs(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._exec("SELECT * FROM jobs ORDER BY created DESC")]
 
     # -- controller leases: one controller drives a job at a time -----------------------------
-    def acquire_lease(self, job_id: str, owner: str, pid: int, ttl: float) -> bool:
-        """Take or renew the job's lease; False if another live owner holds it."""
+    # Each takeover increments the job's lease *generation* (kept after the lease is released,
+    # so it only ever grows). A controller stamps its generation on everything it writes and
+    # renews only the generation it took: a paused controller that wakes up after another took
+    # over finds its generation gone and stops, and readers can tell its late writes apart.
+    def take_lease(self, job_id: str, owner: str, pid: int, ttl: float) -> dict[str, Any] | None:
+        """Take the job's lease as a new generation; None while another live owner holds it.
+
+        Returns {"generation": n, "previous_expiry": t or None}: t is when the predecessor's
+        lease ran out (or now, if it was released), the instant after which its writes are void."""
         now = time.time()
         with self._lock, self._connect() as con:
             con.execute("BEGIN IMMEDIATE")
             row = con.execute("SELECT owner, expires FROM leases WHERE job_id=?", (job_id,)).fetchone()
             if row is not None and row["owner"] != owner and row["expires"] > now:
                 con.execute("ROLLBACK")
-                return False
+                return None
+            gen_row = con.execute("SELECT generation FROM lease_generations WHERE job_id=?",
+                                  (job_id,)).fetchone()
+            generation = (gen_row["generation"] if gen_row else 0) + 1
+            con.execute("INSERT OR REPLACE INTO lease_generations VALUES (?,?)", (job_id, generation))
             con.execute("INSERT OR REPLACE INTO leases VALUES (?,?,?,?)", (job_id, owner, pid, now + ttl))
             con.execute("UPDATE jobs SET controller_pid=?, heartbeat=? WHERE id=?", (pid, now, job_id))
             con.execute("COMMIT")
-            return True
+        previous = (min(row["expires"], now) if row is not None else now) if generation > 1 else None
+        return {"generation": generation, "previous_expiry": previous}
+
+    def renew_lease(self, job_id: str, owner: str, generation: int, ttl: float) -> float | None:
+        """Extend a lease this owner holds as `generation`; returns the new expiry, or None if
+        the lease is no longer this owner's generation (another controller took the job)."""
+        now = time.time()
+        with self._lock, self._connect() as con:
+            con.execute("BEGIN IMMEDIATE")
+            ok = con.execute(
+                "SELECT 1 FROM leases l JOIN lease_generations g ON g.job_id = l.job_id "
+                "WHERE l.job_id=? AND l.owner=? AND g.generation=?", (job_id, owner, generation)).fetchone()
+            if ok is None:
+                con.execute("ROLLBACK")
+                return None
+            con.execute("UPDATE leases SET expires=? WHERE job_id=?", (now + ttl, job_id))
+            con.execute("UPDATE jobs SET heartbeat=? WHERE id=?", (now, job_id))
+            con.execute("COMMIT")
+        return now + ttl
+
+    def acquire_lease(self, job_id: str, owner: str, pid: int, ttl: float) -> bool:
+        """Take or renew the job's lease; False if another live owner holds it."""
+        lease = self.lease(job_id)
+        if lease is not None and lease["owner"] == owner:
+            gen = self._exec("SELECT generation FROM lease_generations WHERE job_id=?", (job_id,))
+            if gen and self.renew_lease(job_id, owner, gen[0]["generation"], ttl) is not None:
+                return True
+        return self.take_lease(job_id, owner, pid, ttl) is not None
 
     def release_lease(self, job_id: str, owner: str) -> None:
         self._exec("DELETE FROM leases WHERE job_id=? AND owner=?", (job_id, owner))

@@ -16,13 +16,38 @@ from __future__ import annotations
 
 import os
 import posixpath
+import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-__all__ = ["Store", "open_store"]
+__all__ = ["Store", "open_store", "private_dir", "is_temp_name", "TEMP_MARK", "STALE_TEMP_S"]
+
+TEMP_MARK = ".tmp-"     # `<name>.tmp-<hex>`: an atomic write in flight (or one that died)
+STALE_TEMP_S = 600.0    # a temp file untouched this long belongs to no live writer
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether `name` is the temp file of an atomic write, not an object of the store."""
+    return TEMP_MARK in name
+
+
+def private_dir(path: str | os.PathLike[str]) -> Path:
+    """Create `path` (and parents) readable by its owner only: a spotnb home or a local store
+    holds pickles that run code when loaded, checkpoints and the job DB."""
+    path = Path(path)
+    missing = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for p in missing:  # mkdir's mode reaches the leaf only; umask may narrow it further
+        os.chmod(p, 0o700)
+    return path
 
 
 class Store:
@@ -37,7 +62,7 @@ class Store:
         # (10/s would cost about as much as a small spot instance), a local listing nothing
         self.poll_interval = 0.1 if self.local or self.fs.protocol in ("memory", ("memory",)) else 2.0
         if self.local:
-            os.makedirs(self.root, exist_ok=True)
+            private_dir(self.root)
 
     # -- paths ---------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -50,20 +75,30 @@ class Store:
     def write_bytes(self, path: str, data: bytes) -> None:
         """Atomically replace `path` with `data` (tmp + rename locally; a PUT is atomic remotely)."""
         if self.local:
-            os.makedirs(posixpath.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+            private_dir(posixpath.dirname(path))
+            tmp = f"{path}{TEMP_MARK}{uuid.uuid4().hex[:8]}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                # a full disk or a failed rename must not leave a temp file behind
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
         else:
             self.fs.pipe_file(path, data)
 
     def put_file(self, local_path: str, path: str) -> None:
         """Upload a local file atomically (used for checkpoint payloads)."""
         if self.local:
-            os.makedirs(posixpath.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+            private_dir(posixpath.dirname(path))
+            tmp = f"{path}{TEMP_MARK}{uuid.uuid4().hex[:8]}"
             self.fs.cp_file(local_path, tmp)
+            os.chmod(tmp, 0o600)
             os.replace(tmp, path)
         else:
             self.fs.put_file(local_path, path)
@@ -91,6 +126,26 @@ class Store:
             self.fs.rm(path, recursive=recursive)
         except FileNotFoundError:
             pass
+
+    def clean_temp(self, path: str, older_than: float = STALE_TEMP_S) -> list[str]:
+        """Remove temp files directly under `path` left by writes that died (SIGKILL, full
+        disk) and untouched for `older_than` seconds; a live writer's temp file is younger.
+        Returns the names removed. Only local stores have temp files (a PUT is atomic)."""
+        if not self.local:
+            return []
+        removed = []
+        now = time.time()
+        for name in self.ls(path):
+            if not is_temp_name(name):
+                continue
+            full = posixpath.join(path, name)
+            try:
+                if now - os.stat(full).st_mtime >= older_than:
+                    os.unlink(full)
+                    removed.append(name)
+            except FileNotFoundError:
+                continue  # its writer renamed or removed it meanwhile
+        return removed
 
     def invalidate(self) -> None:
         """Forget cached listings (remote filesystems cache them)."""

@@ -132,4 +132,4 @@ export async function requestAPI<T>(path: string, init: RequestInit = {}): Promi
 }
 
 export const ACTIVE = ['running', 'restoring', 'preempted', 'pending'];
-export const TERMINAL = ['succeeded', 'failed', 'stopped'];
+export const TERMINAL = ['succeeded', 'failed', 'stopped', 'lost'];

@@ -24,7 +24,7 @@ from spotnb.widget.state import JobState
 __all__ = ["ACTIVE", "JobViews", "list_payload", "pid_alive"]
 
 ACTIVE = ("running", "restoring", "preempted", "pending")   # shown first, in this order
-TERMINAL = ("succeeded", "failed", "stopped")
+TERMINAL = ("succeeded", "failed", "stopped", "lost")
 MAX_POINTS = 400        # per metric trace sent to the browser
 MAX_FEED = 40           # recent events sent with a job
 MAX_CACHED_JOBS = 32

@@ -13,6 +13,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
+from spotnb.jobdb import AmbiguousJobId
 from spotnb.server.data import JobViews
 
 __all__ = ["setup_handlers", "JobsHandler", "JobHandler", "StopHandler"]
@@ -27,7 +28,12 @@ class _Base(APIHandler):
         self.views = views
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        except AmbiguousJobId as exc:  # a guess could stop the wrong job: name the candidates
+            self.set_status(400)
+            self.finish(json.dumps({"message": str(exc), "matches": exc.matches}))
+            raise tornado.web.Finish() from None
 
     def _reply(self, payload: Any) -> None:
         self.set_header("Cache-Control", "no-store")

@@ -349,7 +349,7 @@ class JobState:
     # -- derived ---------------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return self.status in ("succeeded", "failed", "stopped")
+        return self.status in ("succeeded", "failed", "stopped", "lost")
 
     def now(self) -> float:
         """The right edge of the timeline: the end of the job, or the wall clock while it runs."""

@@ -33,7 +33,7 @@ _FIGURE_COST = 4          # comm messages of one plotly batch_update (edit ids, 
 _FIGURE_REPLY_COST = 4    # a live front end answers with trace/layout deltas (echo + reset each)
 _BADGE = {"pending": "#757575", "running": "#1565c0", "preempted": "#ef6c00",
           "restoring": "#6a1b9a", "succeeded": "#2e7d32", "failed": "#c62828",
-          "stopped": "#424242"}
+          "stopped": "#424242", "lost": "#6d4c41"}
 
 
 class MessageBudget:

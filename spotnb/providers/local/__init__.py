@@ -23,6 +23,7 @@ from spotnb.config import spotnb_home
 from spotnb.errors import CapacityError, ConfigError
 from spotnb.preempt import Exponential, Never, PreemptionProcess
 from spotnb.prices import lookup_price
+from spotnb.store import private_dir
 from spotnb.providers.base import (Feature, Instance, InstanceState, InstanceStatus, LaunchSpec,
                                    Price, Provider)
 from spotnb.providers.local.injector import Injector
@@ -107,7 +108,7 @@ class LocalProvider(Provider):
         instance_id = f"local-{uuid.uuid4().hex[:10]}"
         beacon = os.path.join(self.tmp, f"{instance_id}.beacon")
         logdir = spotnb_home() / "logs" / spec.job_id
-        logdir.mkdir(parents=True, exist_ok=True)
+        private_dir(logdir)
         log_path = str(logdir / f"{spec.incarnation:04d}-{instance_id}.log")
         env = {**os.environ, **spec.env,
                "SPOTNB_METADATA_URL": self.emulator.base_url(instance_id),
@@ -122,8 +123,10 @@ class LocalProvider(Provider):
             if self._closing.is_set():
                 raise CapacityError("the job was stopped while waiting for an instance")
             with open(log_path, "ab") as log:
+                # umask: the agent's checkpoints and spool in a local store are owner-only
                 proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        umask=0o077)
             self._procs[instance_id] = proc
         now = time.time()
         if self.t0 is None:

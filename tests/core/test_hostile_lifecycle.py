@@ -1,0 +1,239 @@
+"""Hostile runs of the job lifecycle (issue 14, part H1): paused controllers, leftover temp
+files, ambiguous ids and who may read the files. Real processes and real signals on the
+local spot market; every wait is on a condition with a generous deadline."""
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import spotnb as spot
+from spotnb.cli import main as cli
+from spotnb.errors import SpotnbError
+from spotnb.jobdb import JobDB
+from spotnb.server.data import JobViews
+from tests.core import jobfns
+
+SHIP = ["tests.core.jobfns"]
+
+
+class _Until:
+    """A sink that signals once an event matches."""
+
+    def __init__(self, match) -> None:
+        self.match, self.hit = match, threading.Event()
+
+    def on_events(self, events: list[dict]) -> None:
+        if any(self.match(e) for e in events):
+            self.hit.set()
+
+
+def _wait_progress(job: spot.Job, step: int, timeout: float = 120) -> None:
+    until = _Until(lambda e: e["kind"] == "progress" and e["step"] >= step)
+    job.add_sink(until)
+    assert until.hit.wait(timeout), f"job never reached step {step}"
+    job.remove_sink(until)
+
+
+def _wait(cond, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, what
+        time.sleep(0.05)
+
+
+# -- ids ------------------------------------------------------------------------------------
+def test_an_ambiguous_prefix_is_an_error_listing_the_matches(capsys) -> None:
+    db = JobDB()
+    for job_id in ("20260101-aaa", "20260101-aab", "a_c", "xbc"):
+        db.add_job(job_id, name=None, provider="local", region=None, instance_type="cpu",
+                   store="file:///nonexistent")
+    with pytest.raises(SpotnbError, match="ambiguous") as err:
+        db.job("2026")
+    assert "20260101-aaa" in str(err.value) and "20260101-aab" in str(err.value)
+    assert db.job("20260101-aab")["id"] == "20260101-aab"   # a full id is never ambiguous
+    assert db.job("x_c") is None and db.job("x%") is None    # no LIKE wildcards
+    assert db.job("a_")["id"] == "a_c"
+    # the CLI says so (exit 2, no traceback), and so does the REST API's data layer
+    assert cli(["show", "2026"]) == 2
+    assert "20260101-aaa" in capsys.readouterr().err
+    with pytest.raises(SpotnbError, match="ambiguous"):
+        JobViews(db).detail("2026")
+    with pytest.raises(SpotnbError, match="ambiguous"):
+        spot.attach("2026")
+
+
+# -- owner-only files -------------------------------------------------------------------------
+def test_home_store_and_db_are_owner_only(tmp_path: Path, monkeypatch) -> None:
+    home = tmp_path / "fresh" / "home"            # created by spotnb, not by the test
+    monkeypatch.setenv("SPOTNB_HOME", str(home))
+    job = spot.train(functools.partial(jobfns.slow_steps, steps=30, step_time=0.001),
+                     spot.Config(ship_modules=SHIP, checkpoint="static:10"))
+    assert job.result(timeout=120) == 30
+    assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
+    seen = {"dirs": 0, "files": 0}
+    for root, dirs, files in os.walk(home / "store"):
+        for d in dirs:
+            mode = stat.S_IMODE(os.stat(os.path.join(root, d)).st_mode)
+            assert mode & 0o077 == 0, f"{os.path.join(root, d)} is {oct(mode)}"
+            seen["dirs"] += 1
+        for f in files:
+            mode = stat.S_IMODE(os.stat(os.path.join(root, f)).st_mode)
+            assert mode & 0o077 == 0, f"{os.path.join(root, f)} is {oct(mode)}"
+            seen["files"] += 1
+    names = {f for _, _, files in os.walk(home / "store") for f in files}
+    assert {"fn.pkl", "spec.json", "MANIFEST.json", "state.pt", "result.pkl"} <= names, names
+    for f in home.iterdir():
+        if f.name.startswith("jobs.db"):
+            assert stat.S_IMODE(os.stat(f).st_mode) & 0o077 == 0, f
+
+
+# -- leftover temp files ----------------------------------------------------------------------
+def test_a_leftover_temp_file_does_not_wedge_the_job(monkeypatch) -> None:
+    monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
+    job = spot.train(functools.partial(jobfns.slow_steps, steps=300, step_time=0.02),
+                     spot.Config(ship_modules=SHIP, checkpoint="static:20"))
+    _wait_progress(job, 20)
+    db = JobDB()
+    os.kill(db.lease(job.id)["pid"], signal.SIGKILL)
+    # what an interrupted write of the controller's next segment leaves behind
+    events = Path(job.store.job(job.id, "events"))
+    old = events / "0000-ctl-00000.jsonl.tmp-0badf00d"
+    old.write_bytes(b'{"t": 1, "kind": "sta')
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    fresh = events / "0001-ctl-00000.jsonl.tmp-0f00dbad"   # as a live writer's would be
+    fresh.write_bytes(b"")
+    _wait(lambda: not db.controller_alive(job.id), 60, "the killed controller's lease never ran out")
+    again = spot.attach(job.id)            # starts a new controller, which must not crash
+    assert again.result(timeout=180) == 300
+    assert not [e for e in again.events if e["kind"] == "error"]
+    assert not old.exists(), "a stale temp file was left in the store"
+    assert fresh.exists(), "a live writer's temp file was removed"
+
+
+# -- split-brain controllers --------------------------------------------------------------------
+def test_a_paused_controller_does_not_fail_the_job_its_successor_drives(reference, monkeypatch) -> None:
+    """SIGSTOP the controller past its lease (a suspended laptop), let `jobs()` start a second
+    one, SIGCONT the first: the job still ends bit-exact, and nothing the first one may still
+    have said (an exit, an error, `failed`) reaches the job's history."""
+    monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
+    job = spot.train(functools.partial(jobfns.seeded_mlp, step_delay=0.1),
+                     spot.Config(checkpoint="static:20", ship_modules=SHIP))
+    _wait_progress(job, 25)
+    db = JobDB()
+    first = db.lease(job.id)
+    os.kill(first["pid"], signal.SIGSTOP)
+    try:
+        _wait(lambda: not db.controller_alive(job.id), 60, "the paused controller's lease never ran out")
+        spot.jobs()                         # notices the stale lease and starts a second controller
+        _wait(lambda: (db.lease(job.id) or {}).get("owner") not in (None, first["owner"]), 60,
+              "no second controller took the job")
+        restarted = _Until(lambda e: e["kind"] == "controller_restarted")
+        job.add_sink(restarted)
+        assert restarted.hit.wait(60), "the second controller never announced itself"
+    finally:
+        os.kill(first["pid"], signal.SIGCONT)
+    # the first one wakes up while the second drives the job; it must notice and keep quiet
+    ref_result, ref_losses = reference
+    result = job.result(timeout=300)
+    for name, tensor in ref_result["params"].items():
+        assert torch.equal(result["params"][name], tensor), name
+    ref = dict(ref_losses)
+    assert all(value == ref[step] for step, value in job.metrics["loss"])
+    kinds = [(e["kind"], e.get("status") or e.get("reason")) for e in job.events]
+    assert ("status", "failed") not in kinds and ("exited", "crashed") not in kinds, kinds
+    assert not [e for e in job.events if e["kind"] == "error"]
+    # and a fresh reader of the log (a new kernel's attach) sees the same clean history
+    again = spot.Job(job.id, job.store)
+    again.follow()
+    assert again.wait(60) and again.status == "succeeded"
+    assert [e for e in again.events if e["kind"] == "status"][-1]["status"] == "succeeded"
+
+
+# -- giving up clearly ------------------------------------------------------------------------------
+def test_max_wait_gives_up_naming_the_wait_and_the_regions() -> None:
+    job = spot.train(functools.partial(jobfns.slow_steps, steps=10, step_time=0.001),
+                     spot.Config(ship_modules=SHIP, local_capacity_failure=0.99, max_wait="3s",
+                                 local_seed=1))
+    with pytest.raises(spot.JobStopped, match=r"max_wait=3s reached.*regions tried: local"):
+        job.result(timeout=120)
+    assert job.status == "stopped"
+    assert not [e for e in job.events if e["kind"] == "allocated"]
+
+
+def test_relaunches_without_net_progress_are_reported_then_stopped() -> None:
+    kill_early = [{"step": 3, "phase": "step"}] * 8   # every instance dies before its first save
+    job = spot.train(functools.partial(jobfns.slow_steps, steps=400, step_time=0.01),
+                     spot.Config(ship_modules=SHIP, checkpoint="static:100", local_schedule=kill_early,
+                                 max_stalled_relaunches=4))
+    with pytest.raises(spot.JobStopped, match=r"no net progress.*max_stalled_relaunches=4"):
+        job.result(timeout=240)
+    warnings = [e for e in job.events if e["kind"] == "warning" and "no net progress" in e["message"]]
+    assert warnings and warnings[0]["stalled"] == 3
+    assert len([e for e in job.events if e["kind"] == "allocated"]) == 4
+
+
+# -- a vanished store ---------------------------------------------------------------------------
+def test_a_job_whose_directory_vanished_is_lost_not_running(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
+    job = spot.train(functools.partial(jobfns.slow_steps, steps=2000, step_time=0.02),
+                     spot.Config(ship_modules=SHIP, checkpoint="static:20"))
+    _wait_progress(job, 10)
+    db = JobDB()
+    agent = next(e for e in job.events if e["kind"] == "allocated")["info"]["pid"]
+    killed = db.lease(job.id)["pid"]
+    os.kill(killed, signal.SIGKILL)
+    os.kill(agent, signal.SIGKILL)        # nothing writes to the store any more
+    _wait(lambda: not db.controller_alive(job.id), 60, "the killed controller's lease never ran out")
+    import shutil
+    shutil.rmtree(job.store.job(job.id))
+    log = Path(os.environ["SPOTNB_HOME"]) / "logs" / job.id / "controller.log"
+    size = log.stat().st_size
+    rows = {r["id"]: r for r in spot.jobs()}
+    assert rows[job.id]["status"] == "lost" and "no longer exists" in rows[job.id]["status_reason"]
+    assert db.job(job.id)["status"] == "lost"          # remembered: the next call spawns nothing
+    spot.jobs()
+    assert db.lease(job.id)["pid"] == killed and log.stat().st_size == size, "a controller was spawned"
+    again = spot.attach(job.id)
+    assert again.status == "lost" and again.done
+    with pytest.raises(spot.JobFailed, match="lost"):
+        again.result(timeout=5)
+    assert job.wait(60) and job.status == "lost"       # the original handle learns it too
+    assert cli(["stop", job.id]) == 0
+    assert "lost" in capsys.readouterr().out
+    assert JobViews(db).detail(job.id)["job"]["status"] == "lost"
+
+
+# -- a store full for a few seconds -------------------------------------------------------------
+def test_a_store_full_for_a_few_seconds_does_not_end_the_job(monkeypatch) -> None:
+    """The controller's event writes fail with ENOSPC for 3 s around a preemption (the store's
+    disk full while the agent's checkpoint took the space): it keeps the events and retries."""
+    import errno
+
+    from spotnb.store import Store
+    full_until = [0.0]
+    real = Store.write_bytes
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        if "-ctl-" in path and time.time() < full_until[0]:
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        real(self, path, data)
+
+    monkeypatch.setattr(Store, "write_bytes", write_bytes)
+    job = spot.train(functools.partial(jobfns.slow_steps, steps=120, step_time=0.02),
+                     spot.Config(ship_modules=SHIP, checkpoint="static:20",
+                                 local_schedule=[{"step": 40, "phase": "step"}]),
+                     detach=False)                  # the controller runs in this process
+    _wait_progress(job, 35)
+    full_until[0] = time.time() + 3.0               # the kill at step 40 lands in the window
+    assert job.result(timeout=180) == 120
+    assert job.breakdown().preemptions == 1
+    kinds = [e["kind"] for e in job.events]
+    assert "error" not in kinds and kinds.count("preempted") == 1
