@@ -208,7 +208,8 @@ def test_a_job_whose_directory_vanished_is_lost_not_running(monkeypatch, capsys)
     assert job.wait(60) and job.status == "lost"       # the original handle learns it too
     assert cli(["stop", job.id]) == 0
     assert "lost" in capsys.readouterr().out
-    assert JobViews(db).detail(job.id)["job"]["status"] == "lost"
+    detail = JobViews(db).detail(job.id)
+    assert detail["job"]["status"] == detail["status"] == "lost" and detail["status_reason"]
 
 
 # -- a store full for a few seconds -------------------------------------------------------------
