@@ -133,7 +133,7 @@ class Controller:
         """Another controller holds the job now: stop, and write nothing more."""
         self._lease_lost.set()
         self._stop.set()
-        dropped = sum(w.discard() for w in self._writers.values())
+        dropped = sum(w.discard() for w in list(self._writers.values()))
         if dropped:
             log.warning("job %s: lease lost; %d unwritten event(s) dropped", self.job.id, dropped)
 
