@@ -218,8 +218,8 @@ class Controller:
             # first, so readers know the fence before any late write of the predecessor
             self.emit("controller_restarted", owner=self.owner,
                       previous_expiry=lease["previous_expiry"])
-        for folder in ("", "events", "incarnations"):  # temp files of writes that died
-            self.store.clean_temp(self.store.job(self.job.id, folder) if folder else self.store.job(self.job.id))
+        for folder in ((), ("events",), ("incarnations",)):  # temp files of writes that died
+            self.store.clean_temp(self.store.job(self.job.id, *folder))
         threading.Thread(target=self._keep_lease, name="spotnb-lease", daemon=True).start()
         try:
             self._run()
