@@ -74,12 +74,35 @@ def cmd_stop(args: argparse.Namespace) -> int:
         print(f"job {job.id} already {job.status}")
         return 0
     job.stop(wait=not args.no_wait, timeout=args.timeout)
+    if not args.no_wait and not job.done and not _controller_alive(job.id):
+        _end_without_controller(job)
     print(f"job {job.id}: {job.status}")
     if args.no_wait or job.done:
         return 0
-    print(f"spotnb stop: job {job.id} did not end within {args.timeout:g} s; its controller "
-          f"may not be running (see {_controller_log(job.id)})", file=sys.stderr)
+    print(f"spotnb stop: job {job.id} did not end within {args.timeout:g} s (its controller is "
+          f"alive; see {_controller_log(job.id)})", file=sys.stderr)
     return 1
+
+
+def _controller_alive(job_id: str) -> bool:
+    from spotnb.jobdb import JobDB
+    return JobDB().controller_alive(job_id)
+
+
+def _end_without_controller(job: Any) -> None:
+    """A job whose controller cannot run (it crashes at start) would show `running` forever:
+    record the stop in its log and the job DB ourselves. Its instance, if one is left, is
+    beyond reach without the controller: say so."""
+    from spotnb.events import EventWriter
+    from spotnb.jobdb import JobDB
+    reason = ("stopped by `spotnb stop` while no controller could run it (see "
+              f"{_controller_log(job.id)}); an instance it left may still run: `spotnb gc`")
+    writer = EventWriter(job.store, job.id, 0, "stop")
+    writer.emit("stopped", reason=reason)
+    writer.emit("status", status="stopped", reason=reason)
+    writer.flush()
+    JobDB().update_job(job.id, status="stopped", burn_rate=0.0)
+    job.wait(30)  # the follower reads the end back
 
 
 def _controller_log(job_id: str) -> str:

@@ -133,7 +133,7 @@ class Controller:
         """Another controller holds the job now: stop, and write nothing more."""
         self._lease_lost.set()
         self._stop.set()
-        dropped = sum(w.discard() for w in self._writers.values())
+        dropped = sum(w.discard() for w in list(self._writers.values()))
         if dropped:
             log.warning("job %s: lease lost; %d unwritten event(s) dropped", self.job.id, dropped)
 
@@ -218,8 +218,8 @@ class Controller:
             # first, so readers know the fence before any late write of the predecessor
             self.emit("controller_restarted", owner=self.owner,
                       previous_expiry=lease["previous_expiry"])
-        for folder in ("", "events", "incarnations"):  # temp files of writes that died
-            self.store.clean_temp(self.store.job(self.job.id, folder) if folder else self.store.job(self.job.id))
+        for folder in ((), ("events",), ("incarnations",)):  # temp files of writes that died
+            self.store.clean_temp(self.store.job(self.job.id, *folder))
         threading.Thread(target=self._keep_lease, name="spotnb-lease", daemon=True).start()
         try:
             self._run()

@@ -23,6 +23,12 @@ An event is a dict with `t` (unix seconds), `kind`, `incarnation` and kind-speci
     stopped       reason
     files         count, written, workdir          the agent laid out Config.files
     job_resumed   from_status, new_fn, changed, config   spot.resume continued a failed/stopped job
+    controller_restarted  owner, gen, previous_expiry   a new controller took the job over
+    warning       message (e.g. no net progress: `stalled` instances in a row without a save)
+
+Every event a controller writes carries `gen`, its lease generation: a reader drops those of
+an older generation stamped after a newer one's `previous_expiry` (see EventReader._fenced).
+A job whose store vanished is `lost`; only the job DB can say so (no event can be written).
 
 Writers buffer and flush; readers tail. Nothing here imports the runtime or the notebook side.
 """

@@ -153,7 +153,9 @@ class JobDB:
         """Extend a lease this owner holds as `generation`; returns the new expiry, or None if
         the lease is no longer this owner's generation (another controller took the job)."""
         now = time.time()
-        with self._lock, self._connect() as con:
+        # wait for the DB lock a fraction of the TTL only: a renewal stuck behind a busy DB for
+        # longer than the lease is worth less than a quick retry (the caller retries)
+        with self._lock, self._connect(timeout=max(1.0, min(30.0, ttl / 4))) as con:
             con.execute("BEGIN IMMEDIATE")
             ok = con.execute(
                 "SELECT 1 FROM leases l JOIN lease_generations g ON g.job_id = l.job_id "

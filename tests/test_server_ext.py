@@ -231,6 +231,20 @@ def test_jobs_route_with_the_token(server: dict[str, Any]) -> None:
     assert status == 404
 
 
+def test_an_ambiguous_id_prefix_is_a_400_listing_the_matches(server: dict[str, Any]) -> None:
+    db = JobDB(Path(server["home"]) / "jobs.db")
+    for job_id in ("amb-0001", "amb-0002", "x_y", "xzy"):
+        db.add_job(job_id, name=None, provider="local", region=None, instance_type="cpu",
+                   store="file:///nonexistent")
+    for method, path in (("GET", "amb-"), ("POST", "amb-/stop")):
+        status, data = request(f"{server['url']}/spotnb/api/jobs/{path}", server["token"], method)
+        assert status == 400, data
+        assert sorted(data["matches"]) == ["amb-0001", "amb-0002"]
+        assert "ambiguous" in data["message"]
+    status, data = request(f"{server['url']}/spotnb/api/jobs/x_", server["token"])
+    assert status == 200 and data["job"]["id"] == "x_y"   # `_` is no wildcard: xzy is no match
+
+
 def test_a_live_job_through_the_api_then_stop_it(server: dict[str, Any], tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)

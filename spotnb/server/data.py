@@ -172,6 +172,8 @@ class JobViews:
             out.update(self._summary(entry))
             if figures:
                 out["figures"] = self._figures(entry)
+        if row.get("status") == "lost":  # the store is gone: only the job DB remembers it
+            out.update(status="lost", status_reason=row.get("status_reason"))
         return _clean(out)
 
     @staticmethod

@@ -208,7 +208,8 @@ def test_a_job_whose_directory_vanished_is_lost_not_running(monkeypatch, capsys)
     assert job.wait(60) and job.status == "lost"       # the original handle learns it too
     assert cli(["stop", job.id]) == 0
     assert "lost" in capsys.readouterr().out
-    assert JobViews(db).detail(job.id)["job"]["status"] == "lost"
+    detail = JobViews(db).detail(job.id)
+    assert detail["job"]["status"] == detail["status"] == "lost" and detail["status_reason"]
 
 
 # -- a store full for a few seconds -------------------------------------------------------------
@@ -237,3 +238,27 @@ def test_a_store_full_for_a_few_seconds_does_not_end_the_job(monkeypatch) -> Non
     assert job.breakdown().preemptions == 1
     kinds = [e["kind"] for e in job.events]
     assert "error" not in kinds and kinds.count("preempted") == 1
+
+
+def test_spotnb_stop_ends_a_job_whose_controller_cannot_run(capsys) -> None:
+    """A job whose controller crashes at every start (here: its store lost the files a
+    controller needs) still stops: `spotnb stop` records it and exits 0 with `stopped`."""
+    from spotnb.events import EventWriter
+    from spotnb.store import Store
+    config = spot.Config()
+    store, db, job_id = Store(config.store_url()), JobDB(), "job-no-controller"
+    db.add_job(job_id, name=None, provider="local", region=None, instance_type=config.instance_type,
+               store=store.url)
+    api = EventWriter(store, job_id, 0, "api")
+    api.emit("submitted", name=None)
+    api.emit("status", status="running")
+    api.flush()
+    store.write_bytes(store.job(job_id, "spec.json"), b"{}")
+    assert cli(["stop", job_id, "--timeout", "5"]) == 0
+    assert f"job {job_id}: stopped" in capsys.readouterr().out
+    assert db.job(job_id)["status"] == "stopped"
+    again = spot.Job(job_id, store)
+    again.follow()
+    assert again.wait(30) and again.status == "stopped"
+    with pytest.raises(spot.JobStopped, match="no controller could run it"):
+        again.result()
