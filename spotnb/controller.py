@@ -7,6 +7,7 @@ learns everything, its own status included, by reading that log back.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -46,6 +47,13 @@ FLUSH_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
 STALL_WARN = 3            # instances in a row without a new checkpoint before the feed says so
 
 log = logging.getLogger("spotnb.controller")
+
+
+def _store_refuses(exc: BaseException) -> bool:
+    """Whether `exc` is the store refusing a write for good (not a bug in spotnb)."""
+    return isinstance(exc, OSError) and (
+        isinstance(exc, PermissionError)
+        or exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT))
 
 
 class LeaseLost(Exception):
@@ -232,6 +240,9 @@ class Controller:
             print(tb, file=sys.stderr)
             if self._lease_lost.is_set():
                 return  # not ours to end any more
+            if _store_refuses(exc):
+                self._store_refused(exc)  # no event can say so: the job DB must
+                return
             self.emit("error", message=f"controller error: {exc!r}", exc_type=type(exc).__name__,
                       traceback=tb)
             try:
@@ -244,6 +255,20 @@ class Controller:
                 self.provider.close()
                 self.pump()
                 self.db.release_lease(self.job.id, self.owner)
+
+    def _store_refused(self, exc: BaseException) -> None:
+        """The store refused every write for the whole backoff (read-only, permissions, full):
+        nothing more can be recorded there, so the job ends here (the instance is ended by
+        `provider.close()` on the way out) and the job DB, which `Job`, the CLI, the panel and
+        `jobs()` read, says what happened and what to do; `jobs()` then starts no controller
+        for it again."""
+        reason = (f"its store refuses writes ({type(exc).__name__}: {exc}), so nothing more could "
+                  "be recorded: the controller ended its instance and stopped. Make the store "
+                  "writable again (free space, remount read-write, fix permissions), then submit "
+                  "the job again")
+        log.error("job %s: %s", self.job.id, reason)
+        self.db.update_job(self.job.id, status="lost", status_reason=reason, burn_rate=0.0)
+        self.job._mark_lost(reason)
 
     def _run(self) -> None:
         recovered = self._recover()

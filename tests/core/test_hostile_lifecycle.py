@@ -262,3 +262,42 @@ def test_spotnb_stop_ends_a_job_whose_controller_cannot_run(capsys) -> None:
     assert again.wait(30) and again.status == "stopped"
     with pytest.raises(spot.JobStopped, match="no controller could run it"):
         again.result()
+
+
+# -- a store that turned read-only ---------------------------------------------------------------
+@pytest.fixture
+def tmpfs(tmp_path: Path):
+    """A real filesystem that can be remounted read-only (needs root, as CI runs here)."""
+    import subprocess
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs",
+                                            str(mnt)], capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_store_that_turned_read_only_ends_the_job_saying_so(tmpfs: Path, capsys) -> None:
+    import subprocess
+    job = spot.train(functools.partial(jobfns.slow_steps, steps=100000, step_time=0.01),
+                     spot.Config(ship_modules=SHIP, store=(tmpfs / "store").as_uri(),
+                                 checkpoint="static:50", heartbeat_timeout="3s"))
+    _wait_progress(job, 10)
+    agent = next(e for e in job.events if e["kind"] == "allocated")["info"]["pid"]
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    db = JobDB()
+    _wait(lambda: db.job(job.id)["status"] == "lost", 240, "the job DB never said the store refuses writes")
+    reason = db.job(job.id)["status_reason"]
+    assert "refuses writes" in reason and "writable" in reason       # what happened, what to do
+    assert job.wait(60) and job.status == "lost"                     # the notebook's handle ends
+    with pytest.raises(spot.JobFailed, match="refuses writes"):
+        job.result(timeout=5)
+    _wait(lambda: not os.path.exists(f"/proc/{agent}") or
+          open(f"/proc/{agent}/stat").read().split(")")[-1].split()[0] == "Z", 30,
+          "the instance was left running on a store it cannot write")
+    log = Path(os.environ["SPOTNB_HOME"]) / "logs" / job.id / "controller.log"
+    size = log.stat().st_size
+    spot.jobs()                                      # no controller is started for it again
+    assert not db.controller_alive(job.id) and log.stat().st_size == size
+    assert cli(["show", job.id]) == 0 and "refuses writes" in capsys.readouterr().out
