@@ -214,13 +214,20 @@ class Controller:
         self._main()
 
     # -- main loop -----------------------------------------------------------------------------
-    def _main(self) -> None:
+    def _take_lease(self) -> dict[str, Any] | None:
+        """Take the job's lease (a new generation); None if a live controller holds it. Every
+        write after this is fenced by that generation (see `_fence`)."""
         taken = time.time()
         lease = self.db.take_lease(self.job.id, self.owner, os.getpid(), LEASE_TTL)
+        if lease is not None:
+            self.generation, self._lease_until = lease["generation"], taken + LEASE_TTL
+        return lease
+
+    def _main(self) -> None:
+        lease = self._take_lease()
         if lease is None:
             print(f"spotnb: job {self.job.id} already has a live controller", file=sys.stderr)
             return
-        self.generation, self._lease_until = lease["generation"], taken + LEASE_TTL
         self._thread_alive = True
         if lease["previous_expiry"] is not None:
             # first, so readers know the fence before any late write of the predecessor
