@@ -5,6 +5,7 @@ import pytest
 
 import spotnb as spot
 from tests.core import jobfns
+from tests.core.helpers import Recorder
 
 SHIP = ["tests.core.jobfns"]
 
@@ -28,3 +29,14 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[tupl
         mp.undo()
 
 
+
+
+@pytest.fixture
+def ckpt(store_url: str):
+    """A real checkpointer on a real directory store, with its events recorded."""
+    from spotnb.runtime.checkpoint import Checkpointer
+    from spotnb.store import Store
+    rec = Recorder()
+    c = Checkpointer(Store(store_url), "job", 1, rec, keep_last=2)
+    yield c, rec
+    c.close()

@@ -3,38 +3,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
-from spotnb.runtime.checkpoint import Checkpointer
-from spotnb.store import Store
+from tests.core.helpers import ckpt_save, ckpt_state
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict]] = []
-
-    def __call__(self, kind: str, **fields) -> None:
-        self.events.append((kind, fields))
-
-    def kinds(self, kind: str) -> list[dict]:
-        return [f for k, f in self.events if k == kind]
-
-
-def _state(step: int) -> dict:
-    return {"step": step, "objects": {"w": torch.full((64, 64), float(step))}, "rng": {}, "user": {}}
-
-
-@pytest.fixture
-def ckpt(store_url: str):
-    rec = Recorder()
-    c = Checkpointer(Store(store_url), "job", 1, rec, keep_last=2)
-    yield c, rec
-    c.close()
-
-
-def _save(c: Checkpointer, step: int, kind: str = "periodic") -> None:
-    c.save_now(c.snapshot(_state(step), step, kind))
+_state, _save = ckpt_state, ckpt_save
 
 
 def test_restore_takes_the_newest_verified_checkpoint(ckpt) -> None:

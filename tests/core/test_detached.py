@@ -6,50 +6,26 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
-import torch
 
 import spotnb as spot
 from spotnb.jobdb import JobDB
 from tests.core import jobfns
+from tests.core.helpers import assert_matches_reference, wait_progress
 
 SHIP = ["tests.core.jobfns"]
 CONFIG = dict(checkpoint="static:20", ship_modules=SHIP, local_upload_bps=8e6,
               local_schedule=[{"step": 50, "phase": "step"}, {"step": 130, "phase": "upload"}])
 
 
-class _Until:
-    """A sink that signals once an event matches."""
-
-    def __init__(self, match) -> None:
-        self.match, self.hit = match, threading.Event()
-
-    def on_events(self, events: list[dict]) -> None:
-        if any(self.match(e) for e in events):
-            self.hit.set()
-
-
 def _assert_same_as_reference(job: spot.Job, reference) -> None:
-    ref_result, ref_losses = reference
-    result = job.result(timeout=300)
-    for name, tensor in ref_result["params"].items():
-        assert torch.equal(result["params"][name], tensor), name
-    ref = dict(ref_losses)
-    assert all(value == ref[step] for step, value in job.metrics["loss"])
+    assert_matches_reference(job, reference)
     # complete history: every incarnation that was allocated has ended, in order
     allocated = sorted(e["incarnation"] for e in job.events if e["kind"] == "allocated")
     ended = sorted(e["incarnation"] for e in job.events if e["kind"] in ("preempted", "exited"))
     assert allocated == ended == list(range(1, len(allocated) + 1))
     assert [e["kind"] for e in job.events].count("submitted") == 1
-
-
-def _wait_progress(job: spot.Job, step: int) -> None:
-    until = _Until(lambda e: e["kind"] == "progress" and e["step"] >= step)
-    job.add_sink(until)
-    assert until.hit.wait(120), f"job never reached step {step}"
-    job.remove_sink(until)
 
 
 def test_job_survives_a_sigkilled_kernel(reference, spotnb_home) -> None:
@@ -61,7 +37,7 @@ def test_job_survives_a_sigkilled_kernel(reference, spotnb_home) -> None:
         stdout=subprocess.PIPE, text=True, env={**os.environ, "SPOTNB_HOME": str(spotnb_home)})
     job_id = kernel.stdout.readline().strip()
     job = spot.attach(job_id)
-    _wait_progress(job, 70)
+    wait_progress(job, 70)
     kernel.send_signal(signal.SIGKILL)  # the "kernel" dies without any chance to clean up
     kernel.wait()
     _assert_same_as_reference(job, reference)
@@ -72,7 +48,7 @@ def test_a_sigkilled_controller_is_replaced(reference, monkeypatch) -> None:
     monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
     job = spot.train(__import__("functools").partial(jobfns.seeded_mlp, step_delay=0.03),
                      spot.Config(**CONFIG))
-    _wait_progress(job, 70)
+    wait_progress(job, 70)
     db = JobDB()
     lease = db.lease(job.id)
     assert lease is not None and lease["pid"] != os.getpid()
@@ -95,7 +71,7 @@ def test_two_controllers_never_drive_one_job(monkeypatch) -> None:
     from spotnb.api import start_controller
     job = spot.train(__import__("functools").partial(jobfns.slow_steps, steps=150, step_time=0.01),
                      spot.Config(ship_modules=SHIP))
-    _wait_progress(job, 10)
+    wait_progress(job, 10)
     owner = JobDB().lease(job.id)["owner"]
     start_controller(job.id, job.store.url)  # a second one gives up: the lease is held
     assert job.result(timeout=120) == 150

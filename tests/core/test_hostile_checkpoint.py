@@ -20,35 +20,17 @@ import spotnb as spot
 from spotnb.runtime.checkpoint import Checkpointer
 from spotnb.store import Store
 from tests.core import jobfns
+from tests.core.helpers import Recorder, ckpt_save, ckpt_state
 
 SHIP = ["tests.core.jobfns"]
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict]] = []
-
-    def __call__(self, kind: str, **fields: Any) -> None:
-        self.events.append((kind, fields))
-
-    def kinds(self, kind: str) -> list[dict]:
-        return [f for k, f in self.events if k == kind]
-
-
 def _state(step: int) -> dict:
-    return {"step": step, "objects": {"w": torch.full((16, 16), float(step))}, "rng": {}, "user": {}}
-
-
-@pytest.fixture
-def ckpt(store_url: str):
-    rec = Recorder()
-    c = Checkpointer(Store(store_url), "job", 1, rec, keep_last=2)
-    yield c, rec
-    c.close()
+    return ckpt_state(step, 16)
 
 
 def _save(c: Checkpointer, step: int, kind: str = "periodic") -> None:
-    c.save_now(c.snapshot(_state(step), step, kind))
+    ckpt_save(c, step, kind, 16)
 
 
 def _manifest_path(c: Checkpointer, seq: int) -> str:

@@ -7,12 +7,10 @@ import functools
 import os
 import signal
 import stat
-import threading
 import time
 from pathlib import Path
 
 import pytest
-import torch
 
 import spotnb as spot
 from spotnb.cli import main as cli
@@ -20,33 +18,10 @@ from spotnb.errors import SpotnbError
 from spotnb.jobdb import JobDB
 from spotnb.server.data import JobViews
 from tests.core import jobfns
+from tests.core.helpers import (Until, assert_matches_reference, running_job_in_store, wait_for,
+                                wait_progress)
 
 SHIP = ["tests.core.jobfns"]
-
-
-class _Until:
-    """A sink that signals once an event matches."""
-
-    def __init__(self, match) -> None:
-        self.match, self.hit = match, threading.Event()
-
-    def on_events(self, events: list[dict]) -> None:
-        if any(self.match(e) for e in events):
-            self.hit.set()
-
-
-def _wait_progress(job: spot.Job, step: int, timeout: float = 120) -> None:
-    until = _Until(lambda e: e["kind"] == "progress" and e["step"] >= step)
-    job.add_sink(until)
-    assert until.hit.wait(timeout), f"job never reached step {step}"
-    job.remove_sink(until)
-
-
-def _wait(cond, timeout: float, what: str) -> None:
-    deadline = time.time() + timeout
-    while not cond():
-        assert time.time() < deadline, what
-        time.sleep(0.05)
 
 
 # -- ids ------------------------------------------------------------------------------------
@@ -100,7 +75,7 @@ def test_a_leftover_temp_file_does_not_wedge_the_job(monkeypatch) -> None:
     monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
     job = spot.train(functools.partial(jobfns.slow_steps, steps=300, step_time=0.02),
                      spot.Config(ship_modules=SHIP, checkpoint="static:20"))
-    _wait_progress(job, 20)
+    wait_progress(job, 20)
     db = JobDB()
     os.kill(db.lease(job.id)["pid"], signal.SIGKILL)
     # what an interrupted write of the controller's next segment leaves behind
@@ -110,7 +85,7 @@ def test_a_leftover_temp_file_does_not_wedge_the_job(monkeypatch) -> None:
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     fresh = events / "0001-ctl-00000.jsonl.tmp-0f00dbad"   # as a live writer's would be
     fresh.write_bytes(b"")
-    _wait(lambda: not db.controller_alive(job.id), 60, "the killed controller's lease never ran out")
+    wait_for(lambda: not db.controller_alive(job.id), 60, "the killed controller's lease never ran out")
     again = spot.attach(job.id)            # starts a new controller, which must not crash
     assert again.result(timeout=180) == 300
     assert not [e for e in again.events if e["kind"] == "error"]
@@ -126,27 +101,22 @@ def test_a_paused_controller_does_not_fail_the_job_its_successor_drives(referenc
     monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
     job = spot.train(functools.partial(jobfns.seeded_mlp, step_delay=0.1),
                      spot.Config(checkpoint="static:20", ship_modules=SHIP))
-    _wait_progress(job, 25)
+    wait_progress(job, 25)
     db = JobDB()
     first = db.lease(job.id)
     os.kill(first["pid"], signal.SIGSTOP)
     try:
-        _wait(lambda: not db.controller_alive(job.id), 60, "the paused controller's lease never ran out")
+        wait_for(lambda: not db.controller_alive(job.id), 60, "the paused controller's lease never ran out")
         spot.jobs()                         # notices the stale lease and starts a second controller
-        _wait(lambda: (db.lease(job.id) or {}).get("owner") not in (None, first["owner"]), 60,
+        wait_for(lambda: (db.lease(job.id) or {}).get("owner") not in (None, first["owner"]), 60,
               "no second controller took the job")
-        restarted = _Until(lambda e: e["kind"] == "controller_restarted")
+        restarted = Until(lambda e: e["kind"] == "controller_restarted")
         job.add_sink(restarted)
         assert restarted.hit.wait(60), "the second controller never announced itself"
     finally:
         os.kill(first["pid"], signal.SIGCONT)
     # the first one wakes up while the second drives the job; it must notice and keep quiet
-    ref_result, ref_losses = reference
-    result = job.result(timeout=300)
-    for name, tensor in ref_result["params"].items():
-        assert torch.equal(result["params"][name], tensor), name
-    ref = dict(ref_losses)
-    assert all(value == ref[step] for step, value in job.metrics["loss"])
+    assert_matches_reference(job, reference)
     kinds = [(e["kind"], e.get("status") or e.get("reason")) for e in job.events]
     assert ("status", "failed") not in kinds and ("exited", "crashed") not in kinds, kinds
     assert not [e for e in job.events if e["kind"] == "error"]
@@ -185,13 +155,13 @@ def test_a_job_whose_directory_vanished_is_lost_not_running(monkeypatch, capsys)
     monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
     job = spot.train(functools.partial(jobfns.slow_steps, steps=2000, step_time=0.02),
                      spot.Config(ship_modules=SHIP, checkpoint="static:20"))
-    _wait_progress(job, 10)
+    wait_progress(job, 10)
     db = JobDB()
     agent = next(e for e in job.events if e["kind"] == "allocated")["info"]["pid"]
     killed = db.lease(job.id)["pid"]
     os.kill(killed, signal.SIGKILL)
     os.kill(agent, signal.SIGKILL)        # nothing writes to the store any more
-    _wait(lambda: not db.controller_alive(job.id), 60, "the killed controller's lease never ran out")
+    wait_for(lambda: not db.controller_alive(job.id), 60, "the killed controller's lease never ran out")
     import shutil
     shutil.rmtree(job.store.job(job.id))
     log = Path(os.environ["SPOTNB_HOME"]) / "logs" / job.id / "controller.log"
@@ -232,7 +202,7 @@ def test_a_store_full_for_a_few_seconds_does_not_end_the_job(monkeypatch) -> Non
                      spot.Config(ship_modules=SHIP, checkpoint="static:20",
                                  local_schedule=[{"step": 40, "phase": "step"}]),
                      detach=False)                  # the controller runs in this process
-    _wait_progress(job, 35)
+    wait_progress(job, 35)
     full_until[0] = time.time() + 3.0               # the kill at step 40 lands in the window
     assert job.result(timeout=180) == 120
     assert job.breakdown().preemptions == 1
@@ -240,19 +210,21 @@ def test_a_store_full_for_a_few_seconds_does_not_end_the_job(monkeypatch) -> Non
     assert "error" not in kinds and kinds.count("preempted") == 1
 
 
-def test_spotnb_stop_ends_a_job_whose_controller_cannot_run(capsys) -> None:
-    """A job whose controller crashes at every start (here: its store lost the files a
-    controller needs) still stops: `spotnb stop` records it and exits 0 with `stopped`."""
-    from spotnb.events import EventWriter
-    from spotnb.store import Store
-    config = spot.Config()
-    store, db, job_id = Store(config.store_url()), JobDB(), "job-no-controller"
-    db.add_job(job_id, name=None, provider="local", region=None, instance_type=config.instance_type,
-               store=store.url)
-    api = EventWriter(store, job_id, 0, "api")
-    api.emit("submitted", name=None)
-    api.emit("status", status="running")
-    api.flush()
+def test_spotnb_stop_ends_a_job_whose_controller_cannot_run(capsys, monkeypatch) -> None:
+    """A job whose controller crashes at every start (here: a process that exits at once in
+    its place, as a broken environment would; a bad spec no longer crashes it, it fails the
+    job) still stops: `spotnb stop` records it and exits 0 with `stopped`."""
+    import subprocess
+    import sys
+
+    import spotnb.api
+
+    def crashing_controller(job_id: str, store_url: str) -> int:
+        return subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"]).pid
+
+    monkeypatch.setattr(spotnb.api, "start_controller", crashing_controller)
+    job_id = "job-no-controller"
+    store, db, _ = running_job_in_store(job_id)
     store.write_bytes(store.job(job_id, "spec.json"), b"{}")
     assert cli(["stop", job_id, "--timeout", "5"]) == 0
     assert f"job {job_id}: stopped" in capsys.readouterr().out
@@ -283,17 +255,17 @@ def test_a_store_that_turned_read_only_ends_the_job_saying_so(tmpfs: Path, capsy
     job = spot.train(functools.partial(jobfns.slow_steps, steps=100000, step_time=0.01),
                      spot.Config(ship_modules=SHIP, store=(tmpfs / "store").as_uri(),
                                  checkpoint="static:50", heartbeat_timeout="3s"))
-    _wait_progress(job, 10)
+    wait_progress(job, 10)
     agent = next(e for e in job.events if e["kind"] == "allocated")["info"]["pid"]
     subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
     db = JobDB()
-    _wait(lambda: db.job(job.id)["status"] == "lost", 240, "the job DB never said the store refuses writes")
+    wait_for(lambda: db.job(job.id)["status"] == "lost", 240, "the job DB never said the store refuses writes")
     reason = db.job(job.id)["status_reason"]
     assert "refuses writes" in reason and "writable" in reason       # what happened, what to do
     assert job.wait(60) and job.status == "lost"                     # the notebook's handle ends
     with pytest.raises(spot.JobFailed, match="refuses writes"):
         job.result(timeout=5)
-    _wait(lambda: not os.path.exists(f"/proc/{agent}") or
+    wait_for(lambda: not os.path.exists(f"/proc/{agent}") or
           open(f"/proc/{agent}/stat").read().split(")")[-1].split()[0] == "Z", 30,
           "the instance was left running on a store it cannot write")
     log = Path(os.environ["SPOTNB_HOME"]) / "logs" / job.id / "controller.log"

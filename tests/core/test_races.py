@@ -15,7 +15,6 @@ import spotnb as spot
 from spotnb.controller import Controller
 from spotnb.events import EventWriter
 from spotnb.job import Job
-from spotnb.jobdb import JobDB
 from spotnb.policy import resolve_policy
 from spotnb.policy.base import SaveKind
 from spotnb.providers import get_provider_class
@@ -25,6 +24,7 @@ from spotnb.runtime.checkpoint import Checkpointer
 from spotnb.runtime.context import Context, Evacuate
 from spotnb.runtime.notice import Notice
 from spotnb.store import Store
+from tests.core.helpers import running_job_in_store
 
 
 class Events(list):
@@ -167,13 +167,8 @@ def test_a_restarted_controller_ends_a_job_its_predecessor_had_finished(reason, 
     """The controller died after recording how the last instance ended, before the job's
     status: its successor must finish the job, not launch it again."""
     config = spot.Config()
-    store, db, job_id = Store(config.store_url()), JobDB(), f"job-{reason}"
-    db.add_job(job_id, name=None, provider="local", region=None, instance_type=config.instance_type,
-               store=store.url)
-    api = EventWriter(store, job_id, 0, "api")
-    api.emit("submitted", name=None)
-    api.emit("status", status="running")
-    api.flush()
+    job_id = f"job-{reason}"
+    store, db, api = running_job_in_store(job_id)
     ctl = EventWriter(store, job_id, 1, "ctl")
     ctl.emit("allocating", region="local", attempt=1)
     ctl.emit("allocated", instance_id="local-gone", region="local", instance_type="g4dn.xlarge",

@@ -1,0 +1,87 @@
+"""Helpers the core tests share: waiting on a live job's events, recording a checkpointer's
+events, and a job that exists only in the store and the job DB (no controller, no instance)."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+
+import spotnb as spot
+
+
+class Until:
+    """A sink that signals once an event matches."""
+
+    def __init__(self, match: Callable[[dict], bool]) -> None:
+        self.match, self.hit = match, threading.Event()
+
+    def on_events(self, events: list[dict]) -> None:
+        if any(self.match(e) for e in events):
+            self.hit.set()
+
+
+def wait_progress(job: spot.Job, step: int, timeout: float = 120) -> None:
+    """Block until the job reported progress at or past `step` (an event, not a clock)."""
+    until = Until(lambda e: e["kind"] == "progress" and e["step"] >= step)
+    job.add_sink(until)
+    assert until.hit.wait(timeout), f"job never reached step {step}"
+    job.remove_sink(until)
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, what
+        time.sleep(0.05)
+
+
+class Recorder:
+    """Stands in for the agent's `emit`: keeps the checkpointer's events."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict]] = []
+
+    def __call__(self, kind: str, **fields: Any) -> None:
+        self.events.append((kind, fields))
+
+    def kinds(self, kind: str) -> list[dict]:
+        return [f for k, f in self.events if k == kind]
+
+
+def ckpt_state(step: int, size: int = 64) -> dict:
+    return {"step": step, "objects": {"w": torch.full((size, size), float(step))}, "rng": {},
+            "user": {}}
+
+
+def ckpt_save(c: Any, step: int, kind: str = "periodic", size: int = 64) -> None:
+    c.save_now(c.snapshot(ckpt_state(step, size), step, kind))
+
+
+def running_job_in_store(job_id: str) -> tuple[Any, Any, Any]:
+    """A job the store and the job DB say is running, with no controller and no instance:
+    (store, db, the api EventWriter, flushed)."""
+    from spotnb.events import EventWriter
+    from spotnb.jobdb import JobDB
+    from spotnb.store import Store
+    config = spot.Config()
+    store, db = Store(config.store_url()), JobDB()
+    db.add_job(job_id, name=None, provider="local", region=None, instance_type=config.instance_type,
+               store=store.url)
+    api = EventWriter(store, job_id, 0, "api")
+    api.emit("submitted", name=None)
+    api.emit("status", status="running")
+    api.flush()
+    return store, db, api
+
+
+def assert_matches_reference(job: spot.Job, reference: Any, timeout: float = 300) -> Any:
+    """The job's result and every logged loss equal the uninterrupted run's, bit for bit."""
+    ref_result, ref_losses = reference
+    result = job.result(timeout=timeout)
+    for name, tensor in ref_result["params"].items():
+        assert torch.equal(result["params"][name], tensor), name
+    ref = dict(ref_losses)
+    assert all(value == ref[step] for step, value in job.metrics["loss"])
+    return result
