@@ -10,6 +10,7 @@ import difflib
 import math
 import os
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any, Literal
 
@@ -240,6 +241,16 @@ class Config(BaseModel):
         return _bounded(v, 0.01, 60.0, "a notice gives 30 s to 2 min of warning, and a poll this "
                         "rare would miss it (AWS suggests 5 s, Azure 1 s)")
 
+    @field_validator("save_every", "keep_last", "max_preemptions", "max_retries",
+                     "max_stalled_relaunches", "local_seed", "aws_disk_gb", "azure_disk_gb",
+                     "gcp_accelerator_count", "gcp_disk_gb", mode="before")
+    @classmethod
+    def _no_bool(cls, v: Any) -> Any:
+        """A bool where a count belongs is a slip (True would silently mean 1): refuse it."""
+        if isinstance(v, bool):
+            raise ValueError(f"got {v!r}; give a whole number")
+        return v
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
@@ -247,10 +258,12 @@ class Config(BaseModel):
             return v
         if len(v) > MAX_NAME:
             raise ValueError(f"{len(v)} characters is too long a label; use at most {MAX_NAME}")
-        bad = sorted({repr(c) for c in v if ord(c) < 32 or ord(c) == 127})
+        # Cc: C0/C1 controls (U+009B is an 8-bit terminal escape), Cf: format characters
+        # (bidi overrides reverse what a terminal shows), Zl/Zp: line/paragraph separators
+        bad = sorted({repr(c) for c in v if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")})
         if bad:
-            raise ValueError(f"contains control characters ({', '.join(bad)}), which would garble "
-                             "lists, logs and cloud tags; use printable text")
+            raise ValueError(f"contains control characters or format marks ({', '.join(bad)}), which "
+                             "would garble or disguise lists, logs and cloud tags; use printable text")
         return v
 
     @field_validator("requirements")
@@ -303,7 +316,7 @@ class Config(BaseModel):
                 if bad:
                     raise ValueError(f"schedule entry keys are step, phase, notice, after; got {sorted(bad)}")
                 if "step" in item:
-                    if not isinstance(item["step"], int) or item["step"] < 0:
+                    if not _is_int(item["step"]) or item["step"] < 0:
                         raise ValueError(f"schedule 'step' must be a non-negative int, got {item['step']!r}")
                     phase = item.get("phase", "step")
                     if phase not in ("step", "save", "upload", "commit", "restore"):
@@ -412,6 +425,10 @@ def _check_store(url: str) -> None:
         raise ValueError(f"{url!r} is relative (file://{rest.split('/')[0]} names a host, not a "
                          f"folder); write an absolute path with three slashes: "
                          f"file://{os.path.abspath(rest)}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _has_userinfo(text: str) -> bool:

@@ -44,6 +44,7 @@ LEASE_TTL = float(os.environ.get("SPOTNB_LEASE_TTL", "10"))
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 # a store that refuses writes for a while (full disk): retry a flush this often, events kept
 FLUSH_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
+IDENTITY_CHECK = 2.0      # seconds between looks for the job's spec (local; scaled for remote)
 STALL_WARN = 3            # instances in a row without a new checkpoint before the feed says so
 
 log = logging.getLogger("spotnb.controller")
@@ -54,6 +55,10 @@ def _store_refuses(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and (
         isinstance(exc, PermissionError)
         or exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT))
+
+
+class JobDirectoryDeleted(Exception):
+    """The job's directory vanished from the store while the job ran."""
 
 
 class LeaseLost(Exception):
@@ -74,6 +79,12 @@ class Controller:
         self._stop = threading.Event()
         self._stop_reason = "stop requested"
         self._stop_checked = 0.0
+        # the job's spec, if it had one when this controller started: its disappearance while
+        # the job runs means the job directory was deleted (the agent's writes would recreate
+        # the folder, but not the spec)
+        spec = self.store.job(job.id, "spec.json")
+        self._spec_path = spec if self.store.exists(spec) else None
+        self._identity_checked = time.time()
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._lease_lost = threading.Event()
         self.generation = 0             # lease generation this controller holds (0: none yet)
@@ -188,7 +199,23 @@ class Controller:
             if self.store.exists(self.store.job(self.job.id, "STOP")):
                 self._stop_reason = "stop requested"
                 self._stop.set()
+        if self._spec_path and now - self._identity_checked >= IDENTITY_CHECK * self.store.poll_interval / 0.1:
+            self._identity_checked = now
+            if not self.store.exists(self._spec_path):
+                self._directory_deleted()
         return self._stop.is_set()
+
+    def _directory_deleted(self) -> None:
+        """The job directory was deleted under the running job: end it as lost (job DB only;
+        a write now would recreate a directory nobody can attach to) and stop at once; the
+        instance is ended on the way out (`provider.close()`)."""
+        reason = (f"its job directory {self.store.job(self.job.id)} was deleted while it ran "
+                  "(spec.json is gone), so it could not go on; the instance was ended. Submit it "
+                  "again")
+        self.db.update_job(self.job.id, status="lost", status_reason=reason, burn_rate=0.0)
+        self.job._mark_lost(reason)
+        log.error("job %s is lost: %s", self.job.id, reason)
+        raise JobDirectoryDeleted(reason)
 
     def _keep_lease(self) -> None:
         """Renew the lease in the job DB; if another controller holds it, stop driving.
@@ -242,6 +269,8 @@ class Controller:
             self._lose_lease()
             print(f"spotnb: another controller took job {self.job.id} over", file=sys.stderr)
             return
+        except JobDirectoryDeleted:
+            return  # recorded in the job DB; nothing may be written to the store
         except BaseException as exc:  # noqa: BLE001 - a controller bug must end the job visibly
             tb = traceback.format_exc()
             print(tb, file=sys.stderr)
@@ -473,7 +502,11 @@ class Controller:
 
     def _write_end_marker(self, n: int, reason: str) -> None:
         self._fence()
-        marker = {"high_water": self._high_water, "reason": reason, "t": time.time()}
+        # `checkpointed`: whether any checkpoint was ever committed, so that a successor that
+        # finds none can tell "all were lost" (worth a warning) from "none was made yet"
+        checkpointed = any(e.get("kind") == "checkpoint" for e in self.job.events)
+        marker = {"high_water": self._high_water, "checkpointed": checkpointed, "reason": reason,
+                  "t": time.time()}
         self.store.write_bytes(self.store.job(self.job.id, "incarnations", f"{n:04d}.end"),
                                json.dumps(marker).encode())
 

@@ -160,7 +160,9 @@ class Agent:
                                    f"after {WAIT_FOR_PREVIOUS:.0f} s); its controller may have died")
             time.sleep(0.05 if self.store.local else 1.0)
             self.store.invalidate()
-        self.inc["high_water"] = json.loads(self.store.read_bytes(marker)).get("high_water", 0)
+        ended = json.loads(self.store.read_bytes(marker))
+        self.inc["high_water"] = ended.get("high_water", 0)
+        self.inc["checkpointed"] = bool(ended.get("checkpointed", True))
 
     def run(self) -> int:
         import cloudpickle
@@ -211,7 +213,8 @@ class Agent:
                                  checkpointer=checkpointer, policy=policy, emit=self.emit,
                                  flush=self.flush, beacon=beacon, market=market,
                                  save_every=self.spec.get("save_every"),
-                                 high_water=int(self.inc.get("high_water", 0)))
+                                 high_water=int(self.inc.get("high_water", 0)),
+                                 checkpointed=bool(self.inc.get("checkpointed", False)))
         if notice_cfg.get("format"):
             def on_notice(notice: Any) -> None:
                 self.emit("notice", deadline=notice.deadline, source=notice.source,

@@ -55,7 +55,8 @@ class Context:
 
     def __init__(self, *, job_id: str, incarnation: int, checkpointer: Checkpointer,
                  policy: Policy, emit: Any, flush: Any, beacon: Beacon, market: dict[str, float],
-                 save_every: int | None = None, high_water: int = 0, acknowledge: Any = None) -> None:
+                 save_every: int | None = None, high_water: int = 0, acknowledge: Any = None,
+                 checkpointed: bool = False) -> None:
         self.job_id = job_id
         self.incarnation = incarnation
         self.resumed_from: int | None = None
@@ -71,6 +72,7 @@ class Context:
         self._market = market                    # mttp, restart, grace
         self._save_every = save_every
         self._high_water = high_water            # highest step any earlier incarnation reported
+        self._checkpointed = checkpointed        # an earlier incarnation committed a checkpoint
         self._acknowledge = acknowledge
         self._step = 0
         self._restored = False
@@ -122,7 +124,7 @@ class Context:
         finally:
             self._beacon.set_phase(Phase.IDLE)
         if found is None:
-            if self._high_water > 0:
+            if self._high_water > 0 and self._checkpointed:
                 # an earlier incarnation got this far, yet nothing restores: say so, loudly
                 self._emit("warning", message=f"no checkpoint could be restored although an earlier "
                            f"instance reached step {self._high_water}: every checkpoint is missing "
