@@ -53,9 +53,11 @@ def _wait_for(job: spot.Job, predicate: Any, what: str, timeout: float = 120) ->
     raise AssertionError(f"never saw {what}; events: {[e['kind'] for e in job.events]}")
 
 
-def gated(ctx: Any, gate: str, at: int, steps: int = 60) -> float:
+def gated(ctx: Any, gate: str, at: int, steps: int = 60, first_at: int | None = None) -> float:
     """Deterministic training that, in its first incarnation, waits at step `at` until the
-    test has done its tampering (a hand-shake, not a timing guess)."""
+    test has done its tampering (a hand-shake, not a timing guess); with `first_at`, also at
+    that step until `gate + ".first"` exists (so that an earlier checkpoint commits first: on a
+    busy box the writer may otherwise supersede every snapshot but the newest)."""
     import torch
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
@@ -64,10 +66,11 @@ def gated(ctx: Any, gate: str, at: int, steps: int = 60) -> float:
         with torch.no_grad():
             model.weight.mul_(0.99).add_(0.01 * step)
         ctx.log(w=float(model.weight.sum()))
-        if ctx.incarnation == 1 and step == at:
-            deadline = time.monotonic() + 120
-            while not os.path.exists(gate) and time.monotonic() < deadline:
-                time.sleep(0.02)
+        for wait_at, path in ((first_at, gate + ".first"), (at, gate)):
+            if ctx.incarnation == 1 and step == wait_at:
+                deadline = time.monotonic() + 120
+                while not os.path.exists(path) and time.monotonic() < deadline:
+                    time.sleep(0.02)
     return float(model.weight.sum())
 
 
@@ -120,9 +123,12 @@ def test_a_forged_function_is_refused_at_relaunch(tmp_path: Path) -> None:
 
 def test_a_swapped_checkpoint_is_never_loaded_and_restore_falls_back(tmp_path: Path) -> None:
     marker, gate = tmp_path / "pwned-ckpt", tmp_path / "gate"
-    fn = functools.partial(gated, gate=str(gate), at=35, steps=60)
+    fn = functools.partial(gated, gate=str(gate), at=35, steps=60, first_at=25)
     job = spot.train(fn, spot.Config(ship_modules=SHIP, checkpoint="static:10",
                                      local_schedule=[{"step": 38, "phase": "step"}]))
+    _wait_for(job, lambda e: e["kind"] == "checkpoint" and e["step"] <= 20,
+              "a checkpoint before step 25")
+    Path(str(gate) + ".first").touch()
     newest = _wait_for(job, lambda e: e["kind"] == "checkpoint" and e["step"] == 30,
                        "the checkpoint at step 30")
     # the attacker replaces the state and rewrites the manifest to match its size and hash
