@@ -44,7 +44,7 @@ from typing import Any, Iterable, Protocol
 
 from spotnb.store import Store
 
-__all__ = ["EventWriter", "EventReader", "EventSink", "Event", "SEGMENT_BYTES", "as_metric"]
+__all__ = ["EventWriter", "EventReader", "EventSink", "Event", "SEGMENT_BYTES", "as_metric", "json_safe"]
 
 log = logging.getLogger("spotnb.events")
 
@@ -65,17 +65,18 @@ def _dumps(event: Event) -> bytes:
     try:
         text = json.dumps(event, separators=(",", ":"), default=str, allow_nan=False)
     except ValueError:
-        text = json.dumps(_finite(event), separators=(",", ":"), default=str, allow_nan=False)
+        text = json.dumps(json_safe(event), separators=(",", ":"), default=str, allow_nan=False)
     return (text + "\n").encode()
 
 
-def _finite(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
+    """`obj` with NaN and infinities as null (the browser's JSON.parse rejects them)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 

@@ -15,10 +15,11 @@ the categories add up to the total:
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
+
+from spotnb.events import as_metric
 
 __all__ = ["Breakdown", "breakdown", "CATEGORIES"]
 
@@ -164,13 +165,7 @@ def breakdown(events: Iterable[dict[str, Any]], now: float | None = None) -> Bre
 def _num(value: Any) -> float:
     """A finite float from an event field, 0.0 for anything else: a corrupt or odd log must
     not stop the breakdown that the widget, the CLI and the controller all compute."""
-    if isinstance(value, (int, float)):
-        try:
-            number = float(value)
-        except OverflowError:
-            return 0.0
-        return number if math.isfinite(number) else 0.0
-    return 0.0
+    return as_metric(value) or 0.0
 
 
 def _sweep(intervals: list[tuple[float, float, str, int]], start: float,

@@ -8,7 +8,6 @@ it returns are already downsampled.
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 import time
@@ -16,7 +15,7 @@ from collections import Counter, OrderedDict
 from dataclasses import asdict
 from typing import Any
 
-from spotnb.events import EventReader
+from spotnb.events import EventReader, json_safe
 from spotnb.jobdb import JobDB
 from spotnb.store import Store
 from spotnb.widget.state import JobState
@@ -43,17 +42,6 @@ def pid_alive(pid: int | None) -> bool | None:
     except OSError:
         return None
     return True
-
-
-def _clean(obj: Any) -> Any:
-    """JSON-safe: NaN and infinities become null (the browser's JSON.parse rejects them)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
 
 
 def _controller_gone(db: JobDB, r: dict[str, Any], now: float) -> bool:
@@ -97,7 +85,7 @@ def list_payload(db: JobDB, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     rows = sorted((_row(r, now, db) for r in db.jobs()), key=_sort_key)
     running = [r for r in rows if r["active"] and r["status"] in ("running", "restoring")]
-    return _clean({
+    return json_safe({
         "now": now,
         "db": str(db.path),
         "jobs": rows,
@@ -160,7 +148,7 @@ class JobViews:
             entry = self._entry(row)
         except Exception as exc:  # noqa: BLE001 - a store we cannot open (credentials, offline)
             out["error"] = f"cannot open store {row['store']!r}: {type(exc).__name__}: {exc}"
-            return _clean(out)
+            return json_safe(out)
         with entry.lock:
             try:
                 events = entry.reader.poll()
@@ -174,7 +162,7 @@ class JobViews:
                 out["figures"] = self._figures(entry)
         if row.get("status") == "lost":  # the store is gone: only the job DB remembers it
             out.update(status="lost", status_reason=row.get("status_reason"))
-        return _clean(out)
+        return json_safe(out)
 
     @staticmethod
     def _summary(entry: _Entry) -> dict[str, Any]:

@@ -2,10 +2,16 @@
 events, and a job that exists only in the store and the job DB (no controller, no instance)."""
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable
 
+import pytest
 import torch
 
 import spotnb as spot
@@ -85,3 +91,22 @@ def assert_matches_reference(job: spot.Job, reference: Any, timeout: float = 300
     ref = dict(ref_losses)
     assert all(value == ref[step] for step, value in job.metrics["loss"])
     return result
+
+
+@contextmanager
+def mounted_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real, small filesystem at `path` (a full disk, a remount read-only). Mounting needs
+    root: CI runs as root and must run these tests, so there a failed mount is an error; on a
+    developer's machine without root the test is skipped, saying why."""
+    path.mkdir(exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        why = f"mounting a tmpfs needs root ({done.stderr.strip() or 'mount failed'})"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why + "; run as root, as CI does, to test a full or read-only store")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

@@ -20,7 +20,7 @@ import spotnb as spot
 from spotnb.runtime.checkpoint import Checkpointer
 from spotnb.store import Store
 from tests.core import jobfns
-from tests.core.helpers import Recorder, ckpt_save, ckpt_state
+from tests.core.helpers import Recorder, ckpt_save, ckpt_state, mounted_tmpfs
 
 SHIP = ["tests.core.jobfns"]
 
@@ -149,11 +149,7 @@ def test_a_damaged_state_file_falls_back(ckpt, how: str) -> None:
 def test_a_full_store_fails_the_save_not_the_job(tmp_path) -> None:
     """A store on a 1 MB tmpfs: saves that do not fit fail (an event), earlier ones survive,
     and nothing half-written is left behind to be mistaken for a checkpoint or a segment."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if os.system(f"mount -t tmpfs -o size=1m tmpfs {mnt} 2>/dev/null") != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "1m") as mnt:
         rec = Recorder()
         c = Checkpointer(Store(mnt.as_uri()), "job", 1, rec, spool_dir=str(tmp_path))
         c.save_now(c.snapshot(_state(10), 10, "periodic"))
@@ -165,8 +161,6 @@ def test_a_full_store_fails_the_save_not_the_job(tmp_path) -> None:
         leftovers = [p for p in glob.glob(f"{mnt}/**/*", recursive=True) if ".tmp-" in p]
         assert leftovers == []
         c.close()
-    finally:
-        os.system(f"umount {mnt}")
 
 
 # -- end to end -----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from spotnb.jobdb import JobDB
 from spotnb.server.data import JobViews
 from tests.core import jobfns
 from tests.core.helpers import (Until, assert_matches_reference, running_job_in_store, wait_for,
-                                wait_progress)
+                                wait_progress, mounted_tmpfs)
 
 SHIP = ["tests.core.jobfns"]
 
@@ -239,15 +239,9 @@ def test_spotnb_stop_ends_a_job_whose_controller_cannot_run(capsys, monkeypatch)
 # -- a store that turned read-only ---------------------------------------------------------------
 @pytest.fixture
 def tmpfs(tmp_path: Path):
-    """A real filesystem that can be remounted read-only (needs root, as CI runs here)."""
-    import subprocess
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs",
-                                            str(mnt)], capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    """A real filesystem that can be remounted read-only."""
+    with mounted_tmpfs(tmp_path / "mnt", "64m") as mnt:
+        yield mnt
 
 
 def test_a_store_that_turned_read_only_ends_the_job_saying_so(tmpfs: Path, capsys) -> None:
