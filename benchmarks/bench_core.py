@@ -47,7 +47,7 @@ def make_model(mb: int) -> torch.nn.Module:
 
 def make_context(store: Store, policy: Policy) -> tuple[Context, Checkpointer]:
     events: list[Any] = []
-    emit = lambda kind, **f: events.append((kind, f))  # noqa: E731
+    emit = lambda e: events.append((e.kind, e.to_json()))  # noqa: E731
     ckpt = Checkpointer(store, "bench", 1, emit, Beacon(None), keep_last=2)
     ctx = Context(job_id="bench", incarnation=1, checkpointer=ckpt, policy=policy, emit=emit,
                   flush=lambda: None, beacon=Beacon(None),

@@ -10,14 +10,24 @@ import threading
 import time
 import weakref
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
+from spotnb import protocol as ev
 from spotnb.config import Config
+from spotnb.controller import Controller
 from spotnb.errors import ConfigError, SpotnbError
+from spotnb.events import EventReader, EventWriter
+from spotnb.files import FilesError, collect, upload
 from spotnb.job import Job
-
-if TYPE_CHECKING:
-    from spotnb.spec import JobSpec
+from spotnb.jobdb import JobDB
+from spotnb.protocol import TERMINAL, JobStatus
+from spotnb.providers import get_provider_class
+from spotnb.providers.base import LaunchSpec
+from spotnb.signing import key_path, load_key, new_key, save_key, seal
+from spotnb.spec import (JobSpec, RuntimeSettings, ShippedFile, SpecError, config_json, load_spec,
+                         write_spec)
+from spotnb.store import Store
+from spotnb.supervise import ensure_controller, job_vanished, mark_lost, start_controller
 
 __all__ = ["train", "attach", "resume", "jobs", "dry_run_plan", "start_controller",
            "ensure_controller", "job_vanished", "mark_lost", "run_controller"]
@@ -96,7 +106,6 @@ def _spec(job_id: str, config: Config, files: list[dict[str, Any]],
           created: float | None = None) -> "JobSpec":
     """The job's JSON spec: the whole Config (a Policy object stays in the fn payload), what
     the instance needs in typed form, and the shipped files."""
-    from spotnb.spec import JobSpec, RuntimeSettings, ShippedFile, config_json
     return JobSpec(
         job_id=job_id, name=config.name, created=created or time.time(), spotnb_version=_version(),
         cwd=os.getcwd(), config=config_json(config),
@@ -117,8 +126,6 @@ def _public_config(config: Config) -> dict[str, Any]:
 def _prepare(fn: Any, config: Config) -> tuple[Any, bytes, list[dict[str, Any]]]:
     """Everything that can fail on bad input, before anything is written or launched:
     the provider's checks, the function's pickle and the files to ship (hashed, size-limited)."""
-    from spotnb.files import FilesError, collect
-    from spotnb.providers import get_provider_class
     _check_fn(fn)
     _check_inputs(config)
     provider = get_provider_class(config.provider)(config)
@@ -134,7 +141,6 @@ def _prepare(fn: Any, config: Config) -> tuple[Any, bytes, list[dict[str, Any]]]
 def dry_run_plan(fn: Any, config: Config) -> dict[str, Any]:
     """The provider's exact requests for the first incarnation, sending nothing. The job key
     does not exist yet: the plan shows where it would go, never a key."""
-    from spotnb.providers.base import LaunchSpec
     provider, _, _ = _prepare(fn, config)
     regions = config.candidate_regions()
     region = None if regions == "cheapest" or not regions else regions[0]
@@ -147,7 +153,6 @@ def dry_run_plan(fn: Any, config: Config) -> dict[str, Any]:
 
 
 def _open_store(url: str) -> Any:
-    from spotnb.store import Store
     try:
         return Store(url)
     except Exception as exc:  # noqa: BLE001
@@ -157,11 +162,6 @@ def _open_store(url: str) -> Any:
 def _submit(fn_payload: bytes, config: Config, files: list[dict[str, Any]], detach: bool) -> Job:
     """Write a new job to the store and the job DB (key, signed fn and spec, shipped files,
     `submitted` event); start nothing."""
-    from spotnb.events import EventWriter
-    from spotnb.files import upload
-    from spotnb.jobdb import JobDB
-    from spotnb.signing import new_key, save_key, seal
-    from spotnb.spec import write_spec
 
     store = _open_store(config.store_url())
     db = JobDB()
@@ -174,11 +174,11 @@ def _submit(fn_payload: bytes, config: Config, files: list[dict[str, Any]], deta
     db.add_job(job_id, name=config.name, provider=config.provider, region=config.region,
                instance_type=config.instance_type, store=store.url)
     submitted = EventWriter(store, job_id, 0, "api")
-    submitted.emit("submitted", name=config.name, provider=config.provider,
-                   instance_type=config.instance_type, config=_public_config(config),
-                   spotnb_version=_version(), detached=detach,
-                   files=[{"path": f["path"], "size": f["size"]} for f in files])
-    submitted.emit("status", status="pending")
+    submitted.emit(ev.Submitted(name=config.name, provider=config.provider,
+                                instance_type=config.instance_type, config=_public_config(config),
+                                spotnb_version=_version(), detached=detach,
+                                files=[{"path": f["path"], "size": f["size"]} for f in files]))
+    submitted.emit(ev.Status(status=JobStatus.PENDING))
     submitted.flush()
     return Job(job_id, store, db, {"name": config.name})
 
@@ -207,7 +207,6 @@ def train(fn: Callable[[Any], Any], config: Config | None = None, *, dry_run: bo
 
 
 def _drive(job: Job, config: Config, provider: Any, detach: bool) -> None:
-    from spotnb.controller import Controller
     with _LIVE_LOCK:
         _LIVE[job.id] = job
     if detach:
@@ -220,79 +219,10 @@ def _drive(job: Job, config: Config, provider: Any, detach: bool) -> None:
         controller.start()
 
 
-def start_controller(job_id: str, store_url: str) -> int:
-    """Start `spotnb controller JOB_ID` in a new session (it outlives this process)."""
-    import subprocess
-
-    from spotnb.config import spotnb_home
-    from spotnb.store import private_dir
-    logdir = private_dir(spotnb_home() / "logs" / job_id)
-    # umask: every file the controller writes (log, store, job DB) is owner-only
-    with open(os.open(logdir / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "spotnb.cli", "controller", job_id,
-                                 "--store", store_url], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                cwd=os.getcwd(), umask=0o077)
-    return proc.pid
-
-
-def job_vanished(row: dict[str, Any]) -> str | None:
-    """Why an unfinished job's store or job directory is gone for good (None: it is there, or
-    the store cannot be reached right now, which is not the same). A local store is looked at
-    without opening it, since opening one creates its root again."""
-    url = row.get("store") or ""
-    try:
-        if url.startswith("file://") or "://" not in url:
-            import fsspec
-            root = fsspec.core.url_to_fs(url)[1]
-            if not os.path.isdir(root):
-                return f"its store {root} no longer exists"
-            folder = os.path.join(root, "jobs", row["id"])
-            return None if os.path.isdir(folder) else f"its job directory {folder} no longer exists"
-        from spotnb.store import Store
-        st = Store(url)
-        folder = st.job(row["id"])
-        return None if st.exists(folder) else f"its job directory {url}/jobs/{row['id']} no longer exists"
-    except Exception:  # noqa: BLE001 - unreachable or no credentials: unknown, not lost
-        return None
-
-
-def mark_lost(row: dict[str, Any], reason: str) -> dict[str, Any]:
-    """Record in the job DB that a job is lost (the store cannot remember it any more)."""
-    from spotnb.jobdb import JobDB
-    reason = f"{reason}; nothing can resume it (start it again, or `spotnb gc` leftover instances)"
-    JobDB().update_job(row["id"], status="lost", status_reason=reason, burn_rate=0.0)
-    return {**row, "status": "lost", "status_reason": reason}
-
-
-def ensure_controller(row: dict[str, Any]) -> bool:
-    """Restart the controller of an unfinished job whose controller died (stale lease).
-    Returns True if one was started; the lease keeps two from driving the job at once.
-    A job whose store vanished is marked lost instead, once: no controller could run it."""
-    from spotnb.jobdb import JobDB
-    from spotnb.job import TERMINAL
-    if row.get("status") in TERMINAL:
-        return False
-    if JobDB().controller_alive(row["id"]):
-        return False
-    why = job_vanished(row)
-    if why is not None:
-        row.update(mark_lost(row, why))
-        return False
-    start_controller(row["id"], row["store"])
-    return True
-
-
 def run_controller(job_id: str, store_url: str | None = None) -> int:
     """The body of `spotnb controller JOB_ID`: drive the job until it ends (or another
     controller holds it). The job's settings come from its JSON spec, verified with the job's
     key on this machine; nothing from the store is unpickled here."""
-    from spotnb.controller import Controller
-    from spotnb.jobdb import JobDB
-    from spotnb.providers import get_provider_class
-    from spotnb.signing import load_key
-    from spotnb.spec import SpecError, load_spec
-    from spotnb.store import Store
 
     db = JobDB()
     row = db.job(job_id)
@@ -320,20 +250,18 @@ def run_controller(job_id: str, store_url: str | None = None) -> int:
 def _refuse(job: Job, message: str, reason: str) -> None:
     """End a job no instance could run (an unsigned job of an older spotnb, a spec that does
     not verify) with an error, instead of launching one for nothing."""
-    from spotnb.events import EventReader, EventWriter
-    from spotnb.job import TERMINAL
     job._ingest(EventReader(job.store, job.id).poll())
     if job.status in TERMINAL:
         return
     writer = EventWriter(job.store, job.id, 0, "ctl")
-    writer.emit("error", exc_type="UnrunnableJob", traceback="", message=message)
-    writer.emit("status", status="failed", reason=reason)
+    writer.emit(ev.Error(exc_type="UnrunnableJob", traceback="", message=message))
+    writer.emit(ev.Status(status=JobStatus.FAILED, reason=reason))
     writer.flush()
     if job.db is not None:
-        job.db.update_job(job.id, status="failed")
+        job.db.update_job(job.id, status=JobStatus.FAILED.value)
 
 
-RESUMABLE = frozenset({"failed", "stopped"})
+RESUMABLE = frozenset({JobStatus.FAILED, JobStatus.STOPPED})
 
 
 def resume(job_id: str, fn: Callable[[Any], Any] | None = None, config: Config | None = None, *,
@@ -350,13 +278,6 @@ def resume(job_id: str, fn: Callable[[Any], Any] | None = None, config: Config |
     Everything is checked before anything is written; with `detach=False` the job is driven
     from a thread of this process, as with `train`.
     """
-    from spotnb.events import EventReader, EventWriter
-    from spotnb.files import FilesError, collect, upload
-    from spotnb.jobdb import JobDB
-    from spotnb.providers import get_provider_class
-    from spotnb.signing import key_path, load_key, seal
-    from spotnb.spec import ShippedFile, SpecError, load_spec, write_spec
-    from spotnb.store import Store
 
     db = JobDB()
     row = db.job(job_id)
@@ -375,7 +296,7 @@ def resume(job_id: str, fn: Callable[[Any], Any] | None = None, config: Config |
     job = Job(full_id, store, db, {"name": spec.name})
     job._ingest(EventReader(store, full_id).poll())
     if job.status not in RESUMABLE:
-        hint = "nothing to resume" if job.status == "succeeded" else "stop it first (spotnb stop)"
+        hint = "nothing to resume" if job.status == JobStatus.SUCCEEDED else "stop it first (spotnb stop)"
         raise SpotnbError(f"job {full_id} is {job.status}: only a failed or stopped job can be "
                           f"resumed; {hint}")
     old = spec.to_config()
@@ -415,11 +336,11 @@ def resume(job_id: str, fn: Callable[[Any], Any] | None = None, config: Config |
     store.rm(store.job(full_id, "STOP"))
     changed = sorted(k for k in changes if getattr(old, k, None) != getattr(new, k))
     writer = EventWriter(store, full_id, 0, "api")
-    writer.emit("job_resumed", from_status=job.status, new_fn=fn is not None, changed=changed,
-                config=_public_config(new))
-    writer.emit("status", status="pending")
+    writer.emit(ev.JobResumed(from_status=job.status, new_fn=fn is not None, changed=changed,
+                              config=_public_config(new)))
+    writer.emit(ev.Status(status=JobStatus.PENDING))
     writer.flush()
-    db.update_job(full_id, status="pending")
+    db.update_job(full_id, status=JobStatus.PENDING.value)
     fresh_job = Job(full_id, store, db, {"name": new.name})
     with _LIVE_LOCK:
         _LIVE.pop(full_id, None)
@@ -429,8 +350,6 @@ def resume(job_id: str, fn: Callable[[Any], Any] | None = None, config: Config |
 
 def attach(job_id: str, store: str | None = None) -> Job:
     """A Job for an existing job, from any process: full history, then live while it runs."""
-    from spotnb.jobdb import JobDB
-    from spotnb.store import Store
 
     db = JobDB()
     row = db.job(job_id)
@@ -438,7 +357,7 @@ def attach(job_id: str, store: str | None = None) -> Job:
         ensure_controller(row)
     with _LIVE_LOCK:
         live = _LIVE.get(row["id"] if row else job_id)
-    if row is not None and row.get("status") == "lost":  # its store is gone: the DB says so
+    if row is not None and row.get("status") == JobStatus.LOST:  # its store is gone: the DB says so
         job = live or Job(row["id"], None, db, {"name": row.get("name")})  # type: ignore[arg-type]
         job._mark_lost(row.get("status_reason") or "its store vanished")
         return job
@@ -453,7 +372,6 @@ def attach(job_id: str, store: str | None = None) -> Job:
         raise SpotnbError(f"job {full_id!r} has no spec in store {url!r}")
     name = row.get("name") if row else None
     if name is None:  # only viewing: the spec's name as JSON (nothing here runs or steers code)
-        from spotnb.spec import SpecError, load_spec
         try:
             name = load_spec(st, full_id, None, verify=False).name
         except (SpecError, OSError):
@@ -465,7 +383,6 @@ def attach(job_id: str, store: str | None = None) -> Job:
 
 def jobs() -> list[dict[str, Any]]:
     """Every job in the job DB, newest first (restarting any dead controller it notices)."""
-    from spotnb.jobdb import JobDB
     rows = JobDB().jobs()
     for row in rows:
         ensure_controller(row)

@@ -62,7 +62,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     job = attach(args.job_id)
     print(repr(job))
     if job.status == "lost":
-        print(f"lost: {job._stop_reason}")
+        print(f"lost: {job.state.status_reason}")
     print(job.breakdown().table())
     return 0
 
@@ -93,13 +93,15 @@ def _end_without_controller(job: Any) -> None:
     """A job whose controller cannot run (it crashes at start) would show `running` forever:
     record the stop in its log and the job DB ourselves. Its instance, if one is left, is
     beyond reach without the controller: say so."""
+    from spotnb import protocol as ev
     from spotnb.events import EventWriter
     from spotnb.jobdb import JobDB
+    from spotnb.protocol import JobStatus
     reason = ("stopped by `spotnb stop` while no controller could run it (see "
               f"{_controller_log(job.id)}); an instance it left may still run: `spotnb gc`")
     writer = EventWriter(job.store, job.id, 0, "stop")
-    writer.emit("stopped", reason=reason)
-    writer.emit("status", status="stopped", reason=reason)
+    writer.emit(ev.Stopped(reason=reason))
+    writer.emit(ev.Status(status=JobStatus.STOPPED, reason=reason))
     writer.flush()
     JobDB().update_job(job.id, status="stopped", burn_rate=0.0)
     job.wait(30)  # the follower reads the end back

@@ -21,14 +21,16 @@ import uuid
 from concurrent.futures import Future
 from typing import Any
 
+from spotnb import protocol as ev
 from spotnb.errors import CapacityError
 from spotnb.events import EventReader, EventWriter
-from spotnb.job import TERMINAL, Job
+from spotnb.job import Job
 from spotnb.jobdb import JobDB
-from spotnb.ledger import breakdown
+from spotnb.protocol import TERMINAL, Event, JobStatus, Outcome
 from spotnb.policy import Observation, resolve_policy
 from spotnb.providers.base import Instance, InstanceState, InstanceStatus, LaunchSpec, Provider
 from spotnb.store import Store
+from spotnb.supervise import job_vanished, mark_lost
 
 __all__ = ["Controller"]
 
@@ -49,6 +51,13 @@ STALL_WARN = 3            # instances in a row without a new checkpoint before t
 
 log = logging.getLogger("spotnb.controller")
 
+_FAILURES = (Outcome.USER_ERROR, Outcome.CRASHED)
+
+
+def _outcome(value: object, default: Outcome) -> Outcome:
+    """An Outcome from a logged value (a newer writer's unknown reason counts as `default`)."""
+    return value if isinstance(value, Outcome) else default
+
 
 def _store_refuses(exc: BaseException) -> bool:
     """Whether `exc` is the store refusing a write for good (not a bug in spotnb)."""
@@ -66,7 +75,9 @@ class LeaseLost(Exception):
 
 
 class _Outcome:
-    def __init__(self, reason: str, code: int | None = None,
+    """How an incarnation ended (`reason`), its exit code and what the provider knows."""
+
+    def __init__(self, reason: Outcome, code: int | None = None,
                  detail: dict[str, Any] | None = None) -> None:
         self.reason, self.code, self.detail = reason, code, detail or {}
 
@@ -107,14 +118,14 @@ class Controller:
         self._stop_reason = reason
         self._stop.set()
 
-    def emit(self, kind: str, incarnation: int = 0, **fields: Any) -> None:
+    def emit(self, event: Event, incarnation: int = 0) -> None:
         """Write one event now, stamped with this controller's lease generation, only while it
         holds the lease (checked before the event is stamped, so a late write is recognisable)."""
         self._fence()
         writer = self._writers.get(incarnation)
         if writer is None:
             writer = self._writers[incarnation] = EventWriter(self.store, self.job.id, incarnation, "ctl")
-        writer.emit(kind, gen=self.generation, **fields)
+        writer.emit(event, gen=self.generation)
         self._flush(writer)
 
     def _flush(self, writer: EventWriter) -> None:
@@ -156,15 +167,15 @@ class Controller:
         if dropped:
             log.warning("job %s: lease lost; %d unwritten event(s) dropped", self.job.id, dropped)
 
-    def set_status(self, status: str, **fields: Any) -> None:
-        if self.job.status != status or fields:
-            self.emit("status", status=status, **fields)
-            self.db.update_job(self.job.id, status=status)
+    def set_status(self, status: JobStatus, reason: str | None = None) -> None:
+        if self.job.status != status or reason is not None:
+            self.emit(ev.Status(status=status, reason=reason))
+            self.db.update_job(self.job.id, status=status.value)
         self.pump()
         if status not in TERMINAL:
-            self.job._status = status  # seen at once; the log read back confirms it
+            self.job.state.status = status  # seen at once; the log read back confirms it
 
-    def pump(self) -> list[dict[str, Any]]:
+    def pump(self) -> list[Event]:
         """Read new events, hand them to the Job, keep the job DB current."""
         events = self.reader.poll()
         if events:
@@ -172,20 +183,19 @@ class Controller:
             self._index(events)
         return events
 
-    def _index(self, events: list[dict[str, Any]]) -> None:
+    def _index(self, events: list[Event]) -> None:
         for e in events:
-            n = e.get("incarnation", 0)
-            if e["kind"] == "checkpoint":
-                self.db.record_checkpoint(self.job.id, n, e)
-            elif e["kind"] == "ready":
-                self.db.record_incarnation(self.job.id, n, ready=e["t"])
-            elif e["kind"] == "progress":
-                self._high_water = max(self._high_water, int(e["step"]))
-        final = any(e["kind"] == "status" and e.get("status") in TERMINAL for e in events)
+            if isinstance(e, ev.Checkpoint):
+                self.db.record_checkpoint(self.job.id, e.incarnation, e)
+            elif isinstance(e, ev.Ready):
+                self.db.record_incarnation(self.job.id, e.incarnation, ready=e.t)
+            elif isinstance(e, ev.Progress):
+                self._high_water = max(self._high_water, e.step)
+        final = any(isinstance(e, ev.Status) and e.status in TERMINAL for e in events)
         if not final and time.time() - self._indexed < 2.0:
             return
         self._indexed = time.time()
-        b = breakdown(self.job.events)
+        b = self.job.breakdown()
         self.db.update_job(self.job.id, step=b.step, total_steps=b.total_steps,
                            preemptions=b.preemptions, spot_cost=b.spot_cost,
                            on_demand_cost=b.on_demand_cost, heartbeat=time.time(),
@@ -253,13 +263,14 @@ class Controller:
     def _main(self) -> None:
         lease = self._take_lease()
         if lease is None:
-            print(f"spotnb: job {self.job.id} already has a live controller", file=sys.stderr)
+            log.warning("job %s already has a live controller", self.job.id,
+                        extra={"job_id": self.job.id})
             return
         self._thread_alive = True
         if lease["previous_expiry"] is not None:
             # first, so readers know the fence before any late write of the predecessor
-            self.emit("controller_restarted", owner=self.owner,
-                      previous_expiry=lease["previous_expiry"])
+            self.emit(ev.ControllerRestarted(owner=self.owner,
+                                             previous_expiry=lease["previous_expiry"]))
         for folder in ((), ("events",), ("incarnations",)):  # temp files of writes that died
             self.store.clean_temp(self.store.job(self.job.id, *folder))
         threading.Thread(target=self._keep_lease, name="spotnb-lease", daemon=True).start()
@@ -267,22 +278,24 @@ class Controller:
             self._run()
         except LeaseLost:
             self._lose_lease()
-            print(f"spotnb: another controller took job {self.job.id} over", file=sys.stderr)
+            log.warning("another controller took job %s over", self.job.id,
+                        extra={"job_id": self.job.id})
             return
         except JobDirectoryDeleted:
             return  # recorded in the job DB; nothing may be written to the store
         except BaseException as exc:  # noqa: BLE001 - a controller bug must end the job visibly
             tb = traceback.format_exc()
-            print(tb, file=sys.stderr)
+            log.error("job %s: controller error", self.job.id, exc_info=True,
+                      extra={"job_id": self.job.id})
             if self._lease_lost.is_set():
                 return  # not ours to end any more
             if _store_refuses(exc):
                 self._store_refused(exc)  # no event can say so: the job DB must
                 return
-            self.emit("error", message=f"controller error: {exc!r}", exc_type=type(exc).__name__,
-                      traceback=tb)
+            self.emit(ev.Error(message=f"controller error: {exc!r}", exc_type=type(exc).__name__,
+                               traceback=tb))
             try:
-                self.set_status("failed", reason="controller error")
+                self.set_status(JobStatus.FAILED, reason="controller error")
             except LeaseLost:
                 pass
         finally:
@@ -316,13 +329,13 @@ class Controller:
             if outcome is None:
                 if self._stop_requested():
                     if instance is not None:
-                        self._finish_incarnation(n, instance, _Outcome("stopped"))
+                        self._finish_incarnation(n, instance, _Outcome(Outcome.STOPPED))
                     self._end_stopped()
                     return
                 if instance is None:
                     if self._vanished():
                         return
-                    self.set_status("pending" if n == 1 else "restoring")
+                    self.set_status(JobStatus.PENDING if n == 1 else JobStatus.RESTORING)
                     instance = pre.result() if pre is not None else self._allocate(n)
                     pre = None
                     if instance is None:
@@ -341,28 +354,29 @@ class Controller:
 
     def _relaunches(self, outcome: _Outcome) -> bool:
         """Whether this outcome leads to another incarnation (limits aside)."""
-        if outcome.reason in ("preempted", "evacuated", "lost"):
+        if outcome.reason.is_preemption:
             return True
-        return outcome.reason in ("user_error", "crashed") and self.retries < self.config.max_retries
+        return outcome.reason in _FAILURES and self.retries < self.config.max_retries
 
     def _carry_on(self, n: int, outcome: _Outcome, pre: Future | None) -> bool:
         """After incarnation `n` ended with `outcome`: end the job, or go on to the next one."""
-        if outcome.reason == "done":
+        if outcome.reason == Outcome.DONE:
             self._cancel_pre(pre)
-            self.set_status("succeeded")
+            self.set_status(JobStatus.SUCCEEDED)
             return False
-        if outcome.reason == "stopped":
+        if outcome.reason == Outcome.STOPPED:
             self._cancel_pre(pre)
             self._end_stopped()
             return False
-        if outcome.reason in ("user_error", "crashed"):
+        if outcome.reason in _FAILURES:
             if self.retries >= self.config.max_retries:
                 self._cancel_pre(pre)
-                if outcome.reason == "crashed" and not self.job._error:
-                    self.emit("error", n, message=f"the instance process died (exit code "
-                              f"{outcome.code}) without reporting an error; see its log",
-                              exc_type="InstanceCrashed", traceback=outcome.detail.get("log", ""))
-                self.set_status("failed", reason=outcome.reason)
+                if outcome.reason == Outcome.CRASHED and self.job.state.error is None:
+                    self.emit(ev.Error(message=f"the instance process died (exit code "
+                                       f"{outcome.code}) without reporting an error; see its log",
+                                       exc_type="InstanceCrashed",
+                                       traceback=str(outcome.detail.get("log", ""))), n)
+                self.set_status(JobStatus.FAILED, reason=outcome.reason.value)
                 return False
             self.retries += 1
         else:  # preempted, evacuated or lost
@@ -375,7 +389,7 @@ class Controller:
                 return False
             if not self._progressing(n, pre):
                 return False
-        cost = breakdown(self.job.events).spot_cost
+        cost = self.job.breakdown().spot_cost
         if self.config.max_cost is not None and cost >= self.config.max_cost:
             self._cancel_pre(pre)
             self._stop_reason = f"max_cost=${self.config.max_cost} reached (spent ${cost:.4f})"
@@ -386,9 +400,9 @@ class Controller:
     def _stalled(self, n: int) -> int:
         """How many instances in a row, up to incarnation `n`, ended without committing a
         checkpoint: each relaunch of those starts over from the same step."""
-        saved = {e["incarnation"] for e in self.job.events if e["kind"] == "checkpoint"}
-        ran = sorted({e["incarnation"] for e in self.job.events
-                      if e["kind"] == "allocated" and e["incarnation"] <= n})
+        incs = self.job.state.incs
+        saved = {m for m, inc in incs.items() if "checkpoint" in inc.kinds}
+        ran = sorted(m for m, inc in incs.items() if "allocated" in inc.kinds and m <= n)
         count = 0
         for m in reversed(ran):
             if m in saved:
@@ -410,17 +424,16 @@ class Controller:
             self._end_stopped()
             return False
         if stalled >= STALL_WARN:
-            self.emit("warning", n, message=(
+            self.emit(ev.JobWarning(message=(
                 f"no net progress: {stalled} instances in a row ended without committing a "
                 f"checkpoint; the job stops after {limit}" if limit is not None else
                 f"no net progress: {stalled} instances in a row ended without committing a checkpoint"),
-                stalled=stalled)
+                stalled=stalled), n)
         return True
 
     def _vanished(self) -> bool:
         """If the job's store or directory is gone, record the job as lost in the job DB (no
         event can be written) and say so: nothing can be launched or resumed without it."""
-        from spotnb.api import job_vanished, mark_lost
         row = {"id": self.job.id, "store": self.store.url}
         why = job_vanished(row)
         if why is None:
@@ -475,7 +488,7 @@ class Controller:
             record = allocated.get(n) or launched.get(n)
             if record is None:
                 continue  # it died while asking for an instance and got none
-            instance = self.provider.reclaim(record)
+            instance = self.provider.reclaim(record.to_json())
             if instance is not None and n == last:
                 return last, instance, None
             orphan = instance or Instance(
@@ -483,10 +496,10 @@ class Controller:
                 instance_type=record.get("instance_type", ""),
                 launched_at=record.get("launched_at", record["t"]), info=dict(record.get("info") or {}))
             result = self._classify(n, orphan, InstanceStatus(InstanceState.TERMINATED))
-            if result.reason in ("lost", "stopped"):
-                result = _Outcome("lost", detail={"why": "its controller died"})
+            if result.reason in (Outcome.LOST, Outcome.STOPPED):
+                result = _Outcome(Outcome.LOST, detail={"why": "its controller died"})
             self._finish_incarnation(n, orphan, result)
-            if n < last and result.reason in ("preempted", "evacuated", "lost"):
+            if n < last and result.reason.is_preemption:
                 self.preemptions += 1
             ended[n] = result  # type: ignore[assignment]
         if last not in ended:
@@ -494,25 +507,25 @@ class Controller:
         end = ended[last]
         if isinstance(end, _Outcome):
             outcome = end
-        elif end["kind"] == "preempted":
-            outcome = _Outcome(end.get("how") or "preempted")
+        elif isinstance(end, ev.Preempted):
+            outcome = _Outcome(_outcome(end.how, Outcome.PREEMPTED))
         else:
-            outcome = _Outcome(end.get("reason") or "crashed", end.get("code"))
+            outcome = _Outcome(_outcome(end.get("reason"), Outcome.CRASHED), end.get("code"))
         return last, None, outcome
 
     def _write_end_marker(self, n: int, reason: str) -> None:
         self._fence()
         # `checkpointed`: whether any checkpoint was ever committed, so that a successor that
         # finds none can tell "all were lost" (worth a warning) from "none was made yet"
-        checkpointed = any(e.get("kind") == "checkpoint" for e in self.job.events)
+        checkpointed = self.job.state.checkpointed
         marker = {"high_water": self._high_water, "checkpointed": checkpointed, "reason": reason,
                   "t": time.time()}
         self.store.write_bytes(self.store.job(self.job.id, "incarnations", f"{n:04d}.end"),
                                json.dumps(marker).encode())
 
     def _end_stopped(self) -> None:
-        self.emit("stopped", reason=self._stop_reason)
-        self.set_status("stopped", reason=self._stop_reason)
+        self.emit(ev.Stopped(reason=self._stop_reason))
+        self.set_status(JobStatus.STOPPED, reason=self._stop_reason)
 
     def _cancel_pre(self, pre: Future | None) -> None:
         if pre is None:
@@ -523,8 +536,8 @@ class Controller:
         instance = pre.result()
         if instance is not None:
             self.provider.terminate(instance)
-            self.emit("exited", instance.info.get("incarnation", 0), reason="not needed",
-                      instance_id=instance.id)
+            self.emit(ev.Exited(reason=Outcome.NOT_NEEDED, instance_id=instance.id),
+                      instance.info.get("incarnation", 0))
 
     # -- one incarnation ------------------------------------------------------------------------
     def _allocate(self, n: int, cancel: threading.Event | None = None) -> Instance | None:
@@ -555,12 +568,12 @@ class Controller:
             region = regions[attempt % len(regions)]
             if (region or self.provider.name) not in tried:
                 tried.append(region or self.provider.name)
-            self.emit("allocating", n, region=region, attempt=attempt + 1)
+            self.emit(ev.Allocating(region=region, attempt=attempt + 1), n)
             try:
                 instance = self.provider.launch(LaunchSpec(region=region, **spec_base))
             except CapacityError as exc:
                 wait = BACKOFF[min(attempt, len(BACKOFF) - 1)] if (attempt + 1) % len(regions) == 0 else 0.0
-                self.emit("alloc_failed", n, region=region, reason=str(exc), retry_in=wait)
+                self.emit(ev.AllocFailed(region=region, reason=str(exc), retry_in=wait), n)
                 attempt += 1
                 if self.config.max_wait is not None:  # never sleep past the limit
                     wait = max(0.0, min(wait, requested + self.config.max_wait - time.time()))
@@ -568,13 +581,13 @@ class Controller:
                     break
                 continue
             # recorded before waiting, so a controller that dies now can still find it
-            self.emit("launched", n, instance_id=instance.id, region=instance.region,
-                      instance_type=instance.instance_type, launched_at=instance.launched_at,
-                      info=instance.info)
+            self.emit(ev.Launched(instance_id=instance.id, region=instance.region,
+                                  instance_type=instance.instance_type,
+                                  launched_at=instance.launched_at, info=instance.info), n)
             status = self.provider.wait_allocated(instance, timeout=900, stop=self._stop)
             if status.state != InstanceState.RUNNING:
-                self.emit("alloc_failed", n, region=region, reason=f"instance {status.state.value}",
-                          retry_in=0.0)
+                self.emit(ev.AllocFailed(region=region, reason=f"instance {status.state.value}",
+                                         retry_in=0.0), n)
                 self.provider.terminate(instance)
                 attempt += 1
                 continue
@@ -585,10 +598,11 @@ class Controller:
                 (p.on_demand if p else 0.0)
             instance.info["incarnation"] = n
             now = time.time()
-            self.emit("allocated", n, instance_id=instance.id, region=instance.region,
-                      instance_type=instance.instance_type, alloc_s=now - requested,
-                      launched_at=instance.launched_at, info=instance.info,
-                      spot_price=spot, on_demand_price=od, price_source=p.source if p else "config")
+            self.emit(ev.Allocated(instance_id=instance.id, region=instance.region,
+                                   instance_type=instance.instance_type, alloc_s=now - requested,
+                                   launched_at=instance.launched_at, info=instance.info,
+                                   spot_price=spot, on_demand_price=od,
+                                   price_source=p.source if p else "config"), n)
             self.db.record_incarnation(self.job.id, n, instance_id=instance.id, region=instance.region,
                                        allocated=now)
             return instance
@@ -596,12 +610,12 @@ class Controller:
 
     def _observation(self, n: int) -> Observation:
         """What the controller knows of incarnation `n`, in the policy's terms."""
-        events = [e for e in self.job.events if e.get("incarnation") == n]
-        progress = next((e for e in reversed(events) if e["kind"] == "progress"), {})
-        saves = [e for e in self.job.events if e["kind"] == "checkpoint"]
+        inc = self.job.state.incs.get(n)
+        progress = inc.progress if inc is not None else None
+        saves = self.job.state.checkpoints
 
         def mean_sd(key: str) -> tuple[float, float]:
-            xs = [float(e[key]) for e in saves[-10:]]
+            xs = [float(getattr(e, key)) for e in saves[-10:]]
             if not xs:
                 return 0.0, 0.0
             m = sum(xs) / len(xs)
@@ -609,13 +623,14 @@ class Controller:
 
         (snap, snap_sd), (up, up_sd) = mean_sd("snapshot_s"), mean_sd("upload_s")
         market = self._market_now or self._market()
-        return Observation(step=int(progress.get("step") or 0),
-                           step_time=float(progress.get("step_time") or 0.0),
+        return Observation(step=progress.step if progress else 0,
+                           step_time=(progress.step_time or 0.0) if progress else 0.0,
                            snapshot_time=snap, upload_time=up, mttp=market["mttp"],
                            restart_time=market["restart"], grace=market["grace"],
-                           save_every=self.config.save_every, total_steps=progress.get("total"),
+                           save_every=self.config.save_every,
+                           total_steps=progress.total if progress else None,
                            snapshot_sd=snap_sd, upload_sd=up_sd,
-                           state_bytes=int(saves[-1]["bytes"]) if saves else 0, now=time.time())
+                           state_bytes=saves[-1].nbytes if saves else 0, now=time.time())
 
     def _market(self) -> dict[str, float]:
         prior_mttp = getattr(self.config, "local_mttp", None) if self.provider.name == "local" else None
@@ -641,15 +656,15 @@ class Controller:
         poll = self.store.poll_interval
         while True:
             for e in self.pump():
-                if e.get("incarnation") != n:
+                if e.incarnation != n:
                     continue
                 last_seen = max(last_seen, time.time())
-                kind = e["kind"]
+                kind = e.kind
                 heard = heard or kind not in ("launched", "allocated", "allocating", "alloc_failed")
                 if kind == "ready":
-                    self.set_status("running")
+                    self.set_status(JobStatus.RUNNING)
                 elif kind == "notice" and pre is None:
-                    self.set_status("preempted")
+                    self.set_status(JobStatus.PREEMPTED)
                     if self.policy.allocate_on_notice(self._observation(n)):
                         pre = self._preallocate(n + 1)
                 elif kind in ("done", "error", "evacuated") and reported_end is None:
@@ -671,13 +686,13 @@ class Controller:
                 return self._classify(n, instance, InstanceStatus(InstanceState.EXITED)), pre
             if self._stop_requested():
                 self.provider.terminate(instance)
-                return _Outcome("stopped"), pre
+                return _Outcome(Outcome.STOPPED), pre
             limit = self.config.heartbeat_timeout if heard else max(self.config.heartbeat_timeout,
                                                                      self.provider.boot_timeout)
             if time.time() - last_seen > limit:
                 self._fence()
                 self.provider.terminate(instance)
-                return _Outcome("lost", detail={"why": f"no event for {limit:.0f} s"}), pre
+                return _Outcome(Outcome.LOST, detail={"why": f"no event for {limit:.0f} s"}), pre
             time.sleep(poll)
 
     def _preallocate(self, n: int) -> Future:
@@ -696,37 +711,38 @@ class Controller:
         return fut
 
     def _classify(self, n: int, instance: Instance, status: Any) -> _Outcome:
-        mine = [e for e in self.job.events if e.get("incarnation") == n]
-        kinds = {e["kind"] for e in mine}
+        inc = self.job.state.incs.get(n)
+        kinds = inc.kinds if inc is not None else set()
         if status.state == InstanceState.PREEMPTED:
             if "done" in kinds:
-                return _Outcome("done", status.exit_code)
-            return _Outcome("evacuated" if "evacuated" in kinds else "preempted", status.exit_code,
-                            status.detail)
+                return _Outcome(Outcome.DONE, status.exit_code)
+            return _Outcome(Outcome.EVACUATED if "evacuated" in kinds else Outcome.PREEMPTED,
+                            status.exit_code, status.detail)
         if "done" in kinds:
-            return _Outcome("done", status.exit_code)
+            return _Outcome(Outcome.DONE, status.exit_code)
         if "evacuated" in kinds:
-            return _Outcome("evacuated", status.exit_code)
+            return _Outcome(Outcome.EVACUATED, status.exit_code)
         if "error" in kinds:
-            return _Outcome("user_error", status.exit_code)
+            return _Outcome(Outcome.USER_ERROR, status.exit_code)
         if status.state == InstanceState.TERMINATED:
-            return _Outcome("stopped" if self._stop.is_set() else "lost", status.exit_code)
-        return _Outcome("crashed", status.exit_code, {"log": str(instance.info.get("log", ""))})
+            return _Outcome(Outcome.STOPPED if self._stop.is_set() else Outcome.LOST, status.exit_code)
+        return _Outcome(Outcome.CRASHED, status.exit_code, {"log": str(instance.info.get("log", ""))})
 
     def _finish_incarnation(self, n: int, instance: Instance, outcome: _Outcome) -> None:
         self._fence()  # a controller that lost the job must not end its instance
         self.provider.terminate(instance)
         end_t = outcome.detail.get("at", time.time())
         lifetime = end_t - instance.launched_at
-        if outcome.reason in ("preempted", "evacuated", "lost"):
-            self.emit("preempted", n, instance_id=instance.id, lifetime_s=lifetime, t=end_t,
-                      how=outcome.reason, phase=outcome.detail.get("phase"),
-                      step=outcome.detail.get("step"), noticed=outcome.detail.get("noticed"))
+        if outcome.reason.is_preemption:
+            self.emit(ev.Preempted(instance_id=instance.id, lifetime_s=lifetime, t=end_t,
+                                   how=outcome.reason, phase=outcome.detail.get("phase"),
+                                   step=outcome.detail.get("step"),
+                                   noticed=outcome.detail.get("noticed")), n)
             reason = "preempted"
         else:
-            self.emit("exited", n, instance_id=instance.id, lifetime_s=lifetime, t=end_t,
-                      reason=outcome.reason, code=outcome.code)
-            reason = outcome.reason
+            self.emit(ev.Exited(instance_id=instance.id, lifetime_s=lifetime, t=end_t,
+                                reason=outcome.reason, code=outcome.code), n)
+            reason = outcome.reason.value
         self.db.record_incarnation(self.job.id, n, ended=end_t, end_reason=reason)
         self.pump()
         self._write_end_marker(n, outcome.reason)

@@ -1,30 +1,9 @@
 """The event log: JSON lines in the store, the one record every view is computed from.
 
-An event is a dict with `t` (unix seconds), `kind`, `incarnation` and kind-specific fields:
-
-    submitted     name, provider, instance_type, config (no secrets)
-    allocating    region, attempt                   controller asks the provider for an instance
-    alloc_failed  region, reason, retry_in
-    allocated     instance_id, region, instance_type, alloc_s, spot_price, on_demand_price
-    ready         prep_s (process start → first step, restore included), step
-    resumed       from_step, seq, save_kind, restore_s
-    metrics       rows: [{step, t, <name>: value, ...}, ...]   (one event per flush, not per step)
-    progress      step, total (or null), steps_done, compute_s, recompute_s, save_s, step_time
-    checkpoint    seq, save_kind, step, snapshot_s, upload_s, bytes, stall_s
-    checkpoint_failed  seq, kind, step, error
-    notice        deadline (unix s), source (aws|azure|gcp), action, emergency (bool)
-    evacuated     step (the agent saved and left cleanly after a notice)
-    preempted     instance_id, lifetime_s, phase, step (as the market saw it at the kill)
-    exited        code, reason
-    heartbeat     step
-    error         traceback, exc_type, message
-    done          result (store path), step
-    status        status (pending | running | preempted | restoring | succeeded | failed | stopped)
-    stopped       reason
-    files         count, written, workdir          the agent laid out Config.files
-    job_resumed   from_status, new_fn, changed, config   spot.resume continued a failed/stopped job
-    controller_restarted  owner, gen, previous_expiry   a new controller took the job over
-    warning       message (e.g. no net progress: `stalled` instances in a row without a save)
+What the events are is `spotnb.protocol` (one typed record per kind); this module writes and
+reads them. Each writer (the agent of one incarnation, the controller, the notebook) appends
+to its own segment files `events/<incarnation>-<writer>-<n>.jsonl`, whose first line is a
+`segment` header with the protocol version.
 
 Every event a controller writes carries `gen`, its lease generation: a reader drops those of
 an older generation stamped after a newer one's `previous_expiry` (see EventReader._fenced).
@@ -42,13 +21,15 @@ import threading
 import time
 from typing import Any, Iterable, Protocol
 
+from spotnb.protocol import (PROTOCOL_VERSION, ControllerRestarted, Event, Segment, as_metric,
+                             from_json)
 from spotnb.store import Store
 
-__all__ = ["EventWriter", "EventReader", "EventSink", "Event", "SEGMENT_BYTES", "as_metric", "json_safe"]
+__all__ = ["EventWriter", "EventReader", "EventSink", "Event", "SEGMENT_BYTES", "as_metric",
+           "json_safe", "read_all", "dispatch"]
 
 log = logging.getLogger("spotnb.events")
 
-Event = dict[str, Any]
 SEGMENT_BYTES = 512 * 1024  # a writer rewrites at most this much per flush
 
 
@@ -58,7 +39,7 @@ class EventSink(Protocol):
     def on_events(self, events: list[Event]) -> None: ...
 
 
-def _dumps(event: Event) -> bytes:
+def _dumps(event: dict[str, Any]) -> bytes:
     """One JSON line. A NaN or an infinity anywhere would make a line JavaScript's JSON.parse
     rejects (the lab panel reads these): the agent already turns metric values into null, and
     anything else non-finite becomes null here rather than a write that fails forever."""
@@ -78,20 +59,6 @@ def json_safe(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [json_safe(v) for v in obj]
     return obj
-
-
-def as_metric(value: Any) -> float | None:
-    """A logged value as a finite float, or None when it is no number a chart can draw (a
-    string, null, NaN, an infinity, an integer beyond float range). Readers use it so that
-    no value in any log, however odd or from whichever writer, can stop them."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, int):  # bool included
-        try:
-            return float(value)
-        except OverflowError:
-            return None
-    return None
 
 
 class EventWriter:
@@ -116,9 +83,10 @@ class EventWriter:
         if existing:
             self._segment = max(existing) + 1
 
-    def emit(self, kind: str, **fields: Any) -> Event:
-        event: Event = {"t": fields.pop("t", None) or time.time(), "kind": kind,
-                        "incarnation": self.incarnation, **fields}
+    def emit(self, event: Event, gen: int | None = None) -> Event:
+        """Buffer `event`, stamped with the time (unless it carries one), this writer's
+        incarnation and, for a controller, its lease generation."""
+        event = event.stamped(t=time.time(), incarnation=self.incarnation, gen=gen)
         with self._lock:
             self._pending.append(event)
         return event
@@ -134,6 +102,12 @@ class EventWriter:
             dropped, self._pending = len(self._pending), []
         return dropped
 
+    def _header(self) -> bytes:
+        """The first line of a segment: the protocol version its events are written in."""
+        header = Segment(protocol=PROTOCOL_VERSION, writer=self.writer).stamped(
+            t=time.time(), incarnation=self.incarnation)
+        return _dumps(header.to_json())
+
     def flush(self) -> None:
         """Write what is buffered. Never loses an event: on failure they stay pending."""
         with self._io_lock:
@@ -141,8 +115,8 @@ class EventWriter:
                 batch, self._pending = self._pending, []
             if not batch:
                 return
-            data = b"".join(_dumps(e) for e in batch)
-            content = self._content + data
+            data = b"".join(_dumps(e.to_json()) for e in batch)
+            content = bytearray(self._content or self._header()) + data
             path = self.store.job(self.job_id, "events",
                                   f"{self.incarnation:04d}-{self.writer}-{self._segment:05d}.jsonl")
             try:
@@ -166,6 +140,7 @@ class EventReader:
         self._offsets: dict[str, int] = {}
         self.skipped: dict[str, int] = {}   # unusable lines per file (see _parse)
         self._fences: dict[int, float] = {}  # lease generation -> its predecessor's expiry
+        self.protocols: dict[str, int] = {}   # segment file -> protocol version of its writer
 
     def poll(self) -> list[Event]:
         folder = self.store.job(self.job_id, "events")
@@ -201,11 +176,11 @@ class EventReader:
         `previous_expiry`) before anything else, so the fence is known before the stale writes."""
         out = []
         for e in events:
-            gen = e.get("gen")
-            if e.get("kind") == "controller_restarted" and isinstance(gen, int):
-                t = as_metric(e.get("previous_expiry"))
-                self._fences[gen] = t if t is not None else e["t"]
-            if isinstance(gen, int) and any(g > gen and e["t"] > t for g, t in self._fences.items()):
+            gen = e.gen
+            if isinstance(e, ControllerRestarted) and gen is not None:
+                t = e.previous_expiry
+                self._fences[gen] = t if t is not None else e.t
+            if gen is not None and any(g > gen and e.t > t for g, t in self._fences.items()):
                 continue
             out.append(e)
         return out
@@ -220,11 +195,11 @@ class EventReader:
             problem = f"not JSON ({exc})"
         else:
             if isinstance(event, dict) and isinstance(event.get("kind"), str):
-                t = as_metric(event.get("t"))
-                event["t"] = t if t is not None else 0.0
-                if not isinstance(event.get("incarnation", 0), int):
-                    event["incarnation"] = 0
-                return event
+                typed = from_json(event)
+                if isinstance(typed, Segment):
+                    self._segment(name, typed)
+                    return None
+                return typed
             problem = "not an event object"
         if name not in self.skipped:
             log.warning("job %s: skipped a line of events/%s that is %s", self.job_id, name, problem)
@@ -232,8 +207,16 @@ class EventReader:
         return None
 
 
+    def _segment(self, name: str, header: Segment) -> None:
+        self.protocols[name] = header.protocol
+        if header.protocol > PROTOCOL_VERSION:
+            log.warning("job %s: events/%s was written by a newer spotnb (protocol %d; this one "
+                        "reads %d): kinds and fields it does not know are kept and shown as they are",
+                        self.job_id, name, header.protocol, PROTOCOL_VERSION)
+
+
 def _time_of(event: Event) -> float:
-    return event["t"]  # made a finite float by _parse
+    return event.t  # a finite float (protocol.from_json)
 
 
 def read_all(store: Store, job_id: str) -> list[Event]:

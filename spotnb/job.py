@@ -9,9 +9,12 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from spotnb.errors import JobFailed, JobStopped, SpotnbError
-from spotnb.events import Event, EventReader, EventSink, as_metric
-from spotnb.ledger import Breakdown, breakdown
+from spotnb.events import EventReader, EventSink
+from spotnb.ledger import Breakdown
+from spotnb.protocol import TERMINAL, Event, JobStatus, as_metric
+from spotnb.state import JobState
 from spotnb.store import Store
+from spotnb.supervise import ensure_controller
 
 if TYPE_CHECKING:
     from spotnb.jobdb import JobDB
@@ -20,9 +23,8 @@ __all__ = ["Job", "STATUSES", "TERMINAL"]
 
 log = logging.getLogger("spotnb.job")
 
-STATUSES = ("pending", "running", "preempted", "restoring", "succeeded", "failed", "stopped", "lost")
-# lost: the job's store or job directory vanished; the job DB is where that is remembered
-TERMINAL = frozenset({"succeeded", "failed", "stopped", "lost"})
+#: every status, in the order of a job's life (`lost`: only the job DB can say so)
+STATUSES = tuple(s.value for s in JobStatus)
 _FOLLOW_INTERVAL = 0.25
 _CONTROLLER_CHECK = 15.0  # seconds between looks at the job's controller lease
 
@@ -39,44 +41,31 @@ class Job:
         self.name: str = self.meta.get("name") or job_id
         self._lock = threading.RLock()
         self._events: list[Event] = []
-        self._metrics: dict[str, list[tuple[int, float]]] = {}
-        self._status = "pending"
+        #: the job as its events say (the one reducer; read it under `lock`)
+        self.state = JobState()
         self._finished = threading.Event()
         self._sinks: list[EventSink] = []
         self._result: Any = None
         self._result_loaded = False
-        self._error: Event | None = None
-        self._stop_reason: str | None = None
         self._stop_hook: Callable[[], None] | None = None
         self._follower: threading.Thread | None = None
 
     # -- state from events ---------------------------------------------------------------------
+    @property
+    def lock(self) -> threading.RLock:
+        """Held while events are folded into `state`."""
+        return self._lock
+
     def _ingest(self, events: list[Event]) -> None:
         if not events:
             return
         with self._lock:
-            for e in events:
-                self._events.append(e)
-                kind = e["kind"]
-                if kind == "metrics":
-                    rows = e.get("rows")
-                    for row in rows if isinstance(rows, list) else ():
-                        step = row.get("step") if isinstance(row, dict) else None
-                        if not isinstance(step, int):
-                            continue
-                        for key, value in row.items():
-                            number = as_metric(value)
-                            if number is not None and key not in ("step", "t"):
-                                self._metrics.setdefault(key, []).append((step, number))
-                elif kind == "status" and isinstance(e.get("status"), str):
-                    self._status = e["status"]
-                    if e["status"] == "stopped":
-                        self._stop_reason = e.get("reason")
-                elif kind == "error":
-                    self._error = e
-                elif kind == "submitted":
-                    self.meta.update({k: v for k, v in e.items() if k not in ("t", "kind")})
-                    self.name = self.meta.get("name") or self.id
+            self._events.extend(events)
+            self.state.feed_events(events)
+            if self.state.submitted is not None:
+                self.meta.update({k: v for k, v in self.state.submitted.to_json().items()
+                                  if k not in ("t", "kind", "incarnation")})
+                self.name = self.meta.get("name") or self.id
             sinks = list(self._sinks)
         for sink in sinks:
             try:
@@ -84,7 +73,7 @@ class Job:
             except Exception as exc:  # noqa: BLE001 - a broken view must not stop the job
                 log.warning("job %s: a job view failed and was detached: %r", self.id, exc)
                 self.remove_sink(sink)
-        if self._status in TERMINAL:
+        if self.state.status in TERMINAL:
             self._finished.set()
 
     def add_sink(self, sink: EventSink, replay: bool = True) -> None:
@@ -128,7 +117,6 @@ class Job:
     def _revive_controller(self) -> None:
         """A follower that outlives the job's controller restarts it (the lease in the job DB
         keeps two from driving the job), so `job.result()` never waits on a dead controller."""
-        from spotnb.api import ensure_controller
         try:
             row = self.db.job(self.id) if self.db is not None else None
             if row is not None:
@@ -136,20 +124,21 @@ class Job:
                 if row.get("status") == "lost":  # the store is gone: only the DB can say so
                     self._mark_lost(row.get("status_reason") or "its store vanished")
         except Exception as exc:  # noqa: BLE001 - try again at the next check
-            print(f"spotnb: could not check job {self.id}'s controller: {exc!r}")
+            log.warning("job %s: could not check its controller: %r", self.id, exc,
+                        extra={"job_id": self.id})
 
     def _mark_lost(self, reason: str) -> None:
-        """The store is gone: no event can say so, the job DB row does (see api.job_vanished)."""
+        """The store is gone: no event can say so, the job DB row does (see supervise.job_vanished)."""
         with self._lock:
-            self._status, self._stop_reason = "lost", reason
+            self.state.status, self.state.status_reason = JobStatus.LOST, reason
         self._finished.set()
 
     # -- public ---------------------------------------------------------------------------------
     @property
     def status(self) -> str:
         """pending, running, preempted, restoring, succeeded, failed, stopped or lost (its
-        store or job directory vanished)."""
-        return self._status
+        store or job directory vanished): a `JobStatus`, which compares equal to its string."""
+        return self.state.status
 
     @property
     def done(self) -> bool:
@@ -157,7 +146,8 @@ class Job:
 
     @property
     def events(self) -> list[Event]:
-        """Every event so far, oldest first (a copy)."""
+        """Every event so far, oldest first (a copy). Typed records (`spotnb.protocol`) that
+        also read like their JSON (`e["kind"]`, `e.get("step")`)."""
         with self._lock:
             return list(self._events)
 
@@ -165,25 +155,36 @@ class Job:
     def metrics(self) -> dict[str, list[tuple[int, float]]]:
         """Logged metrics by name: [(step, value), ...] in the order they were logged; steps
         redone after a preemption appear again (see `metrics_frame()` for the incarnation)."""
-        with self._lock:
-            return {k: list(v) for k, v in self._metrics.items()}
+        out: dict[str, list[tuple[int, float]]] = {}
+        for e in self.events:
+            rows = e.get("rows") if e.kind == "metrics" else None
+            for row in rows if isinstance(rows, list) else ():
+                step = row.get("step") if isinstance(row, dict) else None
+                if not isinstance(step, int) or isinstance(step, bool):
+                    continue
+                for key, value in row.items():
+                    number = as_metric(value)
+                    if number is not None and key not in ("step", "t"):
+                        out.setdefault(key, []).append((step, number))
+        return out
 
     def events_frame(self) -> Any:
-        """The events as a pandas DataFrame (needs pandas)."""
+        """The events as a pandas DataFrame, one column per JSON field (needs pandas)."""
         import pandas as pd
-        return pd.DataFrame(self.events)
+        return pd.DataFrame([e.to_json() for e in self.events])
 
     def metrics_frame(self) -> Any:
         """One row per logged step: step, t, incarnation and the metric columns (needs pandas)."""
         import pandas as pd
-        rows = [{**row, "incarnation": e["incarnation"]} for e in self.events
-                if e["kind"] == "metrics" for row in e["rows"]]
+        rows = [{**row, "incarnation": e.incarnation} for e in self.events
+                if e.kind == "metrics" for row in e["rows"]]
         return pd.DataFrame(rows)
 
     def breakdown(self) -> Breakdown:
         """Seconds of compute / recompute / save / alloc / prep / other, preemptions, spot cost
         and the on-demand cost of the same compute."""
-        return breakdown(self.events)
+        with self._lock:
+            return self.state.breakdown()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the job ends; False on timeout."""
@@ -196,14 +197,15 @@ class Job:
         TimeoutError if `timeout` passes first."""
         if not self._finished.wait(timeout):
             raise TimeoutError(f"job {self.id} still {self.status} after {timeout} s")
-        if self._status == "failed":
-            err = self._error or {}
-            raise JobFailed(f"job {self.id} failed: {err.get('message', 'see events')}",
-                            err.get("traceback", ""))
-        if self._status == "lost":
-            raise JobFailed(f"job {self.id} is lost: {self._stop_reason or 'its store vanished'}")
-        if self._status == "stopped":
-            raise JobStopped(f"job {self.id} was stopped: {self._stop_reason or 'stop requested'}")
+        state = self.state
+        if state.status == JobStatus.FAILED:
+            err = state.error
+            raise JobFailed(f"job {self.id} failed: {err.message if err else 'see events'}",
+                            err.traceback if err else "")
+        if state.status == JobStatus.LOST:
+            raise JobFailed(f"job {self.id} is lost: {state.status_reason or 'its store vanished'}")
+        if state.status == JobStatus.STOPPED:
+            raise JobStopped(f"job {self.id} was stopped: {state.status_reason or 'stop requested'}")
         if not self._result_loaded:
             self._result = self._load_result()
             self._result_loaded = True
@@ -253,7 +255,7 @@ class Job:
 
     @property
     def traceback(self) -> str | None:
-        return (self._error or {}).get("traceback")
+        return self.state.error.traceback if self.state.error else None
 
     # -- display -----------------------------------------------------------------------------
     def summary(self) -> str:

@@ -1,6 +1,7 @@
-"""Where the time and the money went, computed from events alone.
+"""Where the time and the money went, computed from what the reducer knows of each instance.
 
-The widget, `job.breakdown()`, the CLI and the job DB all call `breakdown(events)`, so they
+`spotnb.state.JobState.breakdown()` calls `compute_breakdown` with one `Span` per incarnation;
+the widget, `job.breakdown()`, the CLI, the panel and the job DB all read it there, so they
 report the same figures. Wall time from the first launch to the end is split, moment by
 moment, into one category with priority running > preparation > allocation > other, so an
 allocation overlapped with the previous instance's grace period is not counted twice and
@@ -19,9 +20,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
-from spotnb.events import as_metric
+from spotnb.protocol import Progress
 
-__all__ = ["Breakdown", "breakdown", "CATEGORIES"]
+__all__ = ["Breakdown", "Span", "compute_breakdown", "CATEGORIES"]
 
 CATEGORIES = ("compute", "recompute", "save", "alloc", "prep", "other")
 _PRIORITY = {"running": 3, "prep": 2, "alloc": 1}
@@ -73,52 +74,28 @@ class Breakdown:
                 f"spot_cost={self.spot_cost:.4f}, on_demand_cost={self.on_demand_cost:.4f})")
 
 
-@dataclass
-class _Inc:
-    allocating: float | None = None
-    allocated: float | None = None
-    ready: float | None = None
-    end: float | None = None
-    preempted: bool = False
-    progress: dict[str, Any] | None = None
-    spot: float = 0.0
-    on_demand: float = 0.0
+@dataclass(frozen=True)
+class Span:
+    """One instance as the ledger sees it: when it was asked for, allocated (billing starts),
+    ready (first step), ended, whether a preemption ended it, its latest time accounts and
+    its prices ($/h)."""
+    n: int
+    asked: float | None
+    allocated: float | None
+    ready: float | None
+    end: float | None
+    preempted: bool
+    progress: Progress | None
+    spot: float
+    on_demand: float
 
 
-def breakdown(events: Iterable[dict[str, Any]], now: float | None = None) -> Breakdown:
-    incs: dict[int, _Inc] = {}
-    start = end = None
+def compute_breakdown(spans: Iterable[Span], start: float | None, end: float | None,
+                      now: float | None = None) -> Breakdown:
+    """Split the wall time from `start` (first submission or allocation) to `end` (the job's
+    last end, None while it runs: then `now`) into the categories, and price it."""
     out = Breakdown()
-    for e in events:
-        kind, t, n = e.get("kind"), _num(e.get("t")), e.get("incarnation", 0)
-        if not isinstance(n, int):
-            continue
-        if kind == "submitted":
-            start = t if start is None else min(start, t)
-            continue
-        inc = incs.setdefault(n, _Inc()) if n else None
-        if inc is None:
-            if kind == "status":  # a resumed job ends again later: only the last end counts
-                end = t if e.get("status") in ("succeeded", "failed", "stopped") else None
-            continue
-        if kind == "allocating" and inc.allocating is None:
-            inc.allocating = t
-            start = t if start is None else min(start, t)
-        elif kind == "allocated":
-            inc.allocated = t
-            inc.spot = _num(e.get("spot_price"))
-            inc.on_demand = _num(e.get("on_demand_price"))
-            out.spot_price, out.on_demand_price = inc.spot, inc.on_demand
-        elif kind == "ready" and inc.ready is None:
-            inc.ready = t
-        elif kind == "progress":
-            inc.progress = e
-            out.step = max(out.step, int(_num(e.get("step"))))
-            out.total_steps = e.get("total") or out.total_steps
-        elif kind in ("preempted", "exited"):
-            inc.end = t
-            inc.preempted = kind == "preempted"
-            out.preemptions += kind == "preempted"
+    incs = {s.n: s for s in spans}
     if start is None:
         return out
     now = time.time() if now is None else now
@@ -126,8 +103,8 @@ def breakdown(events: Iterable[dict[str, Any]], now: float | None = None) -> Bre
     intervals: list[tuple[float, float, str, int]] = []
     for n, inc in incs.items():
         inc_end = inc.end if inc.end is not None else stop
-        if inc.allocating is not None:
-            intervals.append((inc.allocating, inc.allocated or inc_end, "alloc", n))
+        if inc.asked is not None:
+            intervals.append((inc.asked, inc.allocated or inc_end, "alloc", n))
         if inc.allocated is not None:
             intervals.append((inc.allocated, inc.ready or inc_end, "prep", n))
             billed = max(0.0, inc_end - inc.allocated)
@@ -140,8 +117,8 @@ def breakdown(events: Iterable[dict[str, Any]], now: float | None = None) -> Bre
         out.alloc += visible.get(("alloc", n), 0.0)
         out.prep += visible.get(("prep", n), 0.0)
         running = visible.get(("running", n), 0.0)
-        p = inc.progress or {}
-        c, rc, s = (_num(p.get(k)) for k in ("compute_s", "recompute_s", "save_s"))
+        p = inc.progress
+        c, rc, s = (p.compute_s, p.recompute_s, p.save_s) if p is not None else (0.0, 0.0, 0.0)
         accounted = c + rc + s
         if accounted > running > 0:  # clock slack between processes: scale to the wall time
             c, rc, s = (x * running / accounted for x in (c, rc, s))
@@ -160,12 +137,6 @@ def breakdown(events: Iterable[dict[str, Any]], now: float | None = None) -> Bre
     out.total = max(0.0, stop - start)
     out.other += max(0.0, out.total - sum(getattr(out, k) for k in CATEGORIES))
     return out
-
-
-def _num(value: Any) -> float:
-    """A finite float from an event field, 0.0 for anything else: a corrupt or odd log must
-    not stop the breakdown that the widget, the CLI and the controller all compute."""
-    return as_metric(value) or 0.0
 
 
 def _sweep(intervals: list[tuple[float, float, str, int]], start: float,

@@ -31,7 +31,7 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping
 
 __all__ = [
     "PROTOCOL_VERSION", "JobStatus", "TERMINAL", "Outcome", "EventKind", "SaveKind", "Event",
-    "UnknownEvent", "EVENT_TYPES", "from_json", "json_schema",
+    "UnknownEvent", "EVENT_TYPES", "from_json", "json_schema", "as_metric", "fields_of",
     # event kinds
     "Submitted", "Status", "ControllerRestarted", "JobResumed", "Allocating", "AllocFailed",
     "Launched", "Allocated", "Started", "Files", "Ready", "Resumed", "Metrics", "Progress",
@@ -548,7 +548,10 @@ class Segment(Event):
 
 
 # -- reading ------------------------------------------------------------------------------------
-def _float(value: Any) -> float | None:
+def as_metric(value: Any) -> float | None:
+    """A logged value as a finite float, or None when it is no number a chart can draw (a
+    string, null, NaN, an infinity, an integer beyond float range). Readers use it so that
+    no value in any log, however odd or from whichever writer, can stop them."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, int):
@@ -593,7 +596,7 @@ def _of(kind: type) -> Callable[[Any], Any]:
 
 # (python type, coercer, empty value when required and missing or unusable, JSON Schema)
 _TYPES: dict[str, tuple[Callable[[Any], Any], Any, dict[str, Any]]] = {
-    "float": (_float, 0.0, {"type": "number"}),
+    "float": (as_metric, 0.0, {"type": "number"}),
     "int": (_int, 0, {"type": "integer"}),
     "str": (_str, "", {"type": "string"}),
     "bool": (_bool, False, {"type": "boolean"}),
@@ -623,7 +626,9 @@ def _describe(cls: type[Event]) -> None:
         coerce, empty, schema = _TYPES[base]
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if not required:
-            empty = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            factory = f.default_factory
+            empty = f.default if f.default is not dataclasses.MISSING else (
+                factory() if callable(factory) else None)
         elif optional:
             empty = None
         specs.append((f.name, f.metadata.get("json", f.name), coerce, empty, required, optional, schema))
@@ -644,7 +649,7 @@ def from_json(doc: Mapping[str, Any]) -> Event:
     """The typed event of one JSON record (already checked to have a string `kind`). Never
     raises for odd values: see the module docstring."""
     kind = doc.get("kind")
-    t = _float(doc.get("t"))
+    t = as_metric(doc.get("t"))
     inc = _int(doc.get("incarnation"))
     gen = _int(doc.get("gen"))
     cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from spotnb import protocol as ev
 from spotnb import events as events_mod
 from spotnb.events import EventReader, EventWriter
 from spotnb.runtime.checkpoint import Checkpointer
@@ -72,7 +73,7 @@ def test_event_segments_round_trip(store: Store, monkeypatch: pytest.MonkeyPatch
     reader = EventReader(store, "job1")
     seen: list[dict] = []
     for i in range(12):
-        writer.emit("metrics", t=1000.0 + i, rows=[{"step": i, "loss": 1.0 / (i + 1)}])
+        writer.emit(ev.Metrics(t=1000.0 + i, rows=[{"step": i, "loss": 1.0 / (i + 1)}]))
         writer.flush()
         if i % 4 == 3:
             seen += reader.poll()
@@ -82,7 +83,7 @@ def test_event_segments_round_trip(store: Store, monkeypatch: pytest.MonkeyPatch
     assert len(names) > 1 and all(n.startswith("0001-agent-") for n in names)
     # a second writer of the same name (a restarted process) continues the numbering
     again = EventWriter(store, "job1", 1, "agent")
-    again.emit("done", t=2000.0)
+    again.emit(ev.Done(t=2000.0, result="result.pkl", step=12))
     again.flush()
     assert [e["kind"] for e in EventReader(store, "job1").poll()][-1] == "done"
 
@@ -94,7 +95,7 @@ def _state(seed: int) -> dict[str, Any]:
 
 def test_checkpoint_commit_restore_fallback(store: Store) -> None:
     emitted: list[tuple[str, dict]] = []
-    ck = Checkpointer(store, "job2", 1, lambda kind, **f: emitted.append((kind, f)), keep_last=3)
+    ck = Checkpointer(store, "job2", 1, lambda e: emitted.append((e.kind, e.to_json())), keep_last=3)
     try:
         first = ck.save_now(ck.snapshot(_state(1), 10, "periodic"))
         second = ck.save_now(ck.snapshot(_state(2), 20, "periodic"))
@@ -117,11 +118,11 @@ def test_checkpoint_commit_restore_fallback(store: Store) -> None:
 
 
 def test_checkpoint_background_upload(store: Store) -> None:
-    ck = Checkpointer(store, "job3", 2, lambda kind, **f: None)
+    ck = Checkpointer(store, "job3", 2, lambda e: None)
     try:
         ck.submit(ck.snapshot(_state(3), 30, "insurance"))
         assert ck.wait(timeout=60)
-        restored = Checkpointer(store, "job3", 3, lambda kind, **f: None)
+        restored = Checkpointer(store, "job3", 3, lambda e: None)
         try:
             manifest, state = restored.load_latest()
             assert (manifest.step, manifest.kind, manifest.incarnation) == (30, "insurance", 2)

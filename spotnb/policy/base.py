@@ -10,21 +10,14 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
-from enum import Enum
+
+from spotnb.protocol import SaveKind  # re-exported: policies name the saves they plan
 
 __all__ = ["Observation", "SaveKind", "Policy", "Plan", "BatchPlan", "emergency_feasible",
            "steps_for", "FOREVER"]
 
 #: "No limit" in steps (a plan that holds for the whole job).
 FOREVER = 2**62
-
-
-class SaveKind(str, Enum):
-    PERIODIC = "periodic"     # the user's save_every, or a static policy's interval
-    INSURANCE = "insurance"   # at the optimal interval, when an emergency save would not fit
-    EMERGENCY = "emergency"   # after a preemption notice, inside the grace period
-    FINAL = "final"           # at the end of the job (kept until the job is collected)
-    MANUAL = "manual"         # ctx.save() called by the user
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import time
 import traceback
 from typing import Any
 
+from spotnb import protocol as ev
 from spotnb.signing import BadSignature, key_from_env, seal, unseal
 from spotnb.spec import JobSpec, RuntimeSettings, SpecError, load_spec
 
@@ -60,9 +61,9 @@ class Agent:
     _FLUSH_NOW = frozenset({"checkpoint", "resumed", "ready", "evacuating", "checkpoint_failed",
                             "emergency_skipped"})
 
-    def emit(self, kind: str, **fields: Any) -> None:
-        self.events.emit(kind, **fields)
-        if kind in self._FLUSH_NOW:
+    def emit(self, event: ev.Event) -> None:
+        self.events.emit(event)
+        if event.kind in self._FLUSH_NOW:
             self.flush()
 
     def flush(self) -> None:
@@ -88,15 +89,15 @@ class Agent:
                     for key, value in row.items():
                         if type(value) is not float or not math.isfinite(value):
                             row[key] = self._scalar(key, value, row["step"])
-                self.events.emit("metrics", rows=rows)
+                self.events.emit(ev.Metrics(rows=rows))
             progress = ctx.progress()
             key = (progress["step"], progress["save_s"])
             if key != self._last_progress:
                 self._last_progress = key
-                self.events.emit("progress", **progress)
+                self.events.emit(ev.Progress(**progress))
                 self._last_beat = time.time()
         if time.time() - self._last_beat >= self.spec.get("heartbeat_interval", 5.0):
-            self.events.emit("heartbeat", step=ctx.step_index if ctx else None)
+            self.events.emit(ev.Heartbeat(step=ctx.step_index if ctx else None))
             self._last_beat = time.time()
         try:
             self.events.flush()
@@ -133,9 +134,10 @@ class Agent:
     def _bad(self, key: str, step: int, what: str) -> None:
         if key not in self._bad_metrics:
             self._bad_metrics.add(key)
-            self.events.emit("warning", metric=key, step=step,
-                             message=f"ctx.log({key}=...) got {what} at step {step}; it is shown as "
-                             "a gap (later such values of this metric are not reported again)")
+            self.events.emit(ev.JobWarning(
+                metric=key, step=step,
+                message=f"ctx.log({key}=...) got {what} at step {step}; it is shown as a gap "
+                "(later such values of this metric are not reported again)"))
         return None
 
     def _flusher(self) -> None:
@@ -173,8 +175,8 @@ class Agent:
         from spotnb.runtime.context import Context, Evacuate
         from spotnb.runtime.notice import make_watcher
 
-        self.emit("started", pid=os.getpid(), host=os.uname().nodename, python=sys.version.split()[0],
-                  boot_s=time.time() - _STARTED)
+        self.emit(ev.Started(pid=os.getpid(), host=os.uname().nodename,
+                             python=sys.version.split()[0], boot_s=time.time() - _STARTED))
         threading.Thread(target=self._flusher, name="spotnb-flusher", daemon=True).start()
         refused = self._load_spec()
         if refused:
@@ -201,7 +203,7 @@ class Agent:
         try:
             self.wait_for_previous()
         except RuntimeError as exc:
-            self.emit("warning", message=str(exc))
+            self.emit(ev.JobWarning(message=str(exc)))
             return self._finish(4)
         checkpointer = Checkpointer(self.store, self.job_id, self.incarnation, self.emit, beacon,
                                     keep_last=self.spec.get("keep_last", 2), upload_bps=upload_bps,
@@ -217,13 +219,15 @@ class Agent:
                                  checkpointed=bool(self.inc.get("checkpointed", False)))
         if notice_cfg.get("format"):
             def on_notice(notice: Any) -> None:
-                self.emit("notice", deadline=notice.deadline, source=notice.source,
-                          action=notice.action, time_left=notice.deadline - time.time())
+                self.emit(ev.Notice(deadline=notice.deadline, source=notice.source,
+                                    action=notice.action, time_left=notice.deadline - time.time()))
                 ctx._receive_notice(notice)
                 self.flush()
 
             def on_hint(hint: dict[str, Any]) -> None:
-                self.emit("hint", **hint)
+                fields = dict(hint)
+                self.emit(ev.Hint(source=str(fields.pop("source", "")),
+                                  hint=str(fields.pop("hint", "")), extra=fields))
                 ctx._request_save()  # elevated risk: checkpoint now, while it is cheap to
 
             watcher = make_watcher(notice_cfg["format"],
@@ -254,7 +258,7 @@ class Agent:
                               "plain values, tensors or state_dicts instead", exc)
         path = self.store.job(self.job_id, "result.pkl")
         self.store.write_bytes(path, seal(self.key, self.job_id, "result.pkl", pickled))
-        self.emit("done", result="result.pkl", step=ctx.step_index)
+        self.emit(ev.Done(result="result.pkl", step=ctx.step_index))
         checkpointer.close()
         if watcher:
             watcher.stop()
@@ -290,8 +294,8 @@ class Agent:
         sys.path.insert(0, os.getcwd())
         if self.job_spec.files:
             written = lay_out(self.store, self.job_spec.files, os.getcwd())
-            self.emit("files", count=len(self.job_spec.files), written=len(written),
-                      workdir=os.getcwd())
+            self.emit(ev.Files(count=len(self.job_spec.files), written=len(written),
+                               workdir=os.getcwd()))
 
     def _sigterm(self, ctx: Any, market: dict[str, Any]) -> None:
         """A soft shutdown (GCP's ACPI soft-off, a local `terminate`) counts as a notice. The
@@ -308,8 +312,8 @@ class Agent:
 
     def _fail(self, message: str, exc: BaseException | None = None) -> int:
         tb = "".join(traceback.format_exception(exc)) if exc else traceback.format_exc()
-        self.emit("error", message=message, exc_type=type(exc).__name__ if exc else "LoadError",
-                  traceback=tb)
+        self.emit(ev.Error(message=message, exc_type=type(exc).__name__ if exc else "LoadError",
+                           traceback=tb))
         return self._finish(EXIT_USER_ERROR)
 
     def _finish(self, code: int) -> int:

@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 import torch
 
+from spotnb import protocol as ev
+from spotnb.protocol import SaveKind
 from spotnb.runtime.beacon import Beacon, Phase
 from spotnb.signing import BadSignature, sign_doc, verify_doc
 from spotnb.store import Store
@@ -47,7 +49,7 @@ class InvalidManifest(ValueError):
 class Snapshot:
     state: Any
     step: int
-    kind: str
+    kind: SaveKind
     snapshot_s: float
     nbytes: int
     files: list[tuple[str, str]] = field(default_factory=list)  # (spooled local copy, manifest name)
@@ -58,19 +60,20 @@ class Snapshot:
 class Manifest:
     seq: int
     step: int
-    kind: str
+    kind: SaveKind      # (a newer writer's kind this spotnb does not know stays a string)
     files: dict[str, dict[str, Any]]
     incarnation: int
     created: float
     snapshot_s: float = 0.0
     upload_s: float = 0.0
-    bytes: int = 0
+    nbytes: int = 0     # "bytes" in MANIFEST.json
     dests: dict[str, str] = field(default_factory=dict)
 
     def to_json(self, key: bytes | None = None, job_id: str = "") -> bytes:
         """The manifest as written; with a key, signed (it holds every file's sha256, so the
         signature covers the state that restore will torch.load)."""
         doc = dict(self.__dict__)
+        doc["bytes"] = doc.pop("nbytes")
         if key is not None:
             doc = sign_doc(key, job_id, _manifest_name(self.seq), doc)
         return json.dumps(doc, indent=1, sort_keys=True).encode()
@@ -123,7 +126,14 @@ class Manifest:
                 isinstance(k, str) and k in files and isinstance(v, str) and v for k, v in dests.items()):
             raise InvalidManifest("MANIFEST.json dests must map listed files to paths")
         fields = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in doc.items() if k in fields})
+        values = {k: v for k, v in doc.items() if k in fields}
+        values["kind"] = SaveKind(doc["kind"]) if doc["kind"] in _SAVE_KINDS else doc["kind"]
+        if "bytes" in doc:
+            values["nbytes"] = doc["bytes"]
+        return cls(**values)
+
+
+_SAVE_KINDS = {k.value for k in SaveKind}
 
 
 def _manifest_name(seq: int | str) -> str:
@@ -278,7 +288,7 @@ class Checkpointer:
         self._worker.start()
 
     # -- phase 1 -------------------------------------------------------------------------
-    def snapshot(self, state: Any, step: int, kind: str,
+    def snapshot(self, state: Any, step: int, kind: SaveKind,
                  files: list[tuple[str, str]] | None = None) -> Snapshot:
         """Copy `state` (nested dicts/lists of tensors and plain values) into CPU memory."""
         self.beacon.set_snapshot(True)
@@ -311,8 +321,9 @@ class Checkpointer:
         with self._cv:
             if self._pending is not None:
                 self._release(self._pending)
-                self.emit("checkpoint_skipped", step=self._pending.step, save_kind=self._pending.kind,
-                          reason="superseded by a newer snapshot before its upload began")
+                self.emit(ev.CheckpointSkipped(
+                    step=self._pending.step, save_kind=self._pending.kind,
+                    reason="superseded by a newer snapshot before its upload began"))
             self._pending = snap
             self._cv.notify_all()
 
@@ -377,15 +388,16 @@ class Checkpointer:
                 if self._closed:
                     return
                 snap, self._pending = self._pending, None
+                assert snap is not None  # the loop above waits for one
                 self._busy = True
             try:
                 self._write(snap)
             except SaveCancelled:
-                self.emit("checkpoint_skipped", step=snap.step, save_kind=snap.kind,
-                          reason="abandoned for an emergency checkpoint")
+                self.emit(ev.CheckpointSkipped(step=snap.step, save_kind=snap.kind,
+                                               reason="abandoned for an emergency checkpoint"))
             except Exception as exc:  # noqa: BLE001 - a failed save must not stop training
                 self.failures += 1
-                self.emit("checkpoint_failed", step=snap.step, save_kind=snap.kind, error=repr(exc))
+                self.emit(ev.CheckpointFailed(step=snap.step, save_kind=snap.kind, error=repr(exc)))
             finally:
                 with self._cv:
                     self._busy = False
@@ -422,7 +434,7 @@ class Checkpointer:
             total = sum(f["size"] for f in files.values())
             manifest = Manifest(seq=seq, step=snap.step, kind=snap.kind, files=files,
                                 incarnation=self.incarnation, created=time.time(),
-                                snapshot_s=snap.snapshot_s, upload_s=upload_s, bytes=total,
+                                snapshot_s=snap.snapshot_s, upload_s=upload_s, nbytes=total,
                                 dests=snap.dests)
             if self.before_commit is not None:
                 # what the run logged up to this step becomes durable no later than the state:
@@ -442,8 +454,8 @@ class Checkpointer:
         self.upload_ema, self.upload_var = _ewm(self.upload_ema, self.upload_var, upload_s)
         self.last_bytes = total
         self.committed.append(manifest)
-        self.emit("checkpoint", seq=seq, save_kind=snap.kind, step=snap.step, snapshot_s=snap.snapshot_s,
-                  upload_s=upload_s, bytes=total)
+        self.emit(ev.Checkpoint(seq=seq, save_kind=snap.kind, step=snap.step,
+                                snapshot_s=snap.snapshot_s, upload_s=upload_s, nbytes=total))
         # COMMIT lasts until the checkpoint is announced, so the local market can land a kill
         # between a commit and the news of it
         self.beacon.set_phase(Phase.IDLE)
@@ -537,7 +549,7 @@ class Checkpointer:
         try:
             scan = self._scan()
         except Exception as exc:  # noqa: BLE001 - pruning is housekeeping, never fatal
-            self.emit("warning", message=f"checkpoint pruning failed: {exc!r}")
+            self.emit(ev.JobWarning(message=f"checkpoint pruning failed: {exc!r}"))
             return
         manifests = [m for _, m in scan if isinstance(m, Manifest)]
         keep = {m.seq for m in manifests[:2]}
@@ -560,7 +572,7 @@ class Checkpointer:
             try:
                 self._delete(seq)
             except Exception as exc:  # noqa: BLE001 - the next save prunes again
-                self.emit("warning", message=f"checkpoint pruning could not delete {seq}: {exc!r}")
+                self.emit(ev.JobWarning(message=f"checkpoint pruning could not delete {seq}: {exc!r}"))
 
     def _delete(self, seq: int) -> None:
         folder = f"{self.root}/{seq:08d}"
@@ -576,8 +588,8 @@ class Checkpointer:
             if manifest is None:
                 continue
             if isinstance(manifest, Exception):
-                self.emit("checkpoint_invalid", seq=seq, step=None,
-                          reason=f"checkpoint {seq:08d}: {manifest}")
+                self.emit(ev.CheckpointInvalid(seq=seq, step=None,
+                                               reason=f"checkpoint {seq:08d}: {manifest}"))
                 continue
             found = self._load(manifest)
             if found is not None:
@@ -595,7 +607,7 @@ class Checkpointer:
                 os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
                 shutil.copyfile(paths[name], dest)
         except Exception as exc:  # noqa: BLE001 - any damage means: take the previous checkpoint
-            self.emit("checkpoint_invalid", seq=manifest.seq, step=manifest.step, reason=str(exc))
+            self.emit(ev.CheckpointInvalid(seq=manifest.seq, step=manifest.step, reason=str(exc)))
             return None
         finally:
             for path in paths.values():

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 import torch
 
+from spotnb import protocol as ev
 from spotnb.policy.base import Observation, Plan, Policy, SaveKind
 from spotnb.runtime.beacon import Beacon, Phase
 from spotnb.runtime.checkpoint import Checkpointer
@@ -126,10 +127,11 @@ class Context:
         if found is None:
             if self._high_water > 0 and self._checkpointed:
                 # an earlier incarnation got this far, yet nothing restores: say so, loudly
-                self._emit("warning", message=f"no checkpoint could be restored although an earlier "
-                           f"instance reached step {self._high_water}: every checkpoint is missing "
-                           "or failed verification, so training restarts from step 0",
-                           restart_from_zero=True, high_water=self._high_water)
+                self._emit(ev.JobWarning(
+                    message=f"no checkpoint could be restored although an earlier instance reached "
+                    f"step {self._high_water}: every checkpoint is missing or failed verification, "
+                    "so training restarts from step 0",
+                    restart_from_zero=True, high_water=self._high_water))
             return None
         manifest, state = found
         objects = state.get("objects", {})
@@ -137,14 +139,14 @@ class Context:
             if name in objects:
                 obj.load_state_dict(objects[name])
             else:
-                self._emit("warning", message=f"checkpoint {manifest.seq} has no state for "
-                                              f"tracked object {name!r}; it starts fresh")
+                self._emit(ev.JobWarning(message=f"checkpoint {manifest.seq} has no state for "
+                                                 f"tracked object {name!r}; it starts fresh"))
         _set_rng_state(state["rng"])
         self.state.update(state.get("user", {}))
         self._step = self._last_save_step = int(state["step"])
         self.resumed_from = self._step
-        self._emit("resumed", from_step=self._step, seq=manifest.seq, save_kind=manifest.kind,
-                   restore_s=time.perf_counter() - t0)
+        self._emit(ev.Resumed(from_step=self._step, seq=manifest.seq, save_kind=manifest.kind,
+                              restore_s=time.perf_counter() - t0))
         return self._step
 
     def steps(self, n: int) -> Iterator[int]:
@@ -219,7 +221,7 @@ class Context:
         self._in_loop = True
         if not self._ready_sent:
             self._ready_sent = True
-            self._emit("ready", prep_s=time.time() - self._started, step=self._step, total=self.total)
+            self._emit(ev.Ready(prep_s=time.time() - self._started, step=self._step, total=self.total))
         self._replan()
         self._t_last = time.perf_counter()
 
@@ -275,15 +277,16 @@ class Context:
         left = notice.deadline - time.time()
         obs = self._observation()
         if not self._policy.on_notice(obs, left):
-            self._emit("emergency_skipped", step=self._step, time_left=left,
-                       needed=obs.snapshot_time + obs.upload_time)
+            self._emit(ev.EmergencySkipped(step=self._step, time_left=left,
+                                           needed=obs.snapshot_time + obs.upload_time))
             return
-        self._emit("evacuating", step=self._step, time_left=left)
+        self._emit(ev.Evacuating(step=self._step, time_left=left))
         if self._tracked or self.state:
             try:
                 self._save(SaveKind.EMERGENCY, wait=True)
             except Exception as exc:  # noqa: BLE001 - the store failed; keep training until killed
-                self._emit("checkpoint_failed", step=self._step, save_kind="emergency", error=repr(exc))
+                self._emit(ev.CheckpointFailed(step=self._step, save_kind=SaveKind.EMERGENCY,
+                                               error=repr(exc)))
                 return
             self._evacuate_after_save()
         else:
@@ -291,7 +294,7 @@ class Context:
 
     def _evacuate_after_save(self) -> None:
         self._evacuating = True
-        self._emit("evacuated", step=self._step)
+        self._emit(ev.Evacuated(step=self._step))
         self._flush()
         if self._acknowledge:
             self._acknowledge()
@@ -302,7 +305,7 @@ class Context:
         t0 = time.perf_counter()
         state = {"step": self._step, "rng": _rng_state(), "user": self.state,
                  "objects": {name: obj.state_dict() for name, obj in self._tracked.items()}}
-        snap = self._ckpt.snapshot(state, self._step, kind.value, files=files)
+        snap = self._ckpt.snapshot(state, self._step, kind, files=files)
         self._last_save_step = self._step
         self._replan()  # before the hand-off: once the writer thread runs, it competes for the GIL
         if wait:

@@ -12,18 +12,19 @@ import os
 import threading
 import time
 from collections import Counter, OrderedDict
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any
 
 from spotnb.events import EventReader, json_safe
+from spotnb.protocol import TERMINAL, Event, JobStatus
 from spotnb.jobdb import JobDB
 from spotnb.store import Store
-from spotnb.widget.state import JobState
+from spotnb.state import Incarnation, JobState
 
 __all__ = ["ACTIVE", "JobViews", "list_payload", "pid_alive"]
 
-ACTIVE = ("running", "restoring", "preempted", "pending")   # shown first, in this order
-TERMINAL = ("succeeded", "failed", "stopped", "lost")
+# shown first, in this order
+ACTIVE = (JobStatus.RUNNING, JobStatus.RESTORING, JobStatus.PREEMPTED, JobStatus.PENDING)
 MAX_POINTS = 400        # per metric trace sent to the browser
 MAX_FEED = 40           # recent events sent with a job
 MAX_CACHED_JOBS = 32
@@ -156,12 +157,12 @@ class JobViews:
                 events = []
                 out["error"] = f"cannot read events: {type(exc).__name__}: {exc}"
             entry.state.feed_events(events)
-            entry.kinds.update(e.get("kind", "?") for e in events)
+            entry.kinds.update(e.kind for e in events)
             out.update(self._summary(entry))
             if figures:
                 out["figures"] = self._figures(entry)
-        if row.get("status") == "lost":  # the store is gone: only the job DB remembers it
-            out.update(status="lost", status_reason=row.get("status_reason"))
+        if row.get("status") == JobStatus.LOST:  # the store is gone: only the job DB remembers it
+            out.update(status=JobStatus.LOST, status_reason=row.get("status_reason"))
         return json_safe(out)
 
     @staticmethod
@@ -173,10 +174,8 @@ class JobViews:
                 for name, per in st.redo.items()}
         timeline = []
         for n in sorted(st.incs):
-            inc = asdict(st.incs[n])
-            inc["save_spans"] = [list(s) for s in inc["save_spans"]]
-            timeline.append(inc)
-        feed = [{k: v for k, v in e.items() if k not in ("traceback", "config", "rows")}
+            timeline.append(_incarnation_json(st.incs[n]))
+        feed = [{k: v for k, v in e.to_json().items() if k not in ("traceback", "config", "rows")}
                 for e in st.feed[-MAX_FEED:]]
         return {
             "status": st.status,
@@ -198,8 +197,8 @@ class JobViews:
             "resume_marks": [list(m) for m in st.resume_marks],
             "timeline": timeline,
             "events": {"count": st.n_events, "kinds": dict(entry.kinds), "recent": feed},
-            "failure": ({"message": st.error.get("message"), "exc_type": st.error.get("exc_type"),
-                       "traceback": st.error.get("traceback")} if st.error else None),
+            "failure": ({"message": st.error.message, "exc_type": st.error.exc_type,
+                         "traceback": st.error.traceback} if st.error else None),
         }
 
     @staticmethod
@@ -232,3 +231,19 @@ class JobViews:
         Job(row["id"], Store(row["store"]), self.db, {"name": row.get("name")}).stop(wait=False)
         return {"id": row["id"], "stopped": True, "status": row.get("status"),
                 "message": "stop requested; the job's controller terminates its instance"}
+
+
+def _incarnation_json(inc: Incarnation) -> dict[str, Any]:
+    """One instance for the panel's timeline: its plain fields, its notice and kill as the
+    events' JSON, its save spans as lists (what reached the reducer, not how it is stored)."""
+    out: dict[str, Any] = {}
+    for f in fields(inc):
+        value = getattr(inc, f.name)
+        if f.name in ("kinds", "progress"):
+            continue
+        if isinstance(value, Event):
+            value = value.to_json()
+        elif f.name == "save_spans":
+            value = [list(span) for span in value]
+        out[f.name] = value
+    return out

@@ -44,7 +44,7 @@ def static_figures(job: Any) -> dict[str, Any]:
     """{"metrics", "timeline", "breakdown"} → `plotly.graph_objects.Figure`, from the job's
     events so far (for `fig.write_html`, `write_image`, reports)."""
     from spotnb.widget.figures import static_figures_from_state
-    from spotnb.widget.state import JobState
+    from spotnb.state import JobState
 
     state = JobState()
     state.feed_events(job.events)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from spotnb.ledger import Breakdown
-from spotnb.widget.state import Incarnation, JobState, describe_kill
+from spotnb.state import Incarnation, JobState, describe_kill
 
 __all__ = ["metric_traces", "timeline_traces", "breakdown_traces", "static_figures_from_state",
            "PANELS", "COLORS", "CATEGORY_COLORS", "format_bytes"]

@@ -14,7 +14,7 @@ import time
 from typing import Any, TextIO
 
 from spotnb.widget.figures import format_bytes
-from spotnb.widget.state import JobState, describe_kill
+from spotnb.state import JobState, describe_kill
 
 __all__ = ["TextView", "event_text", "event_line", "progress_line"]
 

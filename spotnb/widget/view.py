@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import html
+import logging
 import threading
 import time
 from typing import Any, Callable
@@ -24,10 +25,13 @@ from plotly.subplots import make_subplots
 
 from spotnb.widget.figures import (CATEGORY_COLORS, breakdown_traces, metric_traces,
                                    timeline_traces)
-from spotnb.widget.state import JobState
+from spotnb.protocol import Event
+from spotnb.state import JobState
 from spotnb.widget.text import event_text
 
 __all__ = ["JobView", "MessageBudget", "JobWidget", "render_info_html"]
+
+log = logging.getLogger("spotnb.widget")
 
 _FIGURE_COST = 4          # comm messages of one plotly batch_update (edit ids, update, reset)
 _FIGURE_REPLY_COST = 4    # a live front end answers with trace/layout deltas (echo + reset each)
@@ -130,9 +134,9 @@ def _feed_line(e: dict[str, Any], t0: float) -> str:
     return f"<div class='spotnb-feed-line'><code>{when}</code> {_esc(event_text(e))}</div>"
 
 
-def _compact_feed(feed: list[dict[str, Any]], limit: int) -> list[tuple[dict[str, Any], int]]:
+def _compact_feed(feed: list[Event], limit: int) -> list[tuple[Event, int]]:
     """Last `limit` feed items; runs of periodic checkpoints collapse to the latest one (×n)."""
-    out: list[tuple[dict[str, Any], int]] = []
+    out: list[tuple[Event, int]] = []
     for e in reversed(feed):
         periodic = e.get("kind") == "checkpoint" and e.get("save_kind") == "periodic"
         if periodic and out and out[-1][0].get("kind") == "checkpoint" \
@@ -193,9 +197,9 @@ def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> 
     tb = ""
     if state.error is not None:
         tb = (f"<details open class='spotnb-traceback'><summary style='color:#c62828'><b>"
-              f"{_esc(state.error.get('exc_type'))}: {_esc(state.error.get('message'))}</b></summary>"
+              f"{_esc(state.error.exc_type)}: {_esc(state.error.message)}</b></summary>"
               f"<pre style='background:#fff5f5;color:#b71c1c;font-size:11px;overflow:auto;"
-              f"max-height:300px'>{_esc(state.error.get('traceback') or '')}</pre></details>")
+              f"max-height:300px'>{_esc(state.error.traceback)}</pre></details>")
     legend = " ".join(f"<span style='color:{c}'>■</span> {k}" for k, c in CATEGORY_COLORS.items())
     return (f"<div class='spotnb-job-info' style='font-family:sans-serif;font-size:13px'>{head}"
             f"{feed}{tb}<div style='font-size:11px;color:#666;margin-top:4px'>{legend}</div></div>")
@@ -289,7 +293,7 @@ class JobView:
                              name="spotnb-stop").start()
 
     # -- sink ------------------------------------------------------------------------------------
-    def on_events(self, events: list[dict[str, Any]]) -> None:
+    def on_events(self, events: list[Event]) -> None:
         """Called from the job's thread: fold only; the flusher draws."""
         c0 = time.thread_time()
         with self._lock:
@@ -319,7 +323,8 @@ class JobView:
             try:
                 finished = self.flush()
             except Exception as exc:  # noqa: BLE001 - a drawing bug must not spin or kill the job
-                print(f"spotnb: widget refresh failed: {exc!r}")
+                log.warning("job %s: widget refresh failed: %r", self.job_id, exc,
+                            extra={"job_id": self.job_id})
                 finished = False
             self.cpu_s += time.thread_time() - c0
             if finished:

@@ -49,8 +49,8 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[tuple[str, dict]] = []
 
-    def __call__(self, kind: str, **fields: Any) -> None:
-        self.events.append((kind, fields))
+    def __call__(self, event: Any) -> None:
+        self.events.append((event.kind, event.to_json()))
 
     def kinds(self, kind: str) -> list[dict]:
         return [f for k, f in self.events if k == kind]
@@ -68,6 +68,7 @@ def ckpt_save(c: Any, step: int, kind: str = "periodic", size: int = 64) -> None
 def running_job_in_store(job_id: str) -> tuple[Any, Any, Any]:
     """A job the store and the job DB say is running, with no controller and no instance:
     (store, db, the api EventWriter, flushed)."""
+    from spotnb import protocol as ev
     from spotnb.events import EventWriter
     from spotnb.jobdb import JobDB
     from spotnb.store import Store
@@ -76,8 +77,9 @@ def running_job_in_store(job_id: str) -> tuple[Any, Any, Any]:
     db.add_job(job_id, name=None, provider="local", region=None, instance_type=config.instance_type,
                store=store.url)
     api = EventWriter(store, job_id, 0, "api")
-    api.emit("submitted", name=None)
-    api.emit("status", status="running")
+    api.emit(ev.Submitted(name=None, provider="local", instance_type=config.instance_type,
+                          config={}))
+    api.emit(ev.Status(status=ev.JobStatus.RUNNING))
     api.flush()
     return store, db, api
 

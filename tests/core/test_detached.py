@@ -68,7 +68,7 @@ def test_a_sigkilled_controller_is_replaced(reference, monkeypatch) -> None:
 
 
 def test_two_controllers_never_drive_one_job(monkeypatch) -> None:
-    from spotnb.api import start_controller
+    from spotnb.supervise import start_controller
     job = spot.train(__import__("functools").partial(jobfns.slow_steps, steps=150, step_time=0.01),
                      spot.Config(ship_modules=SHIP))
     wait_progress(job, 10)

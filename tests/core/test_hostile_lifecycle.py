@@ -217,12 +217,12 @@ def test_spotnb_stop_ends_a_job_whose_controller_cannot_run(capsys, monkeypatch)
     import subprocess
     import sys
 
-    import spotnb.api
+    import spotnb.supervise
 
     def crashing_controller(job_id: str, store_url: str) -> int:
         return subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"]).pid
 
-    monkeypatch.setattr(spotnb.api, "start_controller", crashing_controller)
+    monkeypatch.setattr(spotnb.supervise, "start_controller", crashing_controller)
     job_id = "job-no-controller"
     store, db, _ = running_job_in_store(job_id)
     store.write_bytes(store.job(job_id, "spec.json"), b"{}")

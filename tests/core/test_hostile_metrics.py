@@ -109,7 +109,7 @@ def test_readers_survive_a_corrupt_or_foreign_event_log() -> None:
     assert [s for s, _ in again.metrics["step_value"]] == list(range(20))
     from spotnb.server.data import JobViews
     assert JobViews().detail(job.id)["status"] == "succeeded"
-    from spotnb.widget.state import JobState
+    from spotnb.state import JobState
     state = JobState()
     state.feed_events(again.events)
     assert state.status == "succeeded"
@@ -204,7 +204,7 @@ def test_a_failing_pre_commit_flush_aborts_the_commit(tmp_path: Path) -> None:
         if fail["now"]:
             raise OSError("store full")
 
-    ck = Checkpointer(store, "j", 1, lambda kind, **f: events.append((kind, f)),
+    ck = Checkpointer(store, "j", 1, lambda e: events.append((e.kind, e.to_json())),
                       before_commit=before_commit)
     state = {"w": torch.ones(4)}
     ck.save_now(ck.snapshot(state, 10, "periodic"))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import spotnb as spot
+from spotnb import protocol as ev
 from spotnb.controller import Controller
 from spotnb.events import EventWriter
 from spotnb.job import Job
@@ -28,8 +29,8 @@ from tests.core.helpers import running_job_in_store
 
 
 class Events(list):
-    def __call__(self, kind: str, **fields) -> None:
-        self.append((kind, fields))
+    def __call__(self, event) -> None:
+        self.append((event.kind, event.to_json()))
 
     def kinds(self) -> list[str]:
         return [k for k, _ in self]
@@ -170,10 +171,10 @@ def test_a_restarted_controller_ends_a_job_its_predecessor_had_finished(reason, 
     job_id = f"job-{reason}"
     store, db, api = running_job_in_store(job_id)
     ctl = EventWriter(store, job_id, 1, "ctl")
-    ctl.emit("allocating", region="local", attempt=1)
-    ctl.emit("allocated", instance_id="local-gone", region="local", instance_type="g4dn.xlarge",
-             alloc_s=0.1, info={"pid": 0}, spot_price=0.2, on_demand_price=0.5)
-    ctl.emit("exited", instance_id="local-gone", reason=reason, code=0)
+    ctl.emit(ev.Allocating(region="local", attempt=1))
+    ctl.emit(ev.Allocated(instance_id="local-gone", region="local", instance_type="g4dn.xlarge",
+                          alloc_s=0.1, info={"pid": 0}, spot_price=0.2, on_demand_price=0.5))
+    ctl.emit(ev.Exited(instance_id="local-gone", reason=ev.Outcome(reason), code=0))
     ctl.flush()
     if reason == "done":
         from spotnb.signing import new_key, save_key, seal

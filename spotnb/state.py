@@ -1,10 +1,14 @@
-"""`JobState`: an incremental reduction of a job's events into what the views draw.
+"""`JobState`: the one reducer of a job's events — what every view and the controller read.
 
-Why a reducer and not `job.events` re-read on every refresh: a 1,000,000-step job logs a
-million metric rows; the views refresh several times a second. The reducer folds each event
-once (O(1) amortised per metric row) into downsampled series, per-incarnation timelines and a
-compact event list for `spotnb.ledger.breakdown`, so a refresh costs the same at step 10 and
-at step 1,000,000. It imports neither plotly nor ipywidgets, so it is cheap to test.
+`JobState.apply(event)` folds one typed event (`spotnb.protocol`); `Job`, the controller, the
+ledger (`breakdown()`), the CLI, the server extension and the widget all read a job through
+it, so a status, a cost or a count of preemptions means the same everywhere.
+
+Why incremental and not `job.events` re-read on every refresh: a 1,000,000-step job logs a
+million metric rows; the views refresh several times a second. Each event is folded once
+(O(1) amortised per metric row) into downsampled series, per-incarnation records and running
+totals, so a refresh costs the same at step 10 and at step 1,000,000. It imports neither
+plotly nor ipywidgets, and nothing that runs on the instance.
 """
 from __future__ import annotations
 
@@ -12,27 +16,27 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
-from spotnb.events import as_metric
-from spotnb.ledger import Breakdown, breakdown
+from spotnb import protocol as ev
+from spotnb.ledger import Breakdown, Span, compute_breakdown
+from spotnb.protocol import Event, JobStatus, Outcome, as_metric, from_json
 
-log = logging.getLogger("spotnb.widget")
+log = logging.getLogger("spotnb.state")
 
 __all__ = ["Series", "Incarnation", "JobState", "FEED_KINDS", "MAX_POINTS", "describe_kill"]
 
 MAX_POINTS = 1500          # per plotted trace; beyond this buckets double in width
+#: kinds the event feed shows (and any kind this spotnb does not know: a newer writer's)
 FEED_KINDS = frozenset({
     "allocated", "alloc_failed", "ready", "resumed", "notice", "evacuated", "emergency_skipped",
     "preempted", "exited", "checkpoint", "checkpoint_failed", "checkpoint_invalid", "error",
     "done", "stopped", "warning", "hint", "job_resumed",
 })
-# the only kinds `ledger.breakdown` looks at (progress: only the latest per incarnation matters)
-_LEDGER_KINDS = frozenset({"submitted", "status", "allocating", "allocated", "ready",
-                           "preempted", "exited"})
+_SILENT = frozenset({"heartbeat", "segment"})
 
 
-def describe_kill(e: dict[str, Any]) -> str:
+def describe_kill(e: Event | Mapping[str, Any]) -> str:
     """How a `preempted` event ended the instance, in words."""
     if e.get("how") == "evacuated":
         return "left cleanly after an emergency save"
@@ -112,43 +116,54 @@ class Series:
                 [y / c for y, c in zip(self._sy, self._n)])
 
 
+
 @dataclass
 class Incarnation:
-    """What the timeline needs about one instance (one launch of the job)."""
+    """What is known about one instance (one launch of the job)."""
     n: int
     allocating: float | None = None
+    asked: float | None = None          # first `allocating` event (the ledger's alloc start)
     allocated: float | None = None
     started: float | None = None
     ready: float | None = None
     end: float | None = None
     end_how: str | None = None          # preempted (killed), evacuated, done, exited:<reason>
+    preempted: bool = False             # ended by a `preempted` event (the ledger's view)
     instance_id: str | None = None
     region: str | None = None
     instance_type: str | None = None
     spot_price: float | None = None
+    on_demand_price: float | None = None
     alloc_s: float | None = None
     prep_s: float | None = None
     from_step: int | None = None        # resumed from (None: fresh start)
     boundary: int | None = None         # steps <= boundary are recomputed here
     new_work_t: float | None = None     # first time a step beyond `boundary` was logged
     reached: int = -1                   # highest step known done by this instance
-    notice: dict[str, Any] | None = None
-    killed: dict[str, Any] | None = None
+    progress: ev.Progress | None = None  # the latest time accounts of this instance
+    kinds: set[str] = field(default_factory=set)   # every kind it reported
+    notice: ev.Notice | None = None
+    killed: ev.Preempted | None = None
     save_spans: list[tuple[float, float, str]] = field(default_factory=list)
     evacuating: float | None = None
 
+    def span(self) -> Span:
+        return Span(self.n, self.asked, self.allocated, self.ready, self.end, self.preempted,
+                    self.progress, self.spot_price or 0.0, self.on_demand_price or 0.0)
+
 
 class JobState:
-    """Everything the widget and the text view draw, folded from events as they arrive."""
+    """Everything known about a job, folded from its events as they arrive."""
 
     def __init__(self, max_points: int = MAX_POINTS) -> None:
         self.max_points = max_points
         self.job_start: float | None = None
-        self.status = "pending"
+        self.status: str = JobStatus.PENDING
         self.status_reason: str | None = None
         self.name: str | None = None
         self.provider: str | None = None
         self.instance_type: str | None = None
+        self.submitted: ev.Submitted | None = None
         self.metric_names: list[str] = []
         self.first: dict[str, Series] = {}
         # recomputed steps: one segment per (metric, incarnation), drawn with gaps between them
@@ -156,31 +171,47 @@ class JobState:
         self.incs: dict[int, Incarnation] = {}
         self.preempt_marks: list[tuple[int, str]] = []   # (step, hover text)
         self.resume_marks: list[tuple[int, str]] = []
-        self.checkpoints: list[dict[str, Any]] = []
-        self.feed: list[dict[str, Any]] = []
+        self.checkpoints: list[ev.Checkpoint] = []
+        self.feed: list[Event] = []
         self.step = 0
         self.total: int | None = None
         self.step_time: float | None = None
         self.last_metrics: dict[str, float] = {}
-        self.error: dict[str, Any] | None = None
+        self.error: ev.Error | None = None
         self.result_step: int | None = None
         self.last_t: float | None = None
-        self._ledger: list[dict[str, Any]] = []
-        self._progress: dict[int, dict[str, Any]] = {}
+        self.preemptions = 0
+        self.spot_price: float | None = None
+        self.on_demand_price: float | None = None
+        self.ledger_start: float | None = None   # first submission or allocation
+        self.ended_at: float | None = None       # the last status, if it ended the job
         self._boundaries: dict[int, int] = {}
         self.n_events = 0
-        # bumped when a panel has something new to draw
         self.n_skipped = 0
+        # bumped when a panel has something new to draw
         self.versions = {"metrics": 0, "timeline": 0, "breakdown": 0, "info": 0}
 
+    @classmethod
+    def from_events(cls, events: Iterable[Event | Mapping[str, Any]], **kwargs: Any) -> JobState:
+        state = cls(**kwargs)
+        state.feed_events(events)
+        return state
+
     # -- folding ---------------------------------------------------------------------------
-    def feed_events(self, events: Iterable[dict[str, Any]]) -> None:
+    def feed_events(self, events: Iterable[Event | Mapping[str, Any]]) -> None:
+        """Fold events in order. A JSON record (a dict, e.g. from a synthetic stream) is read
+        with the protocol's lenient `from_json` first."""
         for e in events:
+            if not isinstance(e, Event):
+                if not isinstance(e, Mapping) or not isinstance(e.get("kind"), str):
+                    self.n_skipped += 1
+                    continue
+                e = from_json(e)
             try:
-                self._fold(e)
+                self.apply(e)
             except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
-                # a field of an unexpected type (a corrupt log, a newer writer): skip the
-                # event, keep the view alive
+                # a value no fold expected (a corrupt log, a newer writer): skip the event,
+                # keep every view alive
                 self.n_skipped += 1
                 log.warning("skipped an event the view cannot read (%r): %.200s", exc, e)
 
@@ -205,108 +236,132 @@ class JobState:
             if any(m > inc.n for m in self._boundaries):   # late news about an old instance
                 self._boundaries = {m: b for m, b in self._boundaries.items() if m <= inc.n}
 
-    def _fold(self, e: dict[str, Any]) -> None:
+    def apply(self, e: Event) -> None:
+        """Fold one event. The only place where an event kind changes what a job is."""
         self.n_events += 1
-        kind, t, n = e.get("kind"), float(e.get("t") or 0.0), int(e.get("incarnation") or 0)
+        kind, t, n = e.kind, e.t, e.incarnation
         self.last_t = t if self.last_t is None else max(self.last_t, t)
         v = self.versions
-        if kind in _LEDGER_KINDS:
-            self._ledger.append(e)
-            v["breakdown"] += 1
-        if kind == "metrics":
+        if isinstance(e, ev.Metrics):
             self._fold_metrics(e, n)
             return
-        if kind == "progress":
-            self._progress[n] = e
-            self.step = max(self.step, int(e.get("step") or 0))
-            self.total = e.get("total") or self.total
-            if e.get("step_time"):
-                self.step_time = float(e["step_time"])
+        if isinstance(e, ev.Progress):
+            inc = self._inc(n) if n else None
+            if inc is not None:
+                inc.progress = e
+                inc.kinds.add(kind)
+            self.step = max(self.step, e.step)
+            self.total = e.total or self.total
+            if e.step_time:
+                self.step_time = e.step_time
             v["breakdown"] += 1
             v["info"] += 1
             return
-        if kind in ("heartbeat",):
+        if kind in _SILENT:
+            if n:
+                self._inc(n).kinds.add(kind)
             return
-        if kind in FEED_KINDS:
+        if kind in FEED_KINDS or isinstance(e, ev.UnknownEvent):
             self.feed.append(e)
             v["info"] += 1
-        if kind == "submitted":
+        if isinstance(e, ev.Submitted):
+            self.submitted = e
             self.job_start = t if self.job_start is None else min(self.job_start, t)
-            self.name = e.get("name") or self.name
-            self.provider = e.get("provider")
-            self.instance_type = e.get("instance_type")
-        elif kind == "status":
-            self.status = e.get("status", self.status)
-            self.status_reason = e.get("reason")
+            self.ledger_start = t if self.ledger_start is None else min(self.ledger_start, t)
+            self.name = e.name or self.name
+            self.provider = e.provider
+            self.instance_type = e.instance_type
+            v["breakdown"] += 1
+        elif isinstance(e, ev.Status):
+            self.status = e.status
+            self.status_reason = e.reason
+            if n == 0:  # a resumed job ends again later: only the last end counts
+                self.ended_at = t if e.status in _LEDGER_ENDS else None
             v["info"] += 1
-        elif kind == "error":
+            v["breakdown"] += 1
+        elif isinstance(e, ev.Error):
             self.error = e
-        elif kind == "done":
-            self.result_step = e.get("step")
+        elif isinstance(e, ev.Done):
+            self.result_step = e.step
         if n == 0:
             return
         inc = self._inc(n)
+        inc.kinds.add(kind)
         v["timeline"] += 1
         if self.job_start is None:
             self.job_start = t
-        if kind == "allocating" and inc.allocating is None:
-            inc.allocating = t
-        elif kind == "allocated":
+        if isinstance(e, ev.Allocating):
+            if inc.asked is None:
+                inc.asked = t
+                if inc.allocating is None:
+                    inc.allocating = t
+                self.ledger_start = t if self.ledger_start is None else min(self.ledger_start, t)
+                v["breakdown"] += 1
+        elif isinstance(e, ev.Allocated):
             inc.allocated = t
-            inc.instance_id = e.get("instance_id")
-            inc.region = e.get("region")
-            inc.instance_type = e.get("instance_type")
-            inc.spot_price = e.get("spot_price")
-            inc.alloc_s = e.get("alloc_s")
+            inc.instance_id = e.instance_id
+            inc.region = e.region
+            inc.instance_type = e.instance_type
+            inc.spot_price = self.spot_price = e.spot_price or 0.0
+            inc.on_demand_price = self.on_demand_price = e.on_demand_price or 0.0
+            inc.alloc_s = e.alloc_s
             if inc.allocating is None:
-                inc.allocating = t - float(e.get("alloc_s") or 0.0)
-        elif kind == "started":
+                inc.allocating = t - (e.alloc_s or 0.0)
+            v["breakdown"] += 1
+        elif isinstance(e, ev.Started):
             inc.started = t
-        elif kind == "ready" and inc.ready is None:
-            inc.ready = t
-            inc.prep_s = e.get("prep_s")
-            self._boundary(n)
-        elif kind == "resumed":
-            step = int(e.get("from_step") or 0)
+        elif isinstance(e, ev.Ready):
+            if inc.ready is None:
+                inc.ready = t
+                inc.prep_s = e.prep_s
+                self._boundary(n)
+                v["breakdown"] += 1
+        elif isinstance(e, ev.Resumed):
+            step = e.from_step
             inc.from_step = step
             self.resume_marks.append((step, (
-                f"#{n} resumed from step {step}<br>{e.get('save_kind', '?')} checkpoint "
-                f"#{e.get('seq', '?')}, restore {float(e.get('restore_s') or 0):.2f} s")))
+                f"#{n} resumed from step {step}<br>{e.save_kind or '?'} checkpoint "
+                f"#{e.seq}, restore {e.restore_s or 0.0:.2f} s")))
             v["metrics"] += 1
-        elif kind == "checkpoint":
-            snap, up = float(e.get("snapshot_s") or 0.0), float(e.get("upload_s") or 0.0)
-            inc.save_spans.append((t - up - snap, t - up, str(e.get("save_kind"))))
+        elif isinstance(e, ev.Checkpoint):
+            inc.save_spans.append((t - e.upload_s - e.snapshot_s, t - e.upload_s, str(e.save_kind)))
             self.checkpoints.append(e)
-            self._reach(inc, int(e.get("step") or 0) - 1)
-        elif kind == "notice":
+            self._reach(inc, e.step - 1)
+        elif isinstance(e, ev.Notice):
             inc.notice = e
-        elif kind == "evacuating":
+        elif isinstance(e, ev.Evacuating):
             inc.evacuating = t
-        elif kind == "evacuated":
+        elif isinstance(e, ev.Evacuated):
             if inc.evacuating is not None:
                 inc.save_spans.append((inc.evacuating, t, "emergency"))
             inc.end_how = "evacuated"
-        elif kind == "preempted":
+        elif isinstance(e, ev.Preempted):
             inc.end = t
             inc.killed = e
-            inc.end_how = "evacuated" if e.get("how") == "evacuated" else "preempted"
-            if e.get("step") is not None:
-                self._reach(inc, int(e["step"]) - 1)
-            bits = [f"#{n} {inc.instance_id or e.get('instance_id', '')} preempted",
-                    f"at step ≈{max(inc.reached, 0)}", f"after {float(e.get('lifetime_s') or 0):.1f} s"]
+            inc.preempted = True
+            self.preemptions += 1
+            inc.end_how = "evacuated" if e.how == Outcome.EVACUATED else "preempted"
+            if e.step is not None:
+                self._reach(inc, e.step - 1)
+            bits = [f"#{n} {inc.instance_id or e.instance_id} preempted",
+                    f"at step ≈{max(inc.reached, 0)}", f"after {e.lifetime_s:.1f} s"]
             bits.append(describe_kill(e))
             self.preempt_marks.append((max(inc.reached, 0), "<br>".join(bits)))
             v["metrics"] += 1
-        elif kind == "exited":
+            v["breakdown"] += 1
+        elif isinstance(e, ev.Exited):
             inc.end = t
+            inc.preempted = False
             inc.end_how = inc.end_how if inc.end_how == "evacuated" else (
-                "done" if e.get("reason") == "done" else f"exited: {e.get('reason')}")
+                "done" if e.reason == Outcome.DONE else f"exited: {e.reason}")
+            v["breakdown"] += 1
 
-    def _fold_metrics(self, e: dict[str, Any], n: int) -> None:
-        rows = e.get("rows") or ()
+    def _fold_metrics(self, e: ev.Metrics, n: int) -> None:
+        rows = e.rows
         if not rows:
             return
         inc = self._inc(n)
+        inc.kinds.add("metrics")
         boundary = self._boundary(n) if n else -1
         new_t = inc.new_work_t
         top = inc.reached
@@ -317,7 +372,7 @@ class JobState:
                 continue
             redo = step <= boundary
             if not redo and new_t is None:
-                new_t = row.get("t") or e.get("t")
+                new_t = row.get("t") or e.t
             if step > top:
                 top = step
             for key, value in row.items():
@@ -349,7 +404,12 @@ class JobState:
     # -- derived ---------------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return self.status in ("succeeded", "failed", "stopped", "lost")
+        return self.status in ev.TERMINAL
+
+    @property
+    def checkpointed(self) -> bool:
+        """Whether any checkpoint of this job was ever committed."""
+        return bool(self.checkpoints)
 
     def now(self) -> float:
         """The right edge of the timeline: the end of the job, or the wall clock while it runs."""
@@ -358,9 +418,16 @@ class JobState:
         return max(time.time(), self.last_t or 0.0)
 
     def breakdown(self, now: float | None = None) -> Breakdown:
-        """`ledger.breakdown` over the compact event list (same numbers as job.breakdown())."""
-        events = self._ledger + list(self._progress.values())
-        return breakdown(events, now=now if now is not None else (None if not self.done else self.last_t))
+        """Where the time and the money went (`spotnb.ledger`): the same figures for
+        job.breakdown(), the widget, the panel, the CLI and the job DB."""
+        if now is None:
+            now = self.last_t if self.done and self.last_t is not None else time.time()
+        b = compute_breakdown([inc.span() for inc in self.incs.values()], self.ledger_start,
+                              self.ended_at, now)
+        b.preemptions = self.preemptions
+        b.step, b.total_steps = self.step, self.total
+        b.spot_price, b.on_demand_price = self.spot_price, self.on_demand_price
+        return b
 
     def cost(self, b: Breakdown | None = None) -> dict[str, float | None]:
         """Spent so far, on-demand equivalent, savings and the projected total at the current rate."""
@@ -375,3 +442,8 @@ class JobState:
         return {"spot": b.spot_cost, "on_demand": b.on_demand_cost, "savings": b.savings,
                 "projected": projected, "spot_price": b.spot_price,
                 "on_demand_price": b.on_demand_price}
+
+
+# the statuses after which the ledger stops the clock (`lost` is known only to the job DB)
+_LEDGER_ENDS = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED})
+
