@@ -21,7 +21,7 @@ from spotnb.files import FilesError, collect, upload
 from spotnb.job import Job
 from spotnb.jobdb import JobDB
 from spotnb.protocol import TERMINAL, JobStatus
-from spotnb.providers import get_provider_class
+from spotnb.providers import get_provider_class, registry
 from spotnb.providers.base import LaunchSpec
 from spotnb.signing import key_path, load_key, new_key, save_key, seal
 from spotnb.spec import (JobSpec, RuntimeSettings, ShippedFile, SpecError, config_json, load_spec,
@@ -149,7 +149,12 @@ def dry_run_plan(fn: Any, config: Config) -> dict[str, Any]:
                       command=["python", "-m", "spotnb.runtime.agent", "--store", config.store_url(),
                                "--job", "<job-id>", "--incarnation", "1"],
                       requirements=list(config.requirements), spotnb_version=_version())
-    return provider.plan_launch(spec)
+    plan = provider.plan_launch(spec)
+    if isinstance(plan, dict):  # what this provider cannot do, and which others there are
+        plan.setdefault("provider", config.provider)
+        plan["unsupported"] = {f.value: why for f, why in provider.unsupported.items()}
+        plan["providers"] = sorted(registry())
+    return plan
 
 
 def _open_store(url: str) -> Any:

@@ -7,6 +7,8 @@ import sys
 import time
 from typing import Any
 
+from spotnb.providers import registry
+
 __all__ = ["main"]
 
 
@@ -108,7 +110,7 @@ def _end_without_controller(job: Any) -> None:
 
 
 def _controller_log(job_id: str) -> str:
-    from spotnb.config import spotnb_home
+    from spotnb.home import spotnb_home
     return str(spotnb_home() / "logs" / job_id / "controller.log")
 
 
@@ -139,6 +141,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_controller(args: argparse.Namespace) -> int:
     from spotnb.api import run_controller
     return run_controller(args.job_id, args.store)
+
+
+def cmd_providers(args: argparse.Namespace) -> int:
+    """Every registered provider (built-in or from another package's entry point), whether its
+    SDK is installed, what it cannot do and its Config fields."""
+    from spotnb.providers import describe_providers
+    rows = describe_providers()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        state = "ready" if r["installed"] else f"not installed: {r['install']}"
+        print(f"{r['name']:<8} {r['description']} ({state})")
+        for feature, why in r["unsupported"].items():
+            print(f"         no {feature}: {why}")
+        print(f"         fields: {', '.join(r['fields'])}")
+    return 0
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -184,8 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default=None)
     p.set_defaults(func=cmd_controller)
     p = sub.add_parser("gc", help="terminate instances left behind by spotnb jobs")
-    p.add_argument("--provider", required=True, choices=["aws", "azure", "gcp"])
+    p.add_argument("--provider", required=True, choices=sorted(registry()))
     p.set_defaults(func=cmd_gc)
+    p = sub.add_parser("providers", help="the providers spotnb knows, their fields and capabilities")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_providers)
     try:
         from spotnb.sim.cli import add_parser as add_simulate
     except ImportError:

@@ -1,8 +1,12 @@
 """`spot.Config`: everything a job needs to know, validated before any instance is launched.
 
 Generic fields apply to every provider; fields prefixed with a provider name (`local_*`,
-`aws_*`, `azure_*`, `gcp_*`) apply to that provider only (submitit's convention). An unknown
-field, or a field of another provider, is a `ConfigError` that names it and lists the valid ones.
+`aws_*`, `azure_*`, `gcp_*`, or a third-party provider's) apply to that provider only
+(submitit's convention). Each provider owns its fields: they are declared by its settings
+model (`spotnb/providers/<name>_settings.py`) and `Config` is composed from the settings of
+every registered provider (`spotnb.providers.registry`), so adding a provider edits nothing
+here. An unknown field, or a field of another provider, is a `ConfigError` that names it and
+lists the valid ones.
 """
 from __future__ import annotations
 
@@ -11,91 +15,33 @@ import math
 import os
 import re
 import unicodedata
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from spotnb.durations import DAY, Duration, bounded, parse_duration
 from spotnb.errors import ConfigError
+from spotnb.home import spotnb_home
+from spotnb.providers import registry
+from spotnb.providers.aws_settings import AWSSettings
+from spotnb.providers.azure_settings import AzureSettings
+from spotnb.providers.gcp_settings import GCPSettings
+from spotnb.providers.local_settings import LocalSettings
 
-__all__ = ["Config", "parse_duration", "spotnb_home", "PROVIDER_PREFIXES"]
-
-PROVIDER_PREFIXES = ("local_", "aws_", "azure_", "gcp_")
+__all__ = ["Config", "parse_duration", "spotnb_home", "provider_prefixes"]
 
 #: Longest job name: it is shown in lists and widgets and becomes part of cloud resource tags.
 MAX_NAME = 200
-_DAY = 86400.0
 #: fsspec protocols that can only read (a store is written by every instance and the controller).
 _READ_ONLY = {"http", "https", "github", "git", "zip", "tar", "libarchive", "reference", "data"}
 
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|min|s|m|h|d)")
+
+def provider_prefixes() -> tuple[str, ...]:
+    """The field prefixes of every registered provider ("local_", "aws_", …)."""
+    return tuple(f"{name}_" for name in registry())
 
 
-def parse_duration(value: Any) -> float:
-    """Seconds from a number or a string like "90s", "2m", "1h30m", "500ms" (a bare number is seconds)."""
-    if isinstance(value, bool):
-        raise ValueError("expected a duration, got a bool")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip().lower().replace(" ", "")
-        try:
-            seconds = float(text)
-        except ValueError:
-            parts = _DURATION_RE.findall(text)
-            if not parts or "".join(n + u for n, u in parts) != text:
-                raise ValueError(
-                    f"invalid duration {value!r}: use seconds (90) or a string like '90s', '2m', '3h', '1h30m'"
-                ) from None
-            seconds = sum(float(n) * _UNITS[u] for n, u in parts)
-    else:
-        raise ValueError(f"expected a duration (seconds or '2m'), got {type(value).__name__}")
-    if not math.isfinite(seconds):
-        raise ValueError(f"{value!r} is not a finite duration: give seconds or a string like '2m'"
-                         " (None, where the field allows it, means 'no limit')")
-    if seconds < 0:
-        raise ValueError(f"duration must be non-negative, got {value!r}")
-    return seconds
-
-
-def _bounded(seconds: float, low: float, high: float, why: str) -> float:
-    """`seconds` if within [low, high]; else a ValueError with the bounds and why they are there
-    (an absurd duration is a typo, and a job that waits 1000 days for it is worse than an error)."""
-    if not low <= seconds <= high:
-        raise ValueError(f"{seconds:g} s is outside [{_human(low)}, {_human(high)}]: {why}")
-    return seconds
-
-
-def _human(seconds: float) -> str:
-    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g} {unit}"
-    return f"{seconds:g} s"
-
-
-def spotnb_home() -> Path:
-    """`$SPOTNB_HOME`, default `~/.spotnb`: job DB and the default `file://` store live here."""
-    return Path(os.environ.get("SPOTNB_HOME", Path.home() / ".spotnb")).expanduser()
-
-
-Duration = float
-Range = tuple[float, float]
-
-
-def _range(value: Any, name: str) -> Range:
-    if isinstance(value, (list, tuple)):
-        if len(value) != 2:
-            raise ValueError(f"takes a duration or a [low, high) pair, got {len(value)} items")
-        lo, hi = (parse_duration(v) for v in value)
-        if hi < lo:
-            raise ValueError(f"high ({hi}) is below low ({lo})")
-        return (lo, hi)
-    d = parse_duration(value)
-    return (d, d)
-
-
-class Config(BaseModel):
+class _GenericConfig(BaseModel):
     """What to run where. Durations take seconds or strings such as "90s", "2m", "3h"."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, validate_assignment=True,
@@ -129,67 +75,6 @@ class Config(BaseModel):
     ship_modules: list[str] = Field(default_factory=list, description="Modules pickled by value.")
     price_spot: float | None = Field(None, ge=0, description="Override the spot $/h of the price table.")
     price_on_demand: float | None = Field(None, ge=0, description="Override the on-demand $/h.")
-
-    # --- local spot market -------------------------------------------------------------
-    local_mttp: Duration | None = Field(None, description="Mean time to preemption (exponential); "
-                                                          "None = no random preemptions.")
-    local_grace: Duration | None = Field(None, description="Notice lead time before the kill "
-                                                           "(default: 120 s aws, 30 s azure/gcp).")
-    local_alloc_delay: Range = Field((0.3, 0.8), description="Allocation delay, seconds or [low, high).")
-    local_capacity_failure: float = Field(0.0, ge=0, lt=1, description="Chance an allocation fails "
-                                                                       "for lack of capacity.")
-    local_schedule: list[Any] | None = Field(None, description="Deterministic preemptions, one per "
-                                             "instance: lifetimes in seconds, or {'step': N, 'phase': "
-                                             "'step'|'save'|'upload'|'commit'|'restore', 'notice': bool} (a kill when the "
-                                             "instance reaches that step and phase; with notice, the "
-                                             "notice then and the kill local_grace later).")
-    local_trace: str | None = Field(None, description="Replay a trace file (bamboo / parcae format) "
-                                                      "or a bundled trace name.")
-    local_notice_format: Literal["aws", "azure", "gcp"] = Field("aws", description="Which cloud's "
-                                                                "metadata protocol the emulator speaks.")
-    local_upload_bps: float | None = Field(None, gt=0, description="Emulated upload bandwidth, bytes/s.")
-    local_seed: int | None = Field(None, description="Seed of the local market's random draws.")
-
-    # --- clouds (used by their providers) -------------------------------------------------
-    # `region` / `regions` name an AWS region or availability zone ("us-east-1", "us-east-1b"),
-    # an Azure location ("eastus") or a GCP zone ("us-central1-a"). Credentials never go here:
-    # each SDK's standard chain finds them (see notebooks/03-clouds.ipynb).
-    aws_image_id: str | None = Field(None, description="AMI id or 'resolve:ssm:/path' (default: "
-                                     "the latest Deep Learning OSS Nvidia Driver AMI, PyTorch).")
-    aws_key_name: str | None = Field(None, description="EC2 key pair (none: no SSH key at all).")
-    aws_instance_profile: str | None = Field(None, description="IAM instance profile the VM uses "
-                                             "to reach the store (default: spotnb creates one "
-                                             "limited to the store's bucket).")
-    aws_subnet_id: str | None = Field(None, description="Subnet (default: the default VPC).")
-    aws_max_price: float | None = Field(None, gt=0, description="Spot max $/h (default: on-demand).")
-    aws_security_group_ids: list[str] | None = Field(None, description="Security groups (default: "
-                                                     "spotnb-no-inbound, created with no inbound rule).")
-    aws_disk_gb: int | None = Field(None, ge=8, description="Root volume size (default: the AMI's).")
-    azure_subscription_id: str | None = Field(None, description="Default: $AZURE_SUBSCRIPTION_ID.")
-    azure_resource_group: str | None = Field(None, description="Resource group for the VMs.")
-    azure_image: str | None = Field(None, description="'publisher:offer:sku:version' or an image "
-                                    "resource id (default: Microsoft's Ubuntu HPC image with GPU drivers).")
-    azure_eviction_policy: Literal["Deallocate", "Delete"] = "Delete"
-    azure_max_price: float = -1.0
-    azure_subnet_id: str | None = Field(None, description="Subnet resource id for the VM's NIC.")
-    azure_identity_id: str | None = Field(None, description="User-assigned managed identity the VM "
-                                          "reaches the store with (Storage Blob Data Contributor).")
-    azure_storage_account: str | None = Field(None, description="Storage account of an az:// store "
-                                              "(default: $AZURE_STORAGE_ACCOUNT_NAME).")
-    azure_ssh_public_key: str | None = Field(None, description="Admin SSH public key (default: a "
-                                             "throwaway key whose private half is never kept).")
-    azure_disk_gb: int | None = Field(None, ge=30, description="OS disk size (default: the image's).")
-    gcp_project: str | None = Field(None, description="Default: the credentials' project.")
-    gcp_image: str | None = Field(None, description="Image URL (default: the Deep Learning VM "
-                                  "PyTorch image family with CUDA).")
-    gcp_service_account: str | None = Field(None, description="Service account email the VM "
-                                            "reaches the store with (default: the project's default).")
-    gcp_network: str | None = Field(None, description="Network URL (default: global/networks/default).")
-    gcp_subnetwork: str | None = Field(None, description="Subnetwork URL (default: the network's).")
-    gcp_accelerator_type: str | None = Field(None, description="GPU type for N1 machine types, "
-                                             "e.g. nvidia-tesla-t4 (A2/A3/G2 types include theirs).")
-    gcp_accelerator_count: int = Field(1, ge=1, description="GPUs of gcp_accelerator_type.")
-    gcp_disk_gb: int = Field(100, ge=10, description="Boot disk size.")
 
     def __init__(self, **data: Any) -> None:
         unknown = [k for k in data if k not in type(self).model_fields]
@@ -229,7 +114,7 @@ class Config(BaseModel):
         if v < 2.0:
             raise ValueError(f"{v:g} s is too short: instances report every few seconds; use >= 2 s "
                              "(a minute is usual for clouds)")
-        return _bounded(v, 2.0, _DAY, "a dead instance would be noticed only after that long, "
+        return bounded(v, 2.0, DAY, "a dead instance would be noticed only after that long, "
                         "and paid for meanwhile (a minute is usual for clouds)")
 
     @field_validator("notice_poll")
@@ -238,12 +123,11 @@ class Config(BaseModel):
         if v < 0.01:
             raise ValueError(f"{v:g} s would poll the metadata endpoint in a busy loop; use >= 0.01 s "
                              "(AWS suggests 5 s, Azure 1 s)")
-        return _bounded(v, 0.01, 60.0, "a notice gives 30 s to 2 min of warning, and a poll this "
+        return bounded(v, 0.01, 60.0, "a notice gives 30 s to 2 min of warning, and a poll this "
                         "rare would miss it (AWS suggests 5 s, Azure 1 s)")
 
     @field_validator("save_every", "keep_last", "max_preemptions", "max_retries",
-                     "max_stalled_relaunches", "local_seed", "aws_disk_gb", "azure_disk_gb",
-                     "gcp_accelerator_count", "gcp_disk_gb", mode="before")
+                     "max_stalled_relaunches", mode="before")
     @classmethod
     def _no_bool(cls, v: Any) -> Any:
         """A bool where a count belongs is a slip (True would silently mean 1): refuse it."""
@@ -276,66 +160,9 @@ class Config(BaseModel):
                                  "configured on the image, or a token from the instance's environment")
         return v
 
-    @field_validator("local_mttp", "local_grace", mode="before")
-    @classmethod
-    def _opt_duration(cls, v: Any) -> float | None:
-        return None if v is None else parse_duration(v)
-
-    @field_validator("local_mttp")
-    @classmethod
-    def _mttp(cls, v: float | None) -> float | None:
-        if v is None:
-            return v
-        if v <= 0:
-            raise ValueError("local_mttp must be positive (or None for no random preemptions)")
-        return _bounded(v, 0.0, 30 * _DAY, "use None for no random preemptions")
-
-    @field_validator("local_grace")
-    @classmethod
-    def _local_grace(cls, v: float | None) -> float | None:
-        return None if v is None else _bounded(v, 0.0, 3600.0, "clouds give 30 s to 2 min of notice")
-
-    @field_validator("local_alloc_delay", mode="before")
-    @classmethod
-    def _alloc(cls, v: Any) -> Range:
-        lo, hi = _range(v, "local_alloc_delay")
-        _bounded(hi, 0.0, 3600.0, "every launch of the local market would wait that long")
-        return lo, hi
-
-    @field_validator("local_schedule", mode="before")
-    @classmethod
-    def _schedule(cls, v: Any) -> list[Any] | None:
-        if v is None:
-            return None
-        if not isinstance(v, (list, tuple)):
-            raise ValueError("give a list: lifetimes in seconds ('2m') or {'step': N, 'phase': ...}")
-        out: list[Any] = []
-        for item in v:
-            if isinstance(item, dict):
-                bad = set(item) - {"step", "phase", "after", "notice"}
-                if bad:
-                    raise ValueError(f"schedule entry keys are step, phase, notice, after; got {sorted(bad)}")
-                if "step" in item:
-                    if not _is_int(item["step"]) or item["step"] < 0:
-                        raise ValueError(f"schedule 'step' must be a non-negative int, got {item['step']!r}")
-                    phase = item.get("phase", "step")
-                    if phase not in ("step", "save", "upload", "commit", "restore"):
-                        raise ValueError("schedule 'phase' is one of step, save, upload, commit, "
-                                         f"restore; got {phase!r}")
-                    out.append({"step": item["step"], "phase": phase,
-                                "notice": bool(item.get("notice", False))})
-                elif "after" in item:
-                    out.append({"after": _lifetime(item["after"])})
-                else:
-                    raise ValueError("a schedule entry needs 'step' or 'after'")
-            else:
-                out.append({"after": _lifetime(item)})
-        return out
-
     @field_validator("provider")
     @classmethod
     def _provider(cls, v: str) -> str:
-        from spotnb.providers import registry
         if v not in registry():
             raise ValueError(f"unknown provider {v!r}; choose one of {sorted(registry())}")
         return v
@@ -360,9 +187,9 @@ class Config(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _provider_fields(self) -> "Config":
+    def _provider_fields(self) -> Any:
         own = f"{self.provider}_"
-        for prefix in PROVIDER_PREFIXES:
+        for prefix in provider_prefixes():
             if prefix == own:
                 continue
             for name in self.model_fields_set:
@@ -371,33 +198,17 @@ class Config(BaseModel):
                                      f"{self.provider!r}: remove it or set provider={prefix[:-1]!r}")
         if self.region is not None and self.regions is not None:
             raise ValueError("give region (one) or regions (candidates), not both")
-        if self.provider == "local" and (self.price_spot is None or self.price_on_demand is None):
-            from spotnb.prices import lookup_price
-            if lookup_price(self.instance_type) is None:
-                raise ValueError(f"instance_type {self.instance_type!r} is not in the price table, so "
-                                 "the local market cannot price it: pick a listed type (e.g. "
-                                 "'g4dn.xlarge') or give price_spot and price_on_demand")
+        registry()[self.provider].settings.check_config(self)
         return self
 
     # -- derived ---------------------------------------------------------------------------
     def store_url(self) -> str:
         return self.store or (spotnb_home() / "store").as_uri()
 
-    def grace(self) -> float:
-        """Notice lead time of the chosen market (the local market mimics its notice format)."""
-        if self.provider == "local" and self.local_grace is not None:
-            return self.local_grace
-        fmt = self.local_notice_format if self.provider == "local" else self.provider
-        return {"aws": 120.0, "azure": 30.0, "gcp": 30.0}[fmt]
-
     def candidate_regions(self) -> list[str] | Literal["cheapest"]:
         if self.regions is not None:
             return self.regions
         return [self.region] if self.region else []
-
-
-def _lifetime(value: Any) -> float:
-    return _bounded(parse_duration(value), 0.0, 30 * _DAY, "a scheduled lifetime is at most 30 days")
 
 
 def _check_store(url: str) -> None:
@@ -427,13 +238,32 @@ def _check_store(url: str) -> None:
                          f"file://{os.path.abspath(rest)}")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _has_userinfo(text: str) -> bool:
     """True for a URL with `user:secret@host` in it (anywhere in a pip spec)."""
     return bool(re.search(r"[a-z][a-z0-9+.-]*://[^/\s@]+@", text, re.I))
+
+
+class Config(_GenericConfig, LocalSettings, AWSSettings, AzureSettings, GCPSettings):
+    """What to run where. Durations take seconds or strings such as "90s", "2m", "3h".
+
+    The generic fields, then each provider's (`local_*`, `aws_*`, `azure_*`, `gcp_*`, and those
+    of providers registered by other packages): see `Config.model_fields` or `help(spot.Config)`.
+    """
+
+
+def _compose(base: type[Config]) -> type[Config]:
+    """`Config` with the settings of providers other packages registered (their fields and
+    validators), under the same name. Built-in providers are part of the class itself, so
+    type checkers see their fields."""
+    plugins = tuple(info.settings for info in registry().values() if not info.builtin)
+    if not plugins:
+        return base
+    composed: type[Config] = create_model("Config", __base__=(base, *plugins), __module__=__name__,
+                                          __doc__=base.__doc__)
+    return composed
+
+
+Config = _compose(Config)  # type: ignore[misc]
 
 
 def _unknown_message(unknown: list[str]) -> str:

@@ -28,6 +28,7 @@ from spotnb.job import Job
 from spotnb.jobdb import JobDB
 from spotnb.protocol import TERMINAL, Event, JobStatus, Outcome
 from spotnb.policy import Observation, resolve_policy
+from spotnb.providers import provider_info
 from spotnb.providers.base import Instance, InstanceState, InstanceStatus, LaunchSpec, Provider
 from spotnb.store import Store
 from spotnb.supervise import job_vanished, mark_lost
@@ -85,6 +86,8 @@ class _Outcome:
 class Controller:
     def __init__(self, job: Job, config: Any, provider: Provider, store: Store, db: JobDB) -> None:
         self.job, self.config, self.provider, self.store, self.db = job, config, provider, store, db
+        # every record names the job, so a view of it can show what this controller says
+        self.log = logging.LoggerAdapter(log, {"job_id": job.id})
         self.reader = EventReader(store, job.id)
         self.writer = EventWriter(store, job.id, 0, "ctl")
         self._stop = threading.Event()
@@ -139,7 +142,7 @@ class Controller:
             except OSError as exc:
                 if wait is None:
                     raise
-                log.warning("job %s: cannot write events (%s); %d kept, retrying in %.1f s",
+                self.log.warning("job %s: cannot write events (%s); %d kept, retrying in %.1f s",
                             self.job.id, exc, writer.pending, wait)
                 time.sleep(wait)
 
@@ -165,7 +168,7 @@ class Controller:
         self._stop.set()
         dropped = sum(w.discard() for w in list(self._writers.values()))
         if dropped:
-            log.warning("job %s: lease lost; %d unwritten event(s) dropped", self.job.id, dropped)
+            self.log.warning("job %s: lease lost; %d unwritten event(s) dropped", self.job.id, dropped)
 
     def set_status(self, status: JobStatus, reason: str | None = None) -> None:
         if self.job.status != status or reason is not None:
@@ -224,7 +227,7 @@ class Controller:
                   "again")
         self.db.update_job(self.job.id, status="lost", status_reason=reason, burn_rate=0.0)
         self.job._mark_lost(reason)
-        log.error("job %s is lost: %s", self.job.id, reason)
+        self.log.error("job %s is lost: %s", self.job.id, reason)
         raise JobDirectoryDeleted(reason)
 
     def _keep_lease(self) -> None:
@@ -237,7 +240,7 @@ class Controller:
             try:
                 until = self.db.renew_lease(self.job.id, self.owner, self.generation, LEASE_TTL)
             except sqlite3.OperationalError as exc:
-                log.warning("job %s: lease renewal failed (%s); retrying", self.job.id, exc)
+                self.log.warning("job %s: lease renewal failed (%s); retrying", self.job.id, exc)
                 time.sleep(min(1.0, LEASE_TTL / 8))
                 continue
             if until is None:
@@ -263,8 +266,7 @@ class Controller:
     def _main(self) -> None:
         lease = self._take_lease()
         if lease is None:
-            log.warning("job %s already has a live controller", self.job.id,
-                        extra={"job_id": self.job.id})
+            self.log.warning("job %s already has a live controller", self.job.id)
             return
         self._thread_alive = True
         if lease["previous_expiry"] is not None:
@@ -278,15 +280,13 @@ class Controller:
             self._run()
         except LeaseLost:
             self._lose_lease()
-            log.warning("another controller took job %s over", self.job.id,
-                        extra={"job_id": self.job.id})
+            self.log.warning("another controller took job %s over", self.job.id)
             return
         except JobDirectoryDeleted:
             return  # recorded in the job DB; nothing may be written to the store
         except BaseException as exc:  # noqa: BLE001 - a controller bug must end the job visibly
             tb = traceback.format_exc()
-            log.error("job %s: controller error", self.job.id, exc_info=True,
-                      extra={"job_id": self.job.id})
+            self.log.error("job %s: controller error", self.job.id, exc_info=True)
             if self._lease_lost.is_set():
                 return  # not ours to end any more
             if _store_refuses(exc):
@@ -315,7 +315,7 @@ class Controller:
                   "be recorded: the controller ended its instance and stopped. Make the store "
                   "writable again (free space, remount read-write, fix permissions), then submit "
                   "the job again")
-        log.error("job %s: %s", self.job.id, reason)
+        self.log.error("job %s: %s", self.job.id, reason)
         self.db.update_job(self.job.id, status="lost", status_reason=reason, burn_rate=0.0)
         self.job._mark_lost(reason)
 
@@ -441,7 +441,7 @@ class Controller:
         self._fence()
         reason = mark_lost(row, why)["status_reason"]
         self.job._mark_lost(reason)
-        log.error("job %s is lost: %s", self.job.id, why)
+        self.log.error("job %s is lost: %s", self.job.id, why)
         return True
 
     def _recover(self) -> tuple[int, Instance | None, _Outcome | None] | None:
@@ -633,11 +633,11 @@ class Controller:
                            state_bytes=saves[-1].nbytes if saves else 0, now=time.time())
 
     def _market(self) -> dict[str, float]:
-        prior_mttp = getattr(self.config, "local_mttp", None) if self.provider.name == "local" else None
-        lo, hi = self.config.local_alloc_delay
+        """What the policy assumes of this market: the job DB's measurements, shrunk toward the
+        provider's priors (a configured market, like the local one, knows its own)."""
+        priors = provider_info(self.provider.name).settings.market_priors(self.config)
         stats = self.db.market(self.provider.name, self.config.region, self.config.instance_type,
-                               **({"prior_mttp": prior_mttp} if prior_mttp else {}),
-                               **({"prior_restart": (lo + hi) / 2 + 2.0} if self.provider.name == "local" else {}))
+                               **priors)
         return {**stats.as_dict(), "grace": self.provider.notice_settings()["grace"]}
 
     def _regions(self) -> list[str | None]:

@@ -202,7 +202,8 @@ class EventReader:
                 return typed
             problem = "not an event object"
         if name not in self.skipped:
-            log.warning("job %s: skipped a line of events/%s that is %s", self.job_id, name, problem)
+            log.warning("job %s: skipped a line of events/%s that is %s", self.job_id, name, problem,
+                        extra={"job_id": self.job_id})
         self.skipped[name] = self.skipped.get(name, 0) + 1
         return None
 
@@ -212,7 +213,8 @@ class EventReader:
         if header.protocol > PROTOCOL_VERSION:
             log.warning("job %s: events/%s was written by a newer spotnb (protocol %d; this one "
                         "reads %d): kinds and fields it does not know are kept and shown as they are",
-                        self.job_id, name, header.protocol, PROTOCOL_VERSION)
+                        self.job_id, name, header.protocol, PROTOCOL_VERSION,
+                        extra={"job_id": self.job_id})
 
 
 def _time_of(event: Event) -> float:

@@ -6,7 +6,10 @@ import html
 import logging
 import threading
 import time
+from collections.abc import AsyncIterator, Generator
 from typing import TYPE_CHECKING, Any, Callable
+
+from spotnb import aio
 
 from spotnb.errors import JobFailed, JobStopped, SpotnbError
 from spotnb.events import EventReader, EventSink
@@ -44,6 +47,7 @@ class Job:
         #: the job as its events say (the one reducer; read it under `lock`)
         self.state = JobState()
         self._finished = threading.Event()
+        self._done_callbacks: list[Callable[[], None]] = []
         self._sinks: list[EventSink] = []
         self._result: Any = None
         self._result_loaded = False
@@ -71,10 +75,11 @@ class Job:
             try:
                 sink.on_events(events)
             except Exception as exc:  # noqa: BLE001 - a broken view must not stop the job
-                log.warning("job %s: a job view failed and was detached: %r", self.id, exc)
+                log.warning("job %s: a job view failed and was detached: %r", self.id, exc,
+                            extra={"job_id": self.id})
                 self.remove_sink(sink)
         if self.state.status in TERMINAL:
-            self._finished.set()
+            self._finish()
 
     def add_sink(self, sink: EventSink, replay: bool = True) -> None:
         """Send events to `sink` as they arrive (after replaying those seen so far)."""
@@ -107,7 +112,8 @@ class Job:
                 try:
                     self._ingest(reader.poll())
                 except Exception as exc:  # noqa: BLE001 - the follower must outlive any bad read
-                    log.warning("job %s: reading events failed, retrying: %r", self.id, exc)
+                    log.warning("job %s: reading events failed, retrying: %r", self.id, exc,
+                                extra={"job_id": self.id})
                     continue
 
         if not self._finished.is_set():
@@ -131,7 +137,48 @@ class Job:
         """The store is gone: no event can say so, the job DB row does (see supervise.job_vanished)."""
         with self._lock:
             self.state.status, self.state.status_reason = JobStatus.LOST, reason
-        self._finished.set()
+        self._finish()
+
+    def _finish(self) -> None:
+        """The job has ended: wake `wait()`ers and run the done callbacks once."""
+        with self._lock:
+            if self._finished.is_set():
+                return
+            self._finished.set()
+            callbacks, self._done_callbacks = self._done_callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception as exc:  # noqa: BLE001 - one waiter's bug must not stop the others
+                log.warning("job %s: a done callback failed: %r", self.id, exc,
+                            extra={"job_id": self.id})
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` (from the job's thread) once the job has ended; at once if it has."""
+        with self._lock:
+            if not self._finished.is_set():
+                self._done_callbacks.append(callback)
+                return
+        callback()
+
+    def remove_done_callback(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if callback in self._done_callbacks:
+                self._done_callbacks.remove(callback)
+
+    # -- awaiting (spotnb.aio) -------------------------------------------------------------------
+    def __await__(self) -> Generator[Any, None, Any]:
+        """`await job`: the function's return value, as `job.result()` gives it."""
+        return aio.result_async(self).__await__()
+
+    async def wait_async(self, timeout: float | None = None) -> bool:
+        """`await job.wait_async()`: True once the job ended, False on timeout."""
+        return await aio.wait_async(self, timeout)
+
+    def stream(self) -> AsyncIterator[Event]:
+        """`async for event in job.stream()`: every event so far, then each new one, ending
+        after the one that ends the job."""
+        return aio.stream(self)
 
     # -- public ---------------------------------------------------------------------------------
     @property

@@ -13,14 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spotnb.config import spotnb_home
+from spotnb.home import spotnb_home
+from spotnb.policy.base import PRIOR_MTTP, PRIOR_RESTART
 from spotnb.errors import SpotnbError
 from spotnb.store import private_dir
 
 __all__ = ["JobDB", "MarketStats", "AmbiguousJobId", "PRIOR_MTTP", "PRIOR_RESTART"]
 
-PRIOR_MTTP = 3 * 3600.0   # thesis: ~4 preemptions per 12 h on Azure NC12s_v3
-PRIOR_RESTART = 170.0     # median GPU spot allocation ~110 s (DeepSpotCloud) + ~60 s preparation
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (

@@ -111,7 +111,7 @@ def key_from_env(environ: Any = None) -> bytes | None:
 
 # -- notebook side: the key file --------------------------------------------------------------
 def _home() -> Path:
-    from spotnb.config import spotnb_home
+    from spotnb.home import spotnb_home
     return spotnb_home()
 
 

@@ -90,10 +90,10 @@ class JobSpec(_Model):
         passes; a field this spotnb does not know is refused with the usual clear error. A
         Policy object that was given is not here (it is code, in fn.pkl): the controller then
         uses the default policy for its own decisions (pre-allocation)."""
-        from spotnb.config import PROVIDER_PREFIXES, Config
+        from spotnb.config import Config, provider_prefixes
         own = f"{self.provider}_"
         fields = {k: v for k, v in self.config.items()
-                  if not (k.startswith(PROVIDER_PREFIXES) and not k.startswith(own))
+                  if not (k.startswith(provider_prefixes()) and not k.startswith(own))
                   and not (k == "checkpoint" and v is None)}
         return Config(**fields)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import fsspec
 
-from spotnb.config import spotnb_home
+from spotnb.home import spotnb_home
 from spotnb.jobdb import JobDB
 from spotnb.protocol import TERMINAL, JobStatus
 from spotnb.store import Store, private_dir

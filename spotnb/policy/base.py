@@ -14,10 +14,16 @@ from dataclasses import dataclass, replace
 from spotnb.protocol import SaveKind  # re-exported: policies name the saves they plan
 
 __all__ = ["Observation", "SaveKind", "Policy", "Plan", "BatchPlan", "emergency_feasible",
-           "steps_for", "FOREVER"]
+           "steps_for", "FOREVER", "PRIOR_MTTP", "PRIOR_RESTART"]
 
 #: "No limit" in steps (a plan that holds for the whole job).
 FOREVER = 2**62
+#: What a policy assumes of a market nobody has measured yet (the job DB then shrinks its
+#: measurements toward these; the agent uses them when the controller sent none):
+#: ~4 preemptions per 12 h (Azure NC12s_v3 GPUs) and a restart of ~110 s median GPU spot
+#: allocation plus ~60 s of preparation.
+PRIOR_MTTP = 3 * 3600.0
+PRIOR_RESTART = 170.0
 
 
 @dataclass(frozen=True)

@@ -1,57 +1,110 @@
-"""A lazy registry of providers (fsspec's `known_implementations` pattern).
+"""The registry of providers: name → `ProviderInfo` (settings model, class to import lazily).
 
-Names map to "module:Class" strings and are imported on first use, so `import spotnb` never
-imports a cloud SDK. Third parties register through the `spotnb.providers` entry point group.
+Built-in providers are listed here; third parties register through the `spotnb.providers`
+entry-point group (the entry point names a `ProviderInfo`). Provider classes are imported on
+first use (fsspec's `known_implementations` pattern), so `import spotnb` imports no cloud SDK;
+the settings models are light and are read at import to compose `spot.Config`.
 """
 from __future__ import annotations
 
-import importlib
+import logging
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any
 
 from spotnb.errors import ProviderUnavailable
+from spotnb.providers.aws_settings import AWSSettings
+from spotnb.providers.azure_settings import AzureSettings
+from spotnb.providers.gcp_settings import GCPSettings
+from spotnb.providers.info import ProviderInfo, ProviderSettings
+from spotnb.providers.local_settings import LocalSettings
 
 if TYPE_CHECKING:
     from spotnb.providers.base import Provider
 
-__all__ = ["registry", "get_provider_class", "known_providers"]
+__all__ = ["registry", "get_provider_class", "provider_info", "describe_providers", "ProviderInfo",
+           "ProviderSettings", "ENTRY_POINT_GROUP"]
 
-_KNOWN: dict[str, dict[str, str]] = {
-    "local": {"class": "spotnb.providers.local:LocalProvider", "err": ""},
-    "aws": {"class": "spotnb.providers.aws:AWSProvider", "err": "pip install 'spotnb[aws]'"},
-    "azure": {"class": "spotnb.providers.azure:AzureProvider", "err": "pip install 'spotnb[azure]'"},
-    "gcp": {"class": "spotnb.providers.gcp:GCPProvider", "err": "pip install 'spotnb[gcp]'"},
-}
-known_providers: Mapping[str, Mapping[str, str]] = MappingProxyType(_KNOWN)
+log = logging.getLogger("spotnb.providers")
+
+ENTRY_POINT_GROUP = "spotnb.providers"
+
+_BUILTIN = (
+    ProviderInfo("local", "spotnb.providers.local:LocalProvider", LocalSettings,
+                 description="the local spot market: processes on this machine, really killed",
+                 builtin=True),
+    ProviderInfo("aws", "spotnb.providers.aws:AWSProvider", AWSSettings,
+                 install="pip install 'spotnb[aws]'", description="AWS EC2 Spot", builtin=True),
+    ProviderInfo("azure", "spotnb.providers.azure:AzureProvider", AzureSettings,
+                 install="pip install 'spotnb[azure]'", description="Azure Spot VMs", builtin=True),
+    ProviderInfo("gcp", "spotnb.providers.gcp:GCPProvider", GCPSettings,
+                 install="pip install 'spotnb[gcp]'", description="GCP Spot VMs", builtin=True),
+)
+_KNOWN: dict[str, ProviderInfo] = {info.name: info for info in _BUILTIN}
 _entry_points_loaded = False
 
 
 def _load_entry_points() -> None:
+    """Add the providers other packages register. One that cannot be loaded is left out with
+    a warning naming it (a broken plugin must not stop `import spotnb`)."""
     global _entry_points_loaded
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
     from importlib.metadata import entry_points
-    for ep in entry_points(group="spotnb.providers"):
-        _KNOWN.setdefault(ep.name, {"class": ep.value.replace(":", ":", 1), "err": ""})
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _KNOWN:
+            continue
+        try:
+            info = ep.load()
+        except Exception as exc:  # noqa: BLE001 - any error of a third party's import
+            log.warning("provider %r (entry point %s) could not be loaded and is left out: %r",
+                        ep.name, ep.value, exc)
+            continue
+        if not isinstance(info, ProviderInfo) or info.name != ep.name:
+            log.warning("provider %r: entry point %s is not a ProviderInfo named %r; left out",
+                        ep.name, ep.value, ep.name)
+            continue
+        _KNOWN[info.name] = info
 
 
-def registry() -> Mapping[str, Mapping[str, str]]:
-    """Read-only view of every provider name spotnb knows."""
+def registry() -> Mapping[str, ProviderInfo]:
+    """Read-only view of every provider spotnb knows, built-ins first."""
     _load_entry_points()
-    return known_providers
+    return MappingProxyType(_KNOWN)
 
 
-def get_provider_class(name: str) -> "type[Provider]":
-    """Import and return the provider class; a missing extra raises with the pip command."""
-    entry = registry().get(name)
-    if entry is None:
+def provider_info(name: str) -> ProviderInfo:
+    info = registry().get(name)
+    if info is None:
         raise ProviderUnavailable(f"unknown provider {name!r}; known: {sorted(registry())}")
-    module_name, _, cls_name = entry["class"].partition(":")
+    return info
+
+
+def get_provider_class(name: str) -> type[Provider]:
+    """Import and return the provider class; a missing extra raises with the pip command."""
+    info = provider_info(name)
     try:
-        module = importlib.import_module(module_name)
+        return info.load()
     except ImportError as exc:
-        hint = entry.get("err") or "install its package"
+        hint = info.install or "install its package"
         raise ProviderUnavailable(f"provider {name!r} needs packages that are not installed "
                                   f"({exc.name}): {hint}") from exc
-    return getattr(module, cls_name)
+
+
+def describe_providers() -> list[dict[str, Any]]:
+    """What `spotnb providers` and the dry run show: each provider, whether its SDK imports,
+    what it cannot do (with the reason) and its Config fields."""
+    rows = []
+    for name, info in registry().items():
+        try:
+            cls = info.load()
+        except ImportError:
+            installed, unsupported = False, {}
+        else:
+            installed = True
+            unsupported = {feature.value: why for feature, why in cls.unsupported.items()}
+        rows.append({"name": name, "description": info.description, "installed": installed,
+                     "install": info.install, "builtin": info.builtin, "unsupported": unsupported,
+                     "fields": list(info.settings.model_fields)})
+    return rows

@@ -16,6 +16,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from spotnb.errors import CapacityError, ConfigError
+from spotnb.providers.info import NOTICE_GRACE
 
 if TYPE_CHECKING:
     from spotnb.config import Config
@@ -33,6 +34,7 @@ class Feature(str, Enum):
     MULTI_REGION = "launching across several regions"
     REMOTE_STORE = "a store other than the local filesystem"
     MEMORY_STORE = "a memory:// store (visible to one process only)"
+    CLEANUP = "finding and ending instances a dead controller left behind (spotnb gc)"
 
 
 class InstanceState(str, Enum):
@@ -115,7 +117,7 @@ class Provider(ABC):
 
     def notice_settings(self) -> dict[str, Any]:
         """How the agent hears of a preemption: protocol (aws | azure | gcp) and grace seconds."""
-        return {"format": self.name, "grace": self.config.grace()}
+        return {"format": self.name, "grace": NOTICE_GRACE[self.name]}
 
     def supports(self, feature: Feature) -> bool:
         return feature not in self.unsupported

@@ -65,8 +65,15 @@ def gc(provider_name: str, config: "Config | None" = None, *, all_unknown: bool 
     from spotnb.jobdb import JobDB
     from spotnb.providers import get_provider_class
 
+    from spotnb.errors import ConfigError
+    from spotnb.providers.base import Feature
+
     config = config or Config(provider=provider_name)
     provider = get_provider_class(provider_name)(config)
+    if not provider.supports(Feature.CLEANUP):
+        provider.close()
+        raise ConfigError(f"spotnb gc: provider {provider_name!r} leaves nothing behind to clean "
+                          f"up ({provider.unsupported[Feature.CLEANUP]})")
     try:
         lister = getattr(provider, "list_tagged", None)
         if lister is None:

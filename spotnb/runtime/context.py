@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import torch
 
 from spotnb import protocol as ev
-from spotnb.policy.base import Observation, Plan, Policy, SaveKind
+from spotnb.policy.base import PRIOR_MTTP, PRIOR_RESTART, Observation, Plan, Policy, SaveKind
 from spotnb.runtime.beacon import Beacon, Phase
 from spotnb.runtime.checkpoint import Checkpointer
 from spotnb.runtime.notice import Notice
@@ -325,7 +325,7 @@ class Context:
             step=self._step,
             step_time=(self._compute_s + self._recompute_s) / steps if steps else 0.0,
             snapshot_time=self._ckpt.snapshot_ema, upload_time=self._ckpt.upload_ema,
-            mttp=self._market.get("mttp", 3 * 3600.0), restart_time=self._market.get("restart", 120.0),
+            mttp=self._market.get("mttp", PRIOR_MTTP), restart_time=self._market.get("restart", PRIOR_RESTART),
             grace=self._market.get("grace", 30.0), save_every=self._save_every,
             total_steps=self.total,
             snapshot_sd=self._ckpt.snapshot_var ** 0.5, upload_sd=self._ckpt.upload_var ** 0.5,

@@ -25,7 +25,8 @@ from plotly.subplots import make_subplots
 
 from spotnb.widget.figures import (CATEGORY_COLORS, breakdown_traces, metric_traces,
                                    timeline_traces)
-from spotnb.protocol import Event
+from spotnb import logs
+from spotnb.protocol import Event, JobWarning
 from spotnb.state import JobState
 from spotnb.widget.text import event_text
 
@@ -238,8 +239,10 @@ class JobView:
         self.fold_cpu_s = 0.0     # CPU seconds spent folding events (caller's thread)
         self.figure_flushes = 0
         self._build()
+        self._log_handler: logs.JobLogHandler | None = None
         if job is not None:
             job.add_sink(self, replay=True)
+            self._log_handler = logs.attach(self.job_id, self._on_log)
         if autostart:
             self.start()
 
@@ -308,10 +311,21 @@ class JobView:
                                             name=f"spotnb-widget-{self.job_id}")
             self._thread.start()
 
+    def _on_log(self, record: logging.LogRecord) -> None:
+        """A warning spotnb logged about this job, in this process (the controller of a job
+        driven from this kernel, the follower): shown in the feed like the job's own."""
+        self.on_events([JobWarning(message=record.getMessage(), t=record.created)])
+
+    def _stop_logs(self) -> None:
+        handler, self._log_handler = self._log_handler, None
+        if handler is not None:
+            logs.detach(handler)
+
     def detach(self) -> None:
         """Stop following (widget closed)."""
         self._closed.set()
         self._wake.set()
+        self._stop_logs()
         if self.job is not None:
             self.job.remove_sink(self)
 
@@ -323,11 +337,12 @@ class JobView:
             try:
                 finished = self.flush()
             except Exception as exc:  # noqa: BLE001 - a drawing bug must not spin or kill the job
-                log.warning("job %s: widget refresh failed: %r", self.job_id, exc,
-                            extra={"job_id": self.job_id})
+                # (no job_id: this is about the view, and must not feed the view itself)
+                log.warning("job %s: widget refresh failed: %r", self.job_id, exc)
                 finished = False
             self.cpu_s += time.thread_time() - c0
             if finished:
+                self._stop_logs()
                 return
             self._closed.wait(self.interval)
 

@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any, ClassVar
 
-from spotnb.config import spotnb_home
+from spotnb.home import spotnb_home
 from spotnb.errors import CapacityError, ConfigError
 from spotnb.preempt import Exponential, Never, PreemptionProcess
 from spotnb.prices import lookup_price
@@ -40,6 +40,7 @@ class LocalProvider(Provider):
     unsupported: ClassVar[dict[Feature, str]] = {
         Feature.MEMORY_STORE: "local instances are separate processes and cannot see it",
         Feature.MULTI_REGION: "the local market has a single region ('local')",
+        Feature.CLEANUP: "local instances are processes of their controller and end with it",
     }
 
     def __init__(self, config: Any) -> None:
@@ -47,7 +48,7 @@ class LocalProvider(Provider):
         self.rng = random.Random(config.local_seed)
         self.emulator: MetadataEmulator | None = None
         self.notice_format = config.local_notice_format
-        self.grace = config.grace()
+        self.grace = config.local_notice_grace()
         self.schedule = list(config.local_schedule or [])
         self.process = self._process()
         self.t0: float | None = None

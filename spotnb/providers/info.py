@@ -1,0 +1,78 @@
+"""What spotnb knows about a provider before importing it: its settings and how to load it.
+
+A provider is two things: its `Provider` class (which imports a cloud SDK, so it is loaded only
+when a job runs there) and its *settings*: a pydantic model whose fields all carry the
+provider's prefix (`aws_image_id`, `local_mttp`, …). `spot.Config` is composed from every
+registered provider's settings (see `spotnb.config`), so the settings module must import no
+SDK. A third-party provider ships a `ProviderInfo` in its package and names it in the
+`spotnb.providers` entry-point group; nothing in spotnb is edited.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from spotnb.providers.base import Provider
+
+__all__ = ["ProviderSettings", "ProviderInfo", "NOTICE_GRACE", "no_bool"]
+
+#: Seconds between a cloud's preemption notice and the kill (PROTOCOLS.md figures: EC2's
+#: two-minute warning, Azure Scheduled Events' 30 s minimum, GCP's 30 s ACPI soft-off).
+NOTICE_GRACE = {"aws": 120.0, "azure": 30.0, "gcp": 30.0}
+
+
+class ProviderSettings(BaseModel):
+    """Base of a provider's settings. Every field starts with `prefix`; methods a settings
+    class adds carry the prefix too (they become methods of `spot.Config`, beside every other
+    provider's). Override the class methods to take part in whole-Config checks."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    prefix: ClassVar[str] = ""
+
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        """Raise ValueError for a Config this provider cannot run (called only when
+        `config.provider` is this provider, after every field validated)."""
+
+    @classmethod
+    def market_priors(cls, config: Any) -> dict[str, float]:
+        """Prior mean time to preemption (`prior_mttp`) and restart time (`prior_restart`),
+        seconds, before the job DB has measured this market; {} for spotnb's defaults."""
+        return {}
+
+
+@dataclass(frozen=True)
+class ProviderInfo:
+    """One registered provider. `provider`: "module:Class", imported on first use;
+    `settings`: its settings model (light); `install`: what to install for its SDK."""
+
+    name: str
+    provider: str
+    settings: type[ProviderSettings]
+    install: str = ""
+    description: str = ""
+    builtin: bool = field(default=False, compare=False)
+
+    def __post_init__(self) -> None:
+        prefix = f"{self.name}_"
+        bad = [f for f in self.settings.model_fields if not f.startswith(prefix)]
+        if bad:
+            raise ValueError(f"provider {self.name!r}: settings fields {bad} do not start with "
+                             f"{prefix!r} (every provider's fields carry its prefix)")
+
+    def load(self) -> type[Provider]:
+        module_name, _, cls_name = self.provider.partition(":")
+        module = importlib.import_module(module_name)
+        cls: type[Provider] = getattr(module, cls_name)
+        return cls
+
+
+def no_bool(v: Any) -> Any:
+    """A bool where a count belongs is a slip (True would silently mean 1): refuse it."""
+    if isinstance(v, bool):
+        raise ValueError(f"got {v!r}; give a whole number")
+    return v
