@@ -26,8 +26,21 @@ import dataclasses
 import math
 
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum
 from typing import Any, Callable, ClassVar, Iterator, Mapping
+
+try:
+    from enum import StrEnum
+except ImportError:  # Python 3.10
+
+    class StrEnum(str, Enum):  # type: ignore[no-redef]
+        """A str whose format and str are its value (enum.StrEnum of Python 3.11+)."""
+
+        def __str__(self) -> str:
+            return str(self.value)
+
+        def __format__(self, spec: str) -> str:
+            return str(self.value).__format__(spec)
 
 __all__ = [
     "PROTOCOL_VERSION", "JobStatus", "TERMINAL", "Outcome", "EventKind", "SaveKind", "Event",

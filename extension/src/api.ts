@@ -1,6 +1,8 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { JobStatus, SpotEvent, TERMINAL, UnknownEvent } from './protocol.gen';
+
 /** One row of GET /spotnb/api/jobs (the job DB row plus derived fields). */
 export interface IJobRow {
   id: string;
@@ -8,7 +10,7 @@ export interface IJobRow {
   provider: string;
   region: string | null;
   instance_type: string;
-  status: string;
+  status: JobStatus;
   created: number;
   updated: number;
   step: number;
@@ -76,7 +78,7 @@ export interface IJobDetail {
   job: IJobRow;
   now: number;
   error?: string;
-  status?: string;
+  status?: JobStatus;
   status_reason?: string | null;
   name?: string | null;
   provider?: string | null;
@@ -101,10 +103,23 @@ export interface IJobDetail {
   events?: {
     count: number;
     kinds: { [kind: string]: number };
-    recent: Array<{ t: number; kind: string; incarnation: number; [k: string]: any }>;
+    /** the latest events, without tracebacks, configs and metric rows */
+    recent: Array<SpotEvent | UnknownEvent>;
   };
-  figures?: { [name: string]: any } | null;
+  figures?: { [name: string]: IPlotlyFigure } | null;
   failure?: { message: string; exc_type: string; traceback: string } | null;
+}
+
+/** The notebook widget's plotly figures as the server sends them (what this view touches). */
+export interface IPlotlyFigure {
+  data?: unknown[];
+  layout?: {
+    height?: number;
+    title?: { text?: string };
+    xaxis?: { title?: { text?: string } };
+    [key: string]: unknown;
+  };
+  config?: { [key: string]: unknown };
 }
 
 /** A request to the spotnb server extension, with Jupyter's auth (token / XSRF) attached. */
@@ -118,18 +133,21 @@ export async function requestAPI<T>(path: string, init: RequestInit = {}): Promi
     throw new ServerConnection.NetworkError(error as TypeError);
   }
   const text = await response.text();
-  let data: any = text;
+  let data: unknown = text;
   try {
     data = text ? JSON.parse(text) : null;
   } catch {
     // not JSON (an HTML error page): keep the text
   }
   if (!response.ok) {
-    const message = (data && data.message) || text || response.statusText;
+    const reply = data as { message?: string } | null;
+    const message = reply?.message || text || response.statusText;
     throw new ServerConnection.ResponseError(response, message);
   }
   return data as T;
 }
 
-export const ACTIVE = ['running', 'restoring', 'preempted', 'pending'];
-export const TERMINAL = ['succeeded', 'failed', 'stopped', 'lost'];
+/** Whether a job with this status has ended (`JobStatus.is_terminal` in Python). */
+export function isTerminal(status: string | null | undefined): boolean {
+  return (TERMINAL as readonly string[]).includes(status ?? '');
+}

@@ -3,10 +3,7 @@
 export function esc(value: unknown): string {
   return String(value ?? '').replace(
     /[&<>"']/g,
-    c =>
-      ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[
-        c
-      ] as string
+    c => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c] as string
   );
 }
 
@@ -65,7 +62,9 @@ export function percent(fraction: number | null | undefined): string {
 }
 
 export function progress(step: number, total: number | null | undefined): string {
-  return total ? `${step.toLocaleString()} / ${total.toLocaleString()}` : `${step.toLocaleString()}`;
+  return total
+    ? `${step.toLocaleString()} / ${total.toLocaleString()}`
+    : `${step.toLocaleString()}`;
 }
 
 export function clock(t: number | null | undefined): string {

@@ -16,11 +16,11 @@ import { SpotStatus } from './statusbar';
 
 const PLUGIN_ID = 'spotnb:plugin';
 
-namespace CommandIDs {
-  export const openJob = 'spotnb:open-job';
-  export const showPanel = 'spotnb:show-panel';
-  export const refresh = 'spotnb:refresh';
-}
+const CommandIDs = {
+  openJob: 'spotnb:open-job',
+  showPanel: 'spotnb:show-panel',
+  refresh: 'spotnb:refresh'
+} as const;
 
 export const spotIcon = new LabIcon({
   name: 'spotnb:spot',
@@ -48,9 +48,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const model = new JobsModel(2000);
     const tracker = new WidgetTracker<MainAreaWidget<JobView>>({ namespace: 'spotnb-job' });
 
-    const panel = new JobsPanel(model, id =>
-      void app.commands.execute(CommandIDs.openJob, { id })
-    );
+    const panel = new JobsPanel(model, id => void app.commands.execute(CommandIDs.openJob, { id }));
     panel.title.icon = spotIcon;
     shell.add(panel, 'left', { rank: 650 });
 

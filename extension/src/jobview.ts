@@ -1,21 +1,21 @@
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { IRenderMimeRegistry, MimeModel } from '@jupyterlab/rendermime';
 import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
+import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 import { Message } from '@lumino/messaging';
 import { Panel, Widget } from '@lumino/widgets';
 
-import { IBreakdown, IJobDetail, ISeries, TERMINAL, requestAPI } from './api';
+import { IBreakdown, IJobDetail, IPlotlyFigure, ISeries, isTerminal, requestAPI } from './api';
 import { clock, duration, esc, money, percent, progress, rate } from './format';
+import { PALETTE, SpotEvent, UnknownEvent } from './protocol.gen';
 
 const PLOTLY_MIME = 'application/vnd.plotly.v1+json';
-const CATEGORIES: Array<[keyof IBreakdown, string, string]> = [
-  ['compute', 'compute', '#2ca02c'],
-  ['recompute', 'recompute', '#ff7f0e'],
-  ['save', 'checkpoint save', '#9467bd'],
-  ['alloc', 'allocation', '#7f7f7f'],
-  ['prep', 'preparation', '#17becf'],
-  ['other', 'other', '#c7c7c7']
-];
+/** Where the time went: the widget's categories, labels and colours (spotnb/palette.py). */
+const CATEGORIES: Array<[keyof IBreakdown, string, string]> = PALETTE.categories.map(c => [
+  c.key,
+  c.label,
+  c.color
+]);
 
 /** One figure slot: the widget's plotly figure through JupyterLab's plotly renderer when one
  * is installed (jupyterlab-plotly ships with plotly), else a small SVG of our own. */
@@ -33,7 +33,7 @@ class FigureSlot extends Panel {
     return !!this.rendermime && !!this.rendermime.preferredMimeType({ [PLOTLY_MIME]: {} }, 'any');
   }
 
-  async draw(figure: any | null | undefined, fallback: () => string): Promise<void> {
+  async draw(figure: IPlotlyFigure | null | undefined, fallback: () => string): Promise<void> {
     if (figure && this.canPlot) {
       const json = JSON.stringify(figure);
       if (json === this._json) {
@@ -44,14 +44,14 @@ class FigureSlot extends Panel {
       // the new one is drawn, so the figure does not flicker
       const renderer = this.rendermime!.createRenderer(PLOTLY_MIME);
       const model = new MimeModel({
-        data: { [PLOTLY_MIME]: tidy(figure) },
+        data: { [PLOTLY_MIME]: tidy(figure) as ReadonlyPartialJSONObject },
         metadata: {},
         trusted: true
       });
       this.addWidget(renderer);
       try {
         await renderer.renderModel(model as IRenderMime.IMimeModel);
-      } catch (error) {
+      } catch {
         renderer.dispose();
         this._json = '';
         this._fallback(fallback);
@@ -83,12 +83,12 @@ class FigureSlot extends Panel {
 /** Display-only adjustments of the widget's figures for this view: a short figure's bottom
  * legend (placed in paper coordinates) collides with its x-axis title, so the axis title moves
  * into the figure title; the plotly logo goes. The data are not changed. */
-function tidy(figure: any): any {
-  const fig = JSON.parse(JSON.stringify(figure));
+function tidy(figure: IPlotlyFigure): IPlotlyFigure {
+  const fig = JSON.parse(JSON.stringify(figure)) as IPlotlyFigure;
   const layout = (fig.layout = fig.layout ?? {});
   const axis = layout.xaxis?.title?.text;
   const title = layout.title?.text;
-  if (axis && title && (layout.height ?? 450) < 350) {
+  if (axis && title && layout.title && layout.xaxis && (layout.height ?? 450) < 350) {
     layout.title.text = title.includes('(') ? title : `${title} (${axis})`;
     delete layout.xaxis.title;
   }
@@ -191,7 +191,7 @@ export class JobView extends Panel {
       delay = this.interval * 3;
       this._renderError();
     }
-    const terminal = TERMINAL.includes(this._detail?.status ?? '');
+    const terminal = isTerminal(this._detail?.status);
     if (!this.isDisposed && this.isAttached && !terminal) {
       this._timer = window.setTimeout(
         () => void (this.isVisible ? this.refresh() : this._clear()),
@@ -204,7 +204,8 @@ export class JobView extends Panel {
     const d = this._detail;
     const result = await showDialog({
       title: 'Stop this spot job?',
-      body: `${d?.name || this.jobId}: its instance is terminated and the job ends as "stopped". ` +
+      body:
+        `${d?.name || this.jobId}: its instance is terminated and the job ends as "stopped". ` +
         'Its last checkpoint stays in the store.',
       buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Stop job' })]
     });
@@ -247,7 +248,7 @@ export class JobView extends Panel {
       badge.title = d.status_reason;
     }
     const button = head.querySelector('.spotnb-stop') as HTMLButtonElement;
-    const terminal = TERMINAL.includes(status);
+    const terminal = isTerminal(status);
     button.disabled = terminal || button.textContent === 'Stopping…';
     button.hidden = terminal;
     if (terminal) {
@@ -267,18 +268,42 @@ export class JobView extends Panel {
     const total = d.total ?? job.total_steps;
     const step = d.step ?? job.step;
     head.querySelector('.spotnb-cards')!.innerHTML =
-      card('spotnb-cost-spot', 'Spot cost', money(c?.spot ?? job.spot_cost),
-        c?.spot_price ? `at ${rate(c.spot_price)}` : '') +
-      card('spotnb-cost-ondemand', 'On-demand equivalent', money(c?.on_demand ?? job.on_demand_cost),
-        c?.on_demand_price ? `at ${rate(c.on_demand_price)}` : '') +
-      card('spotnb-cost-saved', 'Saved', money(Math.max(0, (c?.on_demand ?? 0) - (c?.spot ?? 0))),
-        percent(c?.savings ?? job.savings)) +
-      card('spotnb-cost-projected', terminal ? 'Final cost' : 'Projected total',
-        money(c?.projected ?? null), !terminal && job.burn_rate ? `burning ${rate(job.burn_rate)}` : '') +
-      card('spotnb-progress-card', 'Progress', `step ${progress(step, total)}`,
-        d.step_time ? `${(d.step_time * 1000).toFixed(1)} ms/step` : '') +
-      card('spotnb-preempt-card', 'Preemptions', String(b?.preemptions ?? job.preemptions),
-        b ? `${b.incarnations} instance${b.incarnations === 1 ? '' : 's'}` : '');
+      card(
+        'spotnb-cost-spot',
+        'Spot cost',
+        money(c?.spot ?? job.spot_cost),
+        c?.spot_price ? `at ${rate(c.spot_price)}` : ''
+      ) +
+      card(
+        'spotnb-cost-ondemand',
+        'On-demand equivalent',
+        money(c?.on_demand ?? job.on_demand_cost),
+        c?.on_demand_price ? `at ${rate(c.on_demand_price)}` : ''
+      ) +
+      card(
+        'spotnb-cost-saved',
+        'Saved',
+        money(Math.max(0, (c?.on_demand ?? 0) - (c?.spot ?? 0))),
+        percent(c?.savings ?? job.savings)
+      ) +
+      card(
+        'spotnb-cost-projected',
+        terminal ? 'Final cost' : 'Projected total',
+        money(c?.projected ?? null),
+        !terminal && job.burn_rate ? `burning ${rate(job.burn_rate)}` : ''
+      ) +
+      card(
+        'spotnb-progress-card',
+        'Progress',
+        `step ${progress(step, total)}`,
+        d.step_time ? `${(d.step_time * 1000).toFixed(1)} ms/step` : ''
+      ) +
+      card(
+        'spotnb-preempt-card',
+        'Preemptions',
+        String(b?.preemptions ?? job.preemptions),
+        b ? `${b.incarnations} instance${b.incarnations === 1 ? '' : 's'}` : ''
+      );
     await Promise.all([
       this._slots.metrics.draw(d.figures?.metrics, () => metricsSvg(d)),
       this._slots.timeline.draw(d.figures?.timeline, () => timelineHtml(d)),
@@ -312,7 +337,7 @@ function metricsSvg(d: IJobDetail): string {
   const [y0, y1] = [Math.min(...ys), Math.max(...ys)];
   const sx = (x: number) => 40 + ((x - x0) / (x1 - x0 || 1)) * (W - 50);
   const sy = (y: number) => H - 20 - ((y - y0) / (y1 - y0 || 1)) * (H - 30);
-  const colors = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd'];
+  const colors = PALETTE.metrics;
   const lines = all
     .map(
       (s, i) =>
@@ -355,7 +380,8 @@ function breakdownSvg(b: IBreakdown | undefined): string {
   let x = 0;
   const bars = CATEGORIES.map(([key, label, color]) => {
     const w = ((b[key] as number) / b.total) * 600;
-    const rect = `<rect x="${x.toFixed(1)}" y="0" width="${w.toFixed(1)}" height="24" fill="${color}">` +
+    const rect =
+      `<rect x="${x.toFixed(1)}" y="0" width="${w.toFixed(1)}" height="24" fill="${color}">` +
       `<title>${esc(label)}: ${duration(b[key] as number)}</title></rect>`;
     x += w;
     return rect;
@@ -396,12 +422,12 @@ function eventsHtml(d: IJobDetail): string {
   if (!recent.length) {
     return '';
   }
-  const describe = (e: { [k: string]: any }): string => {
+  const describe = (e: SpotEvent | UnknownEvent): string => {
     const skip = new Set(['t', 'kind', 'incarnation']);
     return Object.entries(e)
       .filter(([k, v]) => !skip.has(k) && v !== null && typeof v !== 'object')
       .slice(0, 6)
-      .map(([k, v]) => `${k}=${typeof v === 'number' ? +v.toFixed(3) : v}`)
+      .map(([k, v]) => `${k}=${typeof v === 'number' ? +v.toFixed(3) : String(v)}`)
       .join(', ');
   };
   const rows = recent

@@ -44,10 +44,8 @@ export class JobsPanel extends Widget {
     if (!data) {
       return;
     }
-    (this.node.querySelector('.spotnb-panel-empty') as HTMLElement).hidden =
-      data.jobs.length > 0;
-    (this.node.querySelector('.spotnb-panel-totals') as HTMLElement).textContent =
-      totals(data);
+    (this.node.querySelector('.spotnb-panel-empty') as HTMLElement).hidden = data.jobs.length > 0;
+    (this.node.querySelector('.spotnb-panel-totals') as HTMLElement).textContent = totals(data);
     const list = this.node.querySelector('.spotnb-job-list') as HTMLElement;
     list.innerHTML = data.jobs.map(card).join('');
   }

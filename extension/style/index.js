@@ -1,1 +1,2 @@
+import './palette.gen.css';
 import './base.css';

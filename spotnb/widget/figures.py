@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spotnb import palette
 from spotnb.ledger import Breakdown
 from spotnb.state import Incarnation, JobState, describe_kill
 
@@ -16,13 +17,10 @@ __all__ = ["metric_traces", "timeline_traces", "breakdown_traces", "static_figur
            "PANELS", "COLORS", "CATEGORY_COLORS", "format_bytes"]
 
 PANELS = ("metrics", "timeline", "breakdown")
-COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
-CATEGORY_COLORS = {
-    "compute": "#2ca02c", "recompute": "#ff7f0e", "save": "#1f77b4", "alloc": "#9e9e9e",
-    "prep": "#bcbd22", "other": "#dddddd",
-}
-PREEMPT_COLOR = "#d62728"
-RESUME_COLOR = "#17becf"
+COLORS = palette.METRICS
+CATEGORY_COLORS = {key: color for key, (color, _label) in palette.CATEGORIES.items()}
+PREEMPT_COLOR = palette.MARKS["preempt"]
+RESUME_COLOR = palette.MARKS["resume"]
 Trace = tuple[str, dict[str, Any]]
 
 
@@ -72,8 +70,8 @@ def metric_traces(state: JobState) -> list[Trace]:
         out.append((f"r:{name}", {
             "type": "scatter", "mode": "lines+markers", "name": f"{name} (recomputed)",
             "legendgroup": name, "x": rx, "y": ry, "visible": True if rx else "legendonly",
-            "line": {"color": "#ff7f0e", "width": 1.4, "dash": "dot"},
-            "marker": {"size": 4, "color": "#ff7f0e", "symbol": "circle-open"},
+            "line": {"color": palette.MARKS["redo"], "width": 1.4, "dash": "dot"},
+            "marker": {"size": 4, "color": palette.MARKS["redo"], "symbol": "circle-open"},
             "hovertemplate": f"{name} %{{y:.4g}} (recomputed)<br>step %{{x:.0f}}<extra></extra>",
         }))
     px, py, pt = _vlines(state.preempt_marks)
@@ -171,8 +169,7 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
             f"{format_bytes(e.get('bytes'))}, snapshot {float(e.get('snapshot_s') or 0):.3f} s, "
             f"upload {float(e.get('upload_s') or 0):.3f} s")
     out: list[Trace] = []
-    names = {"alloc": "allocation", "prep": "preparation", "recompute": "recompute",
-             "compute": "compute", "save": "save"}
+    names = {key: label for key, (_color, label) in palette.CATEGORIES.items()}
     for cat, d in segs.items():
         out.append((f"tl:{cat}", {
             "type": "bar", "orientation": "h", "name": names[cat], "legendgroup": f"cat:{cat}",
@@ -181,8 +178,8 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
             "marker": {"color": CATEGORY_COLORS[cat]}, "width": 0.6, "showlegend": False,
         }))
     for key, d, name, symbol, color, size in (
-            ("tl:ckpt", ckpt, "checkpoint", "diamond", "#1f77b4", 7),
-            ("tl:notice", notice, "notice", "triangle-down", "#ff7f0e", 11),
+            ("tl:ckpt", ckpt, "checkpoint", "diamond", palette.MARKS["checkpoint"], 7),
+            ("tl:notice", notice, "notice", "triangle-down", palette.MARKS["notice"], 11),
             ("tl:kill", kill, "kill", "x", PREEMPT_COLOR, 11)):
         out.append((key, {
             "type": "scatter", "mode": "markers", "name": name, "x": d["x"], "y": d["y"],
@@ -199,13 +196,13 @@ def breakdown_traces(b: Breakdown) -> list[Trace]:
     out: list[Trace] = []
     base = 0.0
     total = b.total or 0.0
-    for cat in ("compute", "recompute", "save", "alloc", "prep", "other"):
+    for cat, (_color, label) in palette.CATEGORIES.items():
         val = float(getattr(b, cat))
         share = val / total if total else 0.0
         out.append((f"bd:{cat}", {
-            "type": "bar", "orientation": "h", "name": cat, "legendgroup": f"cat:{cat}",
+            "type": "bar", "orientation": "h", "name": label, "legendgroup": f"cat:{cat}",
             "y": [0], "x": [val], "base": [base],
-            "hovertemplate": f"{cat}: %{{x:.1f}} s ({share:.0%})<extra></extra>",
+            "hovertemplate": f"{label}: %{{x:.1f}} s ({share:.0%})<extra></extra>",
             "marker": {"color": CATEGORY_COLORS[cat]}, "width": 0.6, "showlegend": False,
         }))
         base += val

@@ -25,7 +25,7 @@ from plotly.subplots import make_subplots
 
 from spotnb.widget.figures import (CATEGORY_COLORS, breakdown_traces, metric_traces,
                                    timeline_traces)
-from spotnb import logs
+from spotnb import logs, palette
 from spotnb.protocol import Event, JobWarning
 from spotnb.state import JobState
 from spotnb.widget.text import event_text
@@ -36,9 +36,6 @@ log = logging.getLogger("spotnb.widget")
 
 _FIGURE_COST = 4          # comm messages of one plotly batch_update (edit ids, update, reset)
 _FIGURE_REPLY_COST = 4    # a live front end answers with trace/layout deltas (echo + reset each)
-_BADGE = {"pending": "#757575", "running": "#1565c0", "preempted": "#ef6c00",
-          "restoring": "#6a1b9a", "succeeded": "#2e7d32", "failed": "#c62828",
-          "stopped": "#424242", "lost": "#6d4c41"}
 
 
 class MessageBudget:
@@ -156,7 +153,7 @@ def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> 
     b = state.breakdown()
     cost = state.cost(b)
     status = state.status
-    color = _BADGE.get(status, "#757575")
+    color = palette.status_color(status)
     total = b.total_steps or state.total
     step = max(b.step, state.step)
     frac = min(1.0, step / total) if total else 0.0
@@ -183,7 +180,7 @@ def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> 
             f" data-savings='{sav:.4f}' style='min-width:260px'>"
             f"<div style='font-size:18px'><b>${cost['spot']:.4f}</b> spot "
             f"<span style='color:#666'>vs ${cost['on_demand']:.4f} on demand</span></div>"
-            f"<div><b style='color:{'#2e7d32' if sav >= 0 else '#c62828'}'>{sav:.0%} saved</b>"
+            f"<div><b style='color:{palette.GOOD if sav >= 0 else palette.BAD}'>{sav:.0%} saved</b>"
             f"{f' · projected total ${proj:.4f}' if proj is not None else ''}</div>{price}</div>"
             f"</div>")
     t0 = state.job_start or 0.0
@@ -201,7 +198,8 @@ def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> 
               f"{_esc(state.error.exc_type)}: {_esc(state.error.message)}</b></summary>"
               f"<pre style='background:#fff5f5;color:#b71c1c;font-size:11px;overflow:auto;"
               f"max-height:300px'>{_esc(state.error.traceback)}</pre></details>")
-    legend = " ".join(f"<span style='color:{c}'>■</span> {k}" for k, c in CATEGORY_COLORS.items())
+    legend = " ".join(f"<span style='color:{c}'>■</span> {label}"
+                      for c, label in palette.CATEGORIES.values())
     return (f"<div class='spotnb-job-info' style='font-family:sans-serif;font-size:13px'>{head}"
             f"{feed}{tb}<div style='font-size:11px;color:#666;margin-top:4px'>{legend}</div></div>")
 
