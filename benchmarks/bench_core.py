@@ -9,6 +9,7 @@
 4. relaunch -> first resumed step, minus bare `import torch`             (goal <= 1 s)
 5. ctx.steps + ctx.log overhead per step                                 (goal <= 5 us)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,9 +50,16 @@ def make_context(store: Store, policy: Policy) -> tuple[Context, Checkpointer]:
     events: list[Any] = []
     emit = lambda e: events.append((e.kind, e.to_json()))  # noqa: E731
     ckpt = Checkpointer(store, "bench", 1, emit, Beacon(None), keep_last=2)
-    ctx = Context(job_id="bench", incarnation=1, checkpointer=ckpt, policy=policy, emit=emit,
-                  flush=lambda: None, beacon=Beacon(None),
-                  market={"mttp": 3600.0, "restart": 120.0, "grace": 30.0})
+    ctx = Context(
+        job_id="bench",
+        incarnation=1,
+        checkpointer=ckpt,
+        policy=policy,
+        emit=emit,
+        flush=lambda: None,
+        beacon=Beacon(None),
+        market={"mttp": 3600.0, "restart": 120.0, "grace": 30.0},
+    )
     return ctx, ckpt
 
 
@@ -75,8 +83,10 @@ def bench_stall(model: torch.nn.Module, store: Store) -> float:
         ckpt.wait()
     ckpt.close()
     copy_s, stall_s = statistics.median(copies), statistics.median(stalls)
-    print(f"1. stall per save {stall_s * 1e3:.1f} ms / RAM copy {copy_s * 1e3:.1f} ms "
-          f"= {stall_s / copy_s:.2f}   (goal <= 1.2; medians of 7, interleaved)")
+    print(
+        f"1. stall per save {stall_s * 1e3:.1f} ms / RAM copy {copy_s * 1e3:.1f} ms "
+        f"= {stall_s / copy_s:.2f}   (goal <= 1.2; medians of 7, interleaved)"
+    )
     return stall_s / copy_s
 
 
@@ -105,8 +115,10 @@ def bench_throughput(model: torch.nn.Module, store: Store, steps: int) -> float:
         bases.append(run(_Never()))
         savings.append(run(Static(10)))
     base, saving = statistics.median(bases), statistics.median(savings)
-    print(f"2. throughput with a save every 10 steps / none = {saving:.2f} / {base:.2f} steps/s "
-          f"= {saving / base:.3f}   (goal >= 0.98)")
+    print(
+        f"2. throughput with a save every 10 steps / none = {saving:.2f} / {base:.2f} steps/s "
+        f"= {saving / base:.3f}   (goal >= 0.98)"
+    )
     return saving / base
 
 
@@ -120,15 +132,21 @@ def _fit(ctx: Any, mb: int, steps: int) -> int:
 
 def bench_emergency_and_relaunch(mb: int) -> tuple[float, float]:
     import spotnb as spot
+
     imports = []
     for _ in range(3):
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-c", "import torch"], check=True)
         imports.append(time.perf_counter() - t0)
     import_torch = min(imports)
-    config = spot.Config(local_schedule=[12.0, {"step": 30, "phase": "step"}], local_grace=10.0,
-                         notice_poll=0.2, local_alloc_delay=0.0, save_every=20,
-                         ship_modules=["bench_core"] if __name__ != "__main__" else [])
+    config = spot.Config(
+        local_schedule=[12.0, {"step": 30, "phase": "step"}],
+        local_grace=10.0,
+        notice_poll=0.2,
+        local_alloc_delay=0.0,
+        save_every=20,
+        ship_modules=["bench_core"] if __name__ != "__main__" else [],
+    )
     job = spot.train(functools.partial(_fit, mb=mb, steps=60), config)
     job.result(timeout=600)
     ev = job.events
@@ -136,19 +154,23 @@ def bench_emergency_and_relaunch(mb: int) -> tuple[float, float]:
     saved = next(e for e in ev if e["kind"] == "checkpoint" and e["save_kind"] == "emergency")
     published = notice["deadline"] - notice["time_left"]  # when the watcher read it
     emergency_s = saved["t"] - notice["t"]
-    print(f"3. notice -> committed emergency checkpoint ({saved['bytes'] / 1e6:.0f} MB) = "
-          f"{emergency_s:.2f} s after the agent saw it (poll every 0.2 s; waits for the current "
-          f"step)   (goal <= 3 s)")
+    print(
+        f"3. notice -> committed emergency checkpoint ({saved['bytes'] / 1e6:.0f} MB) = "
+        f"{emergency_s:.2f} s after the agent saw it (poll every 0.2 s; waits for the current "
+        f"step)   (goal <= 3 s)"
+    )
     # incarnation 3 follows a kill without notice: its process starts after the old one died
     allocated = next(e for e in ev if e["kind"] == "allocated" and e["incarnation"] == 3)
     ready = next(e for e in ev if e["kind"] == "ready" and e["incarnation"] == 3)
     relaunch = ready["t"] - allocated["t"]
     ended = next(e for e in ev if e["kind"] == "preempted" and e["incarnation"] == 1)
     ready2 = next(e for e in ev if e["kind"] == "ready" and e["incarnation"] == 2)
-    print(f"4. relaunch -> first resumed step {relaunch:.2f} s - bare import torch {import_torch:.2f} s "
-          f"= {relaunch - import_torch:.2f} s   (goal <= 1 s); after a notice the replacement "
-          f"was prepared during the grace period: old instance gone -> first step "
-          f"{ready2['t'] - ended['t']:.2f} s")
+    print(
+        f"4. relaunch -> first resumed step {relaunch:.2f} s - bare import torch {import_torch:.2f} s "
+        f"= {relaunch - import_torch:.2f} s   (goal <= 1 s); after a notice the replacement "
+        f"was prepared during the grace period: old instance gone -> first step "
+        f"{ready2['t'] - ended['t']:.2f} s"
+    )
     del published
     return emergency_s, relaunch - import_torch
 

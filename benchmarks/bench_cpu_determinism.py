@@ -10,6 +10,7 @@ bit-exact test would blame resume. Seen here: 16 of 16 jobs diverged (1 ulp) wit
 
     SPOTNB_HOME=$(mktemp -d) python benchmarks/bench_cpu_determinism.py --jobs 16
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,12 +25,19 @@ def fit(ctx: Any, threads: int = 0, steps: int = 30) -> int:
     import random as rnd
 
     import torch
+
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
     rnd.seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 512), torch.nn.ReLU(), torch.nn.Dropout(0.1),
-                                torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 512),
+        torch.nn.ReLU(),
+        torch.nn.Dropout(0.1),
+        torch.nn.Linear(512, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 1),
+    )
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     ctx.track(model=model, optimizer=opt)
     for step in ctx.steps(steps):
@@ -79,8 +87,10 @@ def main() -> None:
     for threads in (0, 1):
         diverged, used = run(threads, args.jobs)
         label = "default threads" if not threads else "1 thread"
-        print(f"{label:>16} ({used} in the jobs): {diverged}/{args.jobs} jobs diverged from the "
-              f"unloaded run ({diverged / args.jobs:.0%})")
+        print(
+            f"{label:>16} ({used} in the jobs): {diverged}/{args.jobs} jobs diverged from the "
+            f"unloaded run ({diverged / args.jobs:.0%})"
+        )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ Scenarios: the bundled `gpu-azure` (the thesis's Azure NC12s_v3 figures from DES
 PROTOCOLS.md: $6.2/h on demand, $2.3/h spot, MTTP ≈ 3 h, 30 s notice) and `gpu-aws` (the same
 job with a 120 s notice). Every policy faces the same preemption draws (common seed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,19 +22,22 @@ import time
 from spotnb.sim import example_scenario, on_demand_result, simulate
 
 SCENARIOS = ("gpu-azure", "gpu-aws")
-INTERVALS = (500, 1000, 2000, 5000)   # steps; ≈ 8, 17, 33, 83 min at 1 s per step
+INTERVALS = (500, 1000, 2000, 5000)  # steps; ≈ 8, 17, 33, 83 min at 1 s per step
 OTHERS = ("adaptive", "hedged")
 
 
 def table(runs: int, seed: int) -> str:
-    lines = [("| scenario | policy | total (h) | compute (h) | recompute (h) | save (h) | "
-              "alloc + prep (h) | preemptions | saves | emergency saves tried | spot $ | "
-              "overhead |"),
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        (
+            "| scenario | policy | total (h) | compute (h) | recompute (h) | save (h) | "
+            "alloc + prep (h) | preemptions | saves | emergency saves tried | spot $ | "
+            "overhead |"
+        ),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name in SCENARIOS:
         sc = example_scenario(name)
-        policies = [f"periodic:{n}" for n in INTERVALS] + [f"static:{n}" for n in INTERVALS] \
-            + list(OTHERS)
+        policies = [f"periodic:{n}" for n in INTERVALS] + [f"static:{n}" for n in INTERVALS] + list(OTHERS)
         results = [simulate(sc, p, runs=runs, seed=seed) for p in policies]
         results.append(on_demand_result(sc))
         for r in results:
@@ -44,7 +48,8 @@ def table(runs: int, seed: int) -> str:
                 f"{(m['alloc'] + m['prep']) / 3600:.2f} | {m['preemptions']:.1f} | "
                 f"{m['saves']:.0f} | {m['emergency_saves']:.1f} | "
                 f"{m['cost'] if r.policy != 'on-demand' else m['on_demand_cost']:.2f} | "
-                f"{m['overhead'] * 100:.1f} % |")
+                f"{m['overhead'] * 100:.1f} % |"
+            )
     return "\n".join(lines)
 
 

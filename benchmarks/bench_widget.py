@@ -10,6 +10,7 @@
 
     python benchmarks/bench_widget.py [--seconds 10] [--rate 5000] [--job-steps 3000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,6 +54,7 @@ class RecordingComm:
 
 def _install_recording_comm() -> list[float]:
     import comm
+
     log: list[float] = []
     comm.create_comm = lambda **kw: RecordingComm(log, **kw)  # the comm package's own hook
     return log
@@ -68,8 +70,13 @@ def bench_messages(seconds: float, rate: int) -> None:
     steps = int(seconds * rate)
     # the agent flushes every ~0.5 s; we deliver every 10 ms to be harsher (50 rows per batch)
     rows = max(1, rate // 100)
-    batches = synthetic_events(steps=steps, preempt_at=(steps // 2 + 137,), step_time=1.0 / rate,
-                               rows_per_flush=rows, save_every=max(rows, rate))
+    batches = synthetic_events(
+        steps=steps,
+        preempt_at=(steps // 2 + 137,),
+        step_time=1.0 / rate,
+        rows_per_flush=rows,
+        save_every=max(rows, rate),
+    )
     fold_cpu = 0.0
     start = time.monotonic()
     t_first = None
@@ -91,15 +98,23 @@ def bench_messages(seconds: float, rate: int) -> None:
     flusher_cpu = view.cpu_s
     stamps = log[opened:]
     worst = max((sum(1 for s in stamps if a <= s < a + 1.0) for a in stamps), default=0)
-    print(f"[messages] {delivered} metric rows fed at {rate:,} steps/s while training, in {fed:.1f} s "
-          f"including two simulated relaunches ({delivered / fed:,.0f} steps/s on average)")
-    print(f"[messages] front-end messages: {len(stamps)} in {wall:.1f} s = {len(stamps) / wall:.1f}/s "
-          f"on average, worst 1-s window {worst} (goal <= 10); figure refreshes "
-          f"{view.figure_flushes}, final status shown: {view.state.status}")
-    print(f"[messages] plotted points per trace <= {max(len(s) for s in view.state.first.values())} "
-          f"(of {view.state.first['loss'].count} steps logged)")
-    print(f"[messages] kernel CPU: folding {fold_cpu / fed:.1%} of a core at {rate} steps/s"
-          f", drawing (flusher thread) {flusher_cpu / wall:.1%}")
+    print(
+        f"[messages] {delivered} metric rows fed at {rate:,} steps/s while training, in {fed:.1f} s "
+        f"including two simulated relaunches ({delivered / fed:,.0f} steps/s on average)"
+    )
+    print(
+        f"[messages] front-end messages: {len(stamps)} in {wall:.1f} s = {len(stamps) / wall:.1f}/s "
+        f"on average, worst 1-s window {worst} (goal <= 10); figure refreshes "
+        f"{view.figure_flushes}, final status shown: {view.state.status}"
+    )
+    print(
+        f"[messages] plotted points per trace <= {max(len(s) for s in view.state.first.values())} "
+        f"(of {view.state.first['loss'].count} steps logged)"
+    )
+    print(
+        f"[messages] kernel CPU: folding {fold_cpu / fed:.1%} of a core at {rate} steps/s"
+        f", drawing (flusher thread) {flusher_cpu / wall:.1%}"
+    )
 
 
 CHILD = textwrap.dedent("""
@@ -128,11 +143,15 @@ def bench_follow(job_steps: int) -> None:
 
     _install_recording_comm()
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "SPOTNB_HOME": os.environ.get("SPOTNB_HOME") or tmp,
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            "SPOTNB_HOME": os.environ.get("SPOTNB_HOME") or tmp,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
         os.environ["SPOTNB_HOME"] = env["SPOTNB_HOME"]
-        child = subprocess.Popen([sys.executable, "-c", CHILD, str(job_steps)], cwd=tmp, env=env,
-                                 stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(job_steps)], cwd=tmp, env=env, stdout=subprocess.PIPE, text=True
+        )
         assert child.stdout is not None
         job_id = child.stdout.readline().strip()
         cpu0, wall0 = time.process_time(), time.monotonic()
@@ -145,14 +164,20 @@ def bench_follow(job_steps: int) -> None:
         child.wait(60)
         b = job.breakdown()
         steps = sum(s.count for s in view.state.first.values()) // max(1, len(view.state.first))
-        print(f"[follow] real local job {job_id}: {b.step} steps, {b.preemptions} preemptions, "
-              f"{wall:.1f} s wall, ~{steps / max(wall, 1e-9):,.0f} steps/s logged, status {job.status}")
-        print(f"[follow] CPU of this process (attach + tail store + widget): {cpu:.2f} s over "
-              f"{wall:.1f} s = {cpu / wall:.2%} of one core (goal <= 2 %); "
-              f"{view.figure_flushes} figure refreshes, {view.budget.total} messages")
-        print(f"[follow]   of which widget: folding {view.fold_cpu_s:.2f} s, drawing {view.cpu_s:.2f} s "
-              f"({(view.fold_cpu_s + view.cpu_s) / wall:.2%}); the rest is attach + store tailing "
-              f"(Job.follow polls every 0.25 s) + the interpreter")
+        print(
+            f"[follow] real local job {job_id}: {b.step} steps, {b.preemptions} preemptions, "
+            f"{wall:.1f} s wall, ~{steps / max(wall, 1e-9):,.0f} steps/s logged, status {job.status}"
+        )
+        print(
+            f"[follow] CPU of this process (attach + tail store + widget): {cpu:.2f} s over "
+            f"{wall:.1f} s = {cpu / wall:.2%} of one core (goal <= 2 %); "
+            f"{view.figure_flushes} figure refreshes, {view.budget.total} messages"
+        )
+        print(
+            f"[follow]   of which widget: folding {view.fold_cpu_s:.2f} s, drawing {view.cpu_s:.2f} s "
+            f"({(view.fold_cpu_s + view.cpu_s) / wall:.2%}); the rest is attach + store tailing "
+            f"(Job.follow polls every 0.25 s) + the interpreter"
+        )
 
 
 def main() -> None:

@@ -6,6 +6,7 @@
 
 Everything is imported lazily so `import spotnb` stays light and imports no cloud SDK.
 """
+
 from __future__ import annotations
 
 from importlib import import_module
@@ -13,13 +14,33 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["train", "attach", "resume", "jobs", "Config", "Job", "JobFailed", "JobStopped",
-           "ConfigError", "SpotnbError", "Breakdown", "policy", "__version__"]
+__all__ = [
+    "train",
+    "attach",
+    "resume",
+    "jobs",
+    "Config",
+    "Job",
+    "JobFailed",
+    "JobStopped",
+    "ConfigError",
+    "SpotnbError",
+    "Breakdown",
+    "policy",
+    "__version__",
+]
 
 _LAZY = {
-    "train": "spotnb.api", "attach": "spotnb.api", "resume": "spotnb.api", "jobs": "spotnb.api",
-    "Config": "spotnb.config", "Job": "spotnb.job", "Breakdown": "spotnb.ledger",
-    "JobFailed": "spotnb.errors", "JobStopped": "spotnb.errors", "ConfigError": "spotnb.errors",
+    "train": "spotnb.api",
+    "attach": "spotnb.api",
+    "resume": "spotnb.api",
+    "jobs": "spotnb.api",
+    "Config": "spotnb.config",
+    "Job": "spotnb.job",
+    "Breakdown": "spotnb.ledger",
+    "JobFailed": "spotnb.errors",
+    "JobStopped": "spotnb.errors",
+    "ConfigError": "spotnb.errors",
     "SpotnbError": "spotnb.errors",
     "_jupyter_labextension_paths": "spotnb._jupyter",
     "_jupyter_server_extension_points": "spotnb._jupyter",

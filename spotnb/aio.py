@@ -9,6 +9,7 @@ Why no nest-asyncio: it is needed only when synchronous code must run a coroutin
 completion inside a loop that is already running. Nothing here does: the synchronous API
 (`job.result()`, `job.wait()`) waits on threading events, and the asynchronous one is native.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """The notebook-side entry points: `train`, `attach`, `jobs`."""
+
 from __future__ import annotations
 
 import inspect
@@ -9,8 +10,9 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from importlib import import_module
-from typing import Any, Callable
+from typing import Any
 
 from spotnb import protocol as ev
 from spotnb.config import Config
@@ -24,20 +26,30 @@ from spotnb.protocol import TERMINAL, JobStatus
 from spotnb.providers import get_provider_class, registry
 from spotnb.providers.base import LaunchSpec
 from spotnb.signing import key_path, load_key, new_key, save_key, seal
-from spotnb.spec import (JobSpec, RuntimeSettings, ShippedFile, SpecError, config_json, load_spec,
-                         write_spec)
+from spotnb.spec import JobSpec, RuntimeSettings, ShippedFile, SpecError, config_json, load_spec, write_spec
 from spotnb.store import Store
 from spotnb.supervise import ensure_controller, job_vanished, mark_lost, start_controller
 
-__all__ = ["train", "attach", "resume", "jobs", "dry_run_plan", "start_controller",
-           "ensure_controller", "job_vanished", "mark_lost", "run_controller"]
+__all__ = [
+    "train",
+    "attach",
+    "resume",
+    "jobs",
+    "dry_run_plan",
+    "start_controller",
+    "ensure_controller",
+    "job_vanished",
+    "mark_lost",
+    "run_controller",
+]
 
-_LIVE: "weakref.WeakValueDictionary[str, Job]" = weakref.WeakValueDictionary()
+_LIVE: weakref.WeakValueDictionary[str, Job] = weakref.WeakValueDictionary()
 _LIVE_LOCK = threading.Lock()
 
 
 def _version() -> str:
     from spotnb import __version__
+
     return __version__
 
 
@@ -56,29 +68,36 @@ def _check_fn(fn: Any) -> None:
     try:
         inspect.signature(fn).bind(object())
     except TypeError:
-        raise ConfigError(f"fn: {getattr(fn, '__name__', fn)!r} must accept exactly one positional "
-                          "argument, the context: def fit(ctx): ...") from None
+        raise ConfigError(
+            f"fn: {getattr(fn, '__name__', fn)!r} must accept exactly one positional "
+            "argument, the context: def fit(ctx): ..."
+        ) from None
     except ValueError:
         pass  # builtins without a signature: let the call decide
 
 
 def _pickle_payload(fn: Callable[..., Any], config: Config) -> bytes:
     import cloudpickle
+
     for name in config.ship_modules:
         try:
             module = import_module(name)
         except ImportError as exc:
-            raise ConfigError(f"Config.ship_modules: cannot import {name!r} here ({exc}); list "
-                              "modules importable in this kernel") from None
+            raise ConfigError(
+                f"Config.ship_modules: cannot import {name!r} here ({exc}); list "
+                "modules importable in this kernel"
+            ) from None
         cloudpickle.register_pickle_by_value(module)
     policy = config.checkpoint if not isinstance(config.checkpoint, str) else None
     try:
         return cloudpickle.dumps({"fn": fn, "policy": policy})
     except Exception as exc:  # noqa: BLE001 - cloudpickle raises many kinds
-        raise ConfigError(f"fn: {getattr(fn, '__name__', 'the function')!r} cannot be pickled to ship "
-                          f"to the instance: {type(exc).__name__}: {exc}. It (or something it uses "
-                          "from the notebook) holds an object that cannot be pickled, such as an "
-                          "open file, lock, socket or CUDA stream; create it inside the function.") from None
+        raise ConfigError(
+            f"fn: {getattr(fn, '__name__', 'the function')!r} cannot be pickled to ship "
+            f"to the instance: {type(exc).__name__}: {exc}. It (or something it uses "
+            "from the notebook) holds an object that cannot be pickled, such as an "
+            "open file, lock, socket or CUDA stream; create it inside the function."
+        ) from None
     finally:
         for name in config.ship_modules:
             cloudpickle.unregister_pickle_by_value(sys.modules[name])
@@ -87,9 +106,11 @@ def _pickle_payload(fn: Callable[..., Any], config: Config) -> bytes:
 def _check_inputs(config: Config) -> None:
     for i, path in enumerate(config.files):
         if not os.path.exists(path):
-            raise ConfigError(f"Config.files[{i}]: {path!r} does not exist (relative paths are "
-                              f"taken from {os.getcwd()!r})")
+            raise ConfigError(
+                f"Config.files[{i}]: {path!r} does not exist (relative paths are taken from {os.getcwd()!r})"
+            )
     from packaging.requirements import InvalidRequirement, Requirement
+
     for i, spec in enumerate(config.requirements):
         try:
             Requirement(spec)
@@ -102,19 +123,26 @@ def _new_job_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
-def _spec(job_id: str, config: Config, files: list[dict[str, Any]],
-          created: float | None = None) -> "JobSpec":
+def _spec(job_id: str, config: Config, files: list[dict[str, Any]], created: float | None = None) -> JobSpec:
     """The job's JSON spec: the whole Config (a Policy object stays in the fn payload), what
     the instance needs in typed form, and the shipped files."""
     return JobSpec(
-        job_id=job_id, name=config.name, created=created or time.time(), spotnb_version=_version(),
-        cwd=os.getcwd(), config=config_json(config),
+        job_id=job_id,
+        name=config.name,
+        created=created or time.time(),
+        spotnb_version=_version(),
+        cwd=os.getcwd(),
+        config=config_json(config),
         runtime=RuntimeSettings(
             policy=config.checkpoint if isinstance(config.checkpoint, str) else None,
-            save_every=config.save_every, keep_last=config.keep_last,
-            notice_poll=config.notice_poll, flush_interval=0.5,
-            heartbeat_interval=max(0.5, min(5.0, config.heartbeat_timeout / 4))),
-        files=[ShippedFile(**{k: v for k, v in f.items() if k != "source"}) for f in files])
+            save_every=config.save_every,
+            keep_last=config.keep_last,
+            notice_poll=config.notice_poll,
+            flush_interval=0.5,
+            heartbeat_interval=max(0.5, min(5.0, config.heartbeat_timeout / 4)),
+        ),
+        files=[ShippedFile(**{k: v for k, v in f.items() if k != "source"}) for f in files],
+    )
 
 
 def _public_config(config: Config) -> dict[str, Any]:
@@ -144,11 +172,26 @@ def dry_run_plan(fn: Any, config: Config) -> dict[str, Any]:
     provider, _, _ = _prepare(fn, config)
     regions = config.candidate_regions()
     region = None if regions == "cheapest" or not regions else regions[0]
-    spec = LaunchSpec(job_id="<job-id>", incarnation=1, store_url=config.store_url(),
-                      instance_type=config.instance_type, region=region,
-                      command=["python", "-m", "spotnb.runtime.agent", "--store", config.store_url(),
-                               "--job", "<job-id>", "--incarnation", "1"],
-                      requirements=list(config.requirements), spotnb_version=_version())
+    spec = LaunchSpec(
+        job_id="<job-id>",
+        incarnation=1,
+        store_url=config.store_url(),
+        instance_type=config.instance_type,
+        region=region,
+        command=[
+            "python",
+            "-m",
+            "spotnb.runtime.agent",
+            "--store",
+            config.store_url(),
+            "--job",
+            "<job-id>",
+            "--incarnation",
+            "1",
+        ],
+        requirements=list(config.requirements),
+        spotnb_version=_version(),
+    )
     plan = provider.plan_launch(spec)
     if isinstance(plan, dict):  # what this provider cannot do, and which others there are
         plan.setdefault("provider", config.provider)
@@ -176,20 +219,39 @@ def _submit(fn_payload: bytes, config: Config, files: list[dict[str, Any]], deta
     upload(store, files)
     store.write_bytes(store.job(job_id, "fn.pkl"), seal(key, job_id, "fn.pkl", fn_payload))
     write_spec(store, _spec(job_id, config, files), key)
-    db.add_job(job_id, name=config.name, provider=config.provider, region=config.region,
-               instance_type=config.instance_type, store=store.url)
+    db.add_job(
+        job_id,
+        name=config.name,
+        provider=config.provider,
+        region=config.region,
+        instance_type=config.instance_type,
+        store=store.url,
+    )
     submitted = EventWriter(store, job_id, 0, "api")
-    submitted.emit(ev.Submitted(name=config.name, provider=config.provider,
-                                instance_type=config.instance_type, config=_public_config(config),
-                                spotnb_version=_version(), detached=detach,
-                                files=[{"path": f["path"], "size": f["size"]} for f in files]))
+    submitted.emit(
+        ev.Submitted(
+            name=config.name,
+            provider=config.provider,
+            instance_type=config.instance_type,
+            config=_public_config(config),
+            spotnb_version=_version(),
+            detached=detach,
+            files=[{"path": f["path"], "size": f["size"]} for f in files],
+        )
+    )
     submitted.emit(ev.Status(status=JobStatus.PENDING))
     submitted.flush()
     return Job(job_id, store, db, {"name": config.name})
 
 
-def train(fn: Callable[[Any], Any], config: Config | None = None, *, dry_run: bool = False,
-          detach: bool = True, **overrides: Any) -> Job:
+def train(
+    fn: Callable[[Any], Any],
+    config: Config | None = None,
+    *,
+    dry_run: bool = False,
+    detach: bool = True,
+    **overrides: Any,
+) -> Job:
     """Run `fn(ctx)` on a spot instance; returns a Job at once (the job runs in the background).
 
     Bad input raises ConfigError before anything is launched. With `dry_run=True` the
@@ -219,8 +281,8 @@ def _drive(job: Job, config: Config, provider: Any, detach: bool) -> None:
         start_controller(job.id, job.store.url)
         job.follow()
     else:
-        controller = Controller(job, config, provider, job.store, job.db)
-        job._controller = controller  # type: ignore[attr-defined]  (keeps it alive with the job)
+        controller = Controller(job, config, provider, job.store, job.db or JobDB())
+        job.driver = controller  # kept alive with the job
         controller.start()
 
 
@@ -244,8 +306,12 @@ def run_controller(job_id: str, store_url: str | None = None) -> int:
         return 1
     job = Job(job_id, store, db, {"name": config.name})
     if spec.legacy:
-        _refuse(job, "this job was submitted by an older spotnb and is not signed; an instance "
-                     "runs only signed jobs: submit it again", "unsigned job")
+        _refuse(
+            job,
+            "this job was submitted by an older spotnb and is not signed; an instance "
+            "runs only signed jobs: submit it again",
+            "unsigned job",
+        )
         return 0
     provider = get_provider_class(config.provider)(config)
     Controller(job, config, provider, store, db).run()
@@ -269,8 +335,14 @@ def _refuse(job: Job, message: str, reason: str) -> None:
 RESUMABLE = frozenset({JobStatus.FAILED, JobStatus.STOPPED})
 
 
-def resume(job_id: str, fn: Callable[[Any], Any] | None = None, config: Config | None = None, *,
-           detach: bool = True, **overrides: Any) -> Job:
+def resume(
+    job_id: str,
+    fn: Callable[[Any], Any] | None = None,
+    config: Config | None = None,
+    *,
+    detach: bool = True,
+    **overrides: Any,
+) -> Job:
     """Continue a stopped or failed job from its latest verified checkpoint.
 
     For the job that failed on a bug at step 9,000 of 10,000: fix the function and pass it as
@@ -292,8 +364,10 @@ def resume(job_id: str, fn: Callable[[Any], Any] | None = None, config: Config |
     store = Store(row["store"])
     key = load_key(full_id)
     if key is None:
-        raise SpotnbError(f"job {full_id}: its key is not on this machine ({key_path(full_id)}); resume "
-                          "it from the machine that submitted it")
+        raise SpotnbError(
+            f"job {full_id}: its key is not on this machine ({key_path(full_id)}); resume "
+            "it from the machine that submitted it"
+        )
     try:
         spec = load_spec(store, full_id, key)
     except SpecError as exc:
@@ -302,21 +376,26 @@ def resume(job_id: str, fn: Callable[[Any], Any] | None = None, config: Config |
     job._ingest(EventReader(store, full_id).poll())
     if job.status not in RESUMABLE:
         hint = "nothing to resume" if job.status == JobStatus.SUCCEEDED else "stop it first (spotnb stop)"
-        raise SpotnbError(f"job {full_id} is {job.status}: only a failed or stopped job can be "
-                          f"resumed; {hint}")
+        raise SpotnbError(
+            f"job {full_id} is {job.status}: only a failed or stopped job can be resumed; {hint}"
+        )
     old = spec.to_config()
     if config is not None and not isinstance(config, Config):
         raise ConfigError(f"config must be a spot.Config, got {type(config).__name__}")
     given = {k: getattr(config, k) for k in config.model_fields_set} if config is not None else {}
     changes = {**given, **overrides}
     if changes.get("provider", old.provider) != old.provider:
-        raise ConfigError(f"Config.provider: job {full_id} ran on {old.provider!r} and cannot move to "
-                          f"{changes['provider']!r} (its instances and checkpoints belong there); "
-                          "submit a new job with spot.train instead")
+        raise ConfigError(
+            f"Config.provider: job {full_id} ran on {old.provider!r} and cannot move to "
+            f"{changes['provider']!r} (its instances and checkpoints belong there); "
+            "submit a new job with spot.train instead"
+        )
     new = _merge(old, changes)
     if new.store_url().rstrip("/") != store.url:
-        raise ConfigError(f"Config.store: job {full_id} keeps its checkpoints in {store.url!r}; it cannot "
-                          f"resume from {new.store_url()!r}")
+        raise ConfigError(
+            f"Config.store: job {full_id} keeps its checkpoints in {store.url!r}; it cannot "
+            f"resume from {new.store_url()!r}"
+        )
     if fn is None and not isinstance(new.checkpoint, str) and "checkpoint" in changes:
         raise ConfigError("Config.checkpoint: a Policy object travels with the function; pass fn= too")
     if fn is not None:
@@ -341,8 +420,11 @@ def resume(job_id: str, fn: Callable[[Any], Any] | None = None, config: Config |
     store.rm(store.job(full_id, "STOP"))
     changed = sorted(k for k in changes if getattr(old, k, None) != getattr(new, k))
     writer = EventWriter(store, full_id, 0, "api")
-    writer.emit(ev.JobResumed(from_status=job.status, new_fn=fn is not None, changed=changed,
-                              config=_public_config(new)))
+    writer.emit(
+        ev.JobResumed(
+            from_status=job.status, new_fn=fn is not None, changed=changed, config=_public_config(new)
+        )
+    )
     writer.emit(ev.Status(status=JobStatus.PENDING))
     writer.flush()
     db.update_job(full_id, status=JobStatus.PENDING.value)

@@ -1,4 +1,5 @@
 """The `spotnb` command: jobs, logs, show, stop, resume, demo, simulate, gc."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,6 +22,7 @@ def _fmt_age(t: float | None) -> str:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     from spotnb.api import jobs
+
     rows = jobs()
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
@@ -28,20 +30,25 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if not rows:
         print("no jobs yet: try `spotnb demo`")
         return 0
-    print(f"{'id':<24} {'name':<16} {'status':<10} {'provider':<8} {'type':<14} {'step':>11} "
-          f"{'preempt':>7} {'spot $':>9} {'age':>6}")
+    print(
+        f"{'id':<24} {'name':<16} {'status':<10} {'provider':<8} {'type':<14} {'step':>11} "
+        f"{'preempt':>7} {'spot $':>9} {'age':>6}"
+    )
     order = {"running": 0, "restoring": 0, "preempted": 0, "pending": 1}
     for r in sorted(rows, key=lambda r: (order.get(r["status"], 2), -(r["created"] or 0))):
         step = f"{r['step'] or 0}/{r['total_steps'] or '?'}"
-        print(f"{r['id']:<24} {(r['name'] or '-')[:16]:<16} {r['status']:<10} {r['provider']:<8} "
-              f"{r['instance_type'][:14]:<14} {step:>11} {r['preemptions'] or 0:>7} "
-              f"{r['spot_cost'] or 0:>9.4f} {_fmt_age(r['created']):>6}")
+        print(
+            f"{r['id']:<24} {(r['name'] or '-')[:16]:<16} {r['status']:<10} {r['provider']:<8} "
+            f"{r['instance_type'][:14]:<14} {step:>11} {r['preemptions'] or 0:>7} "
+            f"{r['spot_cost'] or 0:>9.4f} {_fmt_age(r['created']):>6}"
+        )
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from spotnb.api import attach
     from spotnb.widget.text import event_line
+
     job = attach(args.job_id)
     shown = 0
     while True:
@@ -61,6 +68,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from spotnb.api import attach
+
     job = attach(args.job_id)
     print(repr(job))
     if job.status == "lost":
@@ -71,6 +79,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     from spotnb.api import attach
+
     job = attach(args.job_id)
     if job.done:
         print(f"job {job.id} already {job.status}")
@@ -81,13 +90,17 @@ def cmd_stop(args: argparse.Namespace) -> int:
     print(f"job {job.id}: {job.status}")
     if args.no_wait or job.done:
         return 0
-    print(f"spotnb stop: job {job.id} did not end within {args.timeout:g} s (its controller is "
-          f"alive; see {_controller_log(job.id)})", file=sys.stderr)
+    print(
+        f"spotnb stop: job {job.id} did not end within {args.timeout:g} s (its controller is "
+        f"alive; see {_controller_log(job.id)})",
+        file=sys.stderr,
+    )
     return 1
 
 
 def _controller_alive(job_id: str) -> bool:
     from spotnb.jobdb import JobDB
+
     return JobDB().controller_alive(job_id)
 
 
@@ -99,8 +112,11 @@ def _end_without_controller(job: Any) -> None:
     from spotnb.events import EventWriter
     from spotnb.jobdb import JobDB
     from spotnb.protocol import JobStatus
-    reason = ("stopped by `spotnb stop` while no controller could run it (see "
-              f"{_controller_log(job.id)}); an instance it left may still run: `spotnb gc`")
+
+    reason = (
+        "stopped by `spotnb stop` while no controller could run it (see "
+        f"{_controller_log(job.id)}); an instance it left may still run: `spotnb gc`"
+    )
     writer = EventWriter(job.store, job.id, 0, "stop")
     writer.emit(ev.Stopped(reason=reason))
     writer.emit(ev.Status(status=JobStatus.STOPPED, reason=reason))
@@ -111,6 +127,7 @@ def _end_without_controller(job: Any) -> None:
 
 def _controller_log(job_id: str) -> str:
     from spotnb.home import spotnb_home
+
     return str(spotnb_home() / "logs" / job_id / "controller.log")
 
 
@@ -118,6 +135,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     """Continue a failed or stopped job from its latest checkpoint (with the same function;
     from Python, `spot.resume(id, fn=fixed)` also replaces the function)."""
     from spotnb.api import resume
+
     overrides: dict[str, Any] = {}
     for item in args.set or []:
         name, sep, value = item.partition("=")
@@ -135,11 +153,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from spotnb.demo import run_demo
+
     return run_demo(steps=args.steps, step_delay=args.step_delay)
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
     from spotnb.api import run_controller
+
     return run_controller(args.job_id, args.store)
 
 
@@ -147,6 +167,7 @@ def cmd_providers(args: argparse.Namespace) -> int:
     """Every registered provider (built-in or from another package's entry point), whether its
     SDK is installed, what it cannot do and its Config fields."""
     from spotnb.providers import describe_providers
+
     rows = describe_providers()
     if args.json:
         print(json.dumps(rows, indent=1))
@@ -163,6 +184,7 @@ def cmd_providers(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     from spotnb.config import Config
     from spotnb.providers.cleanup import gc
+
     ended = gc(args.provider, Config(provider=args.provider))
     for instance_id in ended:
         print(f"terminated {instance_id}")
@@ -191,8 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_stop)
     p = sub.add_parser("resume", help="continue a failed or stopped job from its latest checkpoint")
     p.add_argument("job_id")
-    p.add_argument("--set", action="append", metavar="FIELD=VALUE",
-                   help="change a Config field (JSON or a plain string), repeatable")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="change a Config field (JSON or a plain string), repeatable",
+    )
     p.set_defaults(func=cmd_resume)
     p = sub.add_parser("demo", help="the quickstart on the local spot market")
     p.add_argument("--steps", type=int, default=1500)
@@ -221,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from spotnb.errors import SpotnbError
+
     try:
         result: Any = args.func(args)
     except SpotnbError as exc:  # bad input (an ambiguous id, no such job): say so, no traceback

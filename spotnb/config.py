@@ -8,6 +8,7 @@ every registered provider (`spotnb.providers.registry`), so adding a provider ed
 here. An unknown field, or a field of another provider, is a `ConfigError` that names it and
 lists the valid ones.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -15,9 +16,17 @@ import math
 import os
 import re
 import unicodedata
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from spotnb.durations import DAY, Duration, bounded, parse_duration
 from spotnb.errors import ConfigError
@@ -44,8 +53,9 @@ def provider_prefixes() -> tuple[str, ...]:
 class _GenericConfig(BaseModel):
     """What to run where. Durations take seconds or strings such as "90s", "2m", "3h"."""
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, validate_assignment=True,
-                              frozen=False)
+    model_config = ConfigDict(
+        extra="forbid", arbitrary_types_allowed=True, validate_assignment=True, frozen=False
+    )
 
     # --- generic -----------------------------------------------------------------------
     name: str | None = Field(None, description="A label for the job (shown in lists and widgets).")
@@ -53,21 +63,31 @@ class _GenericConfig(BaseModel):
     instance_type: str = Field("g4dn.xlarge", description="Cloud instance type; also prices the ledger.")
     region: str | None = Field(None, description="One region (or zone) to launch in.")
     regions: list[str] | Literal["cheapest"] | None = Field(
-        None, description="Candidate regions in order, or 'cheapest' to order them by spot price.")
-    store: str | None = Field(None, description="fsspec URL for specs, events and checkpoints "
-                                                "(default file://$SPOTNB_HOME/store).")
-    checkpoint: Any = Field("hedged", description="Checkpoint policy: a name (hedged, adaptive, "
-                                                  "static:N, young, daly, daly2) or a Policy object.")
+        None, description="Candidate regions in order, or 'cheapest' to order them by spot price."
+    )
+    store: str | None = Field(
+        None, description="fsspec URL for specs, events and checkpoints (default file://$SPOTNB_HOME/store)."
+    )
+    checkpoint: Any = Field(
+        "hedged",
+        description="Checkpoint policy: a name (hedged, adaptive, "
+        "static:N, young, daly, daly2) or a Policy object.",
+    )
     save_every: int | None = Field(None, ge=1, description="User periodic save every N steps.")
     keep_last: int = Field(2, ge=1, description="Periodic checkpoints kept.")
     max_preemptions: int | None = Field(None, ge=0, description="Stop after this many preemptions.")
     max_retries: int = Field(0, ge=0, description="Relaunches after a user error (default 0).")
     max_cost: float | None = Field(None, gt=0, description="Stop when the spot spend reaches this ($).")
-    max_wait: Duration | None = Field(None, gt=0, description="Stop when no spot capacity was found "
-                                      "for this long (None: keep asking).")
-    max_stalled_relaunches: int | None = Field(8, ge=1, description="Stop after this many instances "
-                                               "in a row ended without committing a checkpoint "
-                                               "(no net progress); None: never.")
+    max_wait: Duration | None = Field(
+        None, gt=0, description="Stop when no spot capacity was found for this long (None: keep asking)."
+    )
+    max_stalled_relaunches: int | None = Field(
+        8,
+        ge=1,
+        description="Stop after this many instances "
+        "in a row ended without committing a checkpoint "
+        "(no net progress); None: never.",
+    )
     heartbeat_timeout: Duration = Field(60.0, description="Silence after which an instance counts as dead.")
     notice_poll: Duration = Field(1.0, description="Seconds between polls of the preemption notice.")
     requirements: list[str] = Field(default_factory=list, description="pip specs the function needs.")
@@ -112,22 +132,37 @@ class _GenericConfig(BaseModel):
     @classmethod
     def _heartbeat(cls, v: float) -> float:
         if v < 2.0:
-            raise ValueError(f"{v:g} s is too short: instances report every few seconds; use >= 2 s "
-                             "(a minute is usual for clouds)")
-        return bounded(v, 2.0, DAY, "a dead instance would be noticed only after that long, "
-                        "and paid for meanwhile (a minute is usual for clouds)")
+            raise ValueError(
+                f"{v:g} s is too short: instances report every few seconds; use >= 2 s "
+                "(a minute is usual for clouds)"
+            )
+        return bounded(
+            v,
+            2.0,
+            DAY,
+            "a dead instance would be noticed only after that long, "
+            "and paid for meanwhile (a minute is usual for clouds)",
+        )
 
     @field_validator("notice_poll")
     @classmethod
     def _poll(cls, v: float) -> float:
         if v < 0.01:
-            raise ValueError(f"{v:g} s would poll the metadata endpoint in a busy loop; use >= 0.01 s "
-                             "(AWS suggests 5 s, Azure 1 s)")
-        return bounded(v, 0.01, 60.0, "a notice gives 30 s to 2 min of warning, and a poll this "
-                        "rare would miss it (AWS suggests 5 s, Azure 1 s)")
+            raise ValueError(
+                f"{v:g} s would poll the metadata endpoint in a busy loop; use >= 0.01 s "
+                "(AWS suggests 5 s, Azure 1 s)"
+            )
+        return bounded(
+            v,
+            0.01,
+            60.0,
+            "a notice gives 30 s to 2 min of warning, and a poll this "
+            "rare would miss it (AWS suggests 5 s, Azure 1 s)",
+        )
 
-    @field_validator("save_every", "keep_last", "max_preemptions", "max_retries",
-                     "max_stalled_relaunches", mode="before")
+    @field_validator(
+        "save_every", "keep_last", "max_preemptions", "max_retries", "max_stalled_relaunches", mode="before"
+    )
     @classmethod
     def _no_bool(cls, v: Any) -> Any:
         """A bool where a count belongs is a slip (True would silently mean 1): refuse it."""
@@ -146,8 +181,10 @@ class _GenericConfig(BaseModel):
         # (bidi overrides reverse what a terminal shows), Zl/Zp: line/paragraph separators
         bad = sorted({repr(c) for c in v if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")})
         if bad:
-            raise ValueError(f"contains control characters or format marks ({', '.join(bad)}), which "
-                             "would garble or disguise lists, logs and cloud tags; use printable text")
+            raise ValueError(
+                f"contains control characters or format marks ({', '.join(bad)}), which "
+                "would garble or disguise lists, logs and cloud tags; use printable text"
+            )
         return v
 
     @field_validator("requirements")
@@ -155,9 +192,11 @@ class _GenericConfig(BaseModel):
     def _requirements(cls, v: list[str]) -> list[str]:
         for i, spec in enumerate(v):
             if _has_userinfo(spec):
-                raise ValueError(f"[{i}] carries credentials in its URL; they would be written to the "
-                                 "job spec and the instance's boot script. Use a private index "
-                                 "configured on the image, or a token from the instance's environment")
+                raise ValueError(
+                    f"[{i}] carries credentials in its URL; they would be written to the "
+                    "job spec and the instance's boot script. Use a private index "
+                    "configured on the image, or a token from the instance's environment"
+                )
         return v
 
     @field_validator("provider")
@@ -173,8 +212,10 @@ class _GenericConfig(BaseModel):
         if v is not None and not v.strip():
             raise ValueError("store URL is empty; give e.g. 'file:///data/spot' or 's3://bucket/prefix'")
         if v is not None and _has_userinfo(v):
-            raise ValueError("the store URL carries credentials; they would travel in the job spec. "
-                             "Give the bucket only and let the SDK's credential chain sign requests")
+            raise ValueError(
+                "the store URL carries credentials; they would travel in the job spec. "
+                "Give the bucket only and let the SDK's credential chain sign requests"
+            )
         if v is not None:
             _check_store(v.strip())
         return v
@@ -183,6 +224,7 @@ class _GenericConfig(BaseModel):
     @classmethod
     def _checkpoint(cls, v: Any) -> Any:
         from spotnb.policy import resolve_policy
+
         resolve_policy(v)  # raises ValueError with the valid names
         return v
 
@@ -194,8 +236,10 @@ class _GenericConfig(BaseModel):
                 continue
             for name in self.model_fields_set:
                 if name.startswith(prefix):
-                    raise ValueError(f"{name} applies to provider={prefix[:-1]!r}, but provider is "
-                                     f"{self.provider!r}: remove it or set provider={prefix[:-1]!r}")
+                    raise ValueError(
+                        f"{name} applies to provider={prefix[:-1]!r}, but provider is "
+                        f"{self.provider!r}: remove it or set provider={prefix[:-1]!r}"
+                    )
         if self.region is not None and self.regions is not None:
             raise ValueError("give region (one) or regions (candidates), not both")
         registry()[self.provider].settings.check_config(self)
@@ -221,21 +265,29 @@ def _check_store(url: str) -> None:
     protocol, rest = split_protocol(url)
     if protocol is None:
         if not os.path.isabs(os.path.expanduser(url)):
-            raise ValueError(f"{url!r} is a relative path; give an absolute one such as "
-                             f"{os.path.abspath(url)!r} (or file://{os.path.abspath(url)})")
+            raise ValueError(
+                f"{url!r} is a relative path; give an absolute one such as "
+                f"{os.path.abspath(url)!r} (or file://{os.path.abspath(url)})"
+            )
         return
     protocol = protocol.lower()
     if protocol in _READ_ONLY:
-        raise ValueError(f"{protocol}:// stores can only be read, and every instance writes "
-                         "its events and checkpoints there; use an object store (s3://, gs://, "
-                         "az://) or a shared path (file:///...)")
+        raise ValueError(
+            f"{protocol}:// stores can only be read, and every instance writes "
+            "its events and checkpoints there; use an object store (s3://, gs://, "
+            "az://) or a shared path (file:///...)"
+        )
     if protocol not in known_implementations and protocol not in fsspec.registry:
-        raise ValueError(f"{protocol}:// is not a filesystem fsspec knows; use file:///..., "
-                         "s3://bucket/prefix, gs://bucket/prefix or az://container/prefix")
+        raise ValueError(
+            f"{protocol}:// is not a filesystem fsspec knows; use file:///..., "
+            "s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"
+        )
     if protocol in ("file", "local") and not rest.startswith("/"):
-        raise ValueError(f"{url!r} is relative (file://{rest.split('/')[0]} names a host, not a "
-                         f"folder); write an absolute path with three slashes: "
-                         f"file://{os.path.abspath(rest)}")
+        raise ValueError(
+            f"{url!r} is relative (file://{rest.split('/')[0]} names a host, not a "
+            f"folder); write an absolute path with three slashes: "
+            f"file://{os.path.abspath(rest)}"
+        )
 
 
 def _has_userinfo(text: str) -> bool:
@@ -255,12 +307,13 @@ def _compose(base: type[Config]) -> type[Config]:
     """`Config` with the settings of providers other packages registered (their fields and
     validators), under the same name. Built-in providers are part of the class itself, so
     type checkers see their fields."""
-    plugins = tuple(info.settings for info in registry().values() if not info.builtin)
+    plugins: tuple[type, ...] = tuple(info.settings for info in registry().values() if not info.builtin)
     if not plugins:
         return base
-    composed: type[Config] = create_model("Config", __base__=(base, *plugins), __module__=__name__,
-                                          __doc__=base.__doc__)
-    return composed
+    composed: type[BaseModel] = create_model(
+        "Config", __base__=(base, *plugins), __module__=__name__, __doc__=base.__doc__
+    )
+    return cast("type[Config]", composed)
 
 
 Config = _compose(Config)  # type: ignore[misc]
@@ -281,8 +334,7 @@ def _validation_message(exc: ValidationError) -> str:
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
-        desc = Config.model_fields.get(str(err["loc"][0])).description if err["loc"] else None
+        field = Config.model_fields.get(str(err["loc"][0])) if err["loc"] else None
+        desc = field.description if field is not None else None
         parts.append((f"Config.{loc}: " if loc else "Config: ") + msg + (f" ({desc})" if desc else ""))
     return "; ".join(parts)
-
-

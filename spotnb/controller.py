@@ -5,15 +5,15 @@ process (or of `spotnb controller`), never on the instance.
 It writes its own events (writer "ctl") to the same log the agent writes to, and the Job
 learns everything, its own status included, by reading that log back.
 """
+
 from __future__ import annotations
 
 import errno
 import json
 import logging
 import os
-import sqlite3
 import socket
-import sys
+import sqlite3
 import threading
 import time
 import traceback
@@ -26,8 +26,8 @@ from spotnb.errors import CapacityError
 from spotnb.events import EventReader, EventWriter
 from spotnb.job import Job
 from spotnb.jobdb import JobDB
-from spotnb.protocol import TERMINAL, Event, JobStatus, Outcome
 from spotnb.policy import Observation, resolve_policy
+from spotnb.protocol import TERMINAL, Event, JobStatus, Outcome
 from spotnb.providers import provider_info
 from spotnb.providers.base import Instance, InstanceState, InstanceStatus, LaunchSpec, Provider
 from spotnb.store import Store
@@ -38,17 +38,19 @@ __all__ = ["Controller"]
 
 def _version() -> str:
     from spotnb import __version__
+
     return __version__
 
-EXIT_GRACE = 30.0         # seconds an instance may linger after its agent reported the end
-STOP_CHECK = 1.0          # seconds between looks for a STOP marker in the store
+
+EXIT_GRACE = 30.0  # seconds an instance may linger after its agent reported the end
+STOP_CHECK = 1.0  # seconds between looks for a STOP marker in the store
 # a controller silent this long is presumed dead and may be replaced (env: for tests and ops)
 LEASE_TTL = float(os.environ.get("SPOTNB_LEASE_TTL", "10"))
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 # a store that refuses writes for a while (full disk): retry a flush this often, events kept
 FLUSH_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
-IDENTITY_CHECK = 2.0      # seconds between looks for the job's spec (local; scaled for remote)
-STALL_WARN = 3            # instances in a row without a new checkpoint before the feed says so
+IDENTITY_CHECK = 2.0  # seconds between looks for the job's spec (local; scaled for remote)
+STALL_WARN = 3  # instances in a row without a new checkpoint before the feed says so
 
 log = logging.getLogger("spotnb.controller")
 
@@ -64,7 +66,8 @@ def _store_refuses(exc: BaseException) -> bool:
     """Whether `exc` is the store refusing a write for good (not a bug in spotnb)."""
     return isinstance(exc, OSError) and (
         isinstance(exc, PermissionError)
-        or exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT))
+        or exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+    )
 
 
 class JobDirectoryDeleted(Exception):
@@ -78,8 +81,9 @@ class LeaseLost(Exception):
 class _Outcome:
     """How an incarnation ended (`reason`), its exit code and what the provider knows."""
 
-    def __init__(self, reason: Outcome, code: int | None = None,
-                 detail: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, reason: Outcome, code: int | None = None, detail: dict[str, Any] | None = None
+    ) -> None:
         self.reason, self.code, self.detail = reason, code, detail or {}
 
 
@@ -101,8 +105,8 @@ class Controller:
         self._identity_checked = time.time()
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._lease_lost = threading.Event()
-        self.generation = 0             # lease generation this controller holds (0: none yet)
-        self._lease_until = 0.0         # when the lease last renewed runs out
+        self.generation = 0  # lease generation this controller holds (0: none yet)
+        self._lease_until = 0.0  # when the lease last renewed runs out
         self._thread = threading.Thread(target=self._main, name=f"spotnb-ctl-{job.id}", daemon=True)
         self._writers: dict[int, EventWriter] = {}
         self.preemptions = 0
@@ -142,8 +146,13 @@ class Controller:
             except OSError as exc:
                 if wait is None:
                     raise
-                self.log.warning("job %s: cannot write events (%s); %d kept, retrying in %.1f s",
-                            self.job.id, exc, writer.pending, wait)
+                self.log.warning(
+                    "job %s: cannot write events (%s); %d kept, retrying in %.1f s",
+                    self.job.id,
+                    exc,
+                    writer.pending,
+                    wait,
+                )
                 time.sleep(wait)
 
     def _fence(self) -> None:
@@ -199,10 +208,16 @@ class Controller:
             return
         self._indexed = time.time()
         b = self.job.breakdown()
-        self.db.update_job(self.job.id, step=b.step, total_steps=b.total_steps,
-                           preemptions=b.preemptions, spot_cost=b.spot_cost,
-                           on_demand_cost=b.on_demand_cost, heartbeat=time.time(),
-                           burn_rate=(b.spot_price or 0.0) if self.job.status in ("running", "restoring") else 0.0)
+        self.db.update_job(
+            self.job.id,
+            step=b.step,
+            total_steps=b.total_steps,
+            preemptions=b.preemptions,
+            spot_cost=b.spot_cost,
+            on_demand_cost=b.on_demand_cost,
+            heartbeat=time.time(),
+            burn_rate=(b.spot_price or 0.0) if self.job.status in ("running", "restoring") else 0.0,
+        )
 
     def _stop_requested(self) -> bool:
         self._fence()
@@ -212,7 +227,10 @@ class Controller:
             if self.store.exists(self.store.job(self.job.id, "STOP")):
                 self._stop_reason = "stop requested"
                 self._stop.set()
-        if self._spec_path and now - self._identity_checked >= IDENTITY_CHECK * self.store.poll_interval / 0.1:
+        if (
+            self._spec_path
+            and now - self._identity_checked >= IDENTITY_CHECK * self.store.poll_interval / 0.1
+        ):
             self._identity_checked = now
             if not self.store.exists(self._spec_path):
                 self._directory_deleted()
@@ -222,9 +240,11 @@ class Controller:
         """The job directory was deleted under the running job: end it as lost (job DB only;
         a write now would recreate a directory nobody can attach to) and stop at once; the
         instance is ended on the way out (`provider.close()`)."""
-        reason = (f"its job directory {self.store.job(self.job.id)} was deleted while it ran "
-                  "(spec.json is gone), so it could not go on; the instance was ended. Submit it "
-                  "again")
+        reason = (
+            f"its job directory {self.store.job(self.job.id)} was deleted while it ran "
+            "(spec.json is gone), so it could not go on; the instance was ended. Submit it "
+            "again"
+        )
         self.db.update_job(self.job.id, status="lost", status_reason=reason, burn_rate=0.0)
         self.job._mark_lost(reason)
         self.log.error("job %s is lost: %s", self.job.id, reason)
@@ -271,8 +291,7 @@ class Controller:
         self._thread_alive = True
         if lease["previous_expiry"] is not None:
             # first, so readers know the fence before any late write of the predecessor
-            self.emit(ev.ControllerRestarted(owner=self.owner,
-                                             previous_expiry=lease["previous_expiry"]))
+            self.emit(ev.ControllerRestarted(owner=self.owner, previous_expiry=lease["previous_expiry"]))
         for folder in ((), ("events",), ("incarnations",)):  # temp files of writes that died
             self.store.clean_temp(self.store.job(self.job.id, *folder))
         threading.Thread(target=self._keep_lease, name="spotnb-lease", daemon=True).start()
@@ -292,8 +311,9 @@ class Controller:
             if _store_refuses(exc):
                 self._store_refused(exc)  # no event can say so: the job DB must
                 return
-            self.emit(ev.Error(message=f"controller error: {exc!r}", exc_type=type(exc).__name__,
-                               traceback=tb))
+            self.emit(
+                ev.Error(message=f"controller error: {exc!r}", exc_type=type(exc).__name__, traceback=tb)
+            )
             try:
                 self.set_status(JobStatus.FAILED, reason="controller error")
             except LeaseLost:
@@ -311,10 +331,12 @@ class Controller:
         `provider.close()` on the way out) and the job DB, which `Job`, the CLI, the panel and
         `jobs()` read, says what happened and what to do; `jobs()` then starts no controller
         for it again."""
-        reason = (f"its store refuses writes ({type(exc).__name__}: {exc}), so nothing more could "
-                  "be recorded: the controller ended its instance and stopped. Make the store "
-                  "writable again (free space, remount read-write, fix permissions), then submit "
-                  "the job again")
+        reason = (
+            f"its store refuses writes ({type(exc).__name__}: {exc}), so nothing more could "
+            "be recorded: the controller ended its instance and stopped. Make the store "
+            "writable again (free space, remount read-write, fix permissions), then submit "
+            "the job again"
+        )
         self.log.error("job %s: %s", self.job.id, reason)
         self.db.update_job(self.job.id, status="lost", status_reason=reason, burn_rate=0.0)
         self.job._mark_lost(reason)
@@ -372,10 +394,15 @@ class Controller:
             if self.retries >= self.config.max_retries:
                 self._cancel_pre(pre)
                 if outcome.reason == Outcome.CRASHED and self.job.state.error is None:
-                    self.emit(ev.Error(message=f"the instance process died (exit code "
-                                       f"{outcome.code}) without reporting an error; see its log",
-                                       exc_type="InstanceCrashed",
-                                       traceback=str(outcome.detail.get("log", ""))), n)
+                    self.emit(
+                        ev.Error(
+                            message=f"the instance process died (exit code "
+                            f"{outcome.code}) without reporting an error; see its log",
+                            exc_type="InstanceCrashed",
+                            traceback=str(outcome.detail.get("log", "")),
+                        ),
+                        n,
+                    )
                 self.set_status(JobStatus.FAILED, reason=outcome.reason.value)
                 return False
             self.retries += 1
@@ -420,15 +447,24 @@ class Controller:
                 f"no net progress: the last {stalled} instances ended without committing a "
                 f"checkpoint (max_stalled_relaunches={limit}). Their lifetimes were shorter than "
                 "start-up plus a save: use a market with longer lifetimes, make start-up or saves "
-                "faster, or raise max_stalled_relaunches")
+                "faster, or raise max_stalled_relaunches"
+            )
             self._end_stopped()
             return False
         if stalled >= STALL_WARN:
-            self.emit(ev.JobWarning(message=(
-                f"no net progress: {stalled} instances in a row ended without committing a "
-                f"checkpoint; the job stops after {limit}" if limit is not None else
-                f"no net progress: {stalled} instances in a row ended without committing a checkpoint"),
-                stalled=stalled), n)
+            self.emit(
+                ev.JobWarning(
+                    message=(
+                        f"no net progress: {stalled} instances in a row ended without committing a "
+                        f"checkpoint; the job stops after {limit}"
+                        if limit is not None
+                        else f"no net progress: {stalled} instances in a row ended without committing "
+                        "a checkpoint"
+                    ),
+                    stalled=stalled,
+                ),
+                n,
+            )
         return True
 
     def _vanished(self) -> bool:
@@ -463,22 +499,29 @@ class Controller:
         launched = {e["incarnation"]: e for e in events if e["kind"] == "launched"}
         ended = {e["incarnation"]: e for e in events if e["kind"] in ("preempted", "exited")}
         resumed_at = max((e["t"] for e in events if e["kind"] == "job_resumed"), default=None)
-        if resumed_at is not None and all(n in ended for n in started) and \
-                resumed_at > max(e["t"] for e in ended.values()):
+        if (
+            resumed_at is not None
+            and all(n in ended for n in started)
+            and resumed_at > max(e["t"] for e in ended.values())
+        ):
             # spot.resume after the job ended: a new incarnation restores from the latest
             # checkpoint, with a fresh allowance of retries
             self.preemptions = sum(e["kind"] == "preempted" for e in events)
             if allocated:
-                self.provider.resume_state(launched=len(allocated),
-                                           first_launch=min(e["t"] for e in allocated.values()))
+                self.provider.resume_state(
+                    launched=len(allocated), first_launch=min(e["t"] for e in allocated.values())
+                )
             return last + 1, None, None
         # the last incarnation's end is counted when it is decided on below
         self.preemptions = sum(e["kind"] == "preempted" and e["incarnation"] < last for e in events)
-        self.retries = sum(e["kind"] == "exited" and e["incarnation"] < last
-                           and e.get("reason") in ("user_error", "crashed") for e in events)
+        self.retries = sum(
+            e["kind"] == "exited" and e["incarnation"] < last and e.get("reason") in ("user_error", "crashed")
+            for e in events
+        )
         if allocated:
-            self.provider.resume_state(launched=len(allocated),
-                                       first_launch=min(e["t"] for e in allocated.values()))
+            self.provider.resume_state(
+                launched=len(allocated), first_launch=min(e["t"] for e in allocated.values())
+            )
         outcome: _Outcome | None = None
         for n in started:
             if n in ended:
@@ -492,9 +535,13 @@ class Controller:
             if instance is not None and n == last:
                 return last, instance, None
             orphan = instance or Instance(
-                id=record["instance_id"], provider=self.provider.name, region=record.get("region"),
+                id=record["instance_id"],
+                provider=self.provider.name,
+                region=record.get("region"),
                 instance_type=record.get("instance_type", ""),
-                launched_at=record.get("launched_at", record["t"]), info=dict(record.get("info") or {}))
+                launched_at=record.get("launched_at", record["t"]),
+                info=dict(record.get("info") or {}),
+            )
             result = self._classify(n, orphan, InstanceStatus(InstanceState.TERMINATED))
             if result.reason in (Outcome.LOST, Outcome.STOPPED):
                 result = _Outcome(Outcome.LOST, detail={"why": "its controller died"})
@@ -518,10 +565,15 @@ class Controller:
         # `checkpointed`: whether any checkpoint was ever committed, so that a successor that
         # finds none can tell "all were lost" (worth a warning) from "none was made yet"
         checkpointed = self.job.state.checkpointed
-        marker = {"high_water": self._high_water, "checkpointed": checkpointed, "reason": reason,
-                  "t": time.time()}
-        self.store.write_bytes(self.store.job(self.job.id, "incarnations", f"{n:04d}.end"),
-                               json.dumps(marker).encode())
+        marker = {
+            "high_water": self._high_water,
+            "checkpointed": checkpointed,
+            "reason": reason,
+            "t": time.time(),
+        }
+        self.store.write_bytes(
+            self.store.job(self.job.id, "incarnations", f"{n:04d}.end"), json.dumps(marker).encode()
+        )
 
     def _end_stopped(self) -> None:
         self.emit(ev.Stopped(reason=self._stop_reason))
@@ -536,26 +588,48 @@ class Controller:
         instance = pre.result()
         if instance is not None:
             self.provider.terminate(instance)
-            self.emit(ev.Exited(reason=Outcome.NOT_NEEDED, instance_id=instance.id),
-                      instance.info.get("incarnation", 0))
+            self.emit(
+                ev.Exited(reason=Outcome.NOT_NEEDED, instance_id=instance.id),
+                instance.info.get("incarnation", 0),
+            )
 
     # -- one incarnation ------------------------------------------------------------------------
     def _allocate(self, n: int, cancel: threading.Event | None = None) -> Instance | None:
         market = self._market_now = self._market()
         inc_doc = {"incarnation": n, "market": market, "notice": self.provider.notice_settings()}
-        self.store.write_bytes(self.store.job(self.job.id, "incarnations", f"{n:04d}.json"),
-                               json.dumps(inc_doc).encode())
+        self.store.write_bytes(
+            self.store.job(self.job.id, "incarnations", f"{n:04d}.json"), json.dumps(inc_doc).encode()
+        )
         regions = self._regions()
-        spec_base = dict(job_id=self.job.id, incarnation=n, store_url=self.store.url,
-                         instance_type=self.config.instance_type,
-                         command=["python", "-m", "spotnb.runtime.agent", "--store", self.store.url,
-                                  "--job", self.job.id, "--incarnation", str(n)],
-                         requirements=list(self.config.requirements), spotnb_version=_version())
+        spec_base = dict(
+            job_id=self.job.id,
+            incarnation=n,
+            store_url=self.store.url,
+            instance_type=self.config.instance_type,
+            command=[
+                "python",
+                "-m",
+                "spotnb.runtime.agent",
+                "--store",
+                self.store.url,
+                "--job",
+                self.job.id,
+                "--incarnation",
+                str(n),
+            ],
+            requirements=list(self.config.requirements),
+            spotnb_version=_version(),
+        )
         attempt = 0
         requested = time.time()
         tried: list[str] = []
-        self.db.record_incarnation(self.job.id, n, requested=requested, provider=self.provider.name,
-                                   instance_type=self.config.instance_type)
+        self.db.record_incarnation(
+            self.job.id,
+            n,
+            requested=requested,
+            provider=self.provider.name,
+            instance_type=self.config.instance_type,
+        )
         while not self._stop_requested() and not (cancel is not None and cancel.is_set()):
             waited = time.time() - requested
             if self.config.max_wait is not None and attempt and waited >= self.config.max_wait:
@@ -563,7 +637,8 @@ class Controller:
                     f"max_wait={self.config.max_wait:g}s reached: no spot capacity for "
                     f"{self.config.instance_type} in {waited:.0f} s and {attempt} attempt(s), "
                     f"regions tried: {', '.join(tried)}. Add regions (Config.regions), choose "
-                    "another instance_type, or raise max_wait")
+                    "another instance_type, or raise max_wait"
+                )
                 return None
             region = regions[attempt % len(regions)]
             if (region or self.provider.name) not in tried:
@@ -581,30 +656,51 @@ class Controller:
                     break
                 continue
             # recorded before waiting, so a controller that dies now can still find it
-            self.emit(ev.Launched(instance_id=instance.id, region=instance.region,
-                                  instance_type=instance.instance_type,
-                                  launched_at=instance.launched_at, info=instance.info), n)
+            self.emit(
+                ev.Launched(
+                    instance_id=instance.id,
+                    region=instance.region,
+                    instance_type=instance.instance_type,
+                    launched_at=instance.launched_at,
+                    info=instance.info,
+                ),
+                n,
+            )
             status = self.provider.wait_allocated(instance, timeout=900, stop=self._stop)
             if status.state != InstanceState.RUNNING:
-                self.emit(ev.AllocFailed(region=region, reason=f"instance {status.state.value}",
-                                         retry_in=0.0), n)
+                self.emit(
+                    ev.AllocFailed(region=region, reason=f"instance {status.state.value}", retry_in=0.0), n
+                )
                 self.provider.terminate(instance)
                 attempt += 1
                 continue
             price = self.provider.prices(self.config.instance_type, [region] if region else None)
             p = price.get(instance.region or "") or next(iter(price.values()), None)
             spot = self.config.price_spot if self.config.price_spot is not None else (p.spot if p else 0.0)
-            od = self.config.price_on_demand if self.config.price_on_demand is not None else \
-                (p.on_demand if p else 0.0)
+            od = (
+                self.config.price_on_demand
+                if self.config.price_on_demand is not None
+                else (p.on_demand if p else 0.0)
+            )
             instance.info["incarnation"] = n
             now = time.time()
-            self.emit(ev.Allocated(instance_id=instance.id, region=instance.region,
-                                   instance_type=instance.instance_type, alloc_s=now - requested,
-                                   launched_at=instance.launched_at, info=instance.info,
-                                   spot_price=spot, on_demand_price=od,
-                                   price_source=p.source if p else "config"), n)
-            self.db.record_incarnation(self.job.id, n, instance_id=instance.id, region=instance.region,
-                                       allocated=now)
+            self.emit(
+                ev.Allocated(
+                    instance_id=instance.id,
+                    region=instance.region,
+                    instance_type=instance.instance_type,
+                    alloc_s=now - requested,
+                    launched_at=instance.launched_at,
+                    info=instance.info,
+                    spot_price=spot,
+                    on_demand_price=od,
+                    price_source=p.source if p else "config",
+                ),
+                n,
+            )
+            self.db.record_incarnation(
+                self.job.id, n, instance_id=instance.id, region=instance.region, allocated=now
+            )
             return instance
         return None
 
@@ -623,21 +719,27 @@ class Controller:
 
         (snap, snap_sd), (up, up_sd) = mean_sd("snapshot_s"), mean_sd("upload_s")
         market = self._market_now or self._market()
-        return Observation(step=progress.step if progress else 0,
-                           step_time=(progress.step_time or 0.0) if progress else 0.0,
-                           snapshot_time=snap, upload_time=up, mttp=market["mttp"],
-                           restart_time=market["restart"], grace=market["grace"],
-                           save_every=self.config.save_every,
-                           total_steps=progress.total if progress else None,
-                           snapshot_sd=snap_sd, upload_sd=up_sd,
-                           state_bytes=saves[-1].nbytes if saves else 0, now=time.time())
+        return Observation(
+            step=progress.step if progress else 0,
+            step_time=(progress.step_time or 0.0) if progress else 0.0,
+            snapshot_time=snap,
+            upload_time=up,
+            mttp=market["mttp"],
+            restart_time=market["restart"],
+            grace=market["grace"],
+            save_every=self.config.save_every,
+            total_steps=progress.total if progress else None,
+            snapshot_sd=snap_sd,
+            upload_sd=up_sd,
+            state_bytes=saves[-1].nbytes if saves else 0,
+            now=time.time(),
+        )
 
     def _market(self) -> dict[str, float]:
         """What the policy assumes of this market: the job DB's measurements, shrunk toward the
         provider's priors (a configured market, like the local one, knows its own)."""
         priors = provider_info(self.provider.name).settings.market_priors(self.config)
-        stats = self.db.market(self.provider.name, self.config.region, self.config.instance_type,
-                               **priors)
+        stats = self.db.market(self.provider.name, self.config.region, self.config.instance_type, **priors)
         return {**stats.as_dict(), "grace": self.provider.notice_settings()["grace"]}
 
     def _regions(self) -> list[str | None]:
@@ -652,7 +754,7 @@ class Controller:
         last_seen = time.time()
         heard = False  # the agent has spoken: from then on, silence means a dead instance
         described = 0.0
-        reported_end: float | None = None   # the agent said done/error/evacuated at this time
+        reported_end: float | None = None  # the agent said done/error/evacuated at this time
         poll = self.store.poll_interval
         while True:
             for e in self.pump():
@@ -674,8 +776,7 @@ class Controller:
             if now - described >= self.provider.describe_interval:
                 described = now
                 status = self.provider.describe(instance)
-                if status.state in (InstanceState.EXITED, InstanceState.PREEMPTED,
-                                    InstanceState.TERMINATED):
+                if status.state in (InstanceState.EXITED, InstanceState.PREEMPTED, InstanceState.TERMINATED):
                     self.pump()  # the agent flushed before it exited
                     return self._classify(n, instance, status), pre
             if reported_end is not None and now - reported_end > EXIT_GRACE:
@@ -687,8 +788,11 @@ class Controller:
             if self._stop_requested():
                 self.provider.terminate(instance)
                 return _Outcome(Outcome.STOPPED), pre
-            limit = self.config.heartbeat_timeout if heard else max(self.config.heartbeat_timeout,
-                                                                     self.provider.boot_timeout)
+            limit = (
+                self.config.heartbeat_timeout
+                if heard
+                else max(self.config.heartbeat_timeout, self.provider.boot_timeout)
+            )
             if time.time() - last_seen > limit:
                 self._fence()
                 self.provider.terminate(instance)
@@ -716,8 +820,11 @@ class Controller:
         if status.state == InstanceState.PREEMPTED:
             if "done" in kinds:
                 return _Outcome(Outcome.DONE, status.exit_code)
-            return _Outcome(Outcome.EVACUATED if "evacuated" in kinds else Outcome.PREEMPTED,
-                            status.exit_code, status.detail)
+            return _Outcome(
+                Outcome.EVACUATED if "evacuated" in kinds else Outcome.PREEMPTED,
+                status.exit_code,
+                status.detail,
+            )
         if "done" in kinds:
             return _Outcome(Outcome.DONE, status.exit_code)
         if "evacuated" in kinds:
@@ -734,14 +841,30 @@ class Controller:
         end_t = outcome.detail.get("at", time.time())
         lifetime = end_t - instance.launched_at
         if outcome.reason.is_preemption:
-            self.emit(ev.Preempted(instance_id=instance.id, lifetime_s=lifetime, t=end_t,
-                                   how=outcome.reason, phase=outcome.detail.get("phase"),
-                                   step=outcome.detail.get("step"),
-                                   noticed=outcome.detail.get("noticed")), n)
+            self.emit(
+                ev.Preempted(
+                    instance_id=instance.id,
+                    lifetime_s=lifetime,
+                    t=end_t,
+                    how=outcome.reason,
+                    phase=outcome.detail.get("phase"),
+                    step=outcome.detail.get("step"),
+                    noticed=outcome.detail.get("noticed"),
+                ),
+                n,
+            )
             reason = "preempted"
         else:
-            self.emit(ev.Exited(instance_id=instance.id, lifetime_s=lifetime, t=end_t,
-                                reason=outcome.reason, code=outcome.code), n)
+            self.emit(
+                ev.Exited(
+                    instance_id=instance.id,
+                    lifetime_s=lifetime,
+                    t=end_t,
+                    reason=outcome.reason,
+                    code=outcome.code,
+                ),
+                n,
+            )
             reason = outcome.reason.value
         self.db.record_incarnation(self.job.id, n, ended=end_t, end_reason=reason)
         self.pump()

@@ -1,5 +1,6 @@
 """`spotnb demo`: the quickstart. A small real PyTorch model (an MLP on a two-spiral dataset
 generated here, no download) trained on the local spot market with injected preemptions."""
+
 from __future__ import annotations
 
 import math
@@ -14,6 +15,7 @@ __all__ = ["spirals", "fit_spirals", "run_demo"]
 def spirals(n: int = 2048, seed: int = 0) -> tuple[Any, Any]:
     """Two interleaved spirals: a classic that a linear model cannot fit but a small MLP can."""
     import torch
+
     g = torch.Generator().manual_seed(seed)
     t = torch.rand(n // 2, generator=g) * 3 * math.pi + 0.5
     noise = lambda: 0.15 * torch.randn(n // 2, generator=g)  # noqa: E731
@@ -28,10 +30,16 @@ def fit_spirals(ctx: Any, steps: int = 1500, batch: int = 128, step_delay: float
     """The training function shipped to the instance. Batches depend on the step only, so a
     resumed run sees exactly the batches an uninterrupted one would."""
     import torch
+
     torch.manual_seed(0)
     x, y = spirals()
-    model = torch.nn.Sequential(torch.nn.Linear(2, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-                                torch.nn.ReLU(), torch.nn.Linear(64, 2))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 2),
+    )
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     ctx.track(model=model, optimizer=opt, scheduler=sched)
@@ -58,14 +66,20 @@ def run_demo(steps: int = 1500, step_delay: float = 0.01, out: Any = sys.stdout)
     import spotnb as spot
 
     config = spot.Config(
-        name="spirals-demo", provider="local", instance_type="g4dn.xlarge", save_every=250,
-        local_schedule=[4.0, 7.0, {"step": steps * 2 // 3, "phase": "step"}], local_grace=2.5,
-        notice_poll=0.2, checkpoint="hedged")
-    print("spotnb demo: an MLP on two spirals, on the local spot market (3 preemptions injected)",
-          file=out)
+        name="spirals-demo",
+        provider="local",
+        instance_type="g4dn.xlarge",
+        save_every=250,
+        local_schedule=[4.0, 7.0, {"step": steps * 2 // 3, "phase": "step"}],
+        local_grace=2.5,
+        notice_poll=0.2,
+        checkpoint="hedged",
+    )
+    print("spotnb demo: an MLP on two spirals, on the local spot market (3 preemptions injected)", file=out)
     job = spot.train(functools.partial(fit_spirals, steps=steps, step_delay=step_delay), config)
     print(f"job {job.id} submitted; following it (Ctrl-C leaves it running)", file=out)
     from spotnb.widget.text import TextView
+
     TextView(job, file=out, interval=2.0)
     job.wait()
     try:

@@ -2,14 +2,24 @@
 
 Light on purpose: `Config` and every provider's settings use it.
 """
+
 from __future__ import annotations
 
 import math
 import re
 from typing import Any
 
-__all__ = ["parse_duration", "bounded", "human", "duration_range", "lifetime", "is_int",
-           "Duration", "Range", "DAY"]
+__all__ = [
+    "parse_duration",
+    "bounded",
+    "human",
+    "duration_range",
+    "lifetime",
+    "is_int",
+    "Duration",
+    "Range",
+    "DAY",
+]
 
 DAY = 86400.0
 Duration = float
@@ -33,14 +43,17 @@ def parse_duration(value: Any) -> float:
             parts = _DURATION_RE.findall(text)
             if not parts or "".join(n + u for n, u in parts) != text:
                 raise ValueError(
-                    f"invalid duration {value!r}: use seconds (90) or a string like '90s', '2m', '3h', '1h30m'"
+                    f"invalid duration {value!r}: use seconds (90) or a string like '90s', '2m', "
+                    "'3h', '1h30m'"
                 ) from None
             seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     else:
         raise ValueError(f"expected a duration (seconds or '2m'), got {type(value).__name__}")
     if not math.isfinite(seconds):
-        raise ValueError(f"{value!r} is not a finite duration: give seconds or a string like '2m'"
-                         " (None, where the field allows it, means 'no limit')")
+        raise ValueError(
+            f"{value!r} is not a finite duration: give seconds or a string like '2m'"
+            " (None, where the field allows it, means 'no limit')"
+        )
     if seconds < 0:
         raise ValueError(f"duration must be non-negative, got {value!r}")
     return seconds

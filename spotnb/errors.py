@@ -1,8 +1,16 @@
 """Exceptions a user can catch. Kept in one small module so every side can import it."""
+
 from __future__ import annotations
 
-__all__ = ["SpotnbError", "ConfigError", "JobFailed", "JobStopped", "SpotnbWarning",
-           "ProviderUnavailable", "CapacityError"]
+__all__ = [
+    "SpotnbError",
+    "ConfigError",
+    "JobFailed",
+    "JobStopped",
+    "SpotnbWarning",
+    "ProviderUnavailable",
+    "CapacityError",
+]
 
 
 class SpotnbError(Exception):
@@ -21,7 +29,9 @@ class JobFailed(SpotnbError):
     """The user's function raised on the instance; `remote_traceback` holds the remote text."""
 
     def __init__(self, message: str, remote_traceback: str = "") -> None:
-        super().__init__(f"{message}\n\nRemote traceback:\n{remote_traceback}" if remote_traceback else message)
+        super().__init__(
+            f"{message}\n\nRemote traceback:\n{remote_traceback}" if remote_traceback else message
+        )
         self.remote_traceback = remote_traceback
 
 

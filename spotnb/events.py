@@ -11,6 +11,7 @@ A job whose store vanished is `lost`; only the job DB can say so (no event can b
 
 Writers buffer and flush; readers tail. Nothing here imports the runtime or the notebook side.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,14 +20,23 @@ import math
 import re
 import threading
 import time
-from typing import Any, Iterable, Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol
 
-from spotnb.protocol import (PROTOCOL_VERSION, ControllerRestarted, Event, Segment, as_metric,
-                             from_json)
+from spotnb.protocol import PROTOCOL_VERSION, ControllerRestarted, Event, Segment, as_metric, from_json
 from spotnb.store import Store
 
-__all__ = ["EventWriter", "EventReader", "EventSink", "Event", "SEGMENT_BYTES", "as_metric",
-           "json_safe", "read_all", "dispatch"]
+__all__ = [
+    "EventWriter",
+    "EventReader",
+    "EventSink",
+    "Event",
+    "SEGMENT_BYTES",
+    "as_metric",
+    "json_safe",
+    "read_all",
+    "dispatch",
+]
 
 log = logging.getLogger("spotnb.events")
 
@@ -78,8 +88,9 @@ class EventWriter:
         # resume numbering after an earlier writer of the same name (e.g. a restarted controller)
         # (only names of finished segments: a temp file of a write that died is no segment)
         segment = re.compile(rf"{incarnation:04d}-{re.escape(writer)}-(\d+)\.jsonl")
-        existing = [int(m.group(1)) for n in store.ls(store.job(job_id, "events"))
-                    if (m := segment.fullmatch(n))]
+        existing = [
+            int(m.group(1)) for n in store.ls(store.job(job_id, "events")) if (m := segment.fullmatch(n))
+        ]
         if existing:
             self._segment = max(existing) + 1
 
@@ -105,7 +116,8 @@ class EventWriter:
     def _header(self) -> bytes:
         """The first line of a segment: the protocol version its events are written in."""
         header = Segment(protocol=PROTOCOL_VERSION, writer=self.writer).stamped(
-            t=time.time(), incarnation=self.incarnation)
+            t=time.time(), incarnation=self.incarnation
+        )
         return _dumps(header.to_json())
 
     def flush(self) -> None:
@@ -117,8 +129,9 @@ class EventWriter:
                 return
             data = b"".join(_dumps(e.to_json()) for e in batch)
             content = bytearray(self._content or self._header()) + data
-            path = self.store.job(self.job_id, "events",
-                                  f"{self.incarnation:04d}-{self.writer}-{self._segment:05d}.jsonl")
+            path = self.store.job(
+                self.job_id, "events", f"{self.incarnation:04d}-{self.writer}-{self._segment:05d}.jsonl"
+            )
             try:
                 self.store.write_bytes(path, bytes(content))
             except BaseException:
@@ -138,9 +151,9 @@ class EventReader:
     def __init__(self, store: Store, job_id: str) -> None:
         self.store, self.job_id = store, job_id
         self._offsets: dict[str, int] = {}
-        self.skipped: dict[str, int] = {}   # unusable lines per file (see _parse)
+        self.skipped: dict[str, int] = {}  # unusable lines per file (see _parse)
         self._fences: dict[int, float] = {}  # lease generation -> its predecessor's expiry
-        self.protocols: dict[str, int] = {}   # segment file -> protocol version of its writer
+        self.protocols: dict[str, int] = {}  # segment file -> protocol version of its writer
 
     def poll(self) -> list[Event]:
         folder = self.store.job(self.job_id, "events")
@@ -202,19 +215,28 @@ class EventReader:
                 return typed
             problem = "not an event object"
         if name not in self.skipped:
-            log.warning("job %s: skipped a line of events/%s that is %s", self.job_id, name, problem,
-                        extra={"job_id": self.job_id})
+            log.warning(
+                "job %s: skipped a line of events/%s that is %s",
+                self.job_id,
+                name,
+                problem,
+                extra={"job_id": self.job_id},
+            )
         self.skipped[name] = self.skipped.get(name, 0) + 1
         return None
-
 
     def _segment(self, name: str, header: Segment) -> None:
         self.protocols[name] = header.protocol
         if header.protocol > PROTOCOL_VERSION:
-            log.warning("job %s: events/%s was written by a newer spotnb (protocol %d; this one "
-                        "reads %d): kinds and fields it does not know are kept and shown as they are",
-                        self.job_id, name, header.protocol, PROTOCOL_VERSION,
-                        extra={"job_id": self.job_id})
+            log.warning(
+                "job %s: events/%s was written by a newer spotnb (protocol %d; this one "
+                "reads %d): kinds and fields it does not know are kept and shown as they are",
+                self.job_id,
+                name,
+                header.protocol,
+                PROTOCOL_VERSION,
+                extra={"job_id": self.job_id},
+            )
 
 
 def _time_of(event: Event) -> float:

@@ -13,6 +13,7 @@ are skipped and a different existing file is never overwritten (a clear error in
 
 Shared by the notebook side (`collect`, `upload`) and the runtime (`lay_out`): imports neither.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,7 +21,8 @@ import os
 import posixpath
 import stat
 import uuid
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from spotnb.store import Store
 
@@ -77,15 +79,24 @@ def collect(paths: Iterable[str], cwd: str, limit: int | None = None) -> list[di
             continue  # sockets, fifos: nothing to ship
         total += st.st_size
         if total > limit:
-            raise FilesError(f"Config.files: {given!r} ({local}) brings the files shipped with the job "
-                             f"to {_human(total)}, over the {_human(limit)} limit; put large data in "
-                             "a bucket and read it from the function")
-        entry = {"path": dest, "sha256": _sha256(local), "size": st.st_size,
-                 "mode": stat.S_IMODE(st.st_mode) & 0o755 | 0o600, "source": local}
+            raise FilesError(
+                f"Config.files: {given!r} ({local}) brings the files shipped with the job "
+                f"to {_human(total)}, over the {_human(limit)} limit; put large data in "
+                "a bucket and read it from the function"
+            )
+        entry = {
+            "path": dest,
+            "sha256": _sha256(local),
+            "size": st.st_size,
+            "mode": stat.S_IMODE(st.st_mode) & 0o755 | 0o600,
+            "source": local,
+        }
         prior = out.get(dest)
         if prior is not None and prior["sha256"] != entry["sha256"]:
-            raise FilesError(f"Config.files: {prior['source']} and {local} would both go to {dest!r} "
-                             "on the instance; rename one or ship their folders instead")
+            raise FilesError(
+                f"Config.files: {prior['source']} and {local} would both go to {dest!r} "
+                "on the instance; rename one or ship their folders instead"
+            )
         out[dest] = entry
     return list(out.values())
 
@@ -129,13 +140,17 @@ def lay_out(store: Store, files: Iterable[Any], workdir: str) -> list[str]:
         if os.path.lexists(dest):
             if os.path.isfile(dest) and _sha256(dest) == sha:
                 continue
-            raise FilesError(f"Config.files: {path!r} already exists in {workdir} with other content; "
-                             "spotnb never overwrites a file there. Move or rename it, or run the "
-                             "notebook from another directory")
+            raise FilesError(
+                f"Config.files: {path!r} already exists in {workdir} with other content; "
+                "spotnb never overwrites a file there. Move or rename it, or run the "
+                "notebook from another directory"
+            )
         data = store.read_bytes(blob_path(store, sha))
         if hashlib.sha256(data).hexdigest() != sha:
-            raise FilesError(f"Config.files: the stored content of {path!r} does not match its hash in "
-                             "the job spec (modified in the store); resubmit the job")
+            raise FilesError(
+                f"Config.files: the stored content of {path!r} does not match its hash in "
+                "the job spec (modified in the store); resubmit the job"
+            )
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
         with open(tmp, "wb") as out:

@@ -2,6 +2,7 @@
 
 Imports nothing from spotnb: the job DB, signing, the providers and `Config` all need it.
 """
+
 from __future__ import annotations
 
 import os

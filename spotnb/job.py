@@ -1,16 +1,16 @@
 """`Job`: the notebook's handle on a spot job. Its state is derived from the event log only,
 so a Job built by `spot.attach` in a new kernel shows exactly what the original one did."""
+
 from __future__ import annotations
 
 import html
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Generator
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import AsyncIterator, Callable, Generator
+from typing import TYPE_CHECKING, Any
 
 from spotnb import aio
-
 from spotnb.errors import JobFailed, JobStopped, SpotnbError
 from spotnb.events import EventReader, EventSink
 from spotnb.ledger import Breakdown
@@ -35,8 +35,9 @@ _CONTROLLER_CHECK = 15.0  # seconds between looks at the job's controller lease
 class Job:
     """A running or finished spot job. Returned by `spot.train` and `spot.attach`."""
 
-    def __init__(self, job_id: str, store: Store, db: "JobDB | None" = None,
-                 meta: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, job_id: str, store: Store, db: JobDB | None = None, meta: dict[str, Any] | None = None
+    ) -> None:
         self.id = job_id
         self.store = store
         self.db = db
@@ -52,6 +53,7 @@ class Job:
         self._result: Any = None
         self._result_loaded = False
         self._stop_hook: Callable[[], None] | None = None
+        self.driver: object | None = None  # the in-process controller, if this process drives it
         self._follower: threading.Thread | None = None
 
     # -- state from events ---------------------------------------------------------------------
@@ -67,16 +69,22 @@ class Job:
             self._events.extend(events)
             self.state.feed_events(events)
             if self.state.submitted is not None:
-                self.meta.update({k: v for k, v in self.state.submitted.to_json().items()
-                                  if k not in ("t", "kind", "incarnation")})
+                self.meta.update(
+                    {
+                        k: v
+                        for k, v in self.state.submitted.to_json().items()
+                        if k not in ("t", "kind", "incarnation")
+                    }
+                )
                 self.name = self.meta.get("name") or self.id
             sinks = list(self._sinks)
         for sink in sinks:
             try:
                 sink.on_events(events)
             except Exception as exc:  # noqa: BLE001 - a broken view must not stop the job
-                log.warning("job %s: a job view failed and was detached: %r", self.id, exc,
-                            extra={"job_id": self.id})
+                log.warning(
+                    "job %s: a job view failed and was detached: %r", self.id, exc, extra={"job_id": self.id}
+                )
                 self.remove_sink(sink)
         if self.state.status in TERMINAL:
             self._finish()
@@ -112,8 +120,9 @@ class Job:
                 try:
                     self._ingest(reader.poll())
                 except Exception as exc:  # noqa: BLE001 - the follower must outlive any bad read
-                    log.warning("job %s: reading events failed, retrying: %r", self.id, exc,
-                                extra={"job_id": self.id})
+                    log.warning(
+                        "job %s: reading events failed, retrying: %r", self.id, exc, extra={"job_id": self.id}
+                    )
                     continue
 
         if not self._finished.is_set():
@@ -130,8 +139,7 @@ class Job:
                 if row.get("status") == "lost":  # the store is gone: only the DB can say so
                     self._mark_lost(row.get("status_reason") or "its store vanished")
         except Exception as exc:  # noqa: BLE001 - try again at the next check
-            log.warning("job %s: could not check its controller: %r", self.id, exc,
-                        extra={"job_id": self.id})
+            log.warning("job %s: could not check its controller: %r", self.id, exc, extra={"job_id": self.id})
 
     def _mark_lost(self, reason: str) -> None:
         """The store is gone: no event can say so, the job DB row does (see supervise.job_vanished)."""
@@ -150,8 +158,7 @@ class Job:
             try:
                 callback()
             except Exception as exc:  # noqa: BLE001 - one waiter's bug must not stop the others
-                log.warning("job %s: a done callback failed: %r", self.id, exc,
-                            extra={"job_id": self.id})
+                log.warning("job %s: a done callback failed: %r", self.id, exc, extra={"job_id": self.id})
 
     def add_done_callback(self, callback: Callable[[], None]) -> None:
         """Call `callback()` (from the job's thread) once the job has ended; at once if it has."""
@@ -218,13 +225,19 @@ class Job:
     def events_frame(self) -> Any:
         """The events as a pandas DataFrame, one column per JSON field (needs pandas)."""
         import pandas as pd
+
         return pd.DataFrame([e.to_json() for e in self.events])
 
     def metrics_frame(self) -> Any:
         """One row per logged step: step, t, incarnation and the metric columns (needs pandas)."""
         import pandas as pd
-        rows = [{**row, "incarnation": e.incarnation} for e in self.events
-                if e.kind == "metrics" for row in e["rows"]]
+
+        rows = [
+            {**row, "incarnation": e.incarnation}
+            for e in self.events
+            if e.kind == "metrics"
+            for row in e["rows"]
+        ]
         return pd.DataFrame(rows)
 
     def breakdown(self) -> Breakdown:
@@ -247,8 +260,9 @@ class Job:
         state = self.state
         if state.status == JobStatus.FAILED:
             err = state.error
-            raise JobFailed(f"job {self.id} failed: {err.message if err else 'see events'}",
-                            err.traceback if err else "")
+            raise JobFailed(
+                f"job {self.id} failed: {err.message if err else 'see events'}", err.traceback if err else ""
+            )
         if state.status == JobStatus.LOST:
             raise JobFailed(f"job {self.id} is lost: {state.status_reason or 'its store vanished'}")
         if state.status == JobStatus.STOPPED:
@@ -264,17 +278,22 @@ class Job:
         import cloudpickle
 
         from spotnb.signing import BadSignature, key_path, load_key, unseal
+
         key = load_key(self.id)
         path = self.store.job(self.id, "result.pkl")
         if key is None and self._legacy():
-            raise SpotnbError(f"job {self.id} was submitted by an older spotnb: its result is not "
-                              f"signed and is not loaded. If you trust everyone who can write the "
-                              f"store, load it yourself: cloudpickle.loads(Store(url).read_bytes("
-                              f"{path!r}))")
+            raise SpotnbError(
+                f"job {self.id} was submitted by an older spotnb: its result is not "
+                f"signed and is not loaded. If you trust everyone who can write the "
+                f"store, load it yourself: cloudpickle.loads(Store(url).read_bytes("
+                f"{path!r}))"
+            )
         if key is None:
-            raise SpotnbError(f"job {self.id}: its key is not on this machine ({key_path(self.id)}), so "
-                              "its result cannot be verified and is not loaded; copy the key file "
-                              "from the machine that submitted the job")
+            raise SpotnbError(
+                f"job {self.id}: its key is not on this machine ({key_path(self.id)}), so "
+                "its result cannot be verified and is not loaded; copy the key file "
+                "from the machine that submitted the job"
+            )
         blob = self.store.read_bytes(path)
         try:
             payload = unseal(key, self.id, "result.pkl", blob)
@@ -285,6 +304,7 @@ class Job:
     def _legacy(self) -> bool:
         """True for a job of a spotnb before jobs were signed (its spec has no version)."""
         import json
+
         try:
             doc = json.loads(self.store.read_bytes(self.store.job(self.id, "spec.json")))
             return isinstance(doc, dict) and "spec_version" not in doc
@@ -308,25 +328,32 @@ class Job:
     def summary(self) -> str:
         b = self.breakdown()
         prog = f"step {b.step}" + (f"/{b.total_steps}" if b.total_steps else "")
-        return (f"{self.name} [{self.status}] {prog}, {b.preemptions} preemption(s), "
-                f"spot ${b.spot_cost:.4f} vs on-demand ${b.on_demand_cost:.4f}")
+        return (
+            f"{self.name} [{self.status}] {prog}, {b.preemptions} preemption(s), "
+            f"spot ${b.spot_cost:.4f} vs on-demand ${b.on_demand_cost:.4f}"
+        )
 
     def __repr__(self) -> str:
         return f"<spotnb.Job {self.id} {self.summary()}>"
 
     def _repr_html_(self) -> str:
         b = self.breakdown()
-        rows = "".join(f"<tr><td>{c}</td><td>{getattr(b, c):.1f} s</td></tr>"
-                       for c in ("compute", "recompute", "save", "alloc", "prep", "other"))
-        return (f"<div class='spotnb-job'><b>{html.escape(self.name)}</b> "
-                f"<code>{html.escape(self.id)}</code> — <b>{html.escape(self.status)}</b><br>"
-                f"step {b.step}{'/' + str(b.total_steps) if b.total_steps else ''}, "
-                f"{b.preemptions} preemption(s), spot ${b.spot_cost:.4f} vs on-demand "
-                f"${b.on_demand_cost:.4f} ({b.savings:.0%} saved)"
-                f"<table>{rows}<tr><td>total</td><td>{b.total:.1f} s</td></tr></table></div>")
+        rows = "".join(
+            f"<tr><td>{c}</td><td>{getattr(b, c):.1f} s</td></tr>"
+            for c in ("compute", "recompute", "save", "alloc", "prep", "other")
+        )
+        return (
+            f"<div class='spotnb-job'><b>{html.escape(self.name)}</b> "
+            f"<code>{html.escape(self.id)}</code> — <b>{html.escape(self.status)}</b><br>"
+            f"step {b.step}{'/' + str(b.total_steps) if b.total_steps else ''}, "
+            f"{b.preemptions} preemption(s), spot ${b.spot_cost:.4f} vs on-demand "
+            f"${b.on_demand_cost:.4f} ({b.savings:.0%} saved)"
+            f"<table>{rows}<tr><td>total</td><td>{b.total:.1f} s</td></tr></table></div>"
+        )
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
+
         try:
             from spotnb.widget import job_widget
         except ImportError:
@@ -344,6 +371,7 @@ class Job:
         widget = job_widget(self)
         try:
             from IPython.display import display
+
             display(widget)
         except ImportError:
             pass
@@ -352,4 +380,5 @@ class Job:
     def plot(self) -> Any:
         """Static plotly figures (breakdown, timeline, metrics) for export."""
         from spotnb.widget import static_figures
+
         return static_figures(self)

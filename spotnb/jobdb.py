@@ -4,18 +4,21 @@ The store remains the source of truth for a job; the DB lists jobs across stores
 per (provider, region, instance type), the mean time to preemption and the restart time R
 that the checkpoint policy needs.
 """
+
 from __future__ import annotations
 
 import os
 import sqlite3
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from spotnb.errors import SpotnbError
 from spotnb.home import spotnb_home
 from spotnb.policy.base import PRIOR_MTTP, PRIOR_RESTART
-from spotnb.errors import SpotnbError
+from spotnb.protocol import Checkpoint
 from spotnb.store import private_dir
 
 __all__ = ["JobDB", "MarketStats", "AmbiguousJobId", "PRIOR_MTTP", "PRIOR_RESTART"]
@@ -51,8 +54,9 @@ class AmbiguousJobId(SpotnbError, LookupError):
 
     def __init__(self, prefix: str, matches: list[str]) -> None:
         shown = ", ".join(matches[:10]) + (f" and {len(matches) - 10} more" if len(matches) > 10 else "")
-        super().__init__(f"job id {prefix!r} is ambiguous: it starts {len(matches)} job ids "
-                         f"({shown}); give more of the id")
+        super().__init__(
+            f"job id {prefix!r} is ambiguous: it starts {len(matches)} job ids ({shown}); give more of the id"
+        )
         self.prefix, self.matches = prefix, matches
 
 
@@ -91,12 +95,22 @@ class JobDB:
             return con.execute(sql, args).fetchall()
 
     # -- jobs --------------------------------------------------------------------------------
-    def add_job(self, job_id: str, *, name: str | None, provider: str, region: str | None,
-                instance_type: str, store: str) -> None:
+    def add_job(
+        self,
+        job_id: str,
+        *,
+        name: str | None,
+        provider: str,
+        region: str | None,
+        instance_type: str,
+        store: str,
+    ) -> None:
         now = time.time()
-        self._exec("INSERT OR REPLACE INTO jobs (id, name, provider, region, instance_type, store, "
-                   "status, created, updated) VALUES (?,?,?,?,?,?,?,?,?)",
-                   (job_id, name, provider, region, instance_type, store, "pending", now, now))
+        self._exec(
+            "INSERT OR REPLACE INTO jobs (id, name, provider, region, instance_type, store, "
+            "status, created, updated) VALUES (?,?,?,?,?,?,?,?,?)",
+            (job_id, name, provider, region, instance_type, store, "pending", now, now),
+        )
 
     def update_job(self, job_id: str, **fields: Any) -> None:
         if not fields:
@@ -112,8 +126,9 @@ class JobDB:
         text (`substr`), never as a LIKE pattern, so `_` and `%` in it match only themselves."""
         rows = self._exec("SELECT * FROM jobs WHERE id=?", (job_id,))
         if not rows and job_id:
-            rows = self._exec("SELECT * FROM jobs WHERE substr(id, 1, ?) = ? ORDER BY created DESC",
-                              (len(job_id), job_id))
+            rows = self._exec(
+                "SELECT * FROM jobs WHERE substr(id, 1, ?) = ? ORDER BY created DESC", (len(job_id), job_id)
+            )
             if len(rows) > 1:
                 raise AmbiguousJobId(job_id, [r["id"] for r in rows])
         return dict(rows[0]) if rows else None
@@ -138,8 +153,9 @@ class JobDB:
             if row is not None and row["owner"] != owner and row["expires"] > now:
                 con.execute("ROLLBACK")
                 return None
-            gen_row = con.execute("SELECT generation FROM lease_generations WHERE job_id=?",
-                                  (job_id,)).fetchone()
+            gen_row = con.execute(
+                "SELECT generation FROM lease_generations WHERE job_id=?", (job_id,)
+            ).fetchone()
             generation = (gen_row["generation"] if gen_row else 0) + 1
             con.execute("INSERT OR REPLACE INTO lease_generations VALUES (?,?)", (job_id, generation))
             con.execute("INSERT OR REPLACE INTO leases VALUES (?,?,?,?)", (job_id, owner, pid, now + ttl))
@@ -158,7 +174,9 @@ class JobDB:
             con.execute("BEGIN IMMEDIATE")
             ok = con.execute(
                 "SELECT 1 FROM leases l JOIN lease_generations g ON g.job_id = l.job_id "
-                "WHERE l.job_id=? AND l.owner=? AND g.generation=?", (job_id, owner, generation)).fetchone()
+                "WHERE l.job_id=? AND l.owner=? AND g.generation=?",
+                (job_id, owner, generation),
+            ).fetchone()
             if ok is None:
                 con.execute("ROLLBACK")
                 return None
@@ -195,16 +213,34 @@ class JobDB:
             self._exec("INSERT INTO incarnations (job_id, n) VALUES (?, ?)", (job_id, n))
         if fields:
             cols = ", ".join(f"{k}=?" for k in fields)
-            self._exec(f"UPDATE incarnations SET {cols} WHERE job_id=? AND n=?",
-                       (*fields.values(), job_id, n))
+            self._exec(
+                f"UPDATE incarnations SET {cols} WHERE job_id=? AND n=?", (*fields.values(), job_id, n)
+            )
 
-    def record_checkpoint(self, job_id: str, n: int, e: dict[str, Any]) -> None:
-        self._exec("INSERT OR REPLACE INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)",
-                   (job_id, n, e["seq"], e["save_kind"], e["step"], e.get("snapshot_s"),
-                    e.get("upload_s"), e.get("bytes"), e["t"]))
+    def record_checkpoint(self, job_id: str, n: int, e: Mapping[str, Any] | Checkpoint) -> None:
+        self._exec(
+            "INSERT OR REPLACE INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)",
+            (
+                job_id,
+                n,
+                e["seq"],
+                e["save_kind"],
+                e["step"],
+                e.get("snapshot_s"),
+                e.get("upload_s"),
+                e.get("bytes"),
+                e["t"],
+            ),
+        )
 
-    def market(self, provider: str, region: str | None, instance_type: str,
-               prior_mttp: float = PRIOR_MTTP, prior_restart: float = PRIOR_RESTART) -> MarketStats:
+    def market(
+        self,
+        provider: str,
+        region: str | None,
+        instance_type: str,
+        prior_mttp: float = PRIOR_MTTP,
+        prior_restart: float = PRIOR_RESTART,
+    ) -> MarketStats:
         """MTTP = (exposure + one prior lifetime) / (preemptions + 1): the exponential MLE over
         every instance's life (censored lives count as exposure without an event), shrunk toward
         the prior so one early preemption does not swing the policy. R: mean of allocation +
@@ -212,7 +248,8 @@ class JobDB:
         rows = self._exec(
             "SELECT allocated, ready, ended, end_reason, requested FROM incarnations "
             "WHERE provider=? AND instance_type=? AND (region IS ? OR ? IS NULL)",
-            (provider, instance_type, region, region))
+            (provider, instance_type, region, region),
+        )
         exposure, events, restarts = 0.0, 0, []
         for r in rows:
             if r["allocated"] and r["ended"]:

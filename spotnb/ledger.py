@@ -14,11 +14,13 @@ the categories add up to the total:
 - spot cost: each instance's running time (allocation to end) at its spot price.
 - on-demand cost: the job's compute time at the on-demand price of the same instance type.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from spotnb.protocol import Progress
 
@@ -62,16 +64,23 @@ class Breakdown:
             share = val / self.total if self.total else 0.0
             lines.append(f"{cat:<10} {val:>10.2f} {share:>6.1%}")
         lines.append(f"{'total':<10} {self.total:>10.2f}")
-        lines.append(f"preemptions {self.preemptions}, instances {self.incarnations}, "
-                     f"steps {self.step}" + (f"/{self.total_steps}" if self.total_steps else ""))
-        lines.append(f"spot cost ${self.spot_cost:.4f}  vs on-demand ${self.on_demand_cost:.4f}  "
-                     f"(savings {self.savings:.1%})")
+        lines.append(
+            f"preemptions {self.preemptions}, instances {self.incarnations}, "
+            f"steps {self.step}" + (f"/{self.total_steps}" if self.total_steps else "")
+        )
+        lines.append(
+            f"spot cost ${self.spot_cost:.4f}  vs on-demand ${self.on_demand_cost:.4f}  "
+            f"(savings {self.savings:.1%})"
+        )
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return ("Breakdown(" + ", ".join(f"{c}={getattr(self, c):.2f}" for c in CATEGORIES) +
-                f", total={self.total:.2f}, preemptions={self.preemptions}, "
-                f"spot_cost={self.spot_cost:.4f}, on_demand_cost={self.on_demand_cost:.4f})")
+        return (
+            "Breakdown("
+            + ", ".join(f"{c}={getattr(self, c):.2f}" for c in CATEGORIES)
+            + f", total={self.total:.2f}, preemptions={self.preemptions}, "
+            f"spot_cost={self.spot_cost:.4f}, on_demand_cost={self.on_demand_cost:.4f})"
+        )
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,7 @@ class Span:
     """One instance as the ledger sees it: when it was asked for, allocated (billing starts),
     ready (first step), ended, whether a preemption ended it, its latest time accounts and
     its prices ($/h)."""
+
     n: int
     asked: float | None
     allocated: float | None
@@ -90,8 +100,9 @@ class Span:
     on_demand: float
 
 
-def compute_breakdown(spans: Iterable[Span], start: float | None, end: float | None,
-                      now: float | None = None) -> Breakdown:
+def compute_breakdown(
+    spans: Iterable[Span], start: float | None, end: float | None, now: float | None = None
+) -> Breakdown:
     """Split the wall time from `start` (first submission or allocation) to `end` (the job's
     last end, None while it runs: then `now`) into the categories, and price it."""
     out = Breakdown()
@@ -125,11 +136,11 @@ def compute_breakdown(spans: Iterable[Span], start: float | None, end: float | N
             accounted = running
         lost = max(0.0, running - accounted)
         if inc.preempted:
-            rc += lost          # the killed instance's work since its last report is lost
+            rc += lost  # the killed instance's work since its last report is lost
         elif inc.end is None:
-            c += lost           # still running: work not reported yet
+            c += lost  # still running: work not reported yet
         else:
-            out.other += lost   # writing the result, waiting for uploads at the end
+            out.other += lost  # writing the result, waiting for uploads at the end
         out.compute += c
         out.recompute += rc
         out.save += s
@@ -139,19 +150,23 @@ def compute_breakdown(spans: Iterable[Span], start: float | None, end: float | N
     return out
 
 
-def _sweep(intervals: list[tuple[float, float, str, int]], start: float,
-           stop: float) -> dict[tuple[str, int], float]:
+def _sweep(
+    intervals: list[tuple[float, float, str, int]], start: float, stop: float
+) -> dict[tuple[str, int], float]:
     """Length of each interval not hidden by a higher-priority one, clipped to [start, stop]."""
     points = sorted({start, stop, *(max(start, min(stop, x)) for a, b, _, _ in intervals for x in (a, b))})
     out: dict[tuple[str, int], float] = {}
-    for lo, hi in zip(points, points[1:]):
+    for lo, hi in zip(points, points[1:], strict=False):
         if hi <= lo:
             continue
         mid = (lo + hi) / 2
         best = None
         for a, b, cat, n in intervals:
-            if a <= mid < b and (best is None or _PRIORITY[cat] > _PRIORITY[best[0]]
-                                 or (_PRIORITY[cat] == _PRIORITY[best[0]] and n > best[1])):
+            if a <= mid < b and (
+                best is None
+                or _PRIORITY[cat] > _PRIORITY[best[0]]
+                or (_PRIORITY[cat] == _PRIORITY[best[0]] and n > best[1])
+            ):
                 best = (cat, n)
         if best is not None:
             out[best] = out.get(best, 0.0) + hi - lo

@@ -6,6 +6,7 @@ view attaches a `JobLogHandler` for its job and gets that job's warnings and err
 are logged, in the thread that logs them — the widget turns each into a `warning` line of its
 feed. Records of other jobs, and records below WARNING, pass by.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,8 +22,9 @@ class JobLogHandler(logging.Handler):
     """Calls `callback(record)` for each WARNING+ record about `job_id`. A callback that
     raises is reported once through `handleError` and never stops the logging code."""
 
-    def __init__(self, job_id: str, callback: Callable[[logging.LogRecord], None],
-                 level: int = logging.WARNING) -> None:
+    def __init__(
+        self, job_id: str, callback: Callable[[logging.LogRecord], None], level: int = logging.WARNING
+    ) -> None:
         super().__init__(level)
         self.job_id = job_id
         self.callback = callback

@@ -4,10 +4,20 @@ view, the JupyterLab panel (its TypeScript and CSS are generated from this modul
 
 Pure data; imports nothing.
 """
+
 from __future__ import annotations
 
-__all__ = ["STATUS", "CATEGORIES", "METRICS", "MARKS", "GOOD", "BAD", "status_color",
-           "category_color", "category_label"]
+__all__ = [
+    "STATUS",
+    "CATEGORIES",
+    "METRICS",
+    "MARKS",
+    "GOOD",
+    "BAD",
+    "status_color",
+    "category_color",
+    "category_label",
+]
 
 #: job status -> (colour, label)
 STATUS: dict[str, tuple[str, str]] = {
@@ -32,15 +42,28 @@ CATEGORIES: dict[str, tuple[str, str]] = {
 }
 
 #: metric traces, in the order metrics were first logged
-METRICS: tuple[str, ...] = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-                            "#bcbd22", "#7f7f7f")
+METRICS: tuple[str, ...] = (
+    "#1f77b4",
+    "#2ca02c",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+)
 
 #: marks on the charts: a preemption, a resume, a notice, a committed checkpoint, redone steps
-MARKS: dict[str, str] = {"preempt": "#d62728", "resume": "#17becf", "notice": "#ff7f0e",
-                         "checkpoint": "#1f77b4", "redo": "#ff7f0e"}
+MARKS: dict[str, str] = {
+    "preempt": "#d62728",
+    "resume": "#17becf",
+    "notice": "#ff7f0e",
+    "checkpoint": "#1f77b4",
+    "redo": "#ff7f0e",
+}
 
-GOOD = "#2e7d32"   # money saved
-BAD = "#c62828"    # money lost, errors
+GOOD = "#2e7d32"  # money saved
+BAD = "#c62828"  # money lost, errors
 
 
 def status_color(status: str) -> str:

@@ -9,16 +9,16 @@ All randomness comes from the `rng` the caller passes, so a seed reproduces a sc
 Processes are immutable except `Lifetimes`, which walks its list; callers that replay one
 process many times (the simulator's runs) take a `fresh()` copy per run.
 """
+
 from __future__ import annotations
 
 import bisect
 import math
 import random
 from abc import ABC, abstractmethod
-from typing import Sequence
+from collections.abc import Sequence
 
-__all__ = ["PreemptionProcess", "Exponential", "Never", "Lifetimes", "Piecewise", "Schedule",
-           "TraceReplay"]
+__all__ = ["PreemptionProcess", "Exponential", "Never", "Lifetimes", "Piecewise", "Schedule", "TraceReplay"]
 
 
 class PreemptionProcess(ABC):
@@ -33,7 +33,7 @@ class PreemptionProcess(ABC):
         """Long-run mean time to preemption (what a policy is told); inf when unknown or never."""
         return math.inf
 
-    def fresh(self) -> "PreemptionProcess":
+    def fresh(self) -> PreemptionProcess:
         """A copy with its own replay state (stateless processes return themselves)."""
         return self
 
@@ -84,7 +84,7 @@ class Lifetimes(PreemptionProcess):
         self._i += 1
         return start + life
 
-    def fresh(self) -> "Lifetimes":
+    def fresh(self) -> Lifetimes:
         return Lifetimes(self.lifetimes)
 
     def __repr__(self) -> str:
@@ -122,8 +122,9 @@ class Piecewise(PreemptionProcess):
     time-of-day profile. Sampled exactly by inverting the integrated hazard.
     """
 
-    def __init__(self, mttps: Sequence[float], durations: Sequence[float] | None = None,
-                 phase: float = 3600.0) -> None:
+    def __init__(
+        self, mttps: Sequence[float], durations: Sequence[float] | None = None, phase: float = 3600.0
+    ) -> None:
         if not mttps:
             raise ValueError("Piecewise needs at least one MTTP")
         if any(not (m > 0) for m in mttps):
@@ -138,7 +139,7 @@ class Piecewise(PreemptionProcess):
         for d in durs[:-1]:
             self._starts.append(self._starts[-1] + d)
         self._cycle = sum(durs)
-        self._cycle_hazard = sum(r * d for r, d in zip(self._rates, durs))
+        self._cycle_hazard = sum(r * d for r, d in zip(self._rates, durs, strict=True))
 
     @property
     def mttp(self) -> float:
@@ -181,15 +182,22 @@ class TraceReplay(PreemptionProcess):
     is the trace time at job-clock 0.
     """
 
-    def __init__(self, times: Sequence[float], alive: Sequence[int], removed: Sequence[int],
-                 span: float, offset: float = 0.0, mttp: float | None = None,
-                 name: str = "trace") -> None:
+    def __init__(
+        self,
+        times: Sequence[float],
+        alive: Sequence[int],
+        removed: Sequence[int],
+        span: float,
+        offset: float = 0.0,
+        mttp: float | None = None,
+        name: str = "trace",
+    ) -> None:
         if not (len(times) == len(alive) == len(removed)):
             raise ValueError("times, alive and removed must have the same length")
         if not span > 0:
             raise ValueError(f"trace span must be positive, got {span}")
         self.times = [float(t) for t in times]
-        self.prob = [min(1.0, k / n) if n > 0 else 1.0 for n, k in zip(alive, removed)]
+        self.prob = [min(1.0, k / n) if n > 0 else 1.0 for n, k in zip(alive, removed, strict=True)]
         self.span = float(span)
         self.offset = float(offset)
         self.name = name

@@ -3,6 +3,7 @@
 It prices the local market's runs (which mimic a cloud instance type) and is the fallback for
 cloud providers when live spot prices cannot be read. Its date and source are in the file.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ def lookup_price(instance_type: str, cloud: str | None = None) -> Price | None:
     for name in clouds:
         row = table[name].get(instance_type)
         if row:
-            return Price(spot=row["spot"], on_demand=row["on_demand"],
-                         source=f"built-in table {table_date()} ({name})")
+            return Price(
+                spot=row["spot"], on_demand=row["on_demand"], source=f"built-in table {table_date()} ({name})"
+            )
     return None
 
 

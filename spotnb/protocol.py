@@ -20,20 +20,22 @@ which mypy checks.
 
 Imports only the standard library: the runtime on the instance uses it too.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, ClassVar, Iterator, Mapping
+from typing import Any, ClassVar
 
-try:
+if sys.version_info >= (3, 11):
     from enum import StrEnum
-except ImportError:  # Python 3.10
+else:
 
-    class StrEnum(str, Enum):  # type: ignore[no-redef]
+    class StrEnum(str, Enum):
         """A str whose format and str are its value (enum.StrEnum of Python 3.11+)."""
 
         def __str__(self) -> str:
@@ -42,15 +44,53 @@ except ImportError:  # Python 3.10
         def __format__(self, spec: str) -> str:
             return str(self.value).__format__(spec)
 
+
 __all__ = [
-    "PROTOCOL_VERSION", "JobStatus", "TERMINAL", "Outcome", "EventKind", "SaveKind", "Event",
-    "UnknownEvent", "EVENT_TYPES", "from_json", "json_schema", "as_metric", "fields_of",
+    "PROTOCOL_VERSION",
+    "JobStatus",
+    "TERMINAL",
+    "Outcome",
+    "EventKind",
+    "SaveKind",
+    "Event",
+    "UnknownEvent",
+    "EVENT_TYPES",
+    "from_json",
+    "json_schema",
+    "as_metric",
+    "fields_of",
     # event kinds
-    "Submitted", "Status", "ControllerRestarted", "JobResumed", "Allocating", "AllocFailed",
-    "Launched", "Allocated", "Started", "Files", "Ready", "Resumed", "Metrics", "Progress",
-    "Heartbeat", "Notice", "Hint", "Checkpoint", "CheckpointSkipped", "CheckpointFailed",
-    "CheckpointInvalid", "EmergencySkipped", "Evacuating", "Evacuated", "Done", "Error",
-    "JobWarning", "Stopped", "Preempted", "Exited", "Segment",
+    "Submitted",
+    "Status",
+    "ControllerRestarted",
+    "JobResumed",
+    "Allocating",
+    "AllocFailed",
+    "Launched",
+    "Allocated",
+    "Started",
+    "Files",
+    "Ready",
+    "Resumed",
+    "Metrics",
+    "Progress",
+    "Heartbeat",
+    "Notice",
+    "Hint",
+    "Checkpoint",
+    "CheckpointSkipped",
+    "CheckpointFailed",
+    "CheckpointInvalid",
+    "EmergencySkipped",
+    "Evacuating",
+    "Evacuated",
+    "Done",
+    "Error",
+    "JobWarning",
+    "Stopped",
+    "Preempted",
+    "Exited",
+    "Segment",
 ]
 
 #: Bumped when a reader of the previous version would misread a log (not when a kind or an
@@ -81,20 +121,21 @@ class JobStatus(StrEnum):
 
 
 TERMINAL: frozenset[JobStatus] = frozenset(
-    {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.LOST})
+    {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.LOST}
+)
 
 
 class Outcome(StrEnum):
     """How one instance (incarnation) ended, as the controller classified it."""
 
-    DONE = "done"                # the function returned; result.pkl written
-    PREEMPTED = "preempted"      # the market took the instance
-    EVACUATED = "evacuated"      # the agent saved and left after a notice
-    LOST = "lost"                # silence past the heartbeat timeout, or its controller died
-    STOPPED = "stopped"          # the user stopped the job
-    USER_ERROR = "user_error"    # the function raised
-    CRASHED = "crashed"          # the process died without a word
-    NOT_NEEDED = "not needed"    # a pre-allocated replacement the job did not need
+    DONE = "done"  # the function returned; result.pkl written
+    PREEMPTED = "preempted"  # the market took the instance
+    EVACUATED = "evacuated"  # the agent saved and left after a notice
+    LOST = "lost"  # silence past the heartbeat timeout, or its controller died
+    STOPPED = "stopped"  # the user stopped the job
+    USER_ERROR = "user_error"  # the function raised
+    CRASHED = "crashed"  # the process died without a word
+    NOT_NEEDED = "not needed"  # a pre-allocated replacement the job did not need
 
     @property
     def is_preemption(self) -> bool:
@@ -105,11 +146,11 @@ class Outcome(StrEnum):
 class SaveKind(StrEnum):
     """Why a checkpoint was taken."""
 
-    PERIODIC = "periodic"     # the user's save_every, or a static policy's interval
-    INSURANCE = "insurance"   # at the optimal interval, when an emergency save would not fit
-    EMERGENCY = "emergency"   # after a preemption notice, inside the grace period
-    FINAL = "final"           # at the end of the job (kept until the job is collected)
-    MANUAL = "manual"         # ctx.save() called by the user
+    PERIODIC = "periodic"  # the user's save_every, or a static policy's interval
+    INSURANCE = "insurance"  # at the optimal interval, when an emergency save would not fit
+    EMERGENCY = "emergency"  # after a preemption notice, inside the grace period
+    FINAL = "final"  # at the end of the job (kept until the job is collected)
+    MANUAL = "manual"  # ctx.save() called by the user
 
 
 class EventKind(StrEnum):
@@ -144,6 +185,7 @@ class EventKind(StrEnum):
     PREEMPTED = "preempted"
     EXITED = "exited"
     SEGMENT = "segment"
+    BOOTSTRAP = "bootstrap"
 
 
 # -- the record types ---------------------------------------------------------------------------
@@ -181,8 +223,9 @@ class Event:
 
     def stamped(self, *, t: float, incarnation: int, gen: int | None = None) -> Event:
         """A copy with the writer's stamp (an explicit `t` set by the emitter is kept)."""
-        return dataclasses.replace(self, t=self.t or t, incarnation=incarnation,
-                                   gen=gen if gen is not None else self.gen)
+        return dataclasses.replace(
+            self, t=self.t or t, incarnation=incarnation, gen=gen if gen is not None else self.gen
+        )
 
     # -- reading like the JSON record ------------------------------------------------------------
     def __getitem__(self, key: str) -> Any:
@@ -238,6 +281,7 @@ def _kind(kind: EventKind) -> Callable[[type[Event]], type[Event]]:
         cls.KIND = kind
         EVENT_TYPES[kind.value] = cls
         return cls
+
     return register
 
 
@@ -366,7 +410,21 @@ class Stopped(Event):
     reason: str | None = None
 
 
-# --- written by the agent on the instance --------------------------------------------------
+# --- written by the agent on the instance (and its boot script on a cloud VM) ----------------
+@_kind(EventKind.BOOTSTRAP)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Bootstrap(Event):
+    """The cloud VM's boot script: spotnb installed (`phase` installed: `boot_s` since the VM
+    booted, `install_s` installing, `installed` 1 if it had to) or the agent exited (`code`)."""
+
+    phase: str
+    cloud: str | None = None
+    boot_s: float | None = None
+    install_s: float | None = None
+    installed: int | None = None
+    code: int | None = None
+
+
 @_kind(EventKind.STARTED)
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Started(Event):
@@ -600,6 +658,7 @@ def _enum(cls: type[StrEnum]) -> Callable[[Any], Any]:
         if not isinstance(value, str):
             return None
         return values.get(value, value)  # a value of a newer spotnb stays a plain string
+
     return coerce
 
 
@@ -640,8 +699,11 @@ def _describe(cls: type[Event]) -> None:
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if not required:
             factory = f.default_factory
-            empty = f.default if f.default is not dataclasses.MISSING else (
-                factory() if callable(factory) else None)
+            empty = (
+                f.default
+                if f.default is not dataclasses.MISSING
+                else (factory() if callable(factory) else None)
+            )
         elif optional:
             empty = None
         specs.append((f.name, f.metadata.get("json", f.name), coerce, empty, required, optional, schema))
@@ -654,8 +716,9 @@ for _cls in (*EVENT_TYPES.values(), UnknownEvent):
     if _cls is not UnknownEvent:
         _describe(_cls)
 _SPECS[UnknownEvent], _FULL[UnknownEvent], _ATTR_OF[UnknownEvent] = [], [], {}
-_KNOWN_KEYS = {cls: {"t", "kind", "incarnation", "gen", *(s[1] for s in _FULL[cls])}
-               for cls in EVENT_TYPES.values()}
+_KNOWN_KEYS = {
+    cls: {"t", "kind", "incarnation", "gen", *(s[1] for s in _FULL[cls])} for cls in EVENT_TYPES.values()
+}
 
 
 def from_json(doc: Mapping[str, Any]) -> Event:
@@ -689,14 +752,16 @@ def json_schema() -> dict[str, Any]:
     """JSON Schema (2020-12) of the protocol: one `$defs` entry per event kind, the enums, and
     the version. scripts/gen_protocol.py turns it into the extension's TypeScript types."""
     defs: dict[str, Any] = {
-        "JobStatus": {"type": "string", "enum": [s.value for s in JobStatus],
-                      "terminal": sorted(s.value for s in TERMINAL)},
+        "JobStatus": {
+            "type": "string",
+            "enum": [s.value for s in JobStatus],
+            "terminal": sorted(s.value for s in TERMINAL),
+        },
         "Outcome": {"type": "string", "enum": [o.value for o in Outcome]},
         "SaveKind": {"type": "string", "enum": [k.value for k in SaveKind]},
         "EventKind": {"type": "string", "enum": [k.value for k in EventKind]},
     }
-    base = {"t": {"type": "number"}, "incarnation": {"type": "integer"},
-            "gen": {"type": "integer"}}
+    base = {"t": {"type": "number"}, "incarnation": {"type": "integer"}, "gen": {"type": "integer"}}
     for kind, cls in EVENT_TYPES.items():
         props: dict[str, Any] = {"kind": {"const": kind}, **base}
         required = ["t", "kind", "incarnation"]
@@ -704,13 +769,18 @@ def json_schema() -> dict[str, Any]:
             props[key] = {"anyOf": [schema, {"type": "null"}]} if optional else schema
             if req:
                 required.append(key)
-        defs[cls.__name__] = {"type": "object", "description": (cls.__doc__ or "").strip(),
-                              "properties": props, "required": required,
-                              "additionalProperties": True}
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "$id": "https://spotnb.dev/schema/protocol.json",
-            "title": "spotnb event protocol", "protocol_version": PROTOCOL_VERSION,
-            "oneOf": [{"$ref": f"#/$defs/{cls.__name__}"} for cls in EVENT_TYPES.values()],
-            "$defs": defs}
-
-
+        defs[cls.__name__] = {
+            "type": "object",
+            "description": (cls.__doc__ or "").strip(),
+            "properties": props,
+            "required": required,
+            "additionalProperties": True,
+        }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://spotnb.dev/schema/protocol.json",
+        "title": "spotnb event protocol",
+        "protocol_version": PROTOCOL_VERSION,
+        "oneOf": [{"$ref": f"#/$defs/{cls.__name__}"} for cls in EVENT_TYPES.values()],
+        "$defs": defs,
+    }

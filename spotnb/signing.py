@@ -18,6 +18,7 @@ result as another's).
 
 Shared by the notebook side and the runtime: imports neither.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,11 +29,23 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BadSignature", "KEY_ENV", "new_key", "seal", "unseal", "sign_doc", "verify_doc",
-           "canonical", "key_from_env", "save_key", "load_key", "key_path"]
+__all__ = [
+    "BadSignature",
+    "KEY_ENV",
+    "new_key",
+    "seal",
+    "unseal",
+    "sign_doc",
+    "verify_doc",
+    "canonical",
+    "key_from_env",
+    "save_key",
+    "load_key",
+    "key_path",
+]
 
 KEY_ENV = "SPOTNB_JOB_KEY"
-_MAGIC = b"SPOTNB-HMAC-SHA256 v1 "   # a sealed blob: magic, hex MAC, newline, payload
+_MAGIC = b"SPOTNB-HMAC-SHA256 v1 "  # a sealed blob: magic, hex MAC, newline, payload
 _MAC_HEX = 64
 
 
@@ -63,13 +76,17 @@ def unseal(key: bytes | None, job_id: str, name: str, blob: bytes) -> bytes:
     if key is None:
         raise BadSignature(f"{name}: no key to verify it with")
     head = len(_MAGIC) + _MAC_HEX + 1
-    if not blob.startswith(_MAGIC) or len(blob) < head or blob[head - 1:head] != b"\n":
-        raise BadSignature(f"{name} of job {job_id} is not signed by spotnb (written by something "
-                           "else, or by a spotnb older than the signing of jobs)")
-    mac, payload = blob[len(_MAGIC):head - 1].decode("ascii", "replace"), blob[head:]
+    if not blob.startswith(_MAGIC) or len(blob) < head or blob[head - 1 : head] != b"\n":
+        raise BadSignature(
+            f"{name} of job {job_id} is not signed by spotnb (written by something "
+            "else, or by a spotnb older than the signing of jobs)"
+        )
+    mac, payload = blob[len(_MAGIC) : head - 1].decode("ascii", "replace"), blob[head:]
     if not hmac.compare_digest(mac, _mac(key, job_id, name, payload)):
-        raise BadSignature(f"{name} of job {job_id} has a wrong signature: it was modified in the "
-                           "store, or belongs to another object or job")
+        raise BadSignature(
+            f"{name} of job {job_id} has a wrong signature: it was modified in the "
+            "store, or belongs to another object or job"
+        )
     return payload
 
 
@@ -112,6 +129,7 @@ def key_from_env(environ: Any = None) -> bytes | None:
 # -- notebook side: the key file --------------------------------------------------------------
 def _home() -> Path:
     from spotnb.home import spotnb_home
+
     return spotnb_home()
 
 

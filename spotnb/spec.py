@@ -17,6 +17,7 @@ The spec is signed (`signing.sign_doc`) over every field; `load_spec` verifies i
 the key. Shared by the notebook side and the runtime: imports neither (`to_config` imports
 `spotnb.config` when called, on the notebook side only).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,18 @@ from spotnb.store import Store
 if TYPE_CHECKING:
     from spotnb.config import Config
 
-__all__ = ["SPEC_VERSION", "SPEC_NAME", "JobSpec", "RuntimeSettings", "ShippedFile",
-           "SpecError", "load_spec", "write_spec", "legacy_spec", "config_json"]
+__all__ = [
+    "SPEC_VERSION",
+    "SPEC_NAME",
+    "JobSpec",
+    "RuntimeSettings",
+    "ShippedFile",
+    "SpecError",
+    "load_spec",
+    "write_spec",
+    "legacy_spec",
+    "config_json",
+]
 
 SPEC_VERSION = 1
 SPEC_NAME = "spec.json"
@@ -84,24 +95,28 @@ class JobSpec(_Model):
     def provider(self) -> str:
         return str(self.config.get("provider", "local"))
 
-    def to_config(self) -> "Config":
+    def to_config(self) -> Config:
         """The job's Config (notebook side), validated again. Other providers' fields (all at
         their defaults, since a Config refuses them when set) are left out so that validation
         passes; a field this spotnb does not know is refused with the usual clear error. A
         Policy object that was given is not here (it is code, in fn.pkl): the controller then
         uses the default policy for its own decisions (pre-allocation)."""
         from spotnb.config import Config, provider_prefixes
+
         own = f"{self.provider}_"
-        fields = {k: v for k, v in self.config.items()
-                  if not (k.startswith(provider_prefixes()) and not k.startswith(own))
-                  and not (k == "checkpoint" and v is None)}
+        fields = {
+            k: v
+            for k, v in self.config.items()
+            if not (k.startswith(provider_prefixes()) and not k.startswith(own))
+            and not (k == "checkpoint" and v is None)
+        }
         return Config(**fields)
 
     def to_doc(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
 
-def config_json(config: "Config") -> dict[str, Any]:
+def config_json(config: Config) -> dict[str, Any]:
     """The whole validated Config as JSON. A Policy object for `checkpoint` is code: it stays in
     the signed function payload and `checkpoint` is None here."""
     data = config.model_dump(mode="json", exclude={"checkpoint"})
@@ -126,8 +141,10 @@ def load_spec(store: Store, job_id: str, key: bytes | None, *, verify: bool = Tr
         raise SpecError(f"job {job_id}: {SPEC_NAME} is not a JSON object")
     if "spec_version" not in doc:
         if verify and key is not None:  # this machine signed it: an unsigned one is a forgery
-            raise SpecError(f"job {job_id}: {SPEC_NAME} is not signed, but this job has a key: it "
-                            "was replaced in the store")
+            raise SpecError(
+                f"job {job_id}: {SPEC_NAME} is not signed, but this job has a key: it "
+                "was replaced in the store"
+            )
         return legacy_spec(store, job_id, doc)
     if verify:
         try:
@@ -138,8 +155,10 @@ def load_spec(store: Store, job_id: str, key: bytes | None, *, verify: bool = Tr
         doc = {k: v for k, v in doc.items() if k != "signature"}
     version = doc.get("spec_version")
     if version != SPEC_VERSION:
-        raise SpecError(f"job {job_id}: spec_version {version!r} is not one this spotnb reads "
-                        f"({SPEC_VERSION}); use the spotnb version that submitted the job")
+        raise SpecError(
+            f"job {job_id}: spec_version {version!r} is not one this spotnb reads "
+            f"({SPEC_VERSION}); use the spotnb version that submitted the job"
+        )
     try:
         return JobSpec.model_validate(doc)
     except ValueError as exc:
@@ -152,21 +171,28 @@ def legacy_spec(store: Store, job_id: str, old: dict[str, Any]) -> JobSpec:
     (JSON, the whole Config as the spec holds it now), never from config.pkl. A Policy object
     (shown there by its repr) becomes the default policy."""
     from spotnb.events import read_all
-    submitted = next((e for e in read_all(store, job_id) if e.get("kind") == "submitted"), None)
-    config = dict((submitted or {}).get("config") or {})
+
+    submitted = next((e for e in read_all(store, job_id) if e.kind == "submitted"), None)
+    config = dict((submitted.get("config") if submitted is not None else None) or {})
     if config.get("checkpoint") != old.get("policy"):
         config["checkpoint"] = None  # the repr of a Policy object, not a name
     for name in ("provider", "instance_type", "name"):
         if old.get(name) is not None:
             config.setdefault(name, old[name])
     return JobSpec(
-        job_id=job_id, name=old.get("name"), created=float(old.get("created") or 0.0),
-        spotnb_version=str(old.get("spotnb_version") or ""), cwd=str(old.get("cwd") or ""),
-        config=config, legacy=True,
-        runtime=RuntimeSettings(policy=old.get("policy"), save_every=old.get("save_every"),
-                                keep_last=int(old.get("keep_last") or 2),
-                                notice_poll=float(old.get("notice_poll") or 1.0),
-                                flush_interval=float(old.get("flush_interval") or 0.5),
-                                heartbeat_interval=float(old.get("heartbeat_interval") or 5.0)))
-
-
+        job_id=job_id,
+        name=old.get("name"),
+        created=float(old.get("created") or 0.0),
+        spotnb_version=str(old.get("spotnb_version") or ""),
+        cwd=str(old.get("cwd") or ""),
+        config=config,
+        legacy=True,
+        runtime=RuntimeSettings(
+            policy=old.get("policy"),
+            save_every=old.get("save_every"),
+            keep_last=int(old.get("keep_last") or 2),
+            notice_poll=float(old.get("notice_poll") or 1.0),
+            flush_interval=float(old.get("flush_interval") or 0.5),
+            heartbeat_interval=float(old.get("heartbeat_interval") or 5.0),
+        ),
+    )

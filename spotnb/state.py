@@ -10,13 +10,15 @@ million metric rows; the views refresh several times a second. Each event is fol
 totals, so a refresh costs the same at step 10 and at step 1,000,000. It imports neither
 plotly nor ipywidgets, and nothing that runs on the instance.
 """
+
 from __future__ import annotations
 
 import logging
 import math
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from spotnb import protocol as ev
 from spotnb.ledger import Breakdown, Span, compute_breakdown
@@ -26,13 +28,30 @@ log = logging.getLogger("spotnb.state")
 
 __all__ = ["Series", "Incarnation", "JobState", "FEED_KINDS", "MAX_POINTS", "describe_kill"]
 
-MAX_POINTS = 1500          # per plotted trace; beyond this buckets double in width
+MAX_POINTS = 1500  # per plotted trace; beyond this buckets double in width
 #: kinds the event feed shows (and any kind this spotnb does not know: a newer writer's)
-FEED_KINDS = frozenset({
-    "allocated", "alloc_failed", "ready", "resumed", "notice", "evacuated", "emergency_skipped",
-    "preempted", "exited", "checkpoint", "checkpoint_failed", "checkpoint_invalid", "error",
-    "done", "stopped", "warning", "hint", "job_resumed",
-})
+FEED_KINDS = frozenset(
+    {
+        "allocated",
+        "alloc_failed",
+        "ready",
+        "resumed",
+        "notice",
+        "evacuated",
+        "emergency_skipped",
+        "preempted",
+        "exited",
+        "checkpoint",
+        "checkpoint_failed",
+        "checkpoint_invalid",
+        "error",
+        "done",
+        "stopped",
+        "warning",
+        "hint",
+        "job_resumed",
+    }
+)
 _SILENT = frozenset({"heartbeat", "segment"})
 
 
@@ -41,8 +60,9 @@ def describe_kill(e: Event | Mapping[str, Any]) -> str:
     if e.get("how") == "evacuated":
         return "left cleanly after an emergency save"
     phase = e.get("phase")
-    what = {"save": "killed while saving a checkpoint",
-            "upload": "killed while uploading a checkpoint"}.get(phase or "", "killed")
+    what = {"save": "killed while saving a checkpoint", "upload": "killed while uploading a checkpoint"}.get(
+        phase or "", "killed"
+    )
     if e.get("noticed") is False:
         what += " without notice"
     elif e.get("noticed"):
@@ -68,7 +88,7 @@ class Series:
         self._sy: list[float] = []
         self._n: list[int] = []
         self.version = 0
-        self.count = 0   # raw points seen
+        self.count = 0  # raw points seen
 
     def add(self, step: int, value: float) -> None:
         if not math.isfinite(value):
@@ -94,7 +114,7 @@ class Series:
         sx: list[float] = []
         sy: list[float] = []
         n: list[int] = []
-        for b, x, y, c in zip(self._ids, self._sx, self._sy, self._n):
+        for b, x, y, c in zip(self._ids, self._sx, self._sy, self._n, strict=True):
             nb = b // 2
             if ids and ids[-1] == nb:
                 sx[-1] += x
@@ -112,23 +132,23 @@ class Series:
 
     def xy(self) -> tuple[list[float], list[float]]:
         """Bucket means: (steps, values), ready to plot."""
-        return ([x / c for x, c in zip(self._sx, self._n)],
-                [y / c for y, c in zip(self._sy, self._n)])
-
+        xs = [x / c for x, c in zip(self._sx, self._n, strict=True)]
+        return xs, [y / c for y, c in zip(self._sy, self._n, strict=True)]
 
 
 @dataclass
 class Incarnation:
     """What is known about one instance (one launch of the job)."""
+
     n: int
     allocating: float | None = None
-    asked: float | None = None          # first `allocating` event (the ledger's alloc start)
+    asked: float | None = None  # first `allocating` event (the ledger's alloc start)
     allocated: float | None = None
     started: float | None = None
     ready: float | None = None
     end: float | None = None
-    end_how: str | None = None          # preempted (killed), evacuated, done, exited:<reason>
-    preempted: bool = False             # ended by a `preempted` event (the ledger's view)
+    end_how: str | None = None  # preempted (killed), evacuated, done, exited:<reason>
+    preempted: bool = False  # ended by a `preempted` event (the ledger's view)
     instance_id: str | None = None
     region: str | None = None
     instance_type: str | None = None
@@ -136,20 +156,29 @@ class Incarnation:
     on_demand_price: float | None = None
     alloc_s: float | None = None
     prep_s: float | None = None
-    from_step: int | None = None        # resumed from (None: fresh start)
-    boundary: int | None = None         # steps <= boundary are recomputed here
-    new_work_t: float | None = None     # first time a step beyond `boundary` was logged
-    reached: int = -1                   # highest step known done by this instance
+    from_step: int | None = None  # resumed from (None: fresh start)
+    boundary: int | None = None  # steps <= boundary are recomputed here
+    new_work_t: float | None = None  # first time a step beyond `boundary` was logged
+    reached: int = -1  # highest step known done by this instance
     progress: ev.Progress | None = None  # the latest time accounts of this instance
-    kinds: set[str] = field(default_factory=set)   # every kind it reported
+    kinds: set[str] = field(default_factory=set)  # every kind it reported
     notice: ev.Notice | None = None
     killed: ev.Preempted | None = None
     save_spans: list[tuple[float, float, str]] = field(default_factory=list)
     evacuating: float | None = None
 
     def span(self) -> Span:
-        return Span(self.n, self.asked, self.allocated, self.ready, self.end, self.preempted,
-                    self.progress, self.spot_price or 0.0, self.on_demand_price or 0.0)
+        return Span(
+            self.n,
+            self.asked,
+            self.allocated,
+            self.ready,
+            self.end,
+            self.preempted,
+            self.progress,
+            self.spot_price or 0.0,
+            self.on_demand_price or 0.0,
+        )
 
 
 class JobState:
@@ -169,7 +198,7 @@ class JobState:
         # recomputed steps: one segment per (metric, incarnation), drawn with gaps between them
         self.redo: dict[str, dict[int, Series]] = {}
         self.incs: dict[int, Incarnation] = {}
-        self.preempt_marks: list[tuple[int, str]] = []   # (step, hover text)
+        self.preempt_marks: list[tuple[int, str]] = []  # (step, hover text)
         self.resume_marks: list[tuple[int, str]] = []
         self.checkpoints: list[ev.Checkpoint] = []
         self.feed: list[Event] = []
@@ -183,8 +212,8 @@ class JobState:
         self.preemptions = 0
         self.spot_price: float | None = None
         self.on_demand_price: float | None = None
-        self.ledger_start: float | None = None   # first submission or allocation
-        self.ended_at: float | None = None       # the last status, if it ended the job
+        self.ledger_start: float | None = None  # first submission or allocation
+        self.ended_at: float | None = None  # the last status, if it ended the job
         self._boundaries: dict[int, int] = {}
         self.n_events = 0
         self.n_skipped = 0
@@ -233,7 +262,7 @@ class JobState:
     def _reach(self, inc: Incarnation, step: int) -> None:
         if step > inc.reached:
             inc.reached = step
-            if any(m > inc.n for m in self._boundaries):   # late news about an old instance
+            if any(m > inc.n for m in self._boundaries):  # late news about an old instance
                 self._boundaries = {m: b for m, b in self._boundaries.items() if m <= inc.n}
 
     def apply(self, e: Event) -> None:
@@ -319,9 +348,15 @@ class JobState:
         elif isinstance(e, ev.Resumed):
             step = e.from_step
             inc.from_step = step
-            self.resume_marks.append((step, (
-                f"#{n} resumed from step {step}<br>{e.save_kind or '?'} checkpoint "
-                f"#{e.seq}, restore {e.restore_s or 0.0:.2f} s")))
+            self.resume_marks.append(
+                (
+                    step,
+                    (
+                        f"#{n} resumed from step {step}<br>{e.save_kind or '?'} checkpoint "
+                        f"#{e.seq}, restore {e.restore_s or 0.0:.2f} s"
+                    ),
+                )
+            )
             v["metrics"] += 1
         elif isinstance(e, ev.Checkpoint):
             inc.save_spans.append((t - e.upload_s - e.snapshot_s, t - e.upload_s, str(e.save_kind)))
@@ -343,8 +378,11 @@ class JobState:
             inc.end_how = "evacuated" if e.how == Outcome.EVACUATED else "preempted"
             if e.step is not None:
                 self._reach(inc, e.step - 1)
-            bits = [f"#{n} {inc.instance_id or e.instance_id} preempted",
-                    f"at step ≈{max(inc.reached, 0)}", f"after {e.lifetime_s:.1f} s"]
+            bits = [
+                f"#{n} {inc.instance_id or e.instance_id} preempted",
+                f"at step ≈{max(inc.reached, 0)}",
+                f"after {e.lifetime_s:.1f} s",
+            ]
             bits.append(describe_kill(e))
             self.preempt_marks.append((max(inc.reached, 0), "<br>".join(bits)))
             v["metrics"] += 1
@@ -352,8 +390,11 @@ class JobState:
         elif isinstance(e, ev.Exited):
             inc.end = t
             inc.preempted = False
-            inc.end_how = inc.end_how if inc.end_how == "evacuated" else (
-                "done" if e.reason == Outcome.DONE else f"exited: {e.reason}")
+            inc.end_how = (
+                inc.end_how
+                if inc.end_how == "evacuated"
+                else ("done" if e.reason == Outcome.DONE else f"exited: {e.reason}")
+            )
             v["breakdown"] += 1
 
     def _fold_metrics(self, e: ev.Metrics, n: int) -> None:
@@ -422,8 +463,9 @@ class JobState:
         job.breakdown(), the widget, the panel, the CLI and the job DB."""
         if now is None:
             now = self.last_t if self.done and self.last_t is not None else time.time()
-        b = compute_breakdown([inc.span() for inc in self.incs.values()], self.ledger_start,
-                              self.ended_at, now)
+        b = compute_breakdown(
+            [inc.span() for inc in self.incs.values()], self.ledger_start, self.ended_at, now
+        )
         b.preemptions = self.preemptions
         b.step, b.total_steps = self.step, self.total
         b.spot_price, b.on_demand_price = self.spot_price, self.on_demand_price
@@ -439,11 +481,15 @@ class JobState:
         elif total and self.step_time and b.spot_price is not None:
             remaining = max(0, int(total) - int(b.step))
             projected = b.spot_cost + remaining * self.step_time * b.spot_price / 3600.0
-        return {"spot": b.spot_cost, "on_demand": b.on_demand_cost, "savings": b.savings,
-                "projected": projected, "spot_price": b.spot_price,
-                "on_demand_price": b.on_demand_price}
+        return {
+            "spot": b.spot_cost,
+            "on_demand": b.on_demand_cost,
+            "savings": b.savings,
+            "projected": projected,
+            "spot_price": b.spot_price,
+            "on_demand_price": b.on_demand_price,
+        }
 
 
 # the statuses after which the ledger stops the clock (`lost` is known only to the job DB)
 _LEDGER_ENDS = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED})
-

@@ -12,6 +12,7 @@ Layout under the store root (see DESIGN.md):
 Every write is atomic: a reader sees the old object or the new one, never half of one.
 This module is shared by the notebook side and the runtime; it imports neither.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,8 @@ from fsspec.implementations.local import LocalFileSystem
 
 __all__ = ["Store", "open_store", "private_dir", "is_temp_name", "TEMP_MARK", "STALE_TEMP_S"]
 
-TEMP_MARK = ".tmp-"     # `<name>.tmp-<hex>`: an atomic write in flight (or one that died)
-STALE_TEMP_S = 600.0    # a temp file untouched this long belongs to no live writer
+TEMP_MARK = ".tmp-"  # `<name>.tmp-<hex>`: an atomic write in flight (or one that died)
+STALE_TEMP_S = 600.0  # a temp file untouched this long belongs to no live writer
 
 
 def is_temp_name(name: str) -> bool:
@@ -112,8 +113,11 @@ class Store:
     def ls(self, path: str) -> list[str]:
         """Names (not paths) directly under `path`; empty if it does not exist."""
         try:
-            entries = self.fs.ls(path, detail=False, refresh=True) if not self.local else \
-                self.fs.ls(path, detail=False)
+            entries = (
+                self.fs.ls(path, detail=False, refresh=True)
+                if not self.local
+                else self.fs.ls(path, detail=False)
+            )
         except FileNotFoundError:
             return []
         return sorted(posixpath.basename(e.rstrip("/")) for e in entries)

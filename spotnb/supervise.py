@@ -4,6 +4,7 @@ died, and recognise a job whose store vanished (then only the job DB can say it 
 Shared by `spot.train`/`spot.jobs` (api), a following `Job` and the controller itself, so
 it imports none of them.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,10 +27,15 @@ def start_controller(job_id: str, store_url: str) -> int:
     logdir = private_dir(spotnb_home() / "logs" / job_id)
     # umask: every file the controller writes (log, store, job DB) is owner-only
     with open(os.open(logdir / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "spotnb.cli", "controller", job_id,
-                                 "--store", store_url], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                cwd=os.getcwd(), umask=0o077)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "spotnb.cli", "controller", job_id, "--store", store_url],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=os.getcwd(),
+            umask=0o077,
+        )
     return proc.pid
 
 

@@ -11,6 +11,7 @@ spotnb wrote for it. A missing emulator skips its tests with the install command
 Test files use `pytest_plugins = ["tests.clouds_fixtures"]`-free direct imports:
 `from tests.clouds_fixtures import *`.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -30,8 +31,20 @@ import pytest
 # which the emulator cannot answer, and waits a minute per bucket (PROTOCOLS.md).
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
-__all__ = ["moto_endpoint", "aws_env", "azurite_endpoint", "azure_env", "gcs_endpoint", "gcs_env",
-           "CANARIES", "AZURITE_KEY", "free_port", "s3_store_url", "az_store_url", "gs_store_url"]
+__all__ = [
+    "moto_endpoint",
+    "aws_env",
+    "azurite_endpoint",
+    "azure_env",
+    "gcs_endpoint",
+    "gcs_env",
+    "CANARIES",
+    "AZURITE_KEY",
+    "free_port",
+    "s3_store_url",
+    "az_store_url",
+    "gs_store_url",
+]
 
 CANARIES = {
     "AWS_ACCESS_KEY_ID": "AKIASPOTNBCANARY7Q2X",
@@ -39,7 +52,7 @@ CANARIES = {
     "AWS_SESSION_TOKEN": "spotnb-canary-aws-session-token-0a1b2c",
 }
 # Azurite's published development key (not a secret, but it must not leak into artefacts either).
-AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==")
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 _START_TIMEOUT = 60.0
 
 
@@ -66,9 +79,10 @@ def _wait_http(url: str, proc: subprocess.Popen, what: str) -> None:
 
 
 def _start(cmd: list[str], url: str, what: str, log: Path) -> subprocess.Popen:
-    out = open(log, "wb")
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    out = open(log, "wb")  # noqa: SIM115 - the server process writes it until the fixture ends
+    proc = subprocess.Popen(
+        cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         _wait_http(url, proc, what)
     except Exception:
@@ -95,8 +109,12 @@ def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip("moto_server not installed: pip install 'moto[server]>=5.1'")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _start([exe, "-H", "127.0.0.1", "-p", str(port)], f"{url}/moto-api/",
-                  "moto_server", tmp_path_factory.mktemp("moto") / "moto.log")
+    proc = _start(
+        [exe, "-H", "127.0.0.1", "-p", str(port)],
+        f"{url}/moto-api/",
+        "moto_server",
+        tmp_path_factory.mktemp("moto") / "moto.log",
+    )
     yield url
     _stop(proc)
 
@@ -130,6 +148,7 @@ def aws_env(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
 @pytest.fixture
 def s3_store_url(aws_env: str) -> str:
     import boto3
+
     bucket = f"spotnb-{uuid.uuid4().hex[:10]}"
     boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=bucket)
     return f"s3://{bucket}/store"
@@ -156,17 +175,32 @@ def azurite_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     data = tmp_path_factory.mktemp("azurite")
     url = f"http://127.0.0.1:{port}/devstoreaccount1"
-    proc = _start([exe, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(data),
-                   "--skipApiVersionCheck", "--loose"], f"http://127.0.0.1:{port}/",
-                  "azurite", data / "azurite.log")
+    proc = _start(
+        [
+            exe,
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(port),
+            "--location",
+            str(data),
+            "--skipApiVersionCheck",
+            "--loose",
+        ],
+        f"http://127.0.0.1:{port}/",
+        "azurite",
+        data / "azurite.log",
+    )
     yield url
     _stop(proc)
 
 
 @pytest.fixture
 def azure_env(azurite_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    conn = (f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={AZURITE_KEY};"
-            f"BlobEndpoint={azurite_endpoint};")
+    conn = (
+        f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={AZURITE_KEY};"
+        f"BlobEndpoint={azurite_endpoint};"
+    )
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", conn)
     return conn
 
@@ -174,6 +208,7 @@ def azure_env(azurite_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture
 def az_store_url(azure_env: str) -> str:
     from azure.storage.blob import BlobServiceClient
+
     container = f"spotnb-{uuid.uuid4().hex[:10]}"
     BlobServiceClient.from_connection_string(azure_env).create_container(container)
     return f"az://{container}/store"
@@ -187,9 +222,12 @@ def gcs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip("gcp-storage-emulator not installed: pip install gcp-storage-emulator")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _start([exe, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
-                  f"{url}/storage/v1/b", "gcp-storage-emulator",
-                  tmp_path_factory.mktemp("gcs") / "gcs.log")
+    proc = _start(
+        [exe, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
+        f"{url}/storage/v1/b",
+        "gcp-storage-emulator",
+        tmp_path_factory.mktemp("gcs") / "gcs.log",
+    )
     yield url
     _stop(proc)
 
@@ -204,6 +242,7 @@ def gcs_env(gcs_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture
 def gs_store_url(gcs_env: str) -> str:
     import gcsfs
+
     bucket = f"spotnb-{uuid.uuid4().hex[:10]}"
     gcsfs.GCSFileSystem(endpoint_url=gcs_env, token="anon").mkdir(bucket)
     return f"gs://{bucket}/store"
@@ -242,10 +281,12 @@ class FaultProxy:
                 if rule is not None:
                     proxy.hits.append((action, region))
                     status, code = rule
-                    doc = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Response><Errors><Error>"
-                           f"<Code>{code}</Code><Message>injected by the test: no capacity for "
-                           f"this request in {region}</Message></Error></Errors>"
-                           f"<RequestID>{uuid.uuid4()}</RequestID></Response>").encode()
+                    doc = (
+                        f'<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error>'
+                        f"<Code>{code}</Code><Message>injected by the test: no capacity for "
+                        f"this request in {region}</Message></Error></Errors>"
+                        f"<RequestID>{uuid.uuid4()}</RequestID></Response>"
+                    ).encode()
                     self.send_response(status)
                     self.send_header("Content-Type", "text/xml")
                     self.send_header("Content-Length", str(len(doc)))
@@ -273,8 +314,9 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def fail(self, action: str, region: str, code: str = "InsufficientInstanceCapacity",
-             status: int = 500) -> None:
+    def fail(
+        self, action: str, region: str, code: str = "InsufficientInstanceCapacity", status: int = 500
+    ) -> None:
         self.rules[(action, region)] = (status, code)
 
     def close(self) -> None:

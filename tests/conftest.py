@@ -1,4 +1,5 @@
 """Shared fixtures: every test gets its own SPOTNB_HOME (job DB, default store, logs)."""
+
 from __future__ import annotations
 
 import sys

@@ -1,6 +1,7 @@
 """Awaiting jobs (issue 12): `await job`, `job.wait_async()`, `async for e in job.stream()`, on
 real local-market jobs, inside a running event loop — `asyncio.run`, and a real Jupyter kernel
 whose cells run on the kernel's own loop (top-level `await`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,8 +23,10 @@ def _run(coro):
 
 
 def test_await_a_job_gives_its_result_and_the_stream_ends_with_it() -> None:
-    job = spot.train(functools.partial(slow_steps, steps=40, step_time=0.01),
-                     spot.Config(local_schedule=[{"step": 15, "phase": "step"}]))
+    job = spot.train(
+        functools.partial(slow_steps, steps=40, step_time=0.01),
+        spot.Config(local_schedule=[{"step": 15, "phase": "step"}]),
+    )
 
     async def main():
         kinds = [e.kind async for e in job.stream()]
@@ -62,6 +65,7 @@ def test_await_raises_what_result_raises() -> None:
 def test_cancelling_a_consumer_detaches_it() -> None:
     job = spot.train(functools.partial(slow_steps, steps=100_000, step_time=0.01), spot.Config())
     try:
+
         async def main():
             first = asyncio.Event()
 
@@ -78,7 +82,7 @@ def test_cancelling_a_consumer_detaches_it() -> None:
             for t in (task, waiter):
                 with pytest.raises(asyncio.CancelledError):
                     await t
-            return await job.wait_async(timeout=0.01)   # still running: a timeout, not a hang
+            return await job.wait_async(timeout=0.01)  # still running: a timeout, not a hang
 
         assert _run(main()) is False
         assert not job._sinks and not job._done_callbacks
@@ -90,9 +94,14 @@ def test_top_level_await_in_a_jupyter_kernel(tmp_path: Path) -> None:
     """A notebook cell's `await job` runs on the kernel's running event loop."""
     from jupyter_client.manager import start_new_kernel
 
-    env = {**os.environ, "SPOTNB_HOME": os.environ["SPOTNB_HOME"], "SPOTNB_FAST": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent.parent),
-                                                       os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "SPOTNB_HOME": os.environ["SPOTNB_HOME"],
+        "SPOTNB_FAST": "1",
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH")])
+        ),
+    }
     km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
     try:
         code = textwrap.dedent("""

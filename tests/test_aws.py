@@ -2,6 +2,7 @@
 spot options, tags and user data, describe, terminate, region fallback on a capacity error
 injected by a loopback proxy, spot prices per AZ, the no-inbound security group, the store's
 instance profile, gc of orphaned instances, and the dry run (no network at all)."""
+
 from __future__ import annotations
 
 import base64
@@ -20,12 +21,29 @@ from spotnb.providers.cleanup import JOB_TAG, gc
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 
 
-def _spec(store_url: str, region: str | None = "us-east-1b", job: str = "20261121-000000-abc123",
-          n: int = 1) -> LaunchSpec:
-    return LaunchSpec(job_id=job, incarnation=n, store_url=store_url, instance_type="g4dn.xlarge",
-                      region=region, command=["python", "-m", "spotnb.runtime.agent", "--store",
-                                              store_url, "--job", job, "--incarnation", str(n)],
-                      requirements=["einops>=0.7"], spotnb_version="0.1.0")
+def _spec(
+    store_url: str, region: str | None = "us-east-1b", job: str = "20261121-000000-abc123", n: int = 1
+) -> LaunchSpec:
+    return LaunchSpec(
+        job_id=job,
+        incarnation=n,
+        store_url=store_url,
+        instance_type="g4dn.xlarge",
+        region=region,
+        command=[
+            "python",
+            "-m",
+            "spotnb.runtime.agent",
+            "--store",
+            store_url,
+            "--job",
+            job,
+            "--incarnation",
+            str(n),
+        ],
+        requirements=["einops>=0.7"],
+        spotnb_version="0.1.0",
+    )
 
 
 def _image() -> str:
@@ -34,8 +52,9 @@ def _image() -> str:
 
 @pytest.fixture
 def provider(s3_store_url: str) -> AWSProvider:
-    cfg = spot.Config(provider="aws", store=s3_store_url, region="us-east-1b",
-                      aws_image_id=_image(), aws_max_price=0.4)
+    cfg = spot.Config(
+        provider="aws", store=s3_store_url, region="us-east-1b", aws_image_id=_image(), aws_max_price=0.4
+    )
     p = AWSProvider(cfg)
     p.validate()
     yield p
@@ -60,7 +79,7 @@ def test_launch_describe_terminate(provider: AWSProvider, s3_store_url: str) -> 
     assert inst.provider == "aws" and inst.region == "us-east-1b"
     ec2 = boto3.client("ec2", region_name="us-east-1")
     data = ec2.describe_instances(InstanceIds=[inst.id])["Reservations"][0]["Instances"][0]
-    assert data["InstanceLifecycle"] == "spot"          # the spot market option reached EC2
+    assert data["InstanceLifecycle"] == "spot"  # the spot market option reached EC2
     assert data["InstanceType"] == "g4dn.xlarge"
     assert data["Placement"]["AvailabilityZone"] == "us-east-1b"
     tags = {t["Key"]: t["Value"] for t in data["Tags"]}
@@ -88,11 +107,19 @@ def test_launch_describe_terminate(provider: AWSProvider, s3_store_url: str) -> 
 
 
 def test_request_body(provider: AWSProvider, s3_store_url: str) -> None:
-    body = next(r["body"] for r in provider.plan_launch(_spec(s3_store_url))["requests"]
-                if r["api"] == "ec2.run_instances")
-    assert body["InstanceMarketOptions"] == {"MarketType": "spot", "SpotOptions": {
-        "MaxPrice": "0.4000", "SpotInstanceType": "one-time",
-        "InstanceInterruptionBehavior": "terminate"}}
+    body = next(
+        r["body"]
+        for r in provider.plan_launch(_spec(s3_store_url))["requests"]
+        if r["api"] == "ec2.run_instances"
+    )
+    assert body["InstanceMarketOptions"] == {
+        "MarketType": "spot",
+        "SpotOptions": {
+            "MaxPrice": "0.4000",
+            "SpotInstanceType": "one-time",
+            "InstanceInterruptionBehavior": "terminate",
+        },
+    }
     assert body["InstanceInitiatedShutdownBehavior"] == "terminate"
     assert body["MetadataOptions"]["HttpTokens"] == "required"
     assert body["IamInstanceProfile"] == {"Name": f"spotnb-{s3_store_url.split('/')[2]}"}
@@ -113,8 +140,9 @@ def test_instance_profile_limited_to_bucket(provider: AWSProvider, s3_store_url:
 
 def test_region_fallback_on_capacity_error(ec2_faults, s3_store_url: str) -> None:
     ec2_faults.fail("RunInstances", "us-west-2")
-    cfg = spot.Config(provider="aws", store=s3_store_url, regions=["us-west-2a", "us-east-1c"],
-                      aws_image_id=_image())
+    cfg = spot.Config(
+        provider="aws", store=s3_store_url, regions=["us-west-2a", "us-east-1c"], aws_image_id=_image()
+    )
     p = AWSProvider(cfg)
     with pytest.raises(CapacityError, match="InsufficientInstanceCapacity in us-west-2a"):
         p.launch(_spec(s3_store_url, region="us-west-2a"))
@@ -132,27 +160,31 @@ def test_controller_moves_to_next_region(ec2_faults, s3_store_url: str) -> None:
     from spotnb.store import Store
 
     ec2_faults.fail("RunInstances", "us-west-2", code="InstanceLimitExceeded", status=400)
-    cfg = spot.Config(provider="aws", store=s3_store_url, regions=["us-west-2b", "us-east-1a"],
-                      aws_image_id=_image())
+    cfg = spot.Config(
+        provider="aws", store=s3_store_url, regions=["us-west-2b", "us-east-1a"], aws_image_id=_image()
+    )
     store, db = Store(s3_store_url), JobDB()
     job = Job("20261121-000001-fa11ed", store, db, {})
     p = AWSProvider(cfg)
     ctl = Controller(job, cfg, p, store, db)
-    assert ctl._take_lease() is not None   # as the controller's main loop does first
+    assert ctl._take_lease() is not None  # as the controller's main loop does first
     inst = ctl._allocate(1)
     ctl.writer.flush()
     p.close()
     events = [e for e in ctl.pump() if e["kind"] in ("allocating", "alloc_failed", "allocated")]
     assert [(e["kind"], e.get("region")) for e in events] == [
-        ("allocating", "us-west-2b"), ("alloc_failed", "us-west-2b"),
-        ("allocating", "us-east-1a"), ("allocated", "us-east-1a")]
+        ("allocating", "us-west-2b"),
+        ("alloc_failed", "us-west-2b"),
+        ("allocating", "us-east-1a"),
+        ("allocated", "us-east-1a"),
+    ]
     assert "InstanceLimitExceeded" in events[1]["reason"]
     assert inst is not None and inst.region == "us-east-1a"
 
 
 def test_spot_prices_per_zone(provider: AWSProvider) -> None:
     prices = provider.prices("g4dn.xlarge", ["us-east-1"])
-    assert prices and all(split_zone(z)[1] for z in prices)        # keyed by availability zone
+    assert prices and all(split_zone(z)[1] for z in prices)  # keyed by availability zone
     assert all(p.spot > 0 and p.on_demand > p.spot for p in prices.values())
     one = provider.prices("g4dn.xlarge", ["us-east-1b"])
     assert list(one) == ["us-east-1b"]
@@ -174,8 +206,9 @@ def test_dry_run_sends_nothing(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
     def fit(ctx):
         return 1
 
-    plan = spot.train(fit, spot.Config(provider="aws", store="s3://bucket/spotnb",
-                                       region="us-east-1"), dry_run=True)
+    plan = spot.train(
+        fit, spot.Config(provider="aws", store="s3://bucket/spotnb", region="us-east-1"), dry_run=True
+    )
     apis = [r["api"] for r in plan["requests"]]
     assert apis[0] == "ec2.create_security_group" and apis[-1] == "ec2.run_instances"
     run = plan["requests"][-1]["body"]
@@ -190,8 +223,14 @@ def test_gc_terminates_orphans(provider: AWSProvider, s3_store_url: str) -> None
     live = _spec(s3_store_url, job="20261121-000003-11fe11")
     foreign = _spec(s3_store_url, job="20261121-000004-f0f0f0")
     for s, status in ((done, "succeeded"), (live, "running")):
-        db.add_job(s.job_id, name=None, provider="aws", region="us-east-1", instance_type="g4dn.xlarge",
-                   store=s3_store_url)
+        db.add_job(
+            s.job_id,
+            name=None,
+            provider="aws",
+            region="us-east-1",
+            instance_type="g4dn.xlarge",
+            store=s3_store_url,
+        )
         db.update_job(s.job_id, status=status, heartbeat=__import__("time").time())
     insts = {s.job_id: provider.launch(s) for s in (done, live, foreign)}
     cfg = spot.Config(provider="aws", store=s3_store_url, region="us-east-1")

@@ -9,6 +9,7 @@ The bootstrap runs here with SPOTNB_PYTHON (this interpreter, which already has 
 nothing is pip-installed) and SPOTNB_POWEROFF_CMD (terminate the instance in moto instead of
 `shutdown -h now`). Then every artefact is scanned for the canary credentials.
 """
+
 from __future__ import annotations
 
 import base64
@@ -46,34 +47,45 @@ class VMRunner:
 
     def _loop(self) -> None:
         while not self._stop.wait(0.1):
-            resp = self.ec2.describe_instances(Filters=[
-                {"Name": "tag-key", "Values": [JOB_TAG]},
-                {"Name": "instance-state-name", "Values": ["running"]}])
+            resp = self.ec2.describe_instances(
+                Filters=[
+                    {"Name": "tag-key", "Values": [JOB_TAG]},
+                    {"Name": "instance-state-name", "Values": ["running"]},
+                ]
+            )
             for res in resp["Reservations"]:
                 for inst in res["Instances"]:
                     if inst["InstanceId"] not in self.procs:
                         self._boot(inst["InstanceId"])
 
     def _boot(self, instance_id: str) -> None:
-        raw = self.ec2.describe_instance_attribute(InstanceId=instance_id,
-                                                   Attribute="userData")["UserData"]["Value"]
+        raw = self.ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")["UserData"][
+            "Value"
+        ]
         script = base64.b64decode(raw).decode()
         self.scripts[instance_id] = script
         path = self.workdir / f"{instance_id}.sh"
         path.write_text(script)
         self.emulator.register(instance_id)
-        poweroff = self.workdir / f"{instance_id}-poweroff.sh"   # "the VM powers off"
-        poweroff.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"import boto3; boto3.client("
-                            f"'ec2', region_name='us-east-1').terminate_instances("
-                            f"InstanceIds=['{instance_id}'])\"\n")
+        poweroff = self.workdir / f"{instance_id}-poweroff.sh"  # "the VM powers off"
+        poweroff.write_text(
+            f'#!/bin/sh\nexec {sys.executable} -c "import boto3; boto3.client('
+            f"'ec2', region_name='us-east-1').terminate_instances("
+            f"InstanceIds=['{instance_id}'])\"\n"
+        )
         poweroff.chmod(0o755)
-        env = {**os.environ, "SPOTNB_PYTHON": sys.executable,
-               "SPOTNB_LOG": str(self.workdir / f"{instance_id}.log"),
-               "SPOTNB_POWEROFF_CMD": str(poweroff), "SPOTNB_VENV": str(self.workdir / "venv"),
-               "SPOTNB_METADATA_URL": self.emulator.base_url(instance_id),
-               "PYTHONPATH": str(ROOT)}
-        self.procs[instance_id] = subprocess.Popen(["bash", str(path)], env=env, cwd=str(ROOT),
-                                                   start_new_session=True)
+        env = {
+            **os.environ,
+            "SPOTNB_PYTHON": sys.executable,
+            "SPOTNB_LOG": str(self.workdir / f"{instance_id}.log"),
+            "SPOTNB_POWEROFF_CMD": str(poweroff),
+            "SPOTNB_VENV": str(self.workdir / "venv"),
+            "SPOTNB_METADATA_URL": self.emulator.base_url(instance_id),
+            "PYTHONPATH": str(ROOT),
+        }
+        self.procs[instance_id] = subprocess.Popen(
+            ["bash", str(path)], env=env, cwd=str(ROOT), start_new_session=True
+        )
 
     def close(self) -> None:
         self._stop.set()
@@ -102,7 +114,8 @@ def emulator() -> Any:
 
 
 def test_job_on_moto_survives_preemption_and_leaks_no_credential(
-        s3_store_url: str, emulator: MetadataEmulator, tmp_path: Path, spotnb_home: Path) -> None:
+    s3_store_url: str, emulator: MetadataEmulator, tmp_path: Path, spotnb_home: Path
+) -> None:
     image = boto3.client("ec2", region_name="us-east-1").describe_images()["Images"][0]["ImageId"]
     runner = VMRunner(tmp_path, emulator)
 
@@ -110,6 +123,7 @@ def test_job_on_moto_survives_preemption_and_leaks_no_credential(
         import time as _time
 
         import torch
+
         model = torch.nn.Linear(8, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         ctx.track(model=model, optimizer=opt)
@@ -126,17 +140,33 @@ def test_job_on_moto_survives_preemption_and_leaks_no_credential(
                     _time.sleep(0.02)
         return {"steps": ctx.step_index, "incarnation": ctx.incarnation}
 
-    cfg = spot.Config(provider="aws", store=s3_store_url, regions=["us-east-1a"],
-                      aws_image_id=image, notice_poll="0.1s", heartbeat_timeout="60s")
+    cfg = spot.Config(
+        provider="aws",
+        store=s3_store_url,
+        regions=["us-east-1a"],
+        aws_image_id=image,
+        notice_poll="0.1s",
+        heartbeat_timeout="60s",
+    )
     job = spot.train(fit, cfg)
     try:
-        first = _wait(lambda: next((e for e in job.events if e["kind"] == "progress"
-                                    and e["incarnation"] == 1 and e["step"] >= 10), None),
-                      90, "incarnation 1 to reach step 10")
-        inst1 = next(e["instance_id"] for e in job.events
-                     if e["kind"] == "allocated" and e["incarnation"] == 1)
+        first = _wait(
+            lambda: next(
+                (
+                    e
+                    for e in job.events
+                    if e["kind"] == "progress" and e["incarnation"] == 1 and e["step"] >= 10
+                ),
+                None,
+            ),
+            90,
+            "incarnation 1 to reach step 10",
+        )
+        inst1 = next(
+            e["instance_id"] for e in job.events if e["kind"] == "allocated" and e["incarnation"] == 1
+        )
         assert first
-        emulator.notify(inst1, time.time() + 120)         # the IMDSv2 instance-action notice
+        emulator.notify(inst1, time.time() + 120)  # the IMDSv2 instance-action notice
         result = job.result(timeout=150)
     except BaseException:
         for e in job.events:
@@ -149,8 +179,16 @@ def test_job_on_moto_survives_preemption_and_leaks_no_credential(
         runner.close()
     assert result == {"steps": 30, "incarnation": 2}
     kinds = [(e["incarnation"], e["kind"]) for e in job.events]
-    for expected in [(1, "bootstrap"), (1, "ready"), (1, "notice"), (1, "evacuated"),
-                     (2, "allocated"), (2, "bootstrap"), (2, "resumed"), (2, "done")]:
+    for expected in [
+        (1, "bootstrap"),
+        (1, "ready"),
+        (1, "notice"),
+        (1, "evacuated"),
+        (2, "allocated"),
+        (2, "bootstrap"),
+        (2, "resumed"),
+        (2, "done"),
+    ]:
         assert expected in kinds, expected
     resumed = next(e for e in job.events if e["kind"] == "resumed")
     assert resumed["from_step"] >= 11 and resumed["save_kind"] == "emergency"
@@ -158,9 +196,12 @@ def test_job_on_moto_survives_preemption_and_leaks_no_credential(
     assert boot["cloud"] == "aws" and boot["install_s"] >= 0 and boot["installed"] == 0
     # no VM left running
     ec2 = boto3.client("ec2", region_name="us-east-1")
-    left = ec2.describe_instances(Filters=[{"Name": "tag:spotnb-job", "Values": [job.id]},
-                                           {"Name": "instance-state-name",
-                                            "Values": ["pending", "running"]}])
+    left = ec2.describe_instances(
+        Filters=[
+            {"Name": "tag:spotnb-job", "Values": [job.id]},
+            {"Name": "instance-state-name", "Values": ["pending", "running"]},
+        ]
+    )
     assert left["Reservations"] == []
 
     # -- credentials: nothing spotnb wrote or sent holds the canaries ------------------------
@@ -172,12 +213,12 @@ def test_job_on_moto_survives_preemption_and_leaks_no_credential(
         for obj in page.get("Contents", []):
             blobs[f"s3://{bucket}/{obj['Key']}"] = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
     assert any(k.endswith("spec.json") for k in blobs) and any("MANIFEST" in k for k in blobs)
-    for path in spotnb_home.rglob("*"):                 # job DB, logs
+    for path in spotnb_home.rglob("*"):  # job DB, logs
         if path.is_file():
             blobs[str(path)] = path.read_bytes()
     for instance_id, script in runner.scripts.items():  # what the VM was given
         blobs[f"userdata:{instance_id}"] = script.encode()
-    for path in tmp_path.glob("*.log"):                 # what the VM printed
+    for path in tmp_path.glob("*.log"):  # what the VM printed
         blobs[str(path)] = path.read_bytes()
     blobs["events"] = repr(job.events).encode()
     assert len(blobs) > 10

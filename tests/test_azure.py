@@ -5,6 +5,7 @@ ResourceGroup created on first use, and the delete / simulate_eviction calls, ar
 by field against azure-mgmt-compute's and azure-mgmt-resource's own models and their REST
 serialisation (`as_dict`), with no network. The Blob store itself runs against Azurite in
 test_store_conformance.py."""
+
 from __future__ import annotations
 
 import base64
@@ -19,31 +20,55 @@ from azure.mgmt.resource.resources.models import ResourceGroup
 import spotnb as spot
 from spotnb.errors import CapacityError, ConfigError
 from spotnb.providers import get_provider_class
-from spotnb.providers.azure import (AzureProvider, DEFAULT_IMAGE, build_vm, throwaway_ssh_key,
-                                    vm_name)
+from spotnb.providers.azure import DEFAULT_IMAGE, AzureProvider, build_vm, throwaway_ssh_key, vm_name
 from spotnb.providers.base import InstanceState, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG
 
 SUB = "00000000-0000-0000-0000-000000000000"
 RG = "spotnb-rg"
 SUBNET = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Network/virtualNetworks/v/subnets/s"
-IDENTITY = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.ManagedIdentity/userAssignedIdentities/spotnb"
+IDENTITY = (
+    f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.ManagedIdentity/"
+    "userAssignedIdentities/spotnb"
+)
 
 
 def _config(**kw: Any) -> spot.Config:
-    base = dict(provider="azure", store="az://spotnb/jobs", region="eastus",
-                instance_type="Standard_NC4as_T4_v3", azure_subscription_id=SUB,
-                azure_resource_group=RG, azure_subnet_id=SUBNET, azure_identity_id=IDENTITY,
-                azure_storage_account="spotnbstore", azure_max_price=0.9)
+    base = dict(
+        provider="azure",
+        store="az://spotnb/jobs",
+        region="eastus",
+        instance_type="Standard_NC4as_T4_v3",
+        azure_subscription_id=SUB,
+        azure_resource_group=RG,
+        azure_subnet_id=SUBNET,
+        azure_identity_id=IDENTITY,
+        azure_storage_account="spotnbstore",
+        azure_max_price=0.9,
+    )
     return spot.Config(**{**base, **kw})
 
 
 def _spec(region: str = "eastus") -> LaunchSpec:
-    return LaunchSpec(job_id="20261121-000000-abc123", incarnation=2, store_url="az://spotnb/jobs",
-                      instance_type="Standard_NC4as_T4_v3", region=region,
-                      command=["python", "-m", "spotnb.runtime.agent", "--store", "az://spotnb/jobs",
-                               "--job", "20261121-000000-abc123", "--incarnation", "2"],
-                      spotnb_version="0.1.0")
+    return LaunchSpec(
+        job_id="20261121-000000-abc123",
+        incarnation=2,
+        store_url="az://spotnb/jobs",
+        instance_type="Standard_NC4as_T4_v3",
+        region=region,
+        command=[
+            "python",
+            "-m",
+            "spotnb.runtime.agent",
+            "--store",
+            "az://spotnb/jobs",
+            "--job",
+            "20261121-000000-abc123",
+            "--incarnation",
+            "2",
+        ],
+        spotnb_version="0.1.0",
+    )
 
 
 class _Poller:
@@ -86,15 +111,20 @@ class FakeVirtualMachines:
         self.calls.append(("simulate_eviction", (rg, name), {}))
 
     def list(self, rg: str) -> list[Any]:
-        return [SimpleNamespace(name="spotnb-x-1", location="eastus", tags={JOB_TAG: "x"}),
-                SimpleNamespace(name="other", location="eastus", tags={})]
+        return [
+            SimpleNamespace(name="spotnb-x-1", location="eastus", tags={JOB_TAG: "x"}),
+            SimpleNamespace(name="other", location="eastus", tags={}),
+        ]
 
     def list_all(self) -> list[Any]:
-        vm_id = (f"/subscriptions/{SUB}/resourceGroups/spotnb-westeurope/providers/"
-                 "Microsoft.Compute/virtualMachines/spotnb-y-2")
-        return [SimpleNamespace(name="spotnb-y-2", location="westeurope", tags={JOB_TAG: "y"},
-                                id=vm_id),
-                SimpleNamespace(name="other", location="eastus", tags={}, id="/x")]
+        vm_id = (
+            f"/subscriptions/{SUB}/resourceGroups/spotnb-westeurope/providers/"
+            "Microsoft.Compute/virtualMachines/spotnb-y-2"
+        )
+        return [
+            SimpleNamespace(name="spotnb-y-2", location="westeurope", tags={JOB_TAG: "y"}, id=vm_id),
+            SimpleNamespace(name="other", location="eastus", tags={}, id="/x"),
+        ]
 
 
 class FakeResourceGroups:
@@ -139,8 +169,7 @@ def test_vm_model_field_by_field() -> None:
     assert vm.eviction_policy == "Delete"
     assert vm.billing_profile.max_price == 0.9
     assert vm.hardware_profile.vm_size == "Standard_NC4as_T4_v3"
-    assert vm.tags == {JOB_TAG: "20261121-000000-abc123", "spotnb-incarnation": "2",
-                       "spotnb-managed": "true"}
+    assert vm.tags == {JOB_TAG: "20261121-000000-abc123", "spotnb-incarnation": "2", "spotnb-managed": "true"}
     img = vm.storage_profile.image_reference
     assert (img.publisher, img.offer, img.sku, img.version) == tuple(DEFAULT_IMAGE.split(":"))
     assert vm.storage_profile.os_disk.delete_option == "Delete"
@@ -149,7 +178,7 @@ def test_vm_model_field_by_field() -> None:
     ip = nic.ip_configurations[0]
     assert ip.subnet.id == SUBNET
     assert ip.public_ip_address_configuration.delete_option == "Delete"
-    assert ip.public_ip_address_configuration.sku.name == "Standard"   # closed to inbound by default
+    assert ip.public_ip_address_configuration.sku.name == "Standard"  # closed to inbound by default
     assert vm.network_profile.network_api_version
     assert vm.os_profile.linux_configuration.disable_password_authentication is True
     assert vm.os_profile.linux_configuration.ssh.public_keys[0].key_data == key
@@ -179,11 +208,11 @@ def test_launch_describe_terminate_inject(provider: AzureProvider, fake: FakeVir
     fake.view = _view("ProvisioningState/succeeded", "PowerState/running")
     assert provider.describe(inst).state == InstanceState.RUNNING
     fake.view = _view("ProvisioningState/succeeded", "PowerState/stopped")
-    assert provider.describe(inst).state == InstanceState.EXITED      # the guest powered off
+    assert provider.describe(inst).state == InstanceState.EXITED  # the guest powered off
     fake.view = _view("ProvisioningState/succeeded", "PowerState/deallocated")
-    assert provider.describe(inst).state == InstanceState.PREEMPTED   # evicted (Deallocate)
+    assert provider.describe(inst).state == InstanceState.PREEMPTED  # evicted (Deallocate)
     fake.view = None
-    assert provider.describe(inst).state == InstanceState.PREEMPTED   # evicted (Delete)
+    assert provider.describe(inst).state == InstanceState.PREEMPTED  # evicted (Delete)
     provider.inject(inst)
     assert fake.calls[-1] == ("simulate_eviction", (RG, name), {})
     provider.terminate(inst)
@@ -222,10 +251,12 @@ def test_validate() -> None:
 
 
 def _default_group_provider(fake: FakeVirtualMachines) -> AzureProvider:
-    p = AzureProvider(_config(azure_resource_group=None),
-                      compute=SimpleNamespace(virtual_machines=fake),
-                      resources=SimpleNamespace(resource_groups=FakeResourceGroups(fake.calls)))
-    p.validate()                     # no azure_resource_group is fine
+    p = AzureProvider(
+        _config(azure_resource_group=None),
+        compute=SimpleNamespace(virtual_machines=fake),
+        resources=SimpleNamespace(resource_groups=FakeResourceGroups(fake.calls)),
+    )
+    p.validate()  # no azure_resource_group is fine
     return p
 
 
@@ -233,7 +264,7 @@ def test_default_resource_group_is_created_on_first_use(fake: FakeVirtualMachine
     provider = _default_group_provider(fake)
     inst = provider.launch(_spec())
     (kind, (name, group), _), create = fake.calls[0], fake.calls[1]
-    assert (kind, name) == ("create_group", "spotnb-eastus")          # before the VM
+    assert (kind, name) == ("create_group", "spotnb-eastus")  # before the VM
     assert isinstance(group, ResourceGroup)
     assert group.location == "eastus" and group.tags == {MANAGED_TAG: "true"}
     assert dict(group) == {"location": "eastus", "tags": {MANAGED_TAG: "true"}}  # the REST body
@@ -250,12 +281,14 @@ def test_default_resource_group_is_created_on_first_use(fake: FakeVirtualMachine
     provider.terminate(inst)
     assert fake.calls[-1] == ("delete", ("spotnb-eastus", inst.id), {})
     # gc without a configured group looks through the subscription
-    assert [(i.id, i.info["resource_group"], job) for i, job in provider.list_tagged()] == \
-        [("spotnb-y-2", "spotnb-westeurope", "y")]
+    assert [(i.id, i.info["resource_group"], job) for i, job in provider.list_tagged()] == [
+        ("spotnb-y-2", "spotnb-westeurope", "y")
+    ]
 
 
-def test_configured_resource_group_is_never_created(provider: AzureProvider,
-                                                    fake: FakeVirtualMachines) -> None:
+def test_configured_resource_group_is_never_created(
+    provider: AzureProvider, fake: FakeVirtualMachines
+) -> None:
     provider.launch(_spec())
     assert [c[0] for c in fake.calls] == ["create"] and fake.calls[0][1][0] == RG
 

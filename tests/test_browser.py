@@ -5,6 +5,7 @@ Every wait is on a condition in the page (Playwright `wait_for_function`), never
 CI installs Chromium through scripts/setup.d/40-browser.sh; locally the test is skipped when
 /usr/bin/chromium is missing.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,21 +17,31 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
-                       reason=f"{CHROMIUM} not installed (CI installs it: scripts/setup.d/40-browser.sh)"),
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
+        reason=f"{CHROMIUM} not installed (CI installs it: scripts/setup.d/40-browser.sh)",
+    ),
 ]
 
 
@@ -49,23 +60,42 @@ def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
     settings = tmp_path / "lab-settings"
     (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
     (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
     port, token = _free_port(), os.urandom(12).hex()
-    env = {**os.environ, "SPOTNB_FAST": "1", "SPOTNB_HOME": str(tmp_path / "spotnb-home"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "JUPYTERLAB_SETTINGS_DIR": str(settings),
-           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces"),
-           "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime")}
-    log = open(tmp_path / "jupyterlab.log", "wb")
+    env = {
+        **os.environ,
+        "SPOTNB_FAST": "1",
+        "SPOTNB_HOME": str(tmp_path / "spotnb-home"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "JUPYTERLAB_SETTINGS_DIR": str(settings),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
+    }
+    log = open(tmp_path / "jupyterlab.log", "wb")  # noqa: SIM115 - JupyterLab writes it until teardown
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={work}", "--LabApp.expose_app_in_browser=True",
-         *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],
-        cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={work}",
+            "--LabApp.expose_app_in_browser=True",
+            *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
+        ],
+        cwd=work,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
-    while True:   # the server is up when its API answers (or the test fails with its log)
+    while True:  # the server is up when its API answers (or the test fails with its log)
         try:
             with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2) as r:
                 if r.status == 200:
@@ -75,7 +105,7 @@ def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
         if proc.poll() is not None or time.monotonic() > deadline:
             log.close()
             pytest.fail(f"JupyterLab did not start:\n{(tmp_path / 'jupyterlab.log').read_text()[-3000:]}")
-        time.sleep(0.2)   # polling interval of a readiness probe, not a race-hiding sleep
+        time.sleep(0.2)  # polling interval of a readiness probe, not a race-hiding sleep
     try:
         yield {"url": url, "token": token, "dir": work, "tmp": tmp_path}
     finally:
@@ -131,20 +161,27 @@ def _drive(page: Any, lab: dict[str, Any]) -> None:
     """Open the notebook, run all cells, check what the user sees, take screenshots."""
     page.goto(f"{lab['url']}/lab/tree/01-quickstart.ipynb?token={lab['token']}")
     # the notebook is open and its kernel is idle
-    page.wait_for_function("""() => {
+    page.wait_for_function(
+        """() => {
         const app = window.jupyterapp; const w = app && app.shell.currentWidget;
         const k = w && w.sessionContext && w.sessionContext.session
                   && w.sessionContext.session.kernel;
         return !!(k && k.status === 'idle' && w.content && w.content.widgets.length > 5);
-    }""", timeout=60_000)
+    }""",
+        timeout=60_000,
+    )
     # start "run all" without awaiting it (its promise resolves only when all cells ran)
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
     # the widget renders and the loss plot has points while the job runs
-    page.wait_for_function(f"""() => {{
+    page.wait_for_function(
+        f"""() => {{
         const n = ({_LOSS_POINTS})(); const s = ({_STATUS})();
         return n > 0 && ['running', 'preempted', 'restoring'].includes(s);
-    }}""", timeout=60_000, polling=100)
+    }}""",
+        timeout=60_000,
+        polling=100,
+    )
     first = page.evaluate(_LOSS_POINTS)
     page.wait_for_function(f"() => ({_LOSS_POINTS})() > {first}", timeout=60_000, polling=100)
     grown = page.evaluate(_LOSS_POINTS)

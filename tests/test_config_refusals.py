@@ -1,5 +1,6 @@
 """Input that would hang, livelock or scatter a job is refused when the Config is made, with an
 error naming the field and saying what to write instead (long before any instance exists)."""
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,9 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("kwargs, field, hint", REFUSED,
-                         ids=[f"{f}={str(list(k.values())[0])[:20]}" for k, f, _ in REFUSED])
+@pytest.mark.parametrize(
+    "kwargs, field, hint", REFUSED, ids=[f"{f}={str(list(k.values())[0])[:20]}" for k, f, _ in REFUSED]
+)
 def test_refused_with_the_field_and_the_fix(kwargs: dict, field: str, hint: str) -> None:
     with pytest.raises(ConfigError) as info:
         spot.Config(**kwargs)
@@ -60,13 +62,21 @@ def test_refused_on_assignment_too(kwargs: dict, field: str, hint: str) -> None:
         setattr(config, field, kwargs[field])
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"store": "/abs/path"}, {"store": "file:///abs/path"}, {"store": "memory://x"},
-    {"store": "s3://bucket/prefix"}, {"store": "gs://bucket/p"}, {"store": "az://c/p"},
-    {"local_mttp": "6s", "local_grace": 0, "local_alloc_delay": [0, "2m"]},
-    {"heartbeat_timeout": "1h", "notice_poll": "30s"}, {"name": "ünïcode name – fine " * 5},
-    {"local_schedule": ["30d", {"after": 0}]},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"store": "/abs/path"},
+        {"store": "file:///abs/path"},
+        {"store": "memory://x"},
+        {"store": "s3://bucket/prefix"},
+        {"store": "gs://bucket/p"},
+        {"store": "az://c/p"},
+        {"local_mttp": "6s", "local_grace": 0, "local_alloc_delay": [0, "2m"]},
+        {"heartbeat_timeout": "1h", "notice_poll": "30s"},
+        {"name": "ünïcode name – fine " * 5},
+        {"local_schedule": ["30d", {"after": 0}]},
+    ],
+)
 def test_sane_values_still_pass(kwargs: dict) -> None:
     spot.Config(**kwargs)
 

@@ -1,6 +1,7 @@
 """Credentials stay in each SDK's own chain: they never reach a request body, a boot script, a
 dry-run plan or the job's config event. (The full-job scan of store files, job DB, user data,
 VM logs and events runs in test_aws_e2e.py against moto.)"""
+
 from __future__ import annotations
 
 import json
@@ -37,20 +38,25 @@ def _clean(text: str) -> None:
 
 def _configs() -> list[spot.Config]:
     return [
-        spot.Config(provider="aws", store="s3://bucket/spotnb", region="us-east-1",
-                    requirements=["einops"]),
-        spot.Config(provider="azure", store="az://c/spotnb", region="eastus",
-                    azure_subscription_id="sub", azure_resource_group="rg",
-                    azure_subnet_id="/subnet", azure_identity_id="/identity",
-                    azure_storage_account="acct"),
-        spot.Config(provider="gcp", store="gs://bucket/spotnb", region="us-central1-a",
-                    gcp_project="proj"),
+        spot.Config(provider="aws", store="s3://bucket/spotnb", region="us-east-1", requirements=["einops"]),
+        spot.Config(
+            provider="azure",
+            store="az://c/spotnb",
+            region="eastus",
+            azure_subscription_id="sub",
+            azure_resource_group="rg",
+            azure_subnet_id="/subnet",
+            azure_identity_id="/identity",
+            azure_storage_account="acct",
+        ),
+        spot.Config(provider="gcp", store="gs://bucket/spotnb", region="us-central1-a", gcp_project="proj"),
     ]
 
 
 @pytest.mark.parametrize("config", _configs(), ids=["aws", "azure", "gcp"])
-def test_dry_run_plan_and_config_event_hold_no_credential(config: spot.Config,
-                                                          capsys: pytest.CaptureFixture) -> None:
+def test_dry_run_plan_and_config_event_hold_no_credential(
+    config: spot.Config, capsys: pytest.CaptureFixture
+) -> None:
     def fit(ctx):
         return 1
 
@@ -61,9 +67,10 @@ def test_dry_run_plan_and_config_event_hold_no_credential(config: spot.Config,
 
 
 def test_launch_requests_hold_no_credential() -> None:
+    from google.cloud import compute_v1
+
     from spotnb.providers.azure import AzureProvider
     from spotnb.providers.gcp import GCPProvider
-    from google.cloud import compute_v1
 
     sent: list[str] = []
 
@@ -71,6 +78,7 @@ def test_launch_requests_hold_no_credential() -> None:
         def begin_create_or_update(self, rg, name, vm):
             sent.append(json.dumps(vm.as_dict()))
             import base64
+
             sent.append(base64.b64decode(vm.os_profile.custom_data).decode())
             return SimpleNamespace(done=lambda: False)
 
@@ -80,20 +88,33 @@ def test_launch_requests_hold_no_credential() -> None:
             return SimpleNamespace(result=lambda timeout=None: None)
 
     azure_cfg, gcp_cfg = _configs()[1], _configs()[2]
-    spec = dict(job_id="j", incarnation=1, instance_type="x",
-                command=["python", "-m", "spotnb.runtime.agent"], spotnb_version="0.1.0")
+    spec = dict(
+        job_id="j",
+        incarnation=1,
+        instance_type="x",
+        command=["python", "-m", "spotnb.runtime.agent"],
+        spotnb_version="0.1.0",
+    )
     AzureProvider(azure_cfg, compute=SimpleNamespace(virtual_machines=VMs())).launch(
-        LaunchSpec(store_url="az://c/spotnb", region="eastus", **spec))
+        LaunchSpec(store_url="az://c/spotnb", region="eastus", **spec)
+    )
     GCPProvider(gcp_cfg, instances=Instances()).launch(
-        LaunchSpec(store_url="gs://bucket/spotnb", region="us-central1-a", **spec))
+        LaunchSpec(store_url="gs://bucket/spotnb", region="us-central1-a", **spec)
+    )
     assert len(sent) == 3
     for text in sent:
         _clean(text)
 
 
 def test_bootstrap_refuses_credential_like_env() -> None:
-    spec = LaunchSpec(job_id="j", incarnation=1, store_url="s3://b/p", instance_type="x",
-                      region=None, command=["python", "-m", "spotnb.runtime.agent"],
-                      env={"AWS_SECRET_ACCESS_KEY": "x"})
+    spec = LaunchSpec(
+        job_id="j",
+        incarnation=1,
+        store_url="s3://b/p",
+        instance_type="x",
+        region=None,
+        command=["python", "-m", "spotnb.runtime.agent"],
+        env={"AWS_SECRET_ACCESS_KEY": "x"},
+    )
     with pytest.raises(SecretInBootstrap, match="credential"):
         bootstrap_script(spec, "aws")

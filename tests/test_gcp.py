@@ -4,6 +4,7 @@ the one thing mocked: recording stand-ins for `compute_v1.InstancesClient` and
 the zone listing are asserted field by field against
 google-cloud-compute's own proto models, with no network. The GCS store itself runs against
 gcp-storage-emulator in test_store_conformance.py."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,25 +21,51 @@ from spotnb.errors import CapacityError, ConfigError
 from spotnb.providers import get_provider_class
 from spotnb.providers.base import InstanceState, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG
-from spotnb.providers.gcp import (DEFAULT_IMAGE, FALLBACK_ZONE_SUFFIXES, GCPProvider,
-                                  delete_request, insert_request, instance_name, simulate_request)
+from spotnb.providers.gcp import (
+    DEFAULT_IMAGE,
+    FALLBACK_ZONE_SUFFIXES,
+    GCPProvider,
+    delete_request,
+    insert_request,
+    instance_name,
+    simulate_request,
+)
 
 PROJECT = "spotnb-test"
 
 
 def _config(**kw: Any) -> spot.Config:
-    base = dict(provider="gcp", store="gs://spotnb/jobs", region="us-central1-a",
-                instance_type="g2-standard-4", gcp_project=PROJECT,
-                gcp_service_account="spotnb@spotnb-test.iam.gserviceaccount.com")
+    base = dict(
+        provider="gcp",
+        store="gs://spotnb/jobs",
+        region="us-central1-a",
+        instance_type="g2-standard-4",
+        gcp_project=PROJECT,
+        gcp_service_account="spotnb@spotnb-test.iam.gserviceaccount.com",
+    )
     return spot.Config(**{**base, **kw})
 
 
 def _spec(zone: str = "us-central1-a") -> LaunchSpec:
-    return LaunchSpec(job_id="20261121-000000-ABC123", incarnation=3, store_url="gs://spotnb/jobs",
-                      instance_type="g2-standard-4", region=zone,
-                      command=["python", "-m", "spotnb.runtime.agent", "--store", "gs://spotnb/jobs",
-                               "--job", "20261121-000000-ABC123", "--incarnation", "3"],
-                      spotnb_version="0.1.0")
+    return LaunchSpec(
+        job_id="20261121-000000-ABC123",
+        incarnation=3,
+        store_url="gs://spotnb/jobs",
+        instance_type="g2-standard-4",
+        region=zone,
+        command=[
+            "python",
+            "-m",
+            "spotnb.runtime.agent",
+            "--store",
+            "gs://spotnb/jobs",
+            "--job",
+            "20261121-000000-ABC123",
+            "--incarnation",
+            "3",
+        ],
+        spotnb_version="0.1.0",
+    )
 
 
 class _Op:
@@ -87,20 +114,28 @@ class FakeInstances:
 
 def _zone(name: str, region: str, status: str = "UP") -> compute_v1.Zone:
     return compute_v1.Zone(
-        name=name, status=status,
-        region=f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/regions/{region}")
+        name=name,
+        status=status,
+        region=f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/regions/{region}",
+    )
 
 
 class FakeZones:
     """ZonesClient.list: returns `zones` (as the API would, in no particular order), or raises
     `error` (e.g. Forbidden when the credentials may not list zones)."""
 
-    def __init__(self, zones: list[compute_v1.Zone] | None = None,
-                 error: Exception | None = None) -> None:
-        self.zones = zones if zones is not None else [
-            _zone("us-central1-f", "us-central1"), _zone("us-central1-b", "us-central1"),
-            _zone("us-central1-a", "us-central1"), _zone("us-central1-c", "us-central1"),
-            _zone("us-central1-d", "us-central1", status="DOWN")]
+    def __init__(self, zones: list[compute_v1.Zone] | None = None, error: Exception | None = None) -> None:
+        self.zones = (
+            zones
+            if zones is not None
+            else [
+                _zone("us-central1-f", "us-central1"),
+                _zone("us-central1-b", "us-central1"),
+                _zone("us-central1-a", "us-central1"),
+                _zone("us-central1-c", "us-central1"),
+                _zone("us-central1-d", "us-central1", status="DOWN"),
+            ]
+        )
         self.error = error
         self.requests: list[compute_v1.ListZonesRequest] = []
 
@@ -139,8 +174,11 @@ def test_insert_request_field_by_field() -> None:
     assert s.instance_termination_action == "DELETE"
     assert s.on_host_maintenance == "TERMINATE"
     assert s.automatic_restart is False
-    assert dict(inst.labels) == {JOB_TAG: "20261121-000000-abc123", "spotnb-incarnation": "3",
-                                 "spotnb-managed": "true"}
+    assert dict(inst.labels) == {
+        JOB_TAG: "20261121-000000-abc123",
+        "spotnb-incarnation": "3",
+        "spotnb-managed": "true",
+    }
     disk = inst.disks[0]
     assert disk.boot and disk.auto_delete
     assert disk.initialize_params.source_image == DEFAULT_IMAGE
@@ -177,7 +215,7 @@ def test_launch_describe_terminate_inject(provider: GCPProvider, fake: FakeInsta
     fake.status = "TERMINATED"
     assert provider.describe(inst).state == InstanceState.EXITED
     fake.status = None
-    assert provider.describe(inst).state == InstanceState.PREEMPTED   # deleted by the platform
+    assert provider.describe(inst).state == InstanceState.PREEMPTED  # deleted by the platform
     provider.inject(inst)
     kind, req = fake.calls[-1]
     assert kind == "simulate" and req.instance == inst.id
@@ -189,7 +227,8 @@ def test_launch_describe_terminate_inject(provider: GCPProvider, fake: FakeInsta
 
 def test_capacity_errors_move_on(provider: GCPProvider, fake: FakeInstances) -> None:
     fake.insert_error = gexc.ServiceUnavailable(
-        "ZONE_RESOURCE_POOL_EXHAUSTED: The zone 'us-central1-a' does not have enough resources")
+        "ZONE_RESOURCE_POOL_EXHAUSTED: The zone 'us-central1-a' does not have enough resources"
+    )
     with pytest.raises(CapacityError, match="us-central1-a"):
         provider.launch(_spec())
     fake.insert_error = gexc.Forbidden("QUOTA_EXCEEDED: Quota 'PREEMPTIBLE_NVIDIA_L4_GPUS' exceeded")
@@ -201,10 +240,9 @@ def test_capacity_errors_move_on(provider: GCPProvider, fake: FakeInstances) -> 
 
 
 def test_validate() -> None:
-    GCPProvider(_config(region="us-central1")).validate()                  # a region is fine
+    GCPProvider(_config(region="us-central1")).validate()  # a region is fine
     GCPProvider(_config(region=None, regions=["us-central1", "europe-west4-b"])).validate()
-    with pytest.raises(ConfigError,
-                       match="Config.regions: 'eastus' is neither a GCP region nor a zone"):
+    with pytest.raises(ConfigError, match="Config.regions: 'eastus' is neither a GCP region nor a zone"):
         GCPProvider(_config(region=None, regions=["us-central1", "eastus"])).validate()
     with pytest.raises(ConfigError, match="Config.region: 'us-central1-' is neither"):
         GCPProvider(_config(region="us-central1-")).validate()
@@ -216,17 +254,17 @@ _GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _GCE_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 
 
-@pytest.mark.parametrize("job_id", ["<job-id>", "20261121-000000-ABC123", "Job_ID with spaces!",
-                                    "x" * 100, "-" * 5, "a" * 54 + "-" * 10])
+@pytest.mark.parametrize(
+    "job_id",
+    ["<job-id>", "20261121-000000-ABC123", "Job_ID with spaces!", "x" * 100, "-" * 5, "a" * 54 + "-" * 10],
+)
 def test_instance_name_is_a_valid_gce_name(job_id: str) -> None:
-    names = {instance_name(dataclasses.replace(_spec(), job_id=job_id, incarnation=n))
-             for n in (1, 12, 123)}
-    assert len(names) == 3                      # one name per incarnation, even for cut ids
+    names = {instance_name(dataclasses.replace(_spec(), job_id=job_id, incarnation=n)) for n in (1, 12, 123)}
+    assert len(names) == 3  # one name per incarnation, even for cut ids
     for name in names:
         assert _GCE_NAME.match(name) and len(name) <= 63, name
         assert name.startswith("spotnb-")
-    assert instance_name(dataclasses.replace(_spec(), job_id="<job-id>", incarnation=1)) \
-        == "spotnb-job-id-1"
+    assert instance_name(dataclasses.replace(_spec(), job_id="<job-id>", incarnation=1)) == "spotnb-job-id-1"
 
 
 def test_dry_run(capsys: pytest.CaptureFixture) -> None:
@@ -249,6 +287,7 @@ def test_dry_run(capsys: pytest.CaptureFixture) -> None:
 # -- a region: its zones in turn -------------------------------------------------------------
 # (the compute control plane is mocked: FakeZones answers ZonesClient.list, FakeInstances insert)
 
+
 def _region_provider(fake: FakeInstances, zones: FakeZones, **kw: Any) -> GCPProvider:
     p = GCPProvider(_config(region="us-central1", **kw), instances=fake, zones=zones)
     p.validate()
@@ -261,11 +300,13 @@ def test_region_lists_its_zones_and_tries_them_in_turn(fake: FakeInstances) -> N
     fake.zone_errors = {
         "us-central1-a": gexc.ServiceUnavailable(
             "ZONE_RESOURCE_POOL_EXHAUSTED: The zone 'projects/p/zones/us-central1-a' does not have "
-            "enough resources available to fulfill the request."),
+            "enough resources available to fulfill the request."
+        ),
         "us-central1-b": gexc.BadRequest(
             "Invalid value for field 'resource.machineType': 'zones/us-central1-b/machineTypes/"
             "g2-standard-4'. Machine type with name 'g2-standard-4' does not exist in zone "
-            "'us-central1-b'."),
+            "'us-central1-b'."
+        ),
     }
     inst = provider.launch(_spec(zone="us-central1"))
     # UP zones of the region, sorted; the DOWN one is never tried
@@ -293,22 +334,19 @@ def test_region_with_every_zone_exhausted_is_a_capacity_error(fake: FakeInstance
     fake.insert_error = gexc.ServiceUnavailable("ZONE_RESOURCE_POOL_EXHAUSTED")
     with pytest.raises(CapacityError) as err:
         provider.launch(_spec(zone="us-central1"))
-    assert fake.inserted_zones() == ["us-central1-a", "us-central1-b", "us-central1-c",
-                                     "us-central1-f"]
+    assert fake.inserted_zones() == ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
     for zone in fake.inserted_zones():
         assert zone in str(err.value)
 
 
-def test_region_where_no_zone_offers_the_machine_type_is_a_config_error(
-        fake: FakeInstances) -> None:
+def test_region_where_no_zone_offers_the_machine_type_is_a_config_error(fake: FakeInstances) -> None:
     provider = _region_provider(fake, FakeZones())
-    fake.insert_error = gexc.BadRequest(
-        "Machine type with name 'g2-standard-4' does not exist in zone")
+    fake.insert_error = gexc.BadRequest("Machine type with name 'g2-standard-4' does not exist in zone")
     with pytest.raises(ConfigError, match="Config.instance_type: no zone of us-central1 can run"):
         provider.launch(_spec(zone="us-central1"))
     fake.calls.clear()
     fake.insert_error = gexc.Forbidden("Required 'compute.instances.create' permission")
-    with pytest.raises(gexc.Forbidden):                # not a zone problem: raised at once
+    with pytest.raises(gexc.Forbidden):  # not a zone problem: raised at once
         provider.launch(_spec(zone="us-central1"))
     assert fake.inserted_zones() == ["us-central1-a"]
 
@@ -317,8 +355,11 @@ def test_zones_fall_back_when_listing_is_not_allowed(fake: FakeInstances) -> Non
     zones = FakeZones(error=gexc.Forbidden("Required 'compute.zones.list' permission"))
     provider = _region_provider(fake, zones)
     # us-east1 style: this region has no zone -a
-    fake.zone_errors = {"us-central1-a": gexc.NotFound(
-        "The resource 'projects/spotnb-test/zones/us-central1-a' was not found")}
+    fake.zone_errors = {
+        "us-central1-a": gexc.NotFound(
+            "The resource 'projects/spotnb-test/zones/us-central1-a' was not found"
+        )
+    }
     inst = provider.launch(_spec(zone="us-central1"))
     assert fake.inserted_zones() == ["us-central1-a", "us-central1-b"]
     assert inst.info["zone"] == "us-central1-b"
@@ -332,7 +373,7 @@ def test_region_dry_run_names_the_zone_order(fake: FakeInstances) -> None:
     assert plan["zone"] == "us-central1-a"
     assert plan["requests"][0]["args"]["zone"] == "us-central1-a"
     assert "ZonesClient.list" in plan["zone_order"]
-    assert [k for k, _ in fake.calls] == []             # a dry run creates nothing
+    assert [k for k, _ in fake.calls] == []  # a dry run creates nothing
     denied = _region_provider(FakeInstances(), FakeZones(error=gexc.Forbidden("denied")))
     plan = denied.plan_launch(_spec(zone="us-central1"))
     assert plan["zones"][:3] == ["us-central1-a", "us-central1-b", "us-central1-c"]

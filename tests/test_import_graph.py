@@ -6,6 +6,7 @@ runtime imports nothing from the notebook side). Imports inside functions are ed
 lazy import of a sibling module is still a dependency. Only imports under `TYPE_CHECKING` are
 left out (they do not run).
 """
+
 from __future__ import annotations
 
 import ast
@@ -62,8 +63,7 @@ def import_graph() -> dict[str, set[str]]:
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = _resolve(node, module, is_pkg)
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                           for a in node.names]
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
             for target in targets:
                 while target and target not in modules:
                     target = target.rpartition(".")[0]
@@ -114,25 +114,43 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_circles() -> None:
     found = cycles(import_graph())
     assert not found, "import circles (break them by moving the shared part down): " + "; ".join(
-        " <-> ".join(c) for c in found)
+        " <-> ".join(c) for c in found
+    )
 
 
 def test_runtime_imports_nothing_from_the_notebook_side() -> None:
     """What runs on the instance may import only itself and the shared, light modules."""
-    shared = {"spotnb", "spotnb.protocol", "spotnb.events", "spotnb.store", "spotnb.signing",
-              "spotnb.spec", "spotnb.files", "spotnb.errors", "spotnb.policy", "spotnb.policy.base",
-              "spotnb.policy.intervals", "spotnb.policy.static", "spotnb.policy.periodic",
-              "spotnb.policy.hedged"}
+    shared = {
+        "spotnb",
+        "spotnb.protocol",
+        "spotnb.events",
+        "spotnb.store",
+        "spotnb.signing",
+        "spotnb.spec",
+        "spotnb.files",
+        "spotnb.errors",
+        "spotnb.policy",
+        "spotnb.policy.base",
+        "spotnb.policy.intervals",
+        "spotnb.policy.static",
+        "spotnb.policy.periodic",
+        "spotnb.policy.hedged",
+    }
     graph = import_graph()
-    bad = {m: sorted(t for t in targets if not t.startswith("spotnb.runtime") and t not in shared)
-           for m, targets in graph.items() if m.startswith("spotnb.runtime")}
+    bad = {
+        m: sorted(t for t in targets if not t.startswith("spotnb.runtime") and t not in shared)
+        for m, targets in graph.items()
+        if m.startswith("spotnb.runtime")
+    }
     bad = {m: t for m, t in bad.items() if t}
     assert not bad, f"the runtime imports notebook-side modules: {bad}"
 
 
 def test_import_spotnb_stays_light() -> None:
     """`import spotnb` loads no cloud SDK, no torch, no plotly/ipywidgets."""
-    code = ("import sys, spotnb; heavy = [m for m in ('boto3', 'azure', 'google.cloud', 'torch', "
-            "'plotly', 'ipywidgets') if m in sys.modules]; print(','.join(heavy))")
+    code = (
+        "import sys, spotnb; heavy = [m for m in ('boto3', 'azure', 'google.cloud', 'torch', "
+        "'plotly', 'ipywidgets') if m in sys.modules]; print(','.join(heavy))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"import spotnb pulled in {out.stdout.strip()}"

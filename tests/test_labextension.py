@@ -6,6 +6,7 @@ its status and cost, and the status bar counts it.
 Every wait is on a condition (Playwright waits, or polling a condition with a deadline), never
 a sleep. The browser tests skip without /usr/bin/chromium unless CI is set (CI installs it).
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -24,22 +26,32 @@ from spotnb import _jupyter
 from tests.test_server_ext import ROOT, request, start_jupyter, stop_process, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 BUILT = ROOT / "spotnb" / "labextension" / "package.json"
 SETUP = "bash -c 'source scripts/setup.d/50-labextension.sh'"
 
 needs_build = pytest.mark.skipif(
     not BUILT.exists() and not os.environ.get("CI"),
-    reason=f"the JupyterLab extension is not built ({BUILT} missing); run {SETUP}")
+    reason=f"the JupyterLab extension is not built ({BUILT} missing); run {SETUP}",
+)
 needs_chromium = pytest.mark.skipif(
     not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
-    reason=f"{CHROMIUM} not installed (apt-get install chromium; CI installs it and runs this)")
+    reason=f"{CHROMIUM} not installed (apt-get install chromium; CI installs it and runs this)",
+)
 
 
 def _labextension_list() -> str:
-    out = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "jupyter", "labextension", "list"], capture_output=True, text=True, timeout=120
+    )
     return re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)
 
 
@@ -50,7 +62,7 @@ def test_the_extension_is_built_and_jupyterlab_lists_it_ok() -> None:
     meta = json.loads((src / "package.json").read_text())
     assert meta["name"] == paths[0]["dest"] == "spotnb"
     assert (src / meta["jupyterlab"]["_build"]["load"]).exists()
-    exported = getattr(spot, "_jupyter_labextension_paths", None)   # once spotnb/__init__ re-exports it
+    exported = getattr(spot, "_jupyter_labextension_paths", None)  # once spotnb/__init__ re-exports it
     if exported is not None:
         assert exported() == paths
     listing = _labextension_list()
@@ -67,18 +79,24 @@ def _debian_chromium_for_playwright(tmp: Path) -> dict[str, str]:
     from jupyterlab.commands import get_app_dir
 
     target = Path(get_app_dir()) / "browser_test"
-    if not (target / "node_modules").exists():   # exactly what browser_check itself would do
+    if not (target / "node_modules").exists():  # exactly what browser_check itself would do
         target.mkdir(parents=True, exist_ok=True)
         subprocess.run(["npm", "init", "-y"], cwd=target, check=True, capture_output=True, timeout=300)
-        subprocess.run(["npm", "install", "playwright@^1.9.2"], cwd=target, check=True,
-                       capture_output=True, timeout=600)
+        subprocess.run(
+            ["npm", "install", "playwright@^1.9.2"], cwd=target, check=True, capture_output=True, timeout=600
+        )
     spec = json.loads((target / "node_modules" / "playwright-core" / "browsers.json").read_text())
     rev = {b["name"]: b["revision"] for b in spec["browsers"]}
     root = tmp / "playwright-browsers"
-    layout = [(f"chromium-{rev['chromium']}", "chrome-linux64/chrome", CHROMIUM),
-              (f"chromium_headless_shell-{rev['chromium-headless-shell']}",
-               "chrome-headless-shell-linux64/chrome-headless-shell", CHROMIUM),
-              (f"ffmpeg-{rev['ffmpeg']}", "ffmpeg-linux", "/bin/false")]
+    layout = [
+        (f"chromium-{rev['chromium']}", "chrome-linux64/chrome", CHROMIUM),
+        (
+            f"chromium_headless_shell-{rev['chromium-headless-shell']}",
+            "chrome-headless-shell-linux64/chrome-headless-shell",
+            CHROMIUM,
+        ),
+        (f"ffmpeg-{rev['ffmpeg']}", "ffmpeg-linux", "/bin/false"),
+    ]
     for folder, exe, real in layout:
         path = root / folder / exe
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,13 +114,21 @@ def test_jupyterlab_browser_check(tmp_path: Path) -> None:
     """JupyterLab's own smoke test (`python -m jupyterlab.browser_check`): starts the app
     (under base URL /foo/) with every installed extension, spotnb's included, in headless
     Chromium and fails on any console error or logged server error."""
-    env = {**os.environ, "SPOTNB_HOME": str(tmp_path / "home"),
-           "JUPYTER_CONFIG_PATH": str(ROOT / "jupyter-config"),
-           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-           **_debian_chromium_for_playwright(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "jupyterlab.browser_check",
-                          *(["--allow-root"] if os.geteuid() == 0 else [])],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "SPOTNB_HOME": str(tmp_path / "home"),
+        "JUPYTER_CONFIG_PATH": str(ROOT / "jupyter-config"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+        **_debian_chromium_for_playwright(tmp_path),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "jupyterlab.browser_check", *(["--allow-root"] if os.geteuid() == 0 else [])],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-5000:]
     assert "Browser test complete" in log and "Exiting normally" in log, log[-3000:]
@@ -113,6 +139,7 @@ def test_jupyterlab_browser_check(tmp_path: Path) -> None:
 def long_fit(ctx: Any) -> None:
     """A local job that runs until the test stops it, preempted once early on."""
     import torch
+
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -124,7 +151,7 @@ def long_fit(ctx: Any) -> None:
         loss.backward()
         opt.step()
         ctx.log(loss=loss.item())
-        time.sleep(0.01)     # the workload's step time, not a wait in the test
+        time.sleep(0.01)  # the workload's step time, not a wait in the test
 
 
 @pytest.fixture
@@ -135,12 +162,19 @@ def lab(tmp_path: Path, spotnb_home: Path) -> Iterator[dict[str, Any]]:
     settings = tmp_path / "lab-settings"
     (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
     (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
     proc, url, token, log = start_jupyter(
-        "jupyterlab", tmp_path, spotnb_home, work,
-        extra_env={"JUPYTERLAB_SETTINGS_DIR": str(settings),
-                   "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces")},
-        extra_args=("--LabApp.expose_app_in_browser=True",))
+        "jupyterlab",
+        tmp_path,
+        spotnb_home,
+        work,
+        extra_env={
+            "JUPYTERLAB_SETTINGS_DIR": str(settings),
+            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces"),
+        },
+        extra_args=("--LabApp.expose_app_in_browser=True",),
+    )
     try:
         yield {"url": url, "token": token, "tmp": tmp_path, "log": log}
     finally:
@@ -152,12 +186,26 @@ def running_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any
     """A job on the local market, in this process, with the same SPOTNB_HOME as the lab;
     returned once it has been preempted once and runs again with metrics logged."""
     monkeypatch.chdir(tmp_path)
-    job = spot.train(long_fit, spot.Config(name="lab-demo", local_schedule=[{"step": 40, "phase": "step"}],
-                                           save_every=25, notice_poll=0.1, ship_modules=[__name__]))
+    job = spot.train(
+        long_fit,
+        spot.Config(
+            name="lab-demo",
+            local_schedule=[{"step": 40, "phase": "step"}],
+            save_every=25,
+            notice_poll=0.1,
+            ship_modules=[__name__],
+        ),
+    )
     try:
-        wait_for(lambda: job.status == "running" and job.breakdown().preemptions == 1
-                 and len(job.metrics.get("loss", [])) > 60, 180,
-                 f"job {job.id} to be preempted once and run again (status {job.status})")
+        wait_for(
+            lambda: (
+                job.status == "running"
+                and job.breakdown().preemptions == 1
+                and len(job.metrics.get("loss", [])) > 60
+            ),
+            180,
+            f"job {job.id} to be preempted once and run again (status {job.status})",
+        )
         yield job
     finally:
         if not job.done:
@@ -168,8 +216,9 @@ def running_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any
 @needs_chromium
 @pytest.mark.browser
 @pytest.mark.slow
-def test_panel_lists_the_job_and_its_view_shows_status_and_cost(lab: dict[str, Any],
-                                                                 running_job: Any) -> None:
+def test_panel_lists_the_job_and_its_view_shows_status_and_cost(
+    lab: dict[str, Any], running_job: Any
+) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     job = running_job
@@ -189,7 +238,9 @@ def test_panel_lists_the_job_and_its_view_shows_status_and_cost(lab: dict[str, A
             # the status bar counts the running job and shows its burn rate
             running = page.locator(".spotnb-statusbar .spotnb-sb-running")
             expect(running).to_have_text("1", timeout=30_000)
-            expect(page.locator(".spotnb-statusbar .spotnb-sb-rate")).to_have_text(re.compile(r"^\$\d+\.\d+/h$"))
+            expect(page.locator(".spotnb-statusbar .spotnb-sb-rate")).to_have_text(
+                re.compile(r"^\$\d+\.\d+/h$")
+            )
 
             # open the panel from the left sidebar: the job is listed, running, first
             page.locator(".jp-SideBar.jp-mod-left [data-id='spotnb-jobs-panel']").click()
@@ -210,7 +261,8 @@ def test_panel_lists_the_job_and_its_view_shows_status_and_cost(lab: dict[str, A
                      return s && parseInt(s.textContent.replace(/[^0-9\\/]/g, '').split('/')[0]) > first;
                    }""",
                 arg=[f".spotnb-job-row[data-job-id='{job.id}'] .spotnb-row-progress span", first],
-                timeout=30_000)
+                timeout=30_000,
+            )
 
             # click into the job: a main-area view with its status, cost and figures
             row.click()
@@ -227,14 +279,18 @@ def test_panel_lists_the_job_and_its_view_shows_status_and_cost(lab: dict[str, A
             # the widget's three figures, drawn by JupyterLab's plotly renderer when installed
             # (jupyterlab-plotly ships with plotly), else as SVG / tables
             for name in ("metrics", "timeline", "breakdown"):
-                expect(view.locator(f".spotnb-figure[data-figure='{name}'] .plot-container, "
-                                    f".spotnb-figure[data-figure='{name}'] .spotnb-figure-static")
-                       ).to_have_count(1, timeout=30_000)
-            page.wait_for_function(   # the spot cost shown is the job's, and it is not zero
+                expect(
+                    view.locator(
+                        f".spotnb-figure[data-figure='{name}'] .plot-container, "
+                        f".spotnb-figure[data-figure='{name}'] .spotnb-figure-static"
+                    )
+                ).to_have_count(1, timeout=30_000)
+            page.wait_for_function(  # the spot cost shown is the job's, and it is not zero
                 "sel => { const e = document.querySelector(sel);"
                 " return e && parseFloat(e.textContent.slice(1)) > 0; }",
                 arg=f".spotnb-jobview[data-job-id='{job.id}'] .spotnb-cost-spot .spotnb-card-value",
-                timeout=30_000)
+                timeout=30_000,
+            )
             page.screenshot(path=str(shot))
             print(f"\nscreenshot: {shot}")
             view.evaluate("node => { node.scrollTop = node.scrollHeight; }")

@@ -1,5 +1,6 @@
 """A job's warnings reach the views of that job (issue 12: `logging`, and the widget shows
 warnings in its feed)."""
+
 from __future__ import annotations
 
 import logging
@@ -52,7 +53,8 @@ def test_the_widget_shows_its_jobs_warnings_in_the_feed(tmp_path) -> None:
     view = JobView(Job("job-w", Store((tmp_path / "store").as_uri())), autostart=False)
     try:
         logging.getLogger("spotnb.controller").warning(
-            "job %s: cannot write events (disk full); 3 kept", "job-w", extra={"job_id": "job-w"})
+            "job %s: cannot write events (disk full); 3 kept", "job-w", extra={"job_id": "job-w"}
+        )
         logging.getLogger("spotnb.controller").warning("other", extra={"job_id": "job-x"})
         feed = view.state.feed
         assert len(feed) == 1 and isinstance(feed[0], JobWarning)

@@ -4,6 +4,7 @@
 could not reproduce the baseline rows of the thesis's Table 6.2; these tests pin the difference
 in the simulator (both engines), in `spotnb simulate`, in `Config.checkpoint` and on the local
 spot market (a real agent, a real notice, a real SIGKILL)."""
+
 from __future__ import annotations
 
 import functools
@@ -21,9 +22,18 @@ SHIP = ["tests.core.jobfns"]
 
 # A notice long enough that every emergency save fits (δ + β = 8 s < 60 s grace): `static:N`
 # takes one at nearly every preemption, `periodic:N` must take none.
-ROOMY = Scenario(steps=20_000, step_time=1.0, save_time=(2, 4), backup_time=(3, 5),
-                 alloc_time=(60, 120), prep_time=30, grace=60, mttp=3 * 3600,
-                 spot_price=2.3, on_demand_price=6.2)
+ROOMY = Scenario(
+    steps=20_000,
+    step_time=1.0,
+    save_time=(2, 4),
+    backup_time=(3, 5),
+    alloc_time=(60, 120),
+    prep_time=30,
+    grace=60,
+    mttp=3 * 3600,
+    spot_price=2.3,
+    on_demand_price=6.2,
+)
 
 
 def test_resolve_and_config() -> None:
@@ -61,10 +71,26 @@ def test_both_engines_agree() -> None:
 
 def test_simulate_cli_accepts_periodic(tmp_path, capsys: pytest.CaptureFixture) -> None:
     f = tmp_path / "job.yaml"
-    f.write_text("steps: 5000\nstep_time: 1\nsave_time: 3\nbackup_time: 4\nalloc_time: [60, 120]\n"
-                 "prep_time: 30\ngrace: 60\nmttp: 3000\nspot_price: 2.3\non_demand_price: 6.2\n")
-    assert simulate_main(["--scenario", str(f), "--policy", "periodic:50", "--policy", "static:50",
-                          "--runs", "50", "--json"]) == 0
+    f.write_text(
+        "steps: 5000\nstep_time: 1\nsave_time: 3\nbackup_time: 4\nalloc_time: [60, 120]\n"
+        "prep_time: 30\ngrace: 60\nmttp: 3000\nspot_price: 2.3\non_demand_price: 6.2\n"
+    )
+    assert (
+        simulate_main(
+            [
+                "--scenario",
+                str(f),
+                "--policy",
+                "periodic:50",
+                "--policy",
+                "static:50",
+                "--runs",
+                "50",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = {o["policy"]: o["mean"] for o in json.loads(capsys.readouterr().out)}
     assert out["periodic:50"]["emergency_saves"] == 0
     assert out["static:50"]["emergency_saves"] > 0
@@ -82,8 +108,13 @@ def test_periodic_on_the_local_market_trains_on_until_the_kill() -> None:
     lands, the job resuming from its last periodic checkpoint."""
     # 400 steps of 20 ms: the kill, 3 s after the notice at step 70, lands well before the end
     fn = functools.partial(jobfns.slow_steps, steps=400, step_time=0.02)
-    config = spot.Config(local_grace=3.0, notice_poll=0.1, checkpoint="periodic:30",
-                         local_schedule=[{"step": 70, "notice": True}], ship_modules=SHIP)
+    config = spot.Config(
+        local_grace=3.0,
+        notice_poll=0.1,
+        checkpoint="periodic:30",
+        local_schedule=[{"step": 70, "notice": True}],
+        ship_modules=SHIP,
+    )
     job = spot.train(fn, config)
     assert job.result(timeout=180) == 400
 
@@ -95,6 +126,6 @@ def test_periodic_on_the_local_market_trains_on_until_the_kill() -> None:
     assert {e["save_kind"] for e in by("checkpoint", 1)} == {"periodic"}
     assert by("emergency_skipped", 1) and not by("evacuating", 1)
     (preempted,) = by("preempted", 1)
-    assert preempted["how"] == "preempted"               # killed, not evacuated
+    assert preempted["how"] == "preempted"  # killed, not evacuated
     (resumed,) = by("resumed", 2)
     assert resumed["save_kind"] == "periodic" and resumed["from_step"] % 30 == 0

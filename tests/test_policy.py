@@ -1,4 +1,5 @@
 """Checkpoint policies: the formulas, the decisions, the name registry, and purity."""
+
 from __future__ import annotations
 
 import math
@@ -9,15 +10,38 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spotnb.policy import (Adaptive, Daly, Hedged, Observation, Plan, Policy, SaveKind, Static,
-                           Young, daly2_interval, daly_interval, emergency_feasible,
-                           expected_total, policy_names, resolve_policy, steps_for,
-                           unprotected_fraction, young_interval)
+from spotnb.policy import (
+    Adaptive,
+    Daly,
+    Hedged,
+    Observation,
+    Plan,
+    Policy,
+    SaveKind,
+    Static,
+    Young,
+    daly2_interval,
+    daly_interval,
+    emergency_feasible,
+    expected_total,
+    policy_names,
+    resolve_policy,
+    steps_for,
+    unprotected_fraction,
+    young_interval,
+)
 
 
 def obs(**kw: object) -> Observation:
-    base = dict(step=0, step_time=1.0, snapshot_time=10.0, upload_time=20.0, mttp=3 * 3600.0,
-                restart_time=200.0, grace=30.0)
+    base = dict(
+        step=0,
+        step_time=1.0,
+        snapshot_time=10.0,
+        upload_time=20.0,
+        mttp=3 * 3600.0,
+        restart_time=200.0,
+        grace=30.0,
+    )
     base.update(kw)
     return Observation(**base)  # type: ignore[arg-type]
 
@@ -31,8 +55,7 @@ def test_interval_formulas(delta: float, mttp: float, r: float) -> None:
     tau2 = daly2_interval(delta, mttp)
     if delta < 2 * mttp:
         x = delta / (2 * mttp)
-        assert tau2 == pytest.approx(math.sqrt(2 * delta * mttp) * (1 + math.sqrt(x) / 3 + x / 9)
-                                     - delta)
+        assert tau2 == pytest.approx(math.sqrt(2 * delta * mttp) * (1 + math.sqrt(x) / 3 + x / 9) - delta)
     else:
         assert tau2 == mttp
 
@@ -46,7 +69,7 @@ def test_daly2_tends_to_young_for_small_delta() -> None:
 def test_daly_minimises_eq_4_4(delta: float, mttp: float, r: float) -> None:
     """Eq. 4.5 is (to first order) the minimiser of Eq. 4.4; the exact one is
     sqrt(2δ(M+R) + δ²)."""
-    exact = math.sqrt(2 * delta * (mttp + r) + delta ** 2)
+    exact = math.sqrt(2 * delta * (mttp + r) + delta**2)
     f = lambda tau: expected_total(1e6, tau, delta, mttp, r)  # noqa: E731
     assert f(exact) <= f(exact * 1.05) and f(exact) <= f(exact * 0.95)
     assert daly_interval(delta, mttp, r) == pytest.approx(exact, rel=delta / mttp + 1e-9)
@@ -84,8 +107,7 @@ def test_adaptive_reschedules_with_latest_averages() -> None:
 
 def test_young_and_daly_plans() -> None:
     o = obs(grace=0.0, step_time=3.0)
-    assert Young().next_save(o, 0) == Plan(steps_for(young_interval(10, o.mttp), 3.0),
-                                           SaveKind.INSURANCE)
+    assert Young().next_save(o, 0) == Plan(steps_for(young_interval(10, o.mttp), 3.0), SaveKind.INSURANCE)
     assert Daly().next_save(o, 7).step == 7 + steps_for(daly_interval(10, o.mttp, 200), 3.0)
     assert Daly(order=2).next_save(o, 0).step == steps_for(daly2_interval(10, o.mttp), 3.0)
     with pytest.raises(ValueError):
@@ -98,8 +120,7 @@ def test_emergency_feasible_uses_state_size_before_measurement() -> None:
     assert emergency_feasible(o, 200.0)
 
 
-@given(grace=st.floats(0, 300), step=st.floats(0.01, 100), d=st.floats(0, 50),
-       b=st.floats(0, 100))
+@given(grace=st.floats(0, 300), step=st.floats(0.01, 100), d=st.floats(0, 50), b=st.floats(0, 100))
 def test_unprotected_fraction_bounds(grace: float, step: float, d: float, b: float) -> None:
     o = obs(grace=grace, step_time=step, snapshot_time=d, upload_time=b)
     p = unprotected_fraction(o)
@@ -135,8 +156,9 @@ def test_hedged_skips_a_save_right_before_the_end() -> None:
     assert Hedged(end_aware=False).next_save(o, 10_000 - tau_steps - 1) is not None
 
 
-@pytest.mark.parametrize("policy", [Static(7), Young(), Daly(), Adaptive(),
-                                    Hedged(end_aware=False), Hedged()])
+@pytest.mark.parametrize(
+    "policy", [Static(7), Young(), Daly(), Adaptive(), Hedged(end_aware=False), Hedged()]
+)
 @given(last=st.integers(0, 10**6), grace=st.sampled_from([0.0, 45.0, 200.0]))
 @settings(max_examples=30)
 def test_stationary_until_is_honest(policy: Policy, last: int, grace: float) -> None:
@@ -170,9 +192,11 @@ def test_registry_rejects(bad: object) -> None:
 
 
 def test_policy_import_is_pure() -> None:
-    code = ("import sys, spotnb.policy, spotnb.preempt, spotnb.sim, spotnb.traces; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'pandas', 'plotly')]; "
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, spotnb.policy, spotnb.preempt, spotnb.sim, spotnb.traces; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'pandas', 'plotly')]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -181,21 +205,29 @@ def test_policy_import_is_pure() -> None:
 def _livelock_obs(**kw: object) -> Observation:
     """What the runtime saw in the livelock: 6 s lives, start-up longer than that, a 1 s
     grace, a small state whose save was never measured (so it looked free)."""
-    base = dict(step=0, step_time=0.05, snapshot_time=0.0, upload_time=0.0, mttp=6.0,
-                restart_time=7.0, grace=1.0, state_bytes=4_000_000)
+    base = dict(
+        step=0,
+        step_time=0.05,
+        snapshot_time=0.0,
+        upload_time=0.0,
+        mttp=6.0,
+        restart_time=7.0,
+        grace=1.0,
+        state_bytes=4_000_000,
+    )
     base.update(kw)
     return Observation(**base)  # type: ignore[arg-type]
 
 
 def test_hedged_saves_right_after_the_first_step_when_lives_are_shorter_than_start_up() -> None:
     from spotnb.policy.hedged import short_lived
+
     o = _livelock_obs()
     assert short_lived(o)
     assert Hedged().next_save(o, 0) == Plan(1, SaveKind.INSURANCE)
     assert Hedged().next_save(o.with_(step=30), 30) == Plan(31, SaveKind.INSURANCE)  # a resume
     # before the first step is timed, the job's length is no reason to skip it
-    assert Hedged().next_save(o.with_(step_time=0.0, total_steps=400), 0) == \
-        Plan(1, SaveKind.INSURANCE)
+    assert Hedged().next_save(o.with_(step_time=0.0, total_steps=400), 0) == Plan(1, SaveKind.INSURANCE)
     # the guessed save must not pass for an emergency save that would abandon the insurance
     assert not Hedged().on_notice(o.with_(step=1), 1.0)
 
@@ -230,6 +262,7 @@ def _wide_linear(ctx, steps: int = 400, step_time: float = 0.05) -> int:
     import time as _time
 
     import torch
+
     model = torch.nn.Linear(1000, 1000)
     ctx.track(model=model)
     for _ in ctx.steps(steps):
@@ -248,9 +281,16 @@ def test_short_lived_instances_with_slow_start_up_make_progress() -> None:
     import time
 
     import spotnb as spot
-    config = spot.Config(checkpoint="hedged", local_mttp=21.0, local_grace=1.0,
-                         local_alloc_delay=20.0, local_upload_bps=2e6, local_seed=3,
-                         ship_modules=[__name__])
+
+    config = spot.Config(
+        checkpoint="hedged",
+        local_mttp=21.0,
+        local_grace=1.0,
+        local_alloc_delay=20.0,
+        local_upload_bps=2e6,
+        local_seed=3,
+        ship_modules=[__name__],
+    )
     job = spot.train(_wide_linear, config)
     try:
         deadline = time.time() + 600  # lives that outlast a loaded box's start-up are random

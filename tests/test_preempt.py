@@ -1,4 +1,5 @@
 """Preemption processes shared by the simulator and the local injector."""
+
 from __future__ import annotations
 
 import math
@@ -9,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spotnb.preempt import (Exponential, Lifetimes, Never, Piecewise, PreemptionProcess,
-                            Schedule, TraceReplay)
+from spotnb.preempt import Exponential, Lifetimes, Never, Piecewise, PreemptionProcess, Schedule, TraceReplay
 
 
 def lifetimes(proc: PreemptionProcess, n: int, seed: int = 0, start: float = 0.0) -> list[float]:

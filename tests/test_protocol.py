@@ -6,6 +6,7 @@ of 40 steps, killed without notice at step 20 and resumed. `expected.json` holds
 version's own reader computed from it; `<job id>.key` is the throwaway key that job was signed
 with (made for this fixture, it guards nothing).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,6 +47,7 @@ def test_a_log_written_before_the_protocol_reads_as_it_did(old_job) -> None:
     assert state.breakdown().as_dict() == pytest.approx(expected["breakdown"])
     assert state.preemptions == 1 and state.checkpointed
     from spotnb.job import Job
+
     job = Job(job_id, store)
     job._ingest(events)
     assert job.status == "succeeded" and job.breakdown().as_dict() == pytest.approx(expected["breakdown"])
@@ -75,19 +77,35 @@ def test_unknown_kinds_and_fields_from_a_newer_writer_are_kept_and_shown(tmp_pat
     store = Store((tmp_path / "s").as_uri())
     folder = store.job("j1", "events")
     lines = [
-        {"t": 1.0, "kind": "segment", "incarnation": 1, "protocol": ev.PROTOCOL_VERSION + 5,
-         "writer": "agent"},
+        {
+            "t": 1.0,
+            "kind": "segment",
+            "incarnation": 1,
+            "protocol": ev.PROTOCOL_VERSION + 5,
+            "writer": "agent",
+        },
         {"t": 2.0, "kind": "status", "incarnation": 0, "status": "running"},
         {"t": 3.0, "kind": "gpu_throttled", "incarnation": 1, "gpu": 0, "temp_c": 91},
-        {"t": 4.0, "kind": "checkpoint", "incarnation": 1, "seq": 1, "save_kind": "tiered",
-         "step": 10, "snapshot_s": 0.1, "upload_s": 0.2, "bytes": 5, "tier": "nvme"},
+        {
+            "t": 4.0,
+            "kind": "checkpoint",
+            "incarnation": 1,
+            "seq": 1,
+            "save_kind": "tiered",
+            "step": 10,
+            "snapshot_s": 0.1,
+            "upload_s": 0.2,
+            "bytes": 5,
+            "tier": "nvme",
+        },
         {"t": 5.0, "kind": "status", "incarnation": 0, "status": "paused"},
     ]
-    store.write_bytes(f"{folder}/0001-agent-00000.jsonl",
-                      b"".join(json.dumps(x).encode() + b"\n" for x in lines))
+    store.write_bytes(
+        f"{folder}/0001-agent-00000.jsonl", b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    )
     events = EventReader(store, "j1").poll()
     kinds = [e.kind for e in events]
-    assert kinds == ["status", "gpu_throttled", "checkpoint", "status"]     # header consumed
+    assert kinds == ["status", "gpu_throttled", "checkpoint", "status"]  # header consumed
     unknown = events[1]
     assert isinstance(unknown, ev.UnknownEvent) and unknown["temp_c"] == 91
     assert unknown.to_json() == lines[2]
@@ -100,18 +118,35 @@ def test_unknown_kinds_and_fields_from_a_newer_writer_are_kept_and_shown(tmp_pat
 
 
 def test_values_of_the_wrong_type_do_not_stop_a_reader() -> None:
-    odd = ev.from_json({"t": "noon", "kind": "progress", "incarnation": "two", "step": "ten",
-                        "compute_s": float("nan"), "total": 1e400, "steps_done": True})
+    odd = ev.from_json(
+        {
+            "t": "noon",
+            "kind": "progress",
+            "incarnation": "two",
+            "step": "ten",
+            "compute_s": float("nan"),
+            "total": 1e400,
+            "steps_done": True,
+        }
+    )
     assert isinstance(odd, ev.Progress)
-    assert (odd.t, odd.incarnation, odd.step, odd.compute_s, odd.total, odd.steps_done) == \
-        (0.0, 0, 0, 0.0, None, 0)
-    state = JobState.from_events([odd, {"kind": "preempted", "incarnation": 1, "t": 5,
-                                        "lifetime_s": "long", "step": None}])
+    assert (odd.t, odd.incarnation, odd.step, odd.compute_s, odd.total, odd.steps_done) == (
+        0.0,
+        0,
+        0,
+        0.0,
+        None,
+        0,
+    )
+    state = JobState.from_events(
+        [odd, {"kind": "preempted", "incarnation": 1, "t": 5, "lifetime_s": "long", "step": None}]
+    )
     assert state.n_skipped == 0 and state.preemptions == 1
 
 
 def test_every_segment_starts_with_the_protocol_version(tmp_path: Path, monkeypatch) -> None:
     import spotnb.events as events_mod
+
     monkeypatch.setattr(events_mod, "SEGMENT_BYTES", 200)
     store = Store((tmp_path / "s").as_uri())
     writer = EventWriter(store, "j2", 1, "agent")
@@ -134,16 +169,25 @@ def test_terminal_statuses_are_defined_once() -> None:
     assert ev.JobStatus.LOST.is_terminal and not ev.JobStatus.PREEMPTED.is_terminal
     schema = ev.json_schema()
     assert sorted(schema["$defs"]["JobStatus"]["terminal"]) == sorted(s.value for s in ev.TERMINAL)
-    assert {d["properties"]["kind"]["const"] for n, d in schema["$defs"].items()
-            if "properties" in d} == set(ev.EVENT_TYPES)
+    assert {d["properties"]["kind"]["const"] for n, d in schema["$defs"].items() if "properties" in d} == set(
+        ev.EVENT_TYPES
+    )
 
 
 def _example(cls: type[ev.Event]) -> ev.Event:
     """An instance of `cls` with a value of the right type in every field."""
-    samples = {"float": 1.5, "int": 7, "str": "x", "bool": True, "dict[str, Any]": {"a": 1},
-               "list[dict[str, Any]]": [{"step": 1, "loss": 0.5}], "list[str]": ["a"],
-               "JobStatus": ev.JobStatus.RUNNING, "Outcome": ev.Outcome.EVACUATED,
-               "SaveKind": ev.SaveKind.INSURANCE}
+    samples = {
+        "float": 1.5,
+        "int": 7,
+        "str": "x",
+        "bool": True,
+        "dict[str, Any]": {"a": 1},
+        "list[dict[str, Any]]": [{"step": 1, "loss": 0.5}],
+        "list[str]": ["a"],
+        "JobStatus": ev.JobStatus.RUNNING,
+        "Outcome": ev.Outcome.EVACUATED,
+        "SaveKind": ev.SaveKind.INSURANCE,
+    }
     values = {}
     for f in dataclasses.fields(cls):
         if f.name in ("t", "incarnation", "gen", "extra"):

@@ -1,5 +1,6 @@
 """The lab extension's types, schema and palette are generated from the Python protocol and
 palette (scripts/gen_protocol.py) and checked in: this fails when they drift."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,9 @@ GEN = ROOT / "extension" / "src" / "protocol.gen.ts"
 
 
 def test_checked_in_files_match_the_python() -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_protocol.py"), "--check"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_protocol.py"), "--check"], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -25,8 +27,9 @@ def test_every_kind_and_the_terminal_statuses_reach_typescript() -> None:
     kinds = {d["properties"]["kind"]["const"] for d in schema["$defs"].values() if "properties" in d}
     assert kinds == {k.value for k in protocol.EventKind}
     ts = GEN.read_text()
-    terminal = json.loads(re.search(r"export const TERMINAL: readonly JobStatus\[\] = (\[.*?\]);",
-                                    ts).group(1))
+    terminal = json.loads(
+        re.search(r"export const TERMINAL: readonly JobStatus\[\] = (\[.*?\]);", ts).group(1)
+    )
     assert set(terminal) == {s.value for s in protocol.TERMINAL}
     for cls in protocol.EVENT_TYPES.values():
         assert f"export interface {cls.__name__}Event {{" in ts
@@ -40,12 +43,16 @@ def test_widget_panel_and_css_share_one_palette() -> None:
     for key, (color, label) in palette.CATEGORIES.items():
         assert f'"key": "{key}",\n      "label": "{label}",\n      "color": "{color}"' in ts
     base = (ROOT / "extension" / "style" / "base.css").read_text()
-    assert not re.search(r"data-status='\w+'\]\s*\{\s*background:\s*#", base), \
+    assert not re.search(r"data-status='\w+'\]\s*\{\s*background:\s*#", base), (
         "a status colour typed by hand in base.css"
-    sources = "".join(p.read_text() for p in (ROOT / "extension" / "src").glob("*.ts")
-                      if not p.name.endswith(".gen.ts"))
-    assert not re.search(r"'(succeeded|failed|stopped|lost)'\s*,\s*'", sources), \
+    )
+    sources = "".join(
+        p.read_text() for p in (ROOT / "extension" / "src").glob("*.ts") if not p.name.endswith(".gen.ts")
+    )
+    assert not re.search(r"'(succeeded|failed|stopped|lost)'\s*,\s*'", sources), (
         "a list of statuses typed by hand in the extension"
+    )
     from spotnb.widget.figures import CATEGORY_COLORS, COLORS
+
     assert COLORS == palette.METRICS
-    assert CATEGORY_COLORS == {k: c for k, (c, _l) in palette.CATEGORIES.items()}
+    assert {k: c for k, (c, _l) in palette.CATEGORIES.items()} == CATEGORY_COLORS

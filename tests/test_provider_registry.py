@@ -7,6 +7,7 @@ Putting that folder on the path is what `pip install spotnb-toy` would do; each 
 a fresh interpreter, because `spot.Config` is composed from the registered providers when
 spotnb is imported. Its instances are the local market's real processes.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,13 @@ ROOT = Path(__file__).parent.parent
 
 def _run(code: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TOY), str(ROOT)]), "SPOTNB_FAST": "1"}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def test_config_fields_come_from_each_providers_settings() -> None:
@@ -38,18 +44,20 @@ def test_config_fields_come_from_each_providers_settings() -> None:
         for field in info.settings.model_fields:
             assert field.startswith(f"{name}_") and field in spot.Config.model_fields
     assert set(provider_prefixes()) >= {"local_", "aws_", "azure_", "gcp_"}
-    assert provider_info("local").settings.market_priors(spot.Config(local_mttp="2m")) == \
-        {"prior_restart": pytest.approx(0.55 + 2.0), "prior_mttp": 120.0}
+    assert provider_info("local").settings.market_priors(spot.Config(local_mttp="2m")) == {
+        "prior_restart": pytest.approx(0.55 + 2.0),
+        "prior_mttp": 120.0,
+    }
     assert provider_info("aws").settings.market_priors(spot.Config()) == {}
 
 
 def test_a_provider_from_another_package_is_validated_listed_and_runs(tmp_path: Path) -> None:
-    done = _run(f"""
+    done = _run("""
         import json, sys
         import spotnb as spot
         from spotnb.errors import ConfigError
 
-        out = {{}}
+        out = {}
         config = spot.Config(provider="toy", toy_color="blue", name="toy-job")
         out["fields"] = [config.toy_color, config.toy_speed]
         for bad in (dict(toy_color="blue"), dict(provider="toy", toy_color="green"),
@@ -95,9 +103,18 @@ def test_a_broken_plugin_does_not_stop_import(tmp_path: Path) -> None:
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[spotnb.providers]\nbroken = no_such_module:INFO\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    done = subprocess.run([sys.executable, "-c", "import spotnb as spot; from spotnb.providers "
-                           "import registry; print(sorted(registry())); spot.Config()"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import spotnb as spot; from spotnb.providers "
+            "import registry; print(sorted(registry())); spot.Config()",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "broken" not in done.stdout and "'local'" in done.stdout
     assert "provider 'broken'" in done.stderr and "no_such_module" in done.stderr

@@ -1,6 +1,7 @@
 """The Jupyter server extension behind the JupyterLab panel (`spotnb.server`): the data it
 computes from the job DB and event logs, and its routes in a real `jupyter server` that loads
 it through the shipped `jupyter-config/` file, with Jupyter's token auth on every route."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -30,14 +32,14 @@ def short_fit(ctx: Any) -> float:
     for step in ctx.steps(60):
         loss = 1.0 / (1 + step)
         ctx.log(loss=loss)
-        time.sleep(0.01)      # the workload's own step time
+        time.sleep(0.01)  # the workload's own step time
     return loss
 
 
 def endless(ctx: Any) -> None:
     for step in ctx.steps(1_000_000):
         ctx.log(loss=1.0 / (1 + step))
-        time.sleep(0.01)      # the workload's own step time, not a wait in the test
+        time.sleep(0.01)  # the workload's own step time, not a wait in the test
 
 
 def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
@@ -58,25 +60,50 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_jupyter(app: str, tmp: Path, home: Path, root_dir: Path, extra_env: dict[str, str] | None = None,
-                  extra_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], str, str, Path]:
+def start_jupyter(
+    app: str,
+    tmp: Path,
+    home: Path,
+    root_dir: Path,
+    extra_env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
+) -> tuple[subprocess.Popen[bytes], str, str, Path]:
     """`python -m <app>` (jupyter_server or jupyterlab) on 127.0.0.1, a free port and a token,
     with SPOTNB_HOME=`home` and the repository's jupyter-config/ on the config path (so the
     server extension is enabled by the shipped file even before setup installed it)."""
     port, token = free_port(), os.urandom(12).hex()
-    env = {**os.environ, "SPOTNB_HOME": str(home),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "JUPYTER_CONFIG_PATH": os.pathsep.join(filter(None, [str(ROOT / "jupyter-config"),
-                                                                os.environ.get("JUPYTER_CONFIG_PATH")])),
-           "JUPYTER_RUNTIME_DIR": str(tmp / "jupyter-runtime"), **(extra_env or {})}
+    env = {
+        **os.environ,
+        "SPOTNB_HOME": str(home),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "JUPYTER_CONFIG_PATH": os.pathsep.join(
+            filter(None, [str(ROOT / "jupyter-config"), os.environ.get("JUPYTER_CONFIG_PATH")])
+        ),
+        "JUPYTER_RUNTIME_DIR": str(tmp / "jupyter-runtime"),
+        **(extra_env or {}),
+    }
     log_path = tmp / f"{app}.log"
-    log = open(log_path, "wb")
+    log = open(log_path, "wb")  # noqa: SIM115 - the server writes it until teardown
     proc = subprocess.Popen(
-        [sys.executable, "-m", app, "--no-browser", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={root_dir}", *extra_args,
-         *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],
-        cwd=root_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            app,
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={root_dir}",
+            *extra_args,
+            *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
+        ],
+        cwd=root_dir,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     log.close()
     url = f"http://127.0.0.1:{port}"
 
@@ -108,8 +135,7 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(5)
 
 
-def request(url: str, token: str | None = None, method: str = "GET",
-            header: bool = True) -> tuple[int, Any]:
+def request(url: str, token: str | None = None, method: str = "GET", header: bool = True) -> tuple[int, Any]:
     """(status, JSON body or text). The token goes in the Authorization header (what
     JupyterLab's ServerConnection sends), or in the query string with header=False."""
     headers = {}
@@ -117,8 +143,7 @@ def request(url: str, token: str | None = None, method: str = "GET",
         headers["Authorization"] = f"token {token}"
     elif token:
         url += ("&" if "?" in url else "?") + f"token={token}"
-    req = urllib.request.Request(url, method=method, headers=headers,
-                                 data=b"" if method == "POST" else None)
+    req = urllib.request.Request(url, method=method, headers=headers, data=b"" if method == "POST" else None)
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             body = r.read()
@@ -141,13 +166,25 @@ def _dead_pid() -> int:
 def test_list_sorts_running_first_and_totals_burn_rate(tmp_path: Path) -> None:
     db = JobDB(tmp_path / "jobs.db")
     me = os.getpid()
-    specs = [("a-done", "succeeded", 1.0, None), ("b-run", "running", 2.0, me),
-             ("c-pend", "pending", 3.0, me), ("d-orphan", "running", 4.0, _dead_pid()),
-             ("e-pre", "preempted", 5.0, me), ("f-run", "running", 6.0, me)]
+    specs = [
+        ("a-done", "succeeded", 1.0, None),
+        ("b-run", "running", 2.0, me),
+        ("c-pend", "pending", 3.0, me),
+        ("d-orphan", "running", 4.0, _dead_pid()),
+        ("e-pre", "preempted", 5.0, me),
+        ("f-run", "running", 6.0, me),
+    ]
     for job_id, status, created, pid in specs:
         db.add_job(job_id, name=None, provider="local", region=None, instance_type="cpu", store="file:///x")
-        db.update_job(job_id, status=status, created=created, controller_pid=pid, spot_cost=0.25,
-                      on_demand_cost=1.0, burn_rate=0.5 if status == "running" else 0.0)
+        db.update_job(
+            job_id,
+            status=status,
+            created=created,
+            controller_pid=pid,
+            spot_cost=0.25,
+            on_demand_cost=1.0,
+            burn_rate=0.5 if status == "running" else 0.0,
+        )
     data = list_payload(db, now=10.0)
     assert [r["id"] for r in data["jobs"]] == ["f-run", "b-run", "e-pre", "c-pend", "d-orphan", "a-done"]
     orphan = next(r for r in data["jobs"] if r["id"] == "d-orphan")
@@ -166,25 +203,27 @@ def test_pid_alive() -> None:
 
 def test_detail_of_a_finished_job_matches_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    job = spot.train(short_fit, spot.Config(local_schedule=[{"step": 30, "phase": "step"}],
-                                            notice_poll=0.1, ship_modules=[__name__]))
+    job = spot.train(
+        short_fit,
+        spot.Config(local_schedule=[{"step": 30, "phase": "step"}], notice_poll=0.1, ship_modules=[__name__]),
+    )
     job.result(timeout=120)
     views = JobViews()
-    d = views.detail(job.id[:12])          # an id prefix works, as in spot.attach
+    d = views.detail(job.id[:12])  # an id prefix works, as in spot.attach
     assert d is not None and d["job"]["id"] == job.id
     assert d["status"] == "succeeded" and d["job"]["status"] == "succeeded"
     assert d["breakdown"] == pytest.approx(job.breakdown().as_dict())
     assert d["breakdown"]["preemptions"] == 1 and len(d["timeline"]) == 2
     steps = set(d["metrics"].get("loss", {}).get("x", []))
     steps.update(x for seg in d["redo"].get("loss", []) for x in seg["x"])
-    assert max(steps) == 59       # downsampled bucket means; 60 steps fit without merging
+    assert max(steps) == 59  # downsampled bucket means; 60 steps fit without merging
     assert d["events"]["kinds"]["preempted"] == 1
     assert set(d["figures"]) == {"metrics", "timeline", "breakdown"}
     json.dumps(d, allow_nan=False)
-    again = views.detail(job.id)            # incremental: nothing new, same answer
+    again = views.detail(job.id)  # incremental: nothing new, same answer
     assert again is not None and again["breakdown"] == d["breakdown"]
     assert views.detail("no-such-job") is None and views.stop("no-such-job") is None
-    assert views.stop(job.id)["stopped"] is False   # type: ignore[index]
+    assert views.stop(job.id)["stopped"] is False  # type: ignore[index]
 
 
 # -- the routes, in a real jupyter server -----------------------------------------------------
@@ -207,8 +246,11 @@ def spotnb_home(server: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Path
     return server["home"]
 
 
-ROUTES = [("GET", "/spotnb/api/jobs"), ("GET", "/spotnb/api/jobs/some-job"),
-          ("POST", "/spotnb/api/jobs/some-job/stop")]
+ROUTES = [
+    ("GET", "/spotnb/api/jobs"),
+    ("GET", "/spotnb/api/jobs/some-job"),
+    ("POST", "/spotnb/api/jobs/some-job/stop"),
+]
 
 
 @pytest.mark.parametrize("method,path", ROUTES)
@@ -234,22 +276,25 @@ def test_jobs_route_with_the_token(server: dict[str, Any]) -> None:
 def test_an_ambiguous_id_prefix_is_a_400_listing_the_matches(server: dict[str, Any]) -> None:
     db = JobDB(Path(server["home"]) / "jobs.db")
     for job_id in ("amb-0001", "amb-0002", "x_y", "xzy"):
-        db.add_job(job_id, name=None, provider="local", region=None, instance_type="cpu",
-                   store="file:///nonexistent")
+        db.add_job(
+            job_id, name=None, provider="local", region=None, instance_type="cpu", store="file:///nonexistent"
+        )
     for method, path in (("GET", "amb-"), ("POST", "amb-/stop")):
         status, data = request(f"{server['url']}/spotnb/api/jobs/{path}", server["token"], method)
         assert status == 400, data
         assert sorted(data["matches"]) == ["amb-0001", "amb-0002"]
         assert "ambiguous" in data["message"]
     status, data = request(f"{server['url']}/spotnb/api/jobs/x_", server["token"])
-    assert status == 200 and data["job"]["id"] == "x_y"   # `_` is no wildcard: xzy is no match
+    assert status == 200 and data["job"]["id"] == "x_y"  # `_` is no wildcard: xzy is no match
 
 
-def test_a_live_job_through_the_api_then_stop_it(server: dict[str, Any], tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_live_job_through_the_api_then_stop_it(
+    server: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
-    job = spot.train(endless, spot.Config(name="api-live", local_schedule=[], notice_poll=0.1,
-                                          ship_modules=[__name__]))
+    job = spot.train(
+        endless, spot.Config(name="api-live", local_schedule=[], notice_poll=0.1, ship_modules=[__name__])
+    )
     try:
         url, token = server["url"], server["token"]
 
@@ -275,8 +320,11 @@ def test_a_live_job_through_the_api_then_stop_it(server: dict[str, Any], tmp_pat
         assert status == 200 and res["stopped"] is True, res
         assert job.wait(60), f"job still {job.status} after the stop request"
         assert job.status == "stopped"
-        wait_for(lambda: request(f"{url}/spotnb/api/jobs/{job.id}", token)[1]["status"] == "stopped",
-                 30, "the API to report the job stopped")
+        wait_for(
+            lambda: request(f"{url}/spotnb/api/jobs/{job.id}", token)[1]["status"] == "stopped",
+            30,
+            "the API to report the job stopped",
+        )
     finally:
         if not job.done:
             job.stop(timeout=60)

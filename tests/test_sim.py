@@ -1,5 +1,6 @@
 """The simulator: exact bookkeeping on hand-checked schedules, the thesis model (Eq. 4.4/4.5),
 Adaptive's contract, monotonicity in preemptions, and reproducibility."""
+
 from __future__ import annotations
 
 import math
@@ -18,7 +19,7 @@ BUCKETS = ("compute", "recompute", "save", "alloc", "prep")
 
 def run_once(sc: Scenario, policy, process) -> dict[str, float]:  # type: ignore[no-untyped-def]
     row = simulate_run(sc, policy, process, random.Random(1), random.Random(2))
-    return dict(zip(METRICS, row))
+    return dict(zip(METRICS, row, strict=True))
 
 
 durations = st.one_of(st.floats(0, 20), st.tuples(st.floats(0, 10), st.floats(10, 30)))
@@ -26,26 +27,57 @@ policies = st.sampled_from([Static(13), Static(200), Adaptive(), Hedged()])
 
 
 # -- exact bookkeeping --------------------------------------------------------------------------
-@given(steps=st.integers(1, 5000), step_time=st.floats(0.01, 5), save=st.floats(0.5, 20),
-       backup=durations, policy=policies)
+@given(
+    steps=st.integers(1, 5000),
+    step_time=st.floats(0.01, 5),
+    save=st.floats(0.5, 20),
+    backup=durations,
+    policy=policies,
+)
 @settings(max_examples=60, deadline=None)
 def test_no_preemptions_total_is_compute_plus_saves(steps, step_time, save, backup, policy):
-    sc = Scenario(steps=steps, step_time=step_time, save_time=save, backup_time=backup,
-                  alloc_time=(10, 20), prep_time=5, grace=30, mttp=None)
+    sc = Scenario(
+        steps=steps,
+        step_time=step_time,
+        save_time=save,
+        backup_time=backup,
+        alloc_time=(10, 20),
+        prep_time=5,
+        grace=30,
+        mttp=None,
+    )
     r = simulate(sc, policy, runs=3, seed=4).mean
     assert r["total"] == pytest.approx(r["compute"] + r["save"])
     assert r["compute"] == pytest.approx(steps * step_time)
     assert r["recompute"] == r["alloc"] == r["prep"] == r["preemptions"] == 0
 
 
-@given(steps=st.integers(10, 3000), step_time=st.floats(0.1, 5), save=st.floats(0.5, 20),
-       backup=durations, alloc=durations, prep=durations, grace=st.floats(0, 150),
-       mttp=st.floats(100, 5000), policy=policies, seed=st.integers(0, 100))
+@given(
+    steps=st.integers(10, 3000),
+    step_time=st.floats(0.1, 5),
+    save=st.floats(0.5, 20),
+    backup=durations,
+    alloc=durations,
+    prep=durations,
+    grace=st.floats(0, 150),
+    mttp=st.floats(100, 5000),
+    policy=policies,
+    seed=st.integers(0, 100),
+)
 @settings(max_examples=60, deadline=None)
 def test_buckets_add_up(steps, step_time, save, backup, alloc, prep, grace, mttp, policy, seed):
-    sc = Scenario(steps=steps, step_time=step_time, save_time=save, backup_time=backup,
-                  alloc_time=alloc, prep_time=prep, grace=grace, mttp=mttp,
-                  spot_price=1.0, on_demand_price=3.0)
+    sc = Scenario(
+        steps=steps,
+        step_time=step_time,
+        save_time=save,
+        backup_time=backup,
+        alloc_time=alloc,
+        prep_time=prep,
+        grace=grace,
+        mttp=mttp,
+        spot_price=1.0,
+        on_demand_price=3.0,
+    )
     res = simulate(sc, policy, runs=4, seed=seed, keep_samples=True)
     for row in res.samples or []:
         assert row["total"] == pytest.approx(sum(row[k] for k in BUCKETS))
@@ -72,8 +104,9 @@ def test_lost_upload_is_recomputed() -> None:
 def test_emergency_save_on_notice_then_restart() -> None:
     """Kill at 50, notice at 40 (a step boundary): save 40..42, upload till 45, leave; then
     allocation 5 and preparation 7, resume from step 40 at 57, done at 117."""
-    sc = Scenario(steps=100, step_time=1.0, save_time=2.0, backup_time=3.0, alloc_time=5.0,
-                  prep_time=7.0, grace=10.0)
+    sc = Scenario(
+        steps=100, step_time=1.0, save_time=2.0, backup_time=3.0, alloc_time=5.0, prep_time=7.0, grace=10.0
+    )
     r = run_once(sc, Adaptive(), Lifetimes([50.0]))
     assert r["emergency_saves"] == 1 and r["saves"] == 0
     assert r["recompute"] == 0
@@ -113,10 +146,14 @@ def test_preempted_during_preparation() -> None:
 
 
 # -- monotonicity ---------------------------------------------------------------------------------
-@given(base=st.lists(st.floats(1, 5000), max_size=6),
-       extra=st.lists(st.floats(1, 5000), min_size=1, max_size=4),
-       every=st.integers(5, 400), save=st.floats(0.5, 30), backup=st.floats(0, 30),
-       step_time=st.floats(0.5, 5))
+@given(
+    base=st.lists(st.floats(1, 5000), max_size=6),
+    extra=st.lists(st.floats(1, 5000), min_size=1, max_size=4),
+    every=st.integers(5, 400),
+    save=st.floats(0.5, 30),
+    backup=st.floats(0, 30),
+    step_time=st.floats(0.5, 5),
+)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_more_preemptions_never_help_pathwise(base, extra, every, save, backup, step_time):
     """Adding kill times to a schedule never lowers recompute or total (Static, no notice).
@@ -124,8 +161,15 @@ def test_more_preemptions_never_help_pathwise(base, extra, every, save, backup, 
     Pathwise only with an instant restart: otherwise an extra kill can move the next VM's
     start past a scheduled kill, which then hits no VM (true of a real market too), so the
     claim holds in expectation only (next test)."""
-    sc = Scenario(steps=1000, step_time=step_time, save_time=save, backup_time=backup,
-                  alloc_time=0.0, prep_time=0.0, grace=0.0)
+    sc = Scenario(
+        steps=1000,
+        step_time=step_time,
+        save_time=save,
+        backup_time=backup,
+        alloc_time=0.0,
+        prep_time=0.0,
+        grace=0.0,
+    )
     few = run_once(sc, Static(every), Schedule(base))
     more = run_once(sc, Static(every), Schedule(base + extra))
     assert more["total"] >= few["total"] - 1e-6
@@ -136,8 +180,16 @@ def test_more_preemptions_never_help_pathwise(base, extra, every, save, backup, 
 @given(grace=st.sampled_from([0.0, 30.0, 120.0]), factor=st.floats(1.5, 4.0))
 @settings(max_examples=6, deadline=None)
 def test_more_preemptions_cost_more_in_expectation(policy, grace, factor):
-    sc = Scenario(steps=20_000, step_time=1.0, save_time=10.0, backup_time=(10, 30),
-                  alloc_time=(60, 200), prep_time=30.0, grace=grace, mttp=7200.0)
+    sc = Scenario(
+        steps=20_000,
+        step_time=1.0,
+        save_time=10.0,
+        backup_time=(10, 30),
+        alloc_time=(60, 200),
+        prep_time=30.0,
+        grace=grace,
+        mttp=7200.0,
+    )
     runs = 300
     calm = simulate(sc, policy, runs=runs, seed=3)
     rough = simulate(sc.replace(mttp=7200.0 / factor), policy, runs=runs, seed=3)
@@ -149,8 +201,16 @@ def test_more_preemptions_cost_more_in_expectation(policy, grace, factor):
 
 
 # -- the thesis model ------------------------------------------------------------------------------
-THESIS = Scenario(steps=360_000, step_time=10.0, save_time=60.0, backup_time=0.0,
-                  alloc_time=200.0, prep_time=100.0, grace=0.0, mttp=36_000.0)
+THESIS = Scenario(
+    steps=360_000,
+    step_time=10.0,
+    save_time=60.0,
+    backup_time=0.0,
+    alloc_time=200.0,
+    prep_time=100.0,
+    grace=0.0,
+    mttp=36_000.0,
+)
 
 
 def test_static_matches_eq_4_4() -> None:
@@ -165,8 +225,9 @@ def test_best_static_interval_is_near_tau_opt() -> None:
     sc = THESIS
     tau_opt = daly_interval(60.0, 36_000.0, sc.restart_time)
     grid = [tau_opt * f for f in (0.55, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.6, 2.0)]
-    totals = {tau: simulate(sc, Static(round(tau / sc.step_time)), runs=150, seed=5)
-              .mean["total"] for tau in grid}
+    totals = {
+        tau: simulate(sc, Static(round(tau / sc.step_time)), runs=150, seed=5).mean["total"] for tau in grid
+    }
     best = min(totals, key=totals.__getitem__)
     assert abs(best / tau_opt - 1) <= 0.15
     adaptive = simulate(sc, Adaptive(), runs=150, seed=5)
@@ -175,8 +236,16 @@ def test_best_static_interval_is_near_tau_opt() -> None:
 
 
 def test_adaptive_never_insures_when_emergency_fits() -> None:
-    sc = Scenario(steps=50_000, step_time=1.0, save_time=10.0, backup_time=(20, 40),
-                  alloc_time=(86, 243), prep_time=60.0, grace=120.0, mttp=3 * 3600.0)
+    sc = Scenario(
+        steps=50_000,
+        step_time=1.0,
+        save_time=10.0,
+        backup_time=(20, 40),
+        alloc_time=(86, 243),
+        prep_time=60.0,
+        grace=120.0,
+        mttp=3 * 3600.0,
+    )
     feasible = simulate(sc, Adaptive(), runs=200, seed=1, keep_samples=True)
     assert all(r["insurance_saves"] == 0 for r in feasible.samples or [])
     assert feasible.mean["emergency_saves"] > 0 and feasible.mean["recompute"] < 5
@@ -186,8 +255,16 @@ def test_adaptive_never_insures_when_emergency_fits() -> None:
 
 def test_hedged_beats_adaptive_when_steps_are_long() -> None:
     """Notices covered 60 % of the time: Hedged insures only the rest; plus pre-allocation."""
-    sc = Scenario(steps=4000, step_time=50.0, save_time=20.0, backup_time=40.0,
-                  alloc_time=(86, 243), prep_time=120.0, grace=90.0, mttp=3 * 3600.0)
+    sc = Scenario(
+        steps=4000,
+        step_time=50.0,
+        save_time=20.0,
+        backup_time=40.0,
+        alloc_time=(86, 243),
+        prep_time=120.0,
+        grace=90.0,
+        mttp=3 * 3600.0,
+    )
     a = simulate(sc, "adaptive", runs=400, seed=2).mean
     h = simulate(sc, "hedged", runs=400, seed=2).mean
     assert h["saves"] < a["saves"]
@@ -196,9 +273,18 @@ def test_hedged_beats_adaptive_when_steps_are_long() -> None:
 
 # -- reproducibility -----------------------------------------------------------------------------
 def test_seed_reproduces_and_runs_are_independent() -> None:
-    sc = Scenario(steps=20_000, step_time=(0.5, 1.5), save_time=(5, 15), backup_time=(10, 30),
-                  alloc_time=(86, 243), prep_time=(30, 90), grace=30.0, mttp=[3600, 7200],
-                  spot_price=2.3, on_demand_price=6.2)
+    sc = Scenario(
+        steps=20_000,
+        step_time=(0.5, 1.5),
+        save_time=(5, 15),
+        backup_time=(10, 30),
+        alloc_time=(86, 243),
+        prep_time=(30, 90),
+        grace=30.0,
+        mttp=[3600, 7200],
+        spot_price=2.3,
+        on_demand_price=6.2,
+    )
     a = simulate(sc, "adaptive", runs=50, seed=9, keep_samples=True)
     b = simulate(sc, "adaptive", runs=50, seed=9, keep_samples=True)
     c = simulate(sc, "adaptive", runs=50, seed=10)
@@ -212,8 +298,17 @@ def test_seed_reproduces_and_runs_are_independent() -> None:
 
 
 def test_overhead_and_costs() -> None:
-    sc = Scenario(steps=10_000, step_time=2.0, save_time=10, alloc_time=100, prep_time=50,
-                  grace=0, mttp=5000, spot_price=2.3, on_demand_price=6.2)
+    sc = Scenario(
+        steps=10_000,
+        step_time=2.0,
+        save_time=10,
+        alloc_time=100,
+        prep_time=50,
+        grace=0,
+        mttp=5000,
+        spot_price=2.3,
+        on_demand_price=6.2,
+    )
     r = simulate(sc, "daly", runs=100).mean
     assert r["overhead"] == pytest.approx(r["total"] / 20_000 - 1)
     assert r["on_demand_cost"] == pytest.approx(20_000 * 6.2 / 3600)
@@ -230,8 +325,10 @@ def test_scenario_validation_and_files(tmp_path) -> None:  # type: ignore[no-unt
     with pytest.raises(ValueError):
         Scenario(steps=0)
     f = tmp_path / "job.yaml"
-    f.write_text("steps: 1000\nstep_time: [0.5, 1.5]\nsave_time: 5\nmttp: 3600\n"
-                 "alloc_time: [86, 243]\nspot_price: 2.3\non_demand_price: 6.2\n")
+    f.write_text(
+        "steps: 1000\nstep_time: [0.5, 1.5]\nsave_time: 5\nmttp: 3600\n"
+        "alloc_time: [86, 243]\nspot_price: 2.3\non_demand_price: 6.2\n"
+    )
     sc = Scenario.load(f)
     assert sc.step_time == (0.5, 1.5) and sc.name == "job"
     g = tmp_path / "job.json"
@@ -241,8 +338,9 @@ def test_scenario_validation_and_files(tmp_path) -> None:  # type: ignore[no-unt
 
 
 def test_step_time_per_instance_draws_vm_speeds() -> None:
-    sc = Scenario(steps=10_000, step_time=(0.5, 1.5), save_time=5, mttp=2000, alloc_time=50,
-                  step_time_per="instance")
+    sc = Scenario(
+        steps=10_000, step_time=(0.5, 1.5), save_time=5, mttp=2000, alloc_time=50, step_time_per="instance"
+    )
     res = simulate(sc, "static:500", runs=40, seed=2, keep_samples=True)
     computes = {round(r["compute"], 6) for r in res.samples or []}
     assert len(computes) > 1  # each run's VMs ran at their own speeds
@@ -258,10 +356,30 @@ def test_cli_json_and_table(tmp_path, capsys) -> None:  # type: ignore[no-untype
     from spotnb.sim.cli import main
 
     f = tmp_path / "s.yaml"
-    f.write_text("steps: 5000\nstep_time: 1\nsave_time: 5\nbackup_time: 10\nmttp: 3600\n"
-                 "alloc_time: [86, 243]\ngrace: 30\nspot_price: 2.3\non_demand_price: 6.2\n")
-    assert main(["--scenario", str(f), "--policy", "static:100", "--policy", "adaptive",
-                 "--policy", "on-demand", "--runs", "5", "--seed", "3", "--json"]) == 0
+    f.write_text(
+        "steps: 5000\nstep_time: 1\nsave_time: 5\nbackup_time: 10\nmttp: 3600\n"
+        "alloc_time: [86, 243]\ngrace: 30\nspot_price: 2.3\non_demand_price: 6.2\n"
+    )
+    assert (
+        main(
+            [
+                "--scenario",
+                str(f),
+                "--policy",
+                "static:100",
+                "--policy",
+                "adaptive",
+                "--policy",
+                "on-demand",
+                "--runs",
+                "5",
+                "--seed",
+                "3",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert [o["policy"] for o in out] == ["static:100", "adaptive", "on-demand"]
     assert set(out[0]) == {"policy", "mean", "std"}
@@ -276,8 +394,17 @@ def test_cli_json_and_table(tmp_path, capsys) -> None:  # type: ignore[no-untype
 def test_compare_table_and_figure() -> None:
     from spotnb.sim import compare
 
-    sc = Scenario(steps=5000, step_time=1, save_time=5, backup_time=10, mttp=3600,
-                  alloc_time=(86, 243), grace=30, spot_price=2.3, on_demand_price=6.2)
+    sc = Scenario(
+        steps=5000,
+        step_time=1,
+        save_time=5,
+        backup_time=10,
+        mttp=3600,
+        alloc_time=(86, 243),
+        grace=30,
+        spot_price=2.3,
+        on_demand_price=6.2,
+    )
     table, fig = compare(sc, ["static:200", "adaptive", "hedged"], runs=10, seed=1)
     assert list(table.index) == ["static:200", "adaptive", "hedged", "on-demand"]
     assert {"compute", "total", "cost", "on_demand_cost", "overhead", "total_std"} <= set(table)
@@ -289,8 +416,16 @@ def test_compare_table_and_figure() -> None:
 def test_hedged_insures_when_uploads_vary() -> None:
     """Mean δ + β fits the notice, slow uploads do not: Adaptive takes no insurance and
     loses whole VM lifetimes; Hedged insures against the failing share."""
-    sc = Scenario(steps=30_000, step_time=1.0, save_time=(15, 25), backup_time=(60, 120),
-                  alloc_time=(86, 243), prep_time=(60, 120), grace=120.0, mttp=3 * 3600.0)
+    sc = Scenario(
+        steps=30_000,
+        step_time=1.0,
+        save_time=(15, 25),
+        backup_time=(60, 120),
+        alloc_time=(86, 243),
+        prep_time=(60, 120),
+        grace=120.0,
+        mttp=3 * 3600.0,
+    )
     a = simulate(sc, "adaptive", runs=300, seed=4).mean
     h = simulate(sc, "hedged", runs=300, seed=4).mean
     assert a["insurance_saves"] == 0 and h["insurance_saves"] > 0

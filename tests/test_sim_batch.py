@@ -1,6 +1,7 @@
 """The vectorised engine (`spotnb.sim.batch`): it agrees with the event-by-event reference in
 distribution, reproduces per run whatever the batch, falls back where it does not apply, and the
 policies' `batch_plan` says exactly what their `next_save` does."""
+
 from __future__ import annotations
 
 import math
@@ -12,20 +13,55 @@ from spotnb.policy.base import Observation, SaveKind
 from spotnb.sim import Scenario, simulate
 from spotnb.sim.batch import plan_for
 
-GPU = Scenario(steps=20_000, step_time=(0.8, 1.2), save_time=(15, 25), backup_time=(60, 120),
-               alloc_time=(86, 243), prep_time=(60, 120), grace=30.0, mttp=2 * 3600.0,
-               spot_price=2.3, on_demand_price=6.2)
+GPU = Scenario(
+    steps=20_000,
+    step_time=(0.8, 1.2),
+    save_time=(15, 25),
+    backup_time=(60, 120),
+    alloc_time=(86, 243),
+    prep_time=(60, 120),
+    grace=30.0,
+    mttp=2 * 3600.0,
+    spot_price=2.3,
+    on_demand_price=6.2,
+)
 SCENARIOS = {
     "insurance": GPU,
     "emergency-mostly-fits": GPU.replace(grace=120.0),
-    "long-steps": Scenario(steps=2000, step_time=50.0, save_time=20.0, backup_time=40.0,
-                           alloc_time=(86, 243), prep_time=120.0, grace=90.0, mttp=3 * 3600.0),
-    "fast-restarts-overlap": Scenario(steps=20_000, step_time=(0.5, 1.5), save_time=(2, 4),
-                                      backup_time=(3, 30), alloc_time=(2, 8), prep_time=(2, 6),
-                                      grace=30.0, mttp=300.0, initial_start=True),
+    "long-steps": Scenario(
+        steps=2000,
+        step_time=50.0,
+        save_time=20.0,
+        backup_time=40.0,
+        alloc_time=(86, 243),
+        prep_time=120.0,
+        grace=90.0,
+        mttp=3 * 3600.0,
+    ),
+    "fast-restarts-overlap": Scenario(
+        steps=20_000,
+        step_time=(0.5, 1.5),
+        save_time=(2, 4),
+        backup_time=(3, 30),
+        alloc_time=(2, 8),
+        prep_time=(2, 6),
+        grace=30.0,
+        mttp=300.0,
+        initial_start=True,
+    ),
 }
-KEYS = ("total", "recompute", "save", "alloc", "prep", "preemptions", "cost", "saves",
-        "insurance_saves", "emergency_saves")
+KEYS = (
+    "total",
+    "recompute",
+    "save",
+    "alloc",
+    "prep",
+    "preemptions",
+    "cost",
+    "saves",
+    "insurance_saves",
+    "emergency_saves",
+)
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
@@ -38,8 +74,12 @@ def test_batch_agrees_with_event_engine(name, policy) -> None:  # type: ignore[n
     for key in KEYS:
         se = math.hypot(ref.std[key], fast.std[key]) / math.sqrt(runs)
         diff = abs(fast.mean[key] - ref.mean[key])
-        assert diff <= 4.5 * se + 1e-9 * max(1.0, abs(ref.mean[key])), (key, ref.mean[key],
-                                                                         fast.mean[key], se)
+        assert diff <= 4.5 * se + 1e-9 * max(1.0, abs(ref.mean[key])), (
+            key,
+            ref.mean[key],
+            fast.mean[key],
+            se,
+        )
 
 
 def test_batch_exact_without_preemptions() -> None:
@@ -82,8 +122,16 @@ def test_batch_seed_reproduces_and_runs_do_not_depend_on_the_batch() -> None:
 
 def test_event_driven_cost_does_not_grow_with_steps() -> None:
     """A job of 10^12 steps with 10 saves and ~3 preemptions: only feasible event-driven."""
-    sc = Scenario(steps=10**12, step_time=1e-6, save_time=5.0, backup_time=10.0,
-                  alloc_time=50.0, prep_time=20.0, grace=30.0, mttp=4e5)
+    sc = Scenario(
+        steps=10**12,
+        step_time=1e-6,
+        save_time=5.0,
+        backup_time=10.0,
+        alloc_time=50.0,
+        prep_time=20.0,
+        grace=30.0,
+        mttp=4e5,
+    )
     res = simulate(sc, Static(10**11), runs=20, seed=1)
     assert res.engine == "batch" and 1.0 < res.mean["preemptions"] < 10.0
 
@@ -108,8 +156,9 @@ def test_fallback_to_event_engine() -> None:
         simulate(GPU, "adaptive", runs=2, engine="gpu")
 
 
-@pytest.mark.parametrize("policy", [Static(37), Adaptive(), Hedged(), Hedged(prealloc=False),
-                                    Daly(), Daly(order=2), Young()])
+@pytest.mark.parametrize(
+    "policy", [Static(37), Adaptive(), Hedged(), Hedged(prealloc=False), Daly(), Daly(order=2), Young()]
+)
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_batch_plan_is_what_next_save_does(policy, name) -> None:  # type: ignore[no-untyped-def]
     """The contract of `BatchPlan`, checked against the policy itself at many steps."""
@@ -119,8 +168,9 @@ def test_batch_plan_is_what_next_save_does(policy, name) -> None:  # type: ignor
     from spotnb.sim.batch import _mean_obs
 
     obs = _mean_obs(sc, sc.process())
-    for last in sorted({0, 1, 13, 999, sc.steps // 2, sc.steps - 700, sc.steps - 300,
-                        sc.steps - 50, sc.steps - 2}):
+    for last in sorted(
+        {0, 1, 13, 999, sc.steps // 2, sc.steps - 700, sc.steps - 300, sc.steps - 50, sc.steps - 2}
+    ):
         if last < 0:
             continue
         o = obs.with_(step=last, age=17.0, now=1234.0)

@@ -6,6 +6,7 @@ What the rest of spotnb relies on: atomic replace, reads from an offset, listing
 exists/rm, the segmented event log read back in order, and checkpoints that commit, restore
 and fall back to the previous one when the newest does not verify.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from spotnb import protocol as ev
 from spotnb import events as events_mod
+from spotnb import protocol as ev
 from spotnb.events import EventReader, EventWriter
 from spotnb.runtime.checkpoint import Checkpointer
 from spotnb.store import Store
@@ -42,7 +43,7 @@ def test_write_read_replace(store: Store) -> None:
     store.write_bytes(path, b"first version")
     assert store.read_bytes(path) == b"first version"
     store.write_bytes(path, b"second")
-    assert store.read_bytes(path) == b"second"          # replaced whole, never mixed
+    assert store.read_bytes(path) == b"second"  # replaced whole, never mixed
     assert store.read_bytes(path, start=3) == b"ond"
     assert store.size(path) == 6
     # no temporary object is left beside it

@@ -1,4 +1,5 @@
 """Trace loaders (Bamboo, Parcae), MTTP with censoring, bundled files and licences."""
+
 from __future__ import annotations
 
 import math
@@ -9,8 +10,7 @@ import pytest
 
 from spotnb.preempt import PreemptionProcess
 from spotnb.sim import Scenario, simulate
-from spotnb.traces import (BUNDLED, bundled_traces, detect_format, load_trace, parse,
-                           trace_process)
+from spotnb.traces import BUNDLED, bundled_traces, detect_format, load_trace, parse, trace_process
 
 DATA = Path(__file__).resolve().parents[1] / "spotnb" / "traces" / "data"
 
@@ -46,14 +46,15 @@ def test_bamboo_and_parcae_p3_agree() -> None:
 def test_censored_mle_by_hand(tmp_path: Path) -> None:
     # node1 lives 100 s (removed), node2 300 s (removed), node3 added at 0, alive at 400 s
     f = tmp_path / "toy.csv"
-    f.write_text("0,add,node1\r\n0,add,node2\r\n0,add,node3\r\n100000,remove,node1\r\n"
-                 "300000,remove,node2\r\n400000,add,node4\r\n")
+    f.write_text(
+        "0,add,node1\r\n0,add,node2\r\n0,add,node3\r\n100000,remove,node1\r\n"
+        "300000,remove,node2\r\n400000,add,node4\r\n"
+    )
     tr = load_trace(f)
     assert tr.removals == 2
     assert tr.exposure == pytest.approx(100 + 300 + 400)
     assert tr.mttp == pytest.approx(400.0)
-    assert sorted(tr.lifetimes or []) == [(0.0, False), (100.0, True), (300.0, True),
-                                           (400.0, False)]
+    assert sorted(tr.lifetimes or []) == [(0.0, False), (100.0, True), (300.0, True), (400.0, False)]
 
 
 def test_count_formats(tmp_path: Path) -> None:
@@ -64,8 +65,10 @@ def test_count_formats(tmp_path: Path) -> None:
     assert tr.exposure == pytest.approx(2 * 1 + 1 * 2 + 2 * 1)
     g = tmp_path / "gcp.txt"
     # the GCP logs echo each reading; earlier timestamps after later ones are clamped
-    g.write_text("2021-12-10, 13:07:45, 3\n2021-12-10, 13:08:45, 3\n2021-12-10, 13:09:45, 3\n"
-                 "2021-12-10, 13:08:45, 2\n2021-12-10, 13:09:45, 2\n2021-12-10, 13:10:45, 2\n")
+    g.write_text(
+        "2021-12-10, 13:07:45, 3\n2021-12-10, 13:08:45, 3\n2021-12-10, 13:09:45, 3\n"
+        "2021-12-10, 13:08:45, 2\n2021-12-10, 13:09:45, 2\n2021-12-10, 13:10:45, 2\n"
+    )
     tr = load_trace(g)
     assert tr.removals == 1 and tr.start is not None
     assert list(tr.times) == sorted(tr.times)
@@ -102,9 +105,18 @@ def test_replay_mean_lifetime_near_mttp() -> None:
 
 
 def test_scenario_with_trace_runs() -> None:
-    sc = Scenario(steps=20_000, step_time=2.0, save_time=10, backup_time=20,
-                  alloc_time=(86, 243), prep_time=60, grace=30, trace="bamboo/p3",
-                  spot_price=2.3, on_demand_price=6.2)
+    sc = Scenario(
+        steps=20_000,
+        step_time=2.0,
+        save_time=10,
+        backup_time=20,
+        alloc_time=(86, 243),
+        prep_time=60,
+        grace=30,
+        trace="bamboo/p3",
+        spot_price=2.3,
+        on_demand_price=6.2,
+    )
     r = simulate(sc, "adaptive", runs=20, seed=1).mean
     assert r["preemptions"] > 0
     assert r["total"] > sc.work

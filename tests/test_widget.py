@@ -1,5 +1,6 @@
 """The job widget without a browser: state folding, figures, the text view, and the ipywidgets
 composite driven through a recording comm (every message the front end would get is kept)."""
+
 from __future__ import annotations
 
 import io
@@ -57,6 +58,7 @@ def clock() -> FakeClock:
 def sent(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> list[tuple[float, str, dict[str, Any]]]:
     """Every comm message widgets send during the test: (clock, comm id, data)."""
     import comm
+
     log: list[tuple[float, str, dict[str, Any]]] = []
     monkeypatch.setattr(comm, "create_comm", lambda **kw: RecordingComm(clock, log, **kw))
     return log
@@ -98,7 +100,7 @@ def test_series_keeps_at_most_max_points_and_the_mean() -> None:
         s.add(step, float(step))
     xs, ys = s.xy()
     assert len(xs) <= 100 and s.count == 100_000
-    assert xs == pytest.approx(ys)                    # mean of step == mean of value here
+    assert xs == pytest.approx(ys)  # mean of step == mean of value here
     assert xs[0] < xs[-1] and xs[-1] > 99_000
 
 
@@ -113,9 +115,9 @@ def test_recomputed_steps_are_kept_apart_from_first_time_steps() -> None:
     st = JobState()
     st.feed_events(events_of(steps=1000, preempt_at=(450, 820), save_every=100))
     first_x, _ = st.first["loss"].xy()
-    assert first_x == sorted(first_x) and len(first_x) == len(set(first_x))   # each step once
+    assert first_x == sorted(first_x) and len(first_x) == len(set(first_x))  # each step once
     redo = {n: s.xy()[0] for n, s in st.redo["loss"].items()}
-    assert redo[2] == [float(x) for x in range(400, 450)]   # from the checkpoint to the kill
+    assert redo[2] == [float(x) for x in range(400, 450)]  # from the checkpoint to the kill
     assert redo[3] == [float(x) for x in range(800, 820)]
     assert [m[0] for m in st.preempt_marks] == [449, 819]
     assert [m[0] for m in st.resume_marks] == [400, 800]
@@ -129,15 +131,16 @@ def test_state_breakdown_does_not_depend_on_how_events_arrive() -> None:
     whole = JobState.from_events(events)
     trickled = JobState()
     for i in range(0, len(events), 7):
-        trickled.feed_events(events[i:i + 7])
+        trickled.feed_events(events[i : i + 7])
     assert whole.breakdown().as_dict() == pytest.approx(trickled.breakdown().as_dict())
     assert whole.breakdown().preemptions == 2 and whole.breakdown().compute > 0
 
 
 def test_million_step_job_stays_small() -> None:
     st = JobState()
-    for batch in synthetic_events(steps=1_000_000, preempt_at=(305_000,), save_every=10_000,
-                                  rows_per_flush=5000):
+    for batch in synthetic_events(
+        steps=1_000_000, preempt_at=(305_000,), save_every=10_000, rows_per_flush=5000
+    ):
         st.feed_events(batch)
     assert st.first["loss"].count + sum(s.count for s in st.redo["loss"].values()) == 1_005_000
     assert len(st.first["loss"]) <= st.max_points
@@ -149,8 +152,8 @@ def test_cost_projection_and_savings() -> None:
     st = JobState()
     st.feed_events(half)
     c = st.cost(st.breakdown(now=half[-1]["t"]))
-    assert 0 < c["spot"] < c["projected"]                     # still running: more to come
-    st.feed_events(events[len(half):])
+    assert 0 < c["spot"] < c["projected"]  # still running: more to come
+    st.feed_events(events[len(half) :])
     done = st.cost()
     assert done["projected"] == done["spot"] and 0 < done["spot"] < done["on_demand"]
     assert 0 < done["savings"] < 1
@@ -159,6 +162,7 @@ def test_cost_projection_and_savings() -> None:
 # -- figures -------------------------------------------------------------------------------
 def test_static_figures_have_the_three_panels() -> None:
     from spotnb.widget import static_figures
+
     figs = static_figures(EventsJob(events_of(steps=600, preempt_at=(450,))))
     assert set(figs) == {"metrics", "timeline", "breakdown"}
     names = {t.name for t in figs["metrics"].data}
@@ -177,9 +181,10 @@ def _trace(view: Any, name: str) -> Any:
 
 def test_view_shows_metrics_markers_cost_and_status(sent: list[Any], clock: FakeClock) -> None:
     from spotnb.widget.view import JobView
+
     job = EventsJob(events_of(steps=600, preempt_at=(450,)))
     view = JobView(job, autostart=False, clock=clock)
-    assert view.flush(force=True) is True                # finished job: final state shown
+    assert view.flush(force=True) is True  # finished job: final state shown
     assert len(_trace(view, "loss").x) == 600 and len(_trace(view, "loss (recomputed)").x) == 50
     assert list(_trace(view, "preempted").x) == [449, 449, None]
     assert "data-status='succeeded'" in view.info.value
@@ -191,22 +196,27 @@ def test_view_shows_metrics_markers_cost_and_status(sent: list[Any], clock: Fake
 
 
 def test_view_sends_at_most_ten_messages_a_second_at_5000_steps_a_second(
-        sent: list[Any], clock: FakeClock) -> None:
+    sent: list[Any], clock: FakeClock
+) -> None:
     """5,000 steps/s for 20 simulated seconds, flush attempted every 10 ms (far more often than
     the real flusher runs): every one-second window holds ≤ 10 front-end messages, and the
     final state still arrives."""
     from spotnb.widget.view import JobView
+
     view = JobView(None, autostart=False, clock=clock)
     opened = len(sent)
-    batches = list(synthetic_events(steps=100_000, preempt_at=(40_000,), step_time=0.0002,
-                                    rows_per_flush=50, save_every=5000))
+    batches = list(
+        synthetic_events(
+            steps=100_000, preempt_at=(40_000,), step_time=0.0002, rows_per_flush=50, save_every=5000
+        )
+    )
     t_first = batches[0][0]["t"]
     finished = False
     for batch in batches:
         clock.now = 1000.0 + batch[-1]["t"] - t_first
         view.on_events(batch)
         finished = view.flush()
-    for _ in range(100):                                   # drain: the budget frees up with time
+    for _ in range(100):  # drain: the budget frees up with time
         if finished:
             break
         clock.now += 0.1
@@ -223,6 +233,7 @@ def test_view_sends_at_most_ten_messages_a_second_at_5000_steps_a_second(
 
 def test_feed_collapses_periodic_checkpoints_and_keeps_preemptions() -> None:
     from spotnb.widget.view import render_info_html
+
     st = JobState()
     st.feed_events(events_of(steps=3000, preempt_at=(450,), save_every=50))
     page = render_info_html(st, "job-1")
@@ -231,8 +242,8 @@ def test_feed_collapses_periodic_checkpoints_and_keeps_preemptions() -> None:
 
 def test_failed_job_shows_the_remote_traceback(sent: list[Any], clock: FakeClock) -> None:
     from spotnb.widget.view import JobView
-    view = JobView(EventsJob(events_of(steps=600, preempt_at=(), fail_at=300)), autostart=False,
-                   clock=clock)
+
+    view = JobView(EventsJob(events_of(steps=600, preempt_at=(), fail_at=300)), autostart=False, clock=clock)
     assert view.flush(force=True)
     assert "data-status='failed'" in view.info.value
     assert "spotnb-traceback" in view.info.value and "RuntimeError: boom" in view.info.value
@@ -240,6 +251,7 @@ def test_failed_job_shows_the_remote_traceback(sent: list[Any], clock: FakeClock
 
 def test_stop_button_stops_the_job(sent: list[Any], clock: FakeClock) -> None:
     from spotnb.widget.view import JobView
+
     events = events_of(steps=600, preempt_at=())
     job = EventsJob(events[:5])
     view = JobView(job, autostart=False, clock=clock)
@@ -257,6 +269,7 @@ def test_stop_button_stops_the_job(sent: list[Any], clock: FakeClock) -> None:
 # -- text view ----------------------------------------------------------------------------
 def test_text_view_prints_the_story() -> None:
     from spotnb.widget.text import TextView
+
     out = io.StringIO()
     job = EventsJob([])
     view = TextView(job, file=out, interval=0.0)
@@ -271,6 +284,7 @@ def test_text_view_prints_the_story() -> None:
 
 def test_job_widget_falls_back_to_text_outside_a_kernel(capsys: pytest.CaptureFixture[str]) -> None:
     from spotnb.widget import TextView, in_kernel, job_widget
+
     assert not in_kernel()
     view = job_widget(EventsJob(events_of(steps=300, preempt_at=())))
     assert isinstance(view, TextView)
@@ -281,7 +295,10 @@ def test_job_widget_falls_back_to_text_outside_a_kernel(capsys: pytest.CaptureFi
 def test_import_spotnb_stays_light() -> None:
     import subprocess
     import sys
-    code = ("import sys, spotnb; spotnb.Job; "
-            "print(any(m.split('.')[0] in ('plotly', 'ipywidgets') for m in sys.modules))")
+
+    code = (
+        "import sys, spotnb; spotnb.Job; "
+        "print(any(m.split('.')[0] in ('plotly', 'ipywidgets') for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -1,6 +1,7 @@
 """The widget and the text view following real jobs on the local spot market (real subprocesses,
 real preemptions), through a recording comm: live, from a new Job (as `spot.attach` in a new
 kernel), on failure, and the Stop button."""
+
 from __future__ import annotations
 
 import io
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, str, dict[str, Any]]]:
     import comm
+
     log: list[tuple[float, str, dict[str, Any]]] = []
     monkeypatch.setattr(comm, "create_comm", lambda **kw: RecordingComm(time.monotonic, log, **kw))
     return log
@@ -27,6 +29,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, str, dict[str, An
 
 def fit(ctx: Any) -> dict[str, float]:
     import torch
+
     torch.manual_seed(0)
     model = torch.nn.Linear(10, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -68,15 +71,25 @@ def _trace(view: Any, name: str) -> Any:
 
 
 def test_widget_and_text_follow_a_preempted_job_then_replay_it(
-        sent: list[Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from spotnb.widget.text import TextView
     from spotnb.widget.view import JobView
+
     monkeypatch.chdir(tmp_path)
     # an emulated upload bandwidth gives the third kill an upload to land in (a local store
     # otherwise renames a checkpoint into place in microseconds)
-    job = spot.train(fit, spot.Config(local_schedule=[3, 4, {"step": 120, "phase": "upload"}],
-                                      local_grace=2.5, save_every=50, notice_poll=0.1,
-                                      local_upload_bps=5e4, ship_modules=[__name__]))
+    job = spot.train(
+        fit,
+        spot.Config(
+            local_schedule=[3, 4, {"step": 120, "phase": "upload"}],
+            local_grace=2.5,
+            save_every=50,
+            notice_poll=0.1,
+            local_upload_bps=5e4,
+            ship_modules=[__name__],
+        ),
+    )
     view = JobView(job)
     out = io.StringIO()
     TextView(job, file=out, interval=1.0)
@@ -84,10 +97,10 @@ def test_widget_and_text_follow_a_preempted_job_then_replay_it(
     _finish(view)
     assert "data-status='succeeded'" in view.info.value
     assert len(_trace(view, "loss").x) > 100
-    assert len(_trace(view, "preempted").x) == 3 * 3          # three vertical lines
+    assert len(_trace(view, "preempted").x) == 3 * 3  # three vertical lines
     assert len(_trace(view, "resumed").x) >= 3
     bars = {y for name in ("allocation", "preparation", "compute") for y in _trace(view, name).y}
-    assert len(bars) == 4                                     # one bar per instance
+    assert len(bars) == 4  # one bar per instance
     assert len(_trace(view, "kill").x) == 3
     assert job.breakdown().as_dict() == pytest.approx(view.state.breakdown().as_dict())
     text = out.getvalue()
@@ -107,9 +120,11 @@ def test_widget_and_text_follow_a_preempted_job_then_replay_it(
     assert set(figs) == {"metrics", "timeline", "breakdown"}
 
 
-def test_failed_job_shows_the_remote_traceback(sent: list[Any], tmp_path: Any,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_job_shows_the_remote_traceback(
+    sent: list[Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from spotnb.widget.view import JobView
+
     monkeypatch.chdir(tmp_path)
     job = spot.train(crash, spot.Config(local_schedule=[], notice_poll=0.1, ship_modules=[__name__]))
     view = JobView(job)
@@ -119,9 +134,11 @@ def test_failed_job_shows_the_remote_traceback(sent: list[Any], tmp_path: Any,
     assert "diverged at step 20" in view.info.value and "Traceback" in view.info.value
 
 
-def test_stop_button_stops_a_real_job(sent: list[Any], tmp_path: Any,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stop_button_stops_a_real_job(
+    sent: list[Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from spotnb.widget.view import JobView
+
     monkeypatch.chdir(tmp_path)
     job = spot.train(slow, spot.Config(local_schedule=[], notice_poll=0.1, ship_modules=[__name__]))
     view = JobView(job)

@@ -6,8 +6,8 @@ export const PROTOCOL_VERSION = 1;
 export type JobStatus = "pending" | "running" | "preempted" | "restoring" | "succeeded" | "failed" | "stopped" | "lost";
 export const JOB_STATUSES: readonly JobStatus[] = ["pending", "running", "preempted", "restoring", "succeeded", "failed", "stopped", "lost"];
 
-export type EventKind = "submitted" | "status" | "controller_restarted" | "job_resumed" | "allocating" | "alloc_failed" | "launched" | "allocated" | "started" | "files" | "ready" | "resumed" | "metrics" | "progress" | "heartbeat" | "notice" | "hint" | "checkpoint" | "checkpoint_skipped" | "checkpoint_failed" | "checkpoint_invalid" | "emergency_skipped" | "evacuating" | "evacuated" | "done" | "error" | "warning" | "stopped" | "preempted" | "exited" | "segment";
-export const EVENT_KINDS: readonly EventKind[] = ["submitted", "status", "controller_restarted", "job_resumed", "allocating", "alloc_failed", "launched", "allocated", "started", "files", "ready", "resumed", "metrics", "progress", "heartbeat", "notice", "hint", "checkpoint", "checkpoint_skipped", "checkpoint_failed", "checkpoint_invalid", "emergency_skipped", "evacuating", "evacuated", "done", "error", "warning", "stopped", "preempted", "exited", "segment"];
+export type EventKind = "submitted" | "status" | "controller_restarted" | "job_resumed" | "allocating" | "alloc_failed" | "launched" | "allocated" | "started" | "files" | "ready" | "resumed" | "metrics" | "progress" | "heartbeat" | "notice" | "hint" | "checkpoint" | "checkpoint_skipped" | "checkpoint_failed" | "checkpoint_invalid" | "emergency_skipped" | "evacuating" | "evacuated" | "done" | "error" | "warning" | "stopped" | "preempted" | "exited" | "segment" | "bootstrap";
+export const EVENT_KINDS: readonly EventKind[] = ["submitted", "status", "controller_restarted", "job_resumed", "allocating", "alloc_failed", "launched", "allocated", "started", "files", "ready", "resumed", "metrics", "progress", "heartbeat", "notice", "hint", "checkpoint", "checkpoint_skipped", "checkpoint_failed", "checkpoint_invalid", "emergency_skipped", "evacuating", "evacuated", "done", "error", "warning", "stopped", "preempted", "exited", "segment", "bootstrap"];
 
 export type Outcome = "done" | "preempted" | "evacuated" | "lost" | "stopped" | "user_error" | "crashed" | "not needed";
 export const OUTCOMES: readonly Outcome[] = ["done", "preempted", "evacuated", "lost", "stopped", "user_error", "crashed", "not needed"];
@@ -159,6 +159,21 @@ export interface StoppedEvent {
   incarnation: number;
   gen?: number;
   reason?: string | null;
+  [extra: string]: unknown;
+}
+
+/** The cloud VM's boot script: spotnb installed (`phase` installed: `boot_s` since the VM booted, `install_s` installing, `installed` 1 if it had to) or the agent exited (`code`). */
+export interface BootstrapEvent {
+  kind: "bootstrap";
+  t: number;
+  incarnation: number;
+  gen?: number;
+  phase: string;
+  cloud?: string | null;
+  boot_s?: number | null;
+  install_s?: number | null;
+  installed?: number | null;
+  code?: number | null;
   [extra: string]: unknown;
 }
 
@@ -425,6 +440,7 @@ export type SpotEvent =
   | PreemptedEvent
   | ExitedEvent
   | StoppedEvent
+  | BootstrapEvent
   | StartedEvent
   | FilesEvent
   | ReadyEvent

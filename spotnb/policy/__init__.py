@@ -5,23 +5,41 @@ Policies are chosen by name in `Config(checkpoint=...)` or passed as objects. Na
 the thesis's baseline), `young`, `daly`, `daly2`, `adaptive`, `hedged` (see `policy_names()`).
 Pure: importing this package pulls in no torch, pandas or plotly.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from spotnb.policy.base import (Observation, Plan, Policy, SaveKind, emergency_feasible,
-                                steps_for)
+from spotnb.policy.base import Observation, Plan, Policy, SaveKind, emergency_feasible, steps_for
 from spotnb.policy.hedged import Hedged, unprotected_fraction
 from spotnb.policy.intervals import daly2_interval, daly_interval, expected_total, young_interval
 from spotnb.policy.periodic import Daly, Young
 from spotnb.policy.static import Adaptive, Periodic, Static
 
-__all__ = ["Observation", "Plan", "Policy", "SaveKind", "Static", "Periodic", "Adaptive", "Young",
-           "Daly",
-           "Hedged", "daly_interval", "daly2_interval", "young_interval", "expected_total",
-           "unprotected_fraction", "emergency_feasible", "steps_for", "resolve_policy",
-           "policy_names", "FACTORIES"]
+__all__ = [
+    "Observation",
+    "Plan",
+    "Policy",
+    "SaveKind",
+    "Static",
+    "Periodic",
+    "Adaptive",
+    "Young",
+    "Daly",
+    "Hedged",
+    "daly_interval",
+    "daly2_interval",
+    "young_interval",
+    "expected_total",
+    "unprotected_fraction",
+    "emergency_feasible",
+    "steps_for",
+    "resolve_policy",
+    "policy_names",
+    "FACTORIES",
+]
 
 
 def _need_arg(name: str, example: str) -> Policy:
@@ -33,6 +51,7 @@ def _no_arg(name: str, make: Callable[[], Policy]) -> Callable[[str | None], Pol
         if arg:
             raise ValueError(f"policy {name!r} takes no argument")
         return make()
+
     return factory
 
 
@@ -61,8 +80,10 @@ def resolve_policy(spec: Any) -> Policy:
     name, _, arg = spec.strip().lower().partition(":")
     factory = _FACTORIES.get(name)
     if factory is None:
-        raise ValueError(f"unknown checkpoint policy {spec!r}; choose one of {policy_names()} "
-                         "(static and periodic take a step count: 'static:100', 'periodic:50')")
+        raise ValueError(
+            f"unknown checkpoint policy {spec!r}; choose one of {policy_names()} "
+            "(static and periodic take a step count: 'static:100', 'periodic:50')"
+        )
     try:
         return factory(arg or None)
     except (TypeError, ValueError) as exc:

@@ -5,6 +5,7 @@ it is deterministic, testable without waiting, and cheap enough to consult once 
 once per step: both the runtime and the event-driven simulator ask *when* the next save is due
 and count steps until then).
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,18 @@ from dataclasses import dataclass, replace
 
 from spotnb.protocol import SaveKind  # re-exported: policies name the saves they plan
 
-__all__ = ["Observation", "SaveKind", "Policy", "Plan", "BatchPlan", "emergency_feasible",
-           "steps_for", "FOREVER", "PRIOR_MTTP", "PRIOR_RESTART"]
+__all__ = [
+    "Observation",
+    "SaveKind",
+    "Policy",
+    "Plan",
+    "BatchPlan",
+    "emergency_feasible",
+    "steps_for",
+    "FOREVER",
+    "PRIOR_MTTP",
+    "PRIOR_RESTART",
+]
 
 #: "No limit" in steps (a plan that holds for the whole job).
 FOREVER = 2**62
@@ -30,22 +41,22 @@ PRIOR_RESTART = 170.0
 class Observation:
     """What the runtime has measured so far; all times in seconds."""
 
-    step: int                      # steps completed so far (index of the next step)
-    step_time: float               # running mean T_step
-    snapshot_time: float           # δ: blocking part of a save (0.0 until measured)
-    upload_time: float             # β: background write + upload (0.0 until measured)
-    mttp: float                    # mean time to preemption for this market (job DB or prior)
-    restart_time: float            # R: allocation + preparation (job DB or prior)
-    grace: float                   # the market's notice lead time T_grace
+    step: int  # steps completed so far (index of the next step)
+    step_time: float  # running mean T_step
+    snapshot_time: float  # δ: blocking part of a save (0.0 until measured)
+    upload_time: float  # β: background write + upload (0.0 until measured)
+    mttp: float  # mean time to preemption for this market (job DB or prior)
+    restart_time: float  # R: allocation + preparation (job DB or prior)
+    grace: float  # the market's notice lead time T_grace
     save_every: int | None = None  # the user's periodic interval in steps, if any
-    state_bytes: int = 0           # size of the tracked state (lets a policy guess δ before a save)
-    age: float = 0.0               # seconds since this instance became ready (VM-age hazard)
-    now: float = 0.0               # unix time (time-of-day hazard)
-    total_steps: int | None = None # the job's length in steps, when known (end-of-job savings)
-    snapshot_sd: float = 0.0       # spread (standard deviation) of δ, when measured
-    upload_sd: float = 0.0         # spread of β: an emergency save must fit its slow uploads too
+    state_bytes: int = 0  # size of the tracked state (lets a policy guess δ before a save)
+    age: float = 0.0  # seconds since this instance became ready (VM-age hazard)
+    now: float = 0.0  # unix time (time-of-day hazard)
+    total_steps: int | None = None  # the job's length in steps, when known (end-of-job savings)
+    snapshot_sd: float = 0.0  # spread (standard deviation) of δ, when measured
+    upload_sd: float = 0.0  # spread of β: an emergency save must fit its slow uploads too
 
-    def with_(self, **changes: object) -> "Observation":
+    def with_(self, **changes: object) -> Observation:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
@@ -106,8 +117,12 @@ class Policy(ABC):
 
     def emergency_expected(self, obs: Observation) -> bool:
         """Whether a notice would leave room for an emergency save (insurance saves are moot)."""
-        return obs.step_time + (obs.snapshot_time or obs.state_bytes / 1e9) + (
-            obs.upload_time or obs.state_bytes / 50e6) < obs.grace
+        return (
+            obs.step_time
+            + (obs.snapshot_time or obs.state_bytes / 1e9)
+            + (obs.upload_time or obs.state_bytes / 50e6)
+            < obs.grace
+        )
 
     def stationary_until(self, obs: Observation) -> int:
         """A step up to which the plan is a fixed stride: for every save at `last >= obs.step`
@@ -132,9 +147,12 @@ class Policy(ABC):
         `allocate_on_notice` is `owner`'s or `Policy`'s, so a subclass that overrides either
         falls back to the event-by-event simulation."""
         cls = type(self)
-        if cls.on_notice not in (Policy.on_notice, owner.on_notice):
+        if cls.on_notice not in (Policy.on_notice, getattr(owner, "on_notice", None)):
             return None
-        if cls.allocate_on_notice not in (Policy.allocate_on_notice, owner.allocate_on_notice):
+        if cls.allocate_on_notice not in (
+            Policy.allocate_on_notice,
+            getattr(owner, "allocate_on_notice", None),
+        ):
             return None
         delta = obs.snapshot_time or obs.state_bytes / 1e9
         beta = obs.upload_time or obs.state_bytes / 50e6

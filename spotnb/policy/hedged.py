@@ -32,11 +32,12 @@ Why it beats the thesis's Adaptive (measured in `benchmarks/POLICY_GAINS.md`):
   on the instance's age or the time of day (e.g. estimated from a trace by
   `spotnb.traces.Trace.hazard_by_time`); the interval is recomputed after every save.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable
 
 from spotnb.policy.base import FOREVER, BatchPlan, Observation, Plan, Policy, SaveKind, steps_for
 from spotnb.policy.intervals import daly_interval
@@ -94,8 +95,9 @@ class Hedged(Policy):
 
     name = "hedged"
 
-    def __init__(self, prealloc: bool = True, end_aware: bool = True,
-                 hazard: Hazard | None = None, margin: float = 0.5) -> None:
+    def __init__(
+        self, prealloc: bool = True, end_aware: bool = True, hazard: Hazard | None = None, margin: float = 0.5
+    ) -> None:
         self.prealloc = prealloc
         self.end_aware = end_aware
         self.hazard = hazard
@@ -149,10 +151,12 @@ class Hedged(Policy):
             else:  # at most one upload in flight: a queue of them only adds CPU load
                 tau = max(tau, upload_estimate(obs))
         step = last_save_step + steps_for(tau, obs.step_time)
+        worth: int | None = step
         if self.end_aware and obs.total_steps is not None:
-            step = self._worth_it(obs, last_save_step, step, mttp)
-        if step is None:
+            worth = self._worth_it(obs, last_save_step, step, mttp)
+        if worth is None:
             return periodic
+        step = worth
         if periodic is not None and periodic.step <= step:
             return periodic
         return Plan(step, SaveKind.INSURANCE)
@@ -200,9 +204,13 @@ class Hedged(Policy):
         are fixed within a run), and the saving it weighs shrinks as that step nears the end,
         so the saves it keeps are exactly those up to one threshold, found by bisection."""
         rules = self._notice_rules(obs, Hedged)
-        if (rules is None or obs.save_every or self.hazard is not None or self.fragile(obs)
-                or self._overrides(Hedged, "next_save", "effective_mttp", "_worth_it",
-                                   "market_mttp", "fragile")):
+        if (
+            rules is None
+            or obs.save_every
+            or self.hazard is not None
+            or self.fragile(obs)
+            or self._overrides(Hedged, "next_save", "effective_mttp", "_worth_it", "market_mttp", "fragile")
+        ):
             return None
         mttp = self.effective_mttp(obs)
         if math.isinf(mttp):
@@ -211,9 +219,11 @@ class Hedged(Policy):
         stride = steps_for(tau, obs.step_time)
         last = FOREVER
         if self.end_aware and obs.total_steps is not None:
+
             def kept(step: int) -> bool:
                 return self._worth_it(obs, step - stride, step, mttp) is not None
-            lo, hi = stride - 1, obs.total_steps   # kept(lo) assumed, kept(hi) is False
+
+            lo, hi = stride - 1, obs.total_steps  # kept(lo) assumed, kept(hi) is False
             if not kept(stride):
                 last = stride - 1
             else:

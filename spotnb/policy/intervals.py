@@ -3,6 +3,7 @@
 Kept apart from the policies so the simulator, the notebook and the tests can evaluate the
 formulas directly and compare them with what the policies schedule.
 """
+
 from __future__ import annotations
 
 import math

@@ -3,6 +3,7 @@
 They save at their interval whether or not a notice would leave room for an emergency save
 (that is what `Adaptive` adds); on a notice they still do the emergency save when it fits.
 """
+
 from __future__ import annotations
 
 from abc import abstractmethod
@@ -22,8 +23,7 @@ class _Interval(Policy):
         """Seconds of compute between saves, from the latest averages."""
 
     def next_save(self, obs: Observation, last_save_step: int) -> Plan | None:
-        plan = Plan(last_save_step + steps_for(self.interval(obs), obs.step_time),
-                    SaveKind.INSURANCE)
+        plan = Plan(last_save_step + steps_for(self.interval(obs), obs.step_time), SaveKind.INSURANCE)
         periodic = periodic_plan(obs, last_save_step)
         return periodic if periodic is not None and periodic.step <= plan.step else plan
 

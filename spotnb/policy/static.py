@@ -1,5 +1,6 @@
 """Fixed and thesis policies: a save every N steps (with or without emergency saves), and the
 adaptive Algorithm 1."""
+
 from __future__ import annotations
 
 import math
@@ -9,9 +10,15 @@ from spotnb.policy.intervals import daly_interval
 
 _FOREVER = 2**62
 
-__all__ = ["Static", "Periodic", "Adaptive", "daly_interval", "snapshot_estimate",
-           "upload_estimate",
-           "periodic_plan"]
+__all__ = [
+    "Static",
+    "Periodic",
+    "Adaptive",
+    "daly_interval",
+    "snapshot_estimate",
+    "upload_estimate",
+    "periodic_plan",
+]
 
 
 def snapshot_estimate(obs: Observation) -> float:
@@ -70,8 +77,10 @@ class Periodic(Static):
 
     def batch_plan(self, obs: Observation) -> BatchPlan | None:
         cls = type(self)
-        if (self._overrides(Periodic, "next_save", "on_notice")
-                or cls.allocate_on_notice is not Policy.allocate_on_notice):
+        if (
+            self._overrides(Periodic, "next_save", "on_notice")
+            or cls.allocate_on_notice is not Policy.allocate_on_notice
+        ):
             return None
         return BatchPlan(self.every, SaveKind.PERIODIC, _FOREVER, math.inf, False)
 
@@ -101,8 +110,7 @@ class Adaptive(Policy):
 
     def batch_plan(self, obs: Observation) -> BatchPlan | None:
         rules = self._notice_rules(obs, Adaptive)
-        if (rules is None or obs.save_every
-                or self._overrides(Adaptive, "next_save", "emergency_expected")):
+        if rules is None or obs.save_every or self._overrides(Adaptive, "next_save", "emergency_expected"):
             return None
         if self.emergency_expected(obs):
             return BatchPlan(None, SaveKind.INSURANCE, _FOREVER, *rules)

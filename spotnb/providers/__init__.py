@@ -5,6 +5,7 @@ entry-point group (the entry point names a `ProviderInfo`). Provider classes are
 first use (fsspec's `known_implementations` pattern), so `import spotnb` imports no cloud SDK;
 the settings models are light and are read at import to compose `spot.Config`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,23 +23,52 @@ from spotnb.providers.local_settings import LocalSettings
 if TYPE_CHECKING:
     from spotnb.providers.base import Provider
 
-__all__ = ["registry", "get_provider_class", "provider_info", "describe_providers", "ProviderInfo",
-           "ProviderSettings", "ENTRY_POINT_GROUP"]
+__all__ = [
+    "registry",
+    "get_provider_class",
+    "provider_info",
+    "describe_providers",
+    "ProviderInfo",
+    "ProviderSettings",
+    "ENTRY_POINT_GROUP",
+]
 
 log = logging.getLogger("spotnb.providers")
 
 ENTRY_POINT_GROUP = "spotnb.providers"
 
 _BUILTIN = (
-    ProviderInfo("local", "spotnb.providers.local:LocalProvider", LocalSettings,
-                 description="the local spot market: processes on this machine, really killed",
-                 builtin=True),
-    ProviderInfo("aws", "spotnb.providers.aws:AWSProvider", AWSSettings,
-                 install="pip install 'spotnb[aws]'", description="AWS EC2 Spot", builtin=True),
-    ProviderInfo("azure", "spotnb.providers.azure:AzureProvider", AzureSettings,
-                 install="pip install 'spotnb[azure]'", description="Azure Spot VMs", builtin=True),
-    ProviderInfo("gcp", "spotnb.providers.gcp:GCPProvider", GCPSettings,
-                 install="pip install 'spotnb[gcp]'", description="GCP Spot VMs", builtin=True),
+    ProviderInfo(
+        "local",
+        "spotnb.providers.local:LocalProvider",
+        LocalSettings,
+        description="the local spot market: processes on this machine, really killed",
+        builtin=True,
+    ),
+    ProviderInfo(
+        "aws",
+        "spotnb.providers.aws:AWSProvider",
+        AWSSettings,
+        install="pip install 'spotnb[aws]'",
+        description="AWS EC2 Spot",
+        builtin=True,
+    ),
+    ProviderInfo(
+        "azure",
+        "spotnb.providers.azure:AzureProvider",
+        AzureSettings,
+        install="pip install 'spotnb[azure]'",
+        description="Azure Spot VMs",
+        builtin=True,
+    ),
+    ProviderInfo(
+        "gcp",
+        "spotnb.providers.gcp:GCPProvider",
+        GCPSettings,
+        install="pip install 'spotnb[gcp]'",
+        description="GCP Spot VMs",
+        builtin=True,
+    ),
 )
 _KNOWN: dict[str, ProviderInfo] = {info.name: info for info in _BUILTIN}
 _entry_points_loaded = False
@@ -52,18 +82,24 @@ def _load_entry_points() -> None:
         return
     _entry_points_loaded = True
     from importlib.metadata import entry_points
+
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in _KNOWN:
             continue
         try:
             info = ep.load()
         except Exception as exc:  # noqa: BLE001 - any error of a third party's import
-            log.warning("provider %r (entry point %s) could not be loaded and is left out: %r",
-                        ep.name, ep.value, exc)
+            log.warning(
+                "provider %r (entry point %s) could not be loaded and is left out: %r", ep.name, ep.value, exc
+            )
             continue
         if not isinstance(info, ProviderInfo) or info.name != ep.name:
-            log.warning("provider %r: entry point %s is not a ProviderInfo named %r; left out",
-                        ep.name, ep.value, ep.name)
+            log.warning(
+                "provider %r: entry point %s is not a ProviderInfo named %r; left out",
+                ep.name,
+                ep.value,
+                ep.name,
+            )
             continue
         _KNOWN[info.name] = info
 
@@ -88,8 +124,9 @@ def get_provider_class(name: str) -> type[Provider]:
         return info.load()
     except ImportError as exc:
         hint = info.install or "install its package"
-        raise ProviderUnavailable(f"provider {name!r} needs packages that are not installed "
-                                  f"({exc.name}): {hint}") from exc
+        raise ProviderUnavailable(
+            f"provider {name!r} needs packages that are not installed ({exc.name}): {hint}"
+        ) from exc
 
 
 def describe_providers() -> list[dict[str, Any]]:
@@ -104,7 +141,15 @@ def describe_providers() -> list[dict[str, Any]]:
         else:
             installed = True
             unsupported = {feature.value: why for feature, why in cls.unsupported.items()}
-        rows.append({"name": name, "description": info.description, "installed": installed,
-                     "install": info.install, "builtin": info.builtin, "unsupported": unsupported,
-                     "fields": list(info.settings.model_fields)})
+        rows.append(
+            {
+                "name": name,
+                "description": info.description,
+                "installed": installed,
+                "install": info.install,
+                "builtin": info.builtin,
+                "unsupported": unsupported,
+                "fields": list(info.settings.model_fields),
+            }
+        )
     return rows

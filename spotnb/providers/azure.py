@@ -15,6 +15,7 @@ Credentials come from azure-identity's DefaultAzureCredential chain (env, CLI, m
 identity) and never enter a request body or the boot script. Fault injection:
 `provider.inject(instance)` calls `simulate_eviction`.
 """
+
 from __future__ import annotations
 
 import base64
@@ -25,30 +26,54 @@ import re
 import time
 import urllib.parse
 import urllib.request
-from typing import Any, ClassVar, Iterator
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.mgmt.compute import models as m
 
 from spotnb.errors import CapacityError, ConfigError
 from spotnb.prices import lookup_price
-from spotnb.providers.base import (Feature, Instance, InstanceState, InstanceStatus, LaunchSpec,
-                                   Price, Provider)
+from spotnb.providers.base import (
+    Feature,
+    Instance,
+    InstanceState,
+    InstanceStatus,
+    LaunchSpec,
+    Price,
+    Provider,
+)
 from spotnb.providers.bootstrap import azure_custom_data, require_remote_store
 from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG, job_tags
 
-__all__ = ["AzureProvider", "DEFAULT_IMAGE", "CAPACITY_CODES", "build_vm", "vm_name",
-           "throwaway_ssh_key", "default_resource_group", "resource_group_model"]
+__all__ = [
+    "AzureProvider",
+    "DEFAULT_IMAGE",
+    "CAPACITY_CODES",
+    "build_vm",
+    "vm_name",
+    "throwaway_ssh_key",
+    "default_resource_group",
+    "resource_group_model",
+]
 
 DEFAULT_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"  # Ubuntu HPC: NVIDIA drivers, CUDA
 NETWORK_API_VERSION = "2022-11-01"
 ADMIN_USER = "spotnb"
-CAPACITY_CODES = frozenset({
-    "SkuNotAvailable", "AllocationFailed", "ZonalAllocationFailed",
-    "OverconstrainedAllocationRequest", "OverconstrainedZonalAllocationRequest",
-    "QuotaExceeded", "OperationNotAllowed", "SpotQuotaExceeded", "LowPriorityQuotaExceeded",
-    "AllocationFailedSpotCapacity",
-})
+CAPACITY_CODES = frozenset(
+    {
+        "SkuNotAvailable",
+        "AllocationFailed",
+        "ZonalAllocationFailed",
+        "OverconstrainedAllocationRequest",
+        "OverconstrainedZonalAllocationRequest",
+        "QuotaExceeded",
+        "OperationNotAllowed",
+        "SpotQuotaExceeded",
+        "LowPriorityQuotaExceeded",
+        "AllocationFailedSpotCapacity",
+    }
+)
 _RETAIL_API = "https://prices.azure.com/api/retail/prices"
 
 
@@ -65,6 +90,7 @@ def default_resource_group(location: str) -> str:
 def resource_group_model(location: str) -> Any:
     """The exact ResourceGroup sent to `resource_groups.create_or_update`."""
     from azure.mgmt.resource.resources.models import ResourceGroup
+
     return ResourceGroup(location=location, tags={MANAGED_TAG: "true"})
 
 
@@ -80,9 +106,13 @@ def throwaway_ssh_key() -> str:
     a password for Linux VMs, and spotnb needs neither (nothing logs in)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
+
     key = ed25519.Ed25519PrivateKey.generate()
-    return key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                         serialization.PublicFormat.OpenSSH).decode()
+    return (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
 
 
 def _image(ref: str) -> m.ImageReference:
@@ -90,8 +120,9 @@ def _image(ref: str) -> m.ImageReference:
         return m.ImageReference(id=ref)
     parts = ref.split(":")
     if len(parts) != 4:
-        raise ConfigError(f"Config.azure_image: {ref!r} is neither 'publisher:offer:sku:version' "
-                          "nor an image resource id")
+        raise ConfigError(
+            f"Config.azure_image: {ref!r} is neither 'publisher:offer:sku:version' nor an image resource id"
+        )
     publisher, offer, sku, version = parts
     return m.ImageReference(publisher=publisher, offer=offer, sku=sku, version=version)
 
@@ -100,36 +131,62 @@ def build_vm(spec: LaunchSpec, config: Any, location: str, ssh_key: str) -> m.Vi
     """The exact VirtualMachine model sent to `begin_create_or_update` for one incarnation."""
     name = vm_name(spec)
     nic = m.VirtualMachineNetworkInterfaceConfiguration(
-        name=f"{name}-nic", primary=True, delete_option="Delete",
-        ip_configurations=[m.VirtualMachineNetworkInterfaceIPConfiguration(
-            name=f"{name}-ip", primary=True, subnet=m.SubResource(id=config.azure_subnet_id),
-            public_ip_address_configuration=m.VirtualMachinePublicIPAddressConfiguration(
-                name=f"{name}-pip", sku=m.PublicIPAddressSku(name="Standard", tier="Regional"),
-                delete_option="Delete", public_ip_allocation_method="Static"))])
-    os_disk = m.OSDisk(create_option="FromImage", delete_option="Delete",
-                       managed_disk=m.ManagedDiskParameters(storage_account_type="StandardSSD_LRS"))
+        name=f"{name}-nic",
+        primary=True,
+        delete_option="Delete",
+        ip_configurations=[
+            m.VirtualMachineNetworkInterfaceIPConfiguration(
+                name=f"{name}-ip",
+                primary=True,
+                subnet=m.SubResource(id=config.azure_subnet_id),
+                public_ip_address_configuration=m.VirtualMachinePublicIPAddressConfiguration(
+                    name=f"{name}-pip",
+                    sku=m.PublicIPAddressSku(name="Standard", tier="Regional"),
+                    delete_option="Delete",
+                    public_ip_allocation_method="Static",
+                ),
+            )
+        ],
+    )
+    os_disk = m.OSDisk(
+        create_option="FromImage",
+        delete_option="Delete",
+        managed_disk=m.ManagedDiskParameters(storage_account_type="StandardSSD_LRS"),
+    )
     if config.azure_disk_gb:
         os_disk.disk_size_gb = config.azure_disk_gb
     vm = m.VirtualMachine(
-        location=location, tags=job_tags(spec),
-        priority="Spot", eviction_policy=config.azure_eviction_policy,
+        location=location,
+        tags=job_tags(spec),
+        priority="Spot",
+        eviction_policy=config.azure_eviction_policy,
         billing_profile=m.BillingProfile(max_price=config.azure_max_price),
         hardware_profile=m.HardwareProfile(vm_size=spec.instance_type),
-        storage_profile=m.StorageProfile(image_reference=_image(config.azure_image or DEFAULT_IMAGE),
-                                         os_disk=os_disk),
+        storage_profile=m.StorageProfile(
+            image_reference=_image(config.azure_image or DEFAULT_IMAGE), os_disk=os_disk
+        ),
         os_profile=m.OSProfile(
-            computer_name=name, admin_username=ADMIN_USER, custom_data=azure_custom_data(spec),
+            computer_name=name,
+            admin_username=ADMIN_USER,
+            custom_data=azure_custom_data(spec),
             linux_configuration=m.LinuxConfiguration(
                 disable_password_authentication=True,
-                ssh=m.SshConfiguration(public_keys=[m.SshPublicKey(
-                    path=f"/home/{ADMIN_USER}/.ssh/authorized_keys", key_data=ssh_key)]))),
-        network_profile=m.NetworkProfile(network_api_version=NETWORK_API_VERSION,
-                                         network_interface_configurations=[nic]),
+                ssh=m.SshConfiguration(
+                    public_keys=[
+                        m.SshPublicKey(path=f"/home/{ADMIN_USER}/.ssh/authorized_keys", key_data=ssh_key)
+                    ]
+                ),
+            ),
+        ),
+        network_profile=m.NetworkProfile(
+            network_api_version=NETWORK_API_VERSION, network_interface_configurations=[nic]
+        ),
     )
     if config.azure_identity_id:
         vm.identity = m.VirtualMachineIdentity(
             type="UserAssigned",
-            user_assigned_identities={config.azure_identity_id: m.UserAssignedIdentitiesValue()})
+            user_assigned_identities={config.azure_identity_id: m.UserAssignedIdentitiesValue()},
+        )
     return vm
 
 
@@ -159,6 +216,7 @@ class AzureProvider(Provider):
         if self._compute is None:
             from azure.identity import DefaultAzureCredential
             from azure.mgmt.compute import ComputeManagementClient
+
             self._compute = ComputeManagementClient(DefaultAzureCredential(), self.subscription())
         return self._compute
 
@@ -167,8 +225,8 @@ class AzureProvider(Provider):
         if self._resources is None:
             from azure.identity import DefaultAzureCredential
             from azure.mgmt.resource.resources import ResourceManagementClient
-            self._resources = ResourceManagementClient(DefaultAzureCredential(),
-                                                       self.subscription())
+
+            self._resources = ResourceManagementClient(DefaultAzureCredential(), self.subscription())
         return self._resources
 
     def resource_group(self, location: str) -> str:
@@ -189,8 +247,10 @@ class AzureProvider(Provider):
     def subscription(self) -> str:
         sub = self.config.azure_subscription_id or os.environ.get("AZURE_SUBSCRIPTION_ID")
         if not sub:
-            raise ConfigError("Config.azure_subscription_id: not set and $AZURE_SUBSCRIPTION_ID "
-                              "is empty; give the subscription to launch in")
+            raise ConfigError(
+                "Config.azure_subscription_id: not set and $AZURE_SUBSCRIPTION_ID "
+                "is empty; give the subscription to launch in"
+            )
         return sub
 
     def storage_account(self) -> str | None:
@@ -220,26 +280,36 @@ class AzureProvider(Provider):
         cfg = self.config
         self.subscription()
         if not cfg.azure_subnet_id:
-            raise ConfigError("Config.azure_subnet_id: required for provider='azure' (see "
-                              "notebooks/03-clouds.ipynb for the one-time setup)")
+            raise ConfigError(
+                "Config.azure_subnet_id: required for provider='azure' (see "
+                "notebooks/03-clouds.ipynb for the one-time setup)"
+            )
         if not (cfg.region or (isinstance(cfg.regions, list) and cfg.regions) or cfg.regions == "cheapest"):
             raise ConfigError("Config.region: give an Azure location such as 'eastus' (or regions=[...])")
         store = cfg.store_url()
         if store.startswith("az://") and not self.storage_account():
-            raise ConfigError("Config.azure_storage_account: an az:// store needs the storage "
-                              "account name (or set $AZURE_STORAGE_ACCOUNT_NAME)")
+            raise ConfigError(
+                "Config.azure_storage_account: an az:// store needs the storage "
+                "account name (or set $AZURE_STORAGE_ACCOUNT_NAME)"
+            )
         if not cfg.azure_identity_id:
-            raise ConfigError("Config.azure_identity_id: give a user-assigned managed identity "
-                              "with 'Storage Blob Data Contributor' on the store, so the VM can "
-                              "reach it without a key")
+            raise ConfigError(
+                "Config.azure_identity_id: give a user-assigned managed identity "
+                "with 'Storage Blob Data Contributor' on the store, so the VM can "
+                "reach it without a key"
+            )
         if cfg.azure_image:
             _image(cfg.azure_image)
 
     def _plan_launch(self, spec: LaunchSpec) -> dict[str, Any]:
         spec = self._vm_spec(spec)
         location = self._location(spec) if (spec.region or self.config.region) else "<cheapest location>"
-        vm = build_vm(spec, self.config, location, "<throwaway ssh-ed25519 public key>"
-                      if self._ssh_key is None else self._ssh_key)
+        vm = build_vm(
+            spec,
+            self.config,
+            location,
+            "<throwaway ssh-ed25519 public key>" if self._ssh_key is None else self._ssh_key,
+        )
         body = vm.as_dict()
         body["properties"]["osProfile"]["customData"] = "<base64 of the cloud-config below>"
         name = vm_name(spec)
@@ -247,20 +317,38 @@ class AzureProvider(Provider):
         cloud_config = base64.b64decode(azure_custom_data(spec)).decode()
         requests: list[dict[str, Any]] = []
         if not self.config.azure_resource_group:
-            requests.append({
-                "api": "resources.resource_groups.create_or_update",
-                "args": {"resource_group_name": rg}, "body": dict(resource_group_model(location)),
-                "note": "Config.azure_resource_group is not set: spotnb creates this group on "
-                        "first use (idempotent; set azure_resource_group to use your own)"})
-        requests.append({"api": "compute.virtual_machines.begin_create_or_update",
-                         "args": {"resource_group_name": rg, "vm_name": name}, "body": body})
-        return {"provider": "azure", "location": location, "resource_group": rg,
-                "requests": requests, "cloud_config": cloud_config,
-            "terminate": {"api": "compute.virtual_machines.begin_delete",
-                          "args": {"resource_group_name": rg, "vm_name": name},
-                          "note": "deletes the OS disk, NIC and public IP with it (delete_option)"},
-            "fault_injection": {"api": "compute.virtual_machines.simulate_eviction",
-                                "args": {"resource_group_name": rg, "vm_name": name}}}
+            requests.append(
+                {
+                    "api": "resources.resource_groups.create_or_update",
+                    "args": {"resource_group_name": rg},
+                    "body": dict(resource_group_model(location)),
+                    "note": "Config.azure_resource_group is not set: spotnb creates this group on "
+                    "first use (idempotent; set azure_resource_group to use your own)",
+                }
+            )
+        requests.append(
+            {
+                "api": "compute.virtual_machines.begin_create_or_update",
+                "args": {"resource_group_name": rg, "vm_name": name},
+                "body": body,
+            }
+        )
+        return {
+            "provider": "azure",
+            "location": location,
+            "resource_group": rg,
+            "requests": requests,
+            "cloud_config": cloud_config,
+            "terminate": {
+                "api": "compute.virtual_machines.begin_delete",
+                "args": {"resource_group_name": rg, "vm_name": name},
+                "note": "deletes the OS disk, NIC and public IP with it (delete_option)",
+            },
+            "fault_injection": {
+                "api": "compute.virtual_machines.simulate_eviction",
+                "args": {"resource_group_name": rg, "vm_name": name},
+            },
+        }
 
     # -- backend hooks ---------------------------------------------------------------------
     def _launch(self, spec: LaunchSpec) -> Instance:
@@ -276,9 +364,14 @@ class AzureProvider(Provider):
             if code in CAPACITY_CODES:
                 raise CapacityError(f"{code} in {location}: {exc.message}") from None
             raise
-        instance = Instance(id=name, provider="azure", region=location,
-                            instance_type=spec.instance_type, launched_at=time.time(),
-                            info={"resource_group": rg, "incarnation": spec.incarnation})
+        instance = Instance(
+            id=name,
+            provider="azure",
+            region=location,
+            instance_type=spec.instance_type,
+            launched_at=time.time(),
+            info={"resource_group": rg, "incarnation": spec.incarnation},
+        )
         self._pollers[name] = poller
         self._launched[name] = instance
         return instance
@@ -291,8 +384,9 @@ class AzureProvider(Provider):
                 poller.result()
             except HttpResponseError as exc:  # the allocation failed after the request
                 code = getattr(exc.error, "code", None) or "failed"
-                return InstanceStatus(InstanceState.TERMINATED, detail={"error": code,
-                                                                        "message": exc.message})
+                return InstanceStatus(
+                    InstanceState.TERMINATED, detail={"error": code, "message": exc.message}
+                )
         try:
             view = self.compute.virtual_machines.instance_view(rg, instance.id)
         except ResourceNotFoundError:
@@ -332,8 +426,14 @@ class AzureProvider(Provider):
     def _prices(self, instance_type: str, regions: list[str] | None) -> dict[str, Price]:
         """Spot and on-demand $/h from the public Retail Prices API; the built-in table if it
         cannot be reached."""
-        wanted = [r for r in (regions or ([self.config.region] if self.config.region else
-                                          ["eastus", "westus2", "westeurope"])) if r]
+        wanted = [
+            r
+            for r in (
+                regions
+                or ([self.config.region] if self.config.region else ["eastus", "westus2", "westeurope"])
+            )
+            if r
+        ]
         table = lookup_price(instance_type, "azure")
         out: dict[str, Price] = {}
         for location in wanted:
@@ -349,16 +449,30 @@ class AzureProvider(Provider):
         """The configured group's tagged VMs, or (spotnb's groups being one per location) every
         tagged VM of the subscription."""
         configured = self.config.azure_resource_group
-        vms = (self.compute.virtual_machines.list(configured) if configured
-               else self.compute.virtual_machines.list_all())
+        vms = (
+            self.compute.virtual_machines.list(configured)
+            if configured
+            else self.compute.virtual_machines.list_all()
+        )
         for vm in vms:
             tags = vm.tags or {}
             if JOB_TAG in tags:
-                rg = configured or _group_of(getattr(vm, "id", None) or "") \
+                rg = (
+                    configured
+                    or _group_of(getattr(vm, "id", None) or "")
                     or default_resource_group(vm.location)
-                yield (Instance(id=vm.name, provider="azure", region=vm.location,
-                                instance_type="", launched_at=0.0, info={"resource_group": rg}),
-                       tags[JOB_TAG])
+                )
+                yield (
+                    Instance(
+                        id=vm.name,
+                        provider="azure",
+                        region=vm.location,
+                        instance_type="",
+                        launched_at=0.0,
+                        info={"resource_group": rg},
+                    ),
+                    tags[JOB_TAG],
+                )
 
     def close(self) -> None:
         for instance in list(self._launched.values()):
@@ -370,13 +484,18 @@ class AzureProvider(Provider):
 
 
 def _retail_price(instance_type: str, location: str, timeout: float = 5.0) -> Price:
-    query = (f"armRegionName eq '{location}' and armSkuName eq '{instance_type}' "
-             "and priceType eq 'Consumption' and serviceName eq 'Virtual Machines'")
+    query = (
+        f"armRegionName eq '{location}' and armSkuName eq '{instance_type}' "
+        "and priceType eq 'Consumption' and serviceName eq 'Virtual Machines'"
+    )
     url = f"{_RETAIL_API}?$filter={urllib.parse.quote(query)}"
     with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - public API
         items = json.load(resp)["Items"]
-    linux = [i for i in items if "Windows" not in i.get("productName", "")
-             and "Low Priority" not in i.get("skuName", "")]
+    linux = [
+        i
+        for i in items
+        if "Windows" not in i.get("productName", "") and "Low Priority" not in i.get("skuName", "")
+    ]
     spot = min(i["retailPrice"] for i in linux if "Spot" in i["skuName"])
     on_demand = min(i["retailPrice"] for i in linux if "Spot" not in i["skuName"])
     return Price(spot, on_demand, "Azure Retail Prices API")

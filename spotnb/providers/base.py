@@ -5,6 +5,7 @@ a backend implements `_launch`, `_describe`, `_terminate`, `_prices` (submitit's
 shape). Capabilities are data: `unsupported` maps a Feature to the reason, checked before
 launch (SkyPilot's pattern). Core code never names a concrete provider.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +22,16 @@ from spotnb.providers.info import NOTICE_GRACE
 if TYPE_CHECKING:
     from spotnb.config import Config
 
-__all__ = ["Provider", "Feature", "LaunchSpec", "Instance", "InstanceState", "InstanceStatus",
-           "Price", "CapacityError"]
+__all__ = [
+    "Provider",
+    "Feature",
+    "LaunchSpec",
+    "Instance",
+    "InstanceState",
+    "InstanceStatus",
+    "Price",
+    "CapacityError",
+]
 
 
 class Feature(str, Enum):
@@ -38,10 +47,10 @@ class Feature(str, Enum):
 
 
 class InstanceState(str, Enum):
-    PENDING = "pending"        # asked for, not running yet
+    PENDING = "pending"  # asked for, not running yet
     RUNNING = "running"
-    EXITED = "exited"          # the agent ended on its own (see exit_code)
-    PREEMPTED = "preempted"    # the market took it back
+    EXITED = "exited"  # the agent ended on its own (see exit_code)
+    PREEMPTED = "preempted"  # the market took it back
     TERMINATED = "terminated"  # we terminated it
     UNKNOWN = "unknown"
 
@@ -86,8 +95,8 @@ class InstanceStatus:
 
 @dataclass(frozen=True)
 class Price:
-    spot: float        # $/h
-    on_demand: float   # $/h
+    spot: float  # $/h
+    on_demand: float  # $/h
     source: str = ""
 
 
@@ -97,9 +106,9 @@ class Provider(ABC):
     name: ClassVar[str] = "provider"
     unsupported: ClassVar[dict[Feature, str]] = {}
     describe_interval: ClassVar[float] = 10.0  # seconds between describe calls (API quotas)
-    boot_timeout: ClassVar[float] = 1200.0     # VM boot + bootstrap install before the agent speaks
+    boot_timeout: ClassVar[float] = 1200.0  # VM boot + bootstrap install before the agent speaks
 
-    def __init__(self, config: "Config") -> None:
+    def __init__(self, config: Config) -> None:
         self.config = config
 
     # -- public, concrete ----------------------------------------------------------------
@@ -107,11 +116,16 @@ class Provider(ABC):
         """Raise ConfigError for a request this provider cannot serve (before any launch)."""
         store = self.config.store_url()
         if store.startswith("memory://") and Feature.MEMORY_STORE in self.unsupported:
-            raise ConfigError(f"Config.store: {store!r} cannot be used with provider="
-                              f"{self.name!r}: {self.unsupported[Feature.MEMORY_STORE]}. "
-                              "Use a file:// path or a cloud bucket.")
-        if isinstance(self.config.regions, list) and len(self.config.regions) > 1 and \
-                Feature.MULTI_REGION in self.unsupported:
+            raise ConfigError(
+                f"Config.store: {store!r} cannot be used with provider="
+                f"{self.name!r}: {self.unsupported[Feature.MEMORY_STORE]}. "
+                "Use a file:// path or a cloud bucket."
+            )
+        if (
+            isinstance(self.config.regions, list)
+            and len(self.config.regions) > 1
+            and Feature.MULTI_REGION in self.unsupported
+        ):
             raise ConfigError(f"Config.regions: {self.unsupported[Feature.MULTI_REGION]}")
         self._validate()
 
@@ -129,14 +143,17 @@ class Provider(ABC):
             raise ValueError("LaunchSpec.command is empty")
         if spec.job_key is None:
             from spotnb.signing import key_path, load_key
+
             key = load_key(spec.job_id)
             if key is not None:
                 spec = dataclasses.replace(spec, job_key=key.hex())
             else:  # the instance will refuse to run anything: say why here too
                 logging.getLogger("spotnb.providers").warning(
                     "job %s: no job key at %s; its instance cannot verify the job and will refuse "
-                    "it (drive the job from the machine that submitted it)", spec.job_id,
-                    key_path(spec.job_id))
+                    "it (drive the job from the machine that submitted it)",
+                    spec.job_id,
+                    key_path(spec.job_id),
+                )
         return self._launch(spec)
 
     def describe(self, instance: Instance) -> InstanceStatus:
@@ -177,10 +194,14 @@ class Provider(ABC):
         """Take over the instance of an `allocated` event whose controller died: return it to
         keep watching it, or end it and return None (the job then relaunches from its last
         checkpoint). The default ends it."""
-        instance = Instance(id=record["instance_id"], provider=self.name, region=record.get("region"),
-                            instance_type=record.get("instance_type", ""),
-                            launched_at=record.get("launched_at", record["t"]),
-                            info=dict(record.get("info") or {}))
+        instance = Instance(
+            id=record["instance_id"],
+            provider=self.name,
+            region=record.get("region"),
+            instance_type=record.get("instance_type", ""),
+            launched_at=record.get("launched_at", record["t"]),
+            info=dict(record.get("info") or {}),
+        )
         try:
             self.terminate(instance)
         except Exception:  # noqa: BLE001 - it may be gone already

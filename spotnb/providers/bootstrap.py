@@ -21,34 +21,54 @@ runs; the script never echoes it (no `set -x`), the agent drops it from its envi
 a dry run shows a placeholder instead. The job runs in `SPOTNB_WORKDIR` (default
 /opt/spotnb/work), where the agent lays out the job's shipped files.
 """
+
 from __future__ import annotations
 
 import base64
 import dataclasses
 import re
 import shlex
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from spotnb.providers.base import LaunchSpec
 from spotnb.signing import KEY_ENV
 
 KEY_PLACEHOLDER = "<the job key, added at launch>"
 
-__all__ = ["bootstrap_script", "aws_user_data", "azure_custom_data", "gcp_startup_script",
-           "store_extra", "install_specs", "SecretInBootstrap", "PYTHON_CANDIDATES",
-           "require_remote_store"]
+__all__ = [
+    "bootstrap_script",
+    "aws_user_data",
+    "azure_custom_data",
+    "gcp_startup_script",
+    "store_extra",
+    "install_specs",
+    "SecretInBootstrap",
+    "PYTHON_CANDIDATES",
+    "require_remote_store",
+]
 
 # Where the clouds' deep-learning images keep their Python with CUDA torch, then the system one.
-PYTHON_CANDIDATES = ("/opt/pytorch/bin/python", "/opt/conda/bin/python", "/usr/bin/python3",
-                     "python3")
+PYTHON_CANDIDATES = ("/opt/pytorch/bin/python", "/opt/conda/bin/python", "/usr/bin/python3", "python3")
 
-_EXTRA_BY_PROTOCOL = {"s3": "aws", "s3a": "aws", "gs": "gcp", "gcs": "gcp", "az": "azure",
-                      "abfs": "azure", "abfss": "azure", "adl": "azure"}
+_EXTRA_BY_PROTOCOL = {
+    "s3": "aws",
+    "s3a": "aws",
+    "gs": "gcp",
+    "gcs": "gcp",
+    "az": "azure",
+    "abfs": "azure",
+    "abfss": "azure",
+    "adl": "azure",
+}
 
 # Names that must never be shipped in a boot script (they would land in the cloud's instance
 # metadata, readable by anything on the VM and by whoever can describe the instance).
-_SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|CREDENTIAL|ACCESS_KEY|CONNECTION_STRING|"
-                          r"ACCOUNT_KEY|SAS|PRIVATE_KEY)", re.I)
+_SECRET_NAME = re.compile(
+    r"(SECRET|PASSWORD|TOKEN|CREDENTIAL|ACCESS_KEY|CONNECTION_STRING|"
+    r"ACCOUNT_KEY|SAS|PRIVATE_KEY)",
+    re.I,
+)
 
 
 class SecretInBootstrap(ValueError):
@@ -81,7 +101,8 @@ def _check_env(env: dict[str, str]) -> None:
             raise SecretInBootstrap(
                 f"LaunchSpec.env[{key!r}] looks like a credential; spotnb never puts credentials "
                 "in a boot script. Give the VM an identity (instance profile, managed identity, "
-                "service account) that can reach the store instead.")
+                "service account) that can reach the store instead."
+            )
 
 
 def _exports(pairs: Iterable[tuple[str, str]]) -> str:
@@ -130,10 +151,11 @@ spotnb_report() {{  # kind, JSON fields: one event into the job's log in the sto
   SPOTNB_EVENT_KIND="$1" SPOTNB_EVENT_FIELDS="$2" "$PY" - <<'PYEOF' || echo "spotnb bootstrap: could not report $1"
 import json, os
 from spotnb.events import EventWriter
+from spotnb.protocol import from_json
 from spotnb.store import Store
 store = Store(os.environ["SPOTNB_STORE"])
 w = EventWriter(store, os.environ["SPOTNB_JOB"], int(os.environ["SPOTNB_INCARNATION"]), "boot")
-w.emit(os.environ["SPOTNB_EVENT_KIND"], **json.loads(os.environ["SPOTNB_EVENT_FIELDS"]))
+w.emit(from_json({{**json.loads(os.environ["SPOTNB_EVENT_FIELDS"]), "kind": os.environ["SPOTNB_EVENT_KIND"]}}))
 w.flush()
 PYEOF
 }}
@@ -154,21 +176,32 @@ def bootstrap_script(spec: LaunchSpec, cloud: str) -> str:
     _check_env(spec.env)
     if not spec.spotnb_version:  # the notebook side's own version is the one to reproduce
         from spotnb import __version__
+
         spec = dataclasses.replace(spec, spotnb_version=__version__)
     if not spec.command or spec.command[0] != "python":
         raise ValueError(f"LaunchSpec.command must start with 'python', got {spec.command!r}")
     specs = install_specs(spec)
     extra_reqs = list(spec.requirements)
-    env = [("SPOTNB_JOB", spec.job_id), ("SPOTNB_INCARNATION", str(spec.incarnation)),
-           ("SPOTNB_STORE", spec.store_url), ("SPOTNB_VERSION", spec.spotnb_version),
-           ("SPOTNB_REQUIREMENTS", " ".join(extra_reqs)),
-           (KEY_ENV, spec.job_key or KEY_PLACEHOLDER),
-           *sorted(spec.env.items())]
+    env = [
+        ("SPOTNB_JOB", spec.job_id),
+        ("SPOTNB_INCARNATION", str(spec.incarnation)),
+        ("SPOTNB_STORE", spec.store_url),
+        ("SPOTNB_VERSION", spec.spotnb_version),
+        ("SPOTNB_REQUIREMENTS", " ".join(extra_reqs)),
+        (KEY_ENV, spec.job_key or KEY_PLACEHOLDER),
+        *sorted(spec.env.items()),
+    ]
     command = '"$PY" ' + " ".join(shlex.quote(c) for c in spec.command[1:])
-    return _TEMPLATE.format(job=spec.job_id, inc=spec.incarnation, cloud=cloud,
-                            version=spec.spotnb_version or "unpinned", exports=_exports(env),
-                            pythons=" ".join(PYTHON_CANDIDATES),
-                            install=" ".join(shlex.quote(s) for s in specs), command=command)
+    return _TEMPLATE.format(
+        job=spec.job_id,
+        inc=spec.incarnation,
+        cloud=cloud,
+        version=spec.spotnb_version or "unpinned",
+        exports=_exports(env),
+        pythons=" ".join(PYTHON_CANDIDATES),
+        install=" ".join(shlex.quote(s) for s in specs),
+        command=command,
+    )
 
 
 def aws_user_data(spec: LaunchSpec) -> str:
@@ -183,14 +216,16 @@ def azure_custom_data(spec: LaunchSpec) -> str:
     """Azure `os_profile.custom_data`: a base64 cloud-config that writes the script and runs it."""
     script = bootstrap_script(spec, "azure")
     indented = "\n".join("      " + line for line in script.splitlines())
-    cloud_config = ("#cloud-config\n"
-                    "write_files:\n"
-                    "  - path: /opt/spotnb/bootstrap.sh\n"
-                    "    permissions: '0700'\n"
-                    "    content: |\n"
-                    f"{indented}\n"
-                    "runcmd:\n"
-                    "  - [bash, /opt/spotnb/bootstrap.sh]\n")
+    cloud_config = (
+        "#cloud-config\n"
+        "write_files:\n"
+        "  - path: /opt/spotnb/bootstrap.sh\n"
+        "    permissions: '0700'\n"
+        "    content: |\n"
+        f"{indented}\n"
+        "runcmd:\n"
+        "  - [bash, /opt/spotnb/bootstrap.sh]\n"
+    )
     encoded = base64.b64encode(cloud_config.encode()).decode()
     if len(encoded) > 87380:  # Azure's limit on custom data (64 KB before base64)
         raise ValueError("Azure custom_data is limited to 64 KB; trim the job's requirements")
@@ -205,10 +240,16 @@ def gcp_startup_script(spec: LaunchSpec) -> str:
 def require_remote_store(config: Any, provider: str) -> None:
     """A cloud VM reaches the store over the network: refuse file:// and memory:// early."""
     from spotnb.errors import ConfigError
+
     url = config.store_url()
     protocol = url.split("://", 1)[0].lower() if "://" in url else "file"
     if protocol in ("file", "memory", "local"):
-        example = {"aws": "s3://my-bucket/spotnb", "azure": "az://my-container/spotnb",
-                   "gcp": "gs://my-bucket/spotnb"}.get(provider, "s3://bucket/prefix")
-        raise ConfigError(f"Config.store: provider={provider!r} runs the job on a cloud VM, which "
-                          f"cannot reach {url!r}; give a bucket, e.g. store={example!r}")
+        example = {
+            "aws": "s3://my-bucket/spotnb",
+            "azure": "az://my-container/spotnb",
+            "gcp": "gs://my-bucket/spotnb",
+        }.get(provider, "s3://bucket/prefix")
+        raise ConfigError(
+            f"Config.store: provider={provider!r} runs the job on a cloud VM, which "
+            f"cannot reach {url!r}; give a bucket, e.g. store={example!r}"
+        )

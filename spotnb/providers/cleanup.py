@@ -6,10 +6,12 @@ after its agent exits, but a notebook kernel can die between a launch and its bo
 terminates those whose job is not running any more (or that no job DB here knows, with
 `all_unknown=True`). Tag keys are the same on all clouds and valid GCP label keys.
 """
+
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from spotnb.config import Config
@@ -24,10 +26,9 @@ _LIVE = {"pending", "running", "preempted", "restoring"}
 _STALE_S = 600.0  # a "running" job whose controller has been silent this long is dead
 
 
-def job_tags(spec: "LaunchSpec") -> dict[str, str]:
+def job_tags(spec: LaunchSpec) -> dict[str, str]:
     """The tags (AWS, Azure) / labels (GCP) of one incarnation's VM and disks."""
-    return {JOB_TAG: spec.job_id.lower(), INCARNATION_TAG: str(spec.incarnation),
-            MANAGED_TAG: "true"}
+    return {JOB_TAG: spec.job_id.lower(), INCARNATION_TAG: str(spec.incarnation), MANAGED_TAG: "true"}
 
 
 def _job_is_live(job_id: str, db: Any, now: float) -> bool | None:
@@ -41,8 +42,9 @@ def _job_is_live(job_id: str, db: Any, now: float) -> bool | None:
     return None
 
 
-def orphans(tagged: Iterable[tuple[str, str]], db: Any, all_unknown: bool = False,
-            now: float | None = None) -> list[str]:
+def orphans(
+    tagged: Iterable[tuple[str, str]], db: Any, all_unknown: bool = False, now: float | None = None
+) -> list[str]:
     """From (instance id, job id) pairs, the instances no live job owns."""
     now = time.time() if now is None else now
     out = []
@@ -53,8 +55,9 @@ def orphans(tagged: Iterable[tuple[str, str]], db: Any, all_unknown: bool = Fals
     return out
 
 
-def gc(provider_name: str, config: "Config | None" = None, *, all_unknown: bool = False,
-       dry_run: bool = False) -> list[str]:
+def gc(
+    provider_name: str, config: Config | None = None, *, all_unknown: bool = False, dry_run: bool = False
+) -> list[str]:
     """Terminate the provider's spotnb-tagged VMs whose job has ended; returns their ids.
 
     A job counts as ended when the job DB says succeeded/failed/stopped, or its controller has
@@ -62,18 +65,19 @@ def gc(provider_name: str, config: "Config | None" = None, *, all_unknown: bool 
     machine) are left alone unless `all_unknown=True`. `dry_run=True` only lists them.
     """
     from spotnb.config import Config
+    from spotnb.errors import ConfigError
     from spotnb.jobdb import JobDB
     from spotnb.providers import get_provider_class
-
-    from spotnb.errors import ConfigError
     from spotnb.providers.base import Feature
 
     config = config or Config(provider=provider_name)
     provider = get_provider_class(provider_name)(config)
     if not provider.supports(Feature.CLEANUP):
         provider.close()
-        raise ConfigError(f"spotnb gc: provider {provider_name!r} leaves nothing behind to clean "
-                          f"up ({provider.unsupported[Feature.CLEANUP]})")
+        raise ConfigError(
+            f"spotnb gc: provider {provider_name!r} leaves nothing behind to clean "
+            f"up ({provider.unsupported[Feature.CLEANUP]})"
+        )
     try:
         lister = getattr(provider, "list_tagged", None)
         if lister is None:

@@ -21,13 +21,15 @@ account. Fault injection: `provider.inject(instance)` calls `simulate_maintenanc
 Spot prices: GCP publishes them only through the Cloud Billing Catalog API, which needs an API
 key; spotnb uses its built-in table (the same price in every zone).
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import re
 import time
-from typing import Any, ClassVar, Iterator
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 from google.api_core import exceptions as gexc
 from google.auth.exceptions import DefaultCredentialsError
@@ -35,22 +37,46 @@ from google.cloud import compute_v1
 
 from spotnb.errors import CapacityError, ConfigError
 from spotnb.prices import lookup_price
-from spotnb.providers.base import (Feature, Instance, InstanceState, InstanceStatus, LaunchSpec,
-                                   Price, Provider)
+from spotnb.providers.base import (
+    Feature,
+    Instance,
+    InstanceState,
+    InstanceStatus,
+    LaunchSpec,
+    Price,
+    Provider,
+)
 from spotnb.providers.bootstrap import gcp_startup_script, require_remote_store
 from spotnb.providers.cleanup import JOB_TAG, job_tags
 
-__all__ = ["GCPProvider", "DEFAULT_IMAGE", "CAPACITY_MARKERS", "FALLBACK_ZONE_SUFFIXES",
-           "build_instance", "instance_name", "insert_request", "delete_request",
-           "simulate_request", "zones_request", "is_zone", "is_region"]
+__all__ = [
+    "GCPProvider",
+    "DEFAULT_IMAGE",
+    "CAPACITY_MARKERS",
+    "FALLBACK_ZONE_SUFFIXES",
+    "build_instance",
+    "instance_name",
+    "insert_request",
+    "delete_request",
+    "simulate_request",
+    "zones_request",
+    "is_zone",
+    "is_region",
+]
 
 log = logging.getLogger("spotnb.providers.gcp")
 
 DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/pytorch-latest-gpu"
 # Error reasons that mean "not in this zone now": the controller tries the next candidate.
-CAPACITY_MARKERS = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
-                    "QUOTA_EXCEEDED", "RESOURCE_EXHAUSTED", "UNSUPPORTED_OPERATION",
-                    "does not have enough resources available", "stockout")
+CAPACITY_MARKERS = (
+    "ZONE_RESOURCE_POOL_EXHAUSTED",
+    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+    "QUOTA_EXCEEDED",
+    "RESOURCE_EXHAUSTED",
+    "UNSUPPORTED_OPERATION",
+    "does not have enough resources available",
+    "stockout",
+)
 # Errors that mean "this zone cannot serve this request at all" (no such zone, machine type or
 # GPU there): inside a region, the next zone is tried; for an explicit zone they are raised.
 NOT_IN_ZONE_MARKERS = ("does not exist in zone", "Unknown zone", "Invalid value for field 'zone'")
@@ -78,60 +104,89 @@ def instance_name(spec: LaunchSpec) -> str:
     incarnation)."""
     suffix = f"-{spec.incarnation}"
     job = re.sub(r"[^a-z0-9]+", "-", spec.job_id.lower()).strip("-") or "job"
-    job = job[:_NAME_MAX - len("spotnb-") - len(suffix)].rstrip("-")
+    job = job[: _NAME_MAX - len("spotnb-") - len(suffix)].rstrip("-")
     return f"spotnb-{job}{suffix}"
 
 
 def _labels(spec: LaunchSpec) -> dict[str, str]:
     """job_tags as valid GCE label values (lowercase letters, digits, `_` and `-`, ≤ 63)."""
-    return {k: re.sub(r"[^a-z0-9_-]+", "-", v.lower()).strip("-")[:_NAME_MAX]
-            for k, v in job_tags(spec).items()}
+    return {
+        k: re.sub(r"[^a-z0-9_-]+", "-", v.lower()).strip("-")[:_NAME_MAX] for k, v in job_tags(spec).items()
+    }
 
 
 def build_instance(spec: LaunchSpec, config: Any, zone: str) -> compute_v1.Instance:
     """The exact Instance resource sent to `InstancesClient.insert` for one incarnation."""
     name = instance_name(spec)
     disk = compute_v1.AttachedDisk(
-        boot=True, auto_delete=True, type_="PERSISTENT",
+        boot=True,
+        auto_delete=True,
+        type_="PERSISTENT",
         initialize_params=compute_v1.AttachedDiskInitializeParams(
-            source_image=config.gcp_image or DEFAULT_IMAGE, disk_size_gb=config.gcp_disk_gb,
-            disk_type=f"zones/{zone}/diskTypes/pd-balanced", labels=_labels(spec)))
+            source_image=config.gcp_image or DEFAULT_IMAGE,
+            disk_size_gb=config.gcp_disk_gb,
+            disk_type=f"zones/{zone}/diskTypes/pd-balanced",
+            labels=_labels(spec),
+        ),
+    )
     nic = compute_v1.NetworkInterface(
         network=config.gcp_network or "global/networks/default",
         # an ephemeral external IP for outbound pip installs; the default firewall admits no
         # inbound traffic to this VM beyond what the project's own rules allow
-        access_configs=[compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")])
+        access_configs=[compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")],
+    )
     if config.gcp_subnetwork:
         nic.subnetwork = config.gcp_subnetwork
     instance = compute_v1.Instance(
-        name=name, machine_type=f"zones/{zone}/machineTypes/{spec.instance_type}",
-        labels=_labels(spec), disks=[disk], network_interfaces=[nic],
-        scheduling=compute_v1.Scheduling(provisioning_model="SPOT",
-                                         instance_termination_action="DELETE",
-                                         on_host_maintenance="TERMINATE", automatic_restart=False),
-        metadata=compute_v1.Metadata(items=[
-            compute_v1.Items(key="startup-script", value=gcp_startup_script(spec)),
-            compute_v1.Items(key="install-nvidia-driver", value="True")]),
-        service_accounts=[compute_v1.ServiceAccount(
-            email=config.gcp_service_account or "default",
-            scopes=["https://www.googleapis.com/auth/cloud-platform"])])
+        name=name,
+        machine_type=f"zones/{zone}/machineTypes/{spec.instance_type}",
+        labels=_labels(spec),
+        disks=[disk],
+        network_interfaces=[nic],
+        scheduling=compute_v1.Scheduling(
+            provisioning_model="SPOT",
+            instance_termination_action="DELETE",
+            on_host_maintenance="TERMINATE",
+            automatic_restart=False,
+        ),
+        metadata=compute_v1.Metadata(
+            items=[
+                compute_v1.Items(key="startup-script", value=gcp_startup_script(spec)),
+                compute_v1.Items(key="install-nvidia-driver", value="True"),
+            ]
+        ),
+        service_accounts=[
+            compute_v1.ServiceAccount(
+                email=config.gcp_service_account or "default",
+                scopes=["https://www.googleapis.com/auth/cloud-platform"],
+            )
+        ],
+    )
     if config.gcp_accelerator_type:
-        instance.guest_accelerators = [compute_v1.AcceleratorConfig(
-            accelerator_type=f"zones/{zone}/acceleratorTypes/{config.gcp_accelerator_type}",
-            accelerator_count=config.gcp_accelerator_count)]
+        instance.guest_accelerators = [
+            compute_v1.AcceleratorConfig(
+                accelerator_type=f"zones/{zone}/acceleratorTypes/{config.gcp_accelerator_type}",
+                accelerator_count=config.gcp_accelerator_count,
+            )
+        ]
     return instance
 
 
-def insert_request(spec: LaunchSpec, config: Any, project: str, zone: str) -> compute_v1.InsertInstanceRequest:
-    return compute_v1.InsertInstanceRequest(project=project, zone=zone,
-                                            instance_resource=build_instance(spec, config, zone))
+def insert_request(
+    spec: LaunchSpec, config: Any, project: str, zone: str
+) -> compute_v1.InsertInstanceRequest:
+    return compute_v1.InsertInstanceRequest(
+        project=project, zone=zone, instance_resource=build_instance(spec, config, zone)
+    )
 
 
 def delete_request(project: str, zone: str, name: str) -> compute_v1.DeleteInstanceRequest:
     return compute_v1.DeleteInstanceRequest(project=project, zone=zone, instance=name)
 
 
-def simulate_request(project: str, zone: str, name: str) -> compute_v1.SimulateMaintenanceEventInstanceRequest:
+def simulate_request(
+    project: str, zone: str, name: str
+) -> compute_v1.SimulateMaintenanceEventInstanceRequest:
     return compute_v1.SimulateMaintenanceEventInstanceRequest(project=project, zone=zone, instance=name)
 
 
@@ -142,8 +197,9 @@ def zones_request(project: str, region: str) -> compute_v1.ListZonesRequest:
 
 
 def _is_capacity(exc: Exception) -> bool:
-    return any(marker in str(exc) for marker in CAPACITY_MARKERS) or \
-        isinstance(exc, (gexc.ResourceExhausted, gexc.TooManyRequests))
+    return any(marker in str(exc) for marker in CAPACITY_MARKERS) or isinstance(
+        exc, (gexc.ResourceExhausted, gexc.TooManyRequests)
+    )
 
 
 def _not_in_zone(exc: Exception) -> bool:
@@ -182,25 +238,31 @@ class GCPProvider(Provider):
         return self._zones_client
 
     def project(self) -> str:
-        project = self.config.gcp_project or os.environ.get("GOOGLE_CLOUD_PROJECT") \
+        project = (
+            self.config.gcp_project
+            or os.environ.get("GOOGLE_CLOUD_PROJECT")
             or os.environ.get("CLOUDSDK_CORE_PROJECT")
+        )
         if project:
             return project
         try:
             import google.auth
+
             _, project = google.auth.default()
         except Exception:  # noqa: BLE001 - google.auth raises several kinds
             project = None
         if not project:
-            raise ConfigError("Config.gcp_project: not set and no default project in the "
-                              "credentials; give the project id")
+            raise ConfigError(
+                "Config.gcp_project: not set and no default project in the credentials; give the project id"
+            )
         return project
 
     def _where_to(self, spec: LaunchSpec) -> str:
         where = spec.region or self.config.region
         if not where:
-            raise ConfigError("Config.region: give a GCP region or zone such as 'us-central1' "
-                              "or 'us-central1-a'")
+            raise ConfigError(
+                "Config.region: give a GCP region or zone such as 'us-central1' or 'us-central1-a'"
+            )
         return where
 
     def zones(self, where: str) -> tuple[list[str], str]:
@@ -213,18 +275,29 @@ class GCPProvider(Provider):
         if where not in self._region_zones:
             project = self.project()
             try:
-                listed = sorted(z.name for z in self.zones_client.list(
-                    request=zones_request(project, where))
-                    if z.region.rsplit("/", 1)[-1] == where and z.status != "DOWN")
+                listed = sorted(
+                    z.name
+                    for z in self.zones_client.list(request=zones_request(project, where))
+                    if z.region.rsplit("/", 1)[-1] == where and z.status != "DOWN"
+                )
                 if not listed:
-                    raise ConfigError(f"Config.region: {where!r} has no zone that is UP in project "
-                                      f"{project!r} (ZonesClient.list); check the region name")
+                    raise ConfigError(
+                        f"Config.region: {where!r} has no zone that is UP in project "
+                        f"{project!r} (ZonesClient.list); check the region name"
+                    )
                 result = (listed, "ZonesClient.list")
             except (gexc.GoogleAPICallError, DefaultCredentialsError) as exc:
-                log.warning("cannot list the zones of %s (%s); trying %s-%s in turn", where,
-                            type(exc).__name__, where, "/".join(FALLBACK_ZONE_SUFFIXES))
-                result = ([f"{where}-{s}" for s in FALLBACK_ZONE_SUFFIXES],
-                          f"fallback (zones could not be listed: {type(exc).__name__})")
+                log.warning(
+                    "cannot list the zones of %s (%s); trying %s-%s in turn",
+                    where,
+                    type(exc).__name__,
+                    where,
+                    "/".join(FALLBACK_ZONE_SUFFIXES),
+                )
+                result = (
+                    [f"{where}-{s}" for s in FALLBACK_ZONE_SUFFIXES],
+                    f"fallback (zones could not be listed: {type(exc).__name__})",
+                )
             self._region_zones[where] = result
         zones, source = self._region_zones[where]
         return list(zones), source
@@ -232,18 +305,23 @@ class GCPProvider(Provider):
     # -- validation and planning -----------------------------------------------------------
     def _validate(self) -> None:
         require_remote_store(self.config, self.name)
-        if not self.config.gcp_project and not (os.environ.get("GOOGLE_CLOUD_PROJECT")
-                                                or os.environ.get("CLOUDSDK_CORE_PROJECT")):
+        if not self.config.gcp_project and not (
+            os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT")
+        ):
             raise ConfigError("Config.gcp_project: give the project id (or set $GOOGLE_CLOUD_PROJECT)")
         regions = self.config.candidate_regions()
         if not regions:
-            raise ConfigError("Config.region: give a GCP region or zone such as 'us-central1' or "
-                              "'us-central1-a' (or regions=[...])")
+            raise ConfigError(
+                "Config.region: give a GCP region or zone such as 'us-central1' or "
+                "'us-central1-a' (or regions=[...])"
+            )
         field = "region" if self.config.region else "regions"
-        for r in ([] if regions == "cheapest" else regions):
+        for r in [] if regions == "cheapest" else regions:
             if not (is_zone(r) or is_region(r)):
-                raise ConfigError(f"Config.{field}: {r!r} is neither a GCP region nor a zone "
-                                  "(e.g. 'us-central1' or 'us-central1-a')")
+                raise ConfigError(
+                    f"Config.{field}: {r!r} is neither a GCP region nor a zone "
+                    "(e.g. 'us-central1' or 'us-central1-a')"
+                )
 
     def _plan_launch(self, spec: LaunchSpec) -> dict[str, Any]:
         where = spec.region or self.config.region
@@ -259,19 +337,36 @@ class GCPProvider(Provider):
             if item["key"] == "startup-script":
                 item["value"] = "<the bootstrap script below>"
         name = instance_name(spec)
-        return {"provider": "gcp", "project": project, "zone": zone, "zones": zones,
-                "zone_order": (f"{where}: tried in this order ({source}); a capacity error or a "
-                               "zone without the machine type moves on to the next"
-                               if len(zones) > 1 else f"{zone} ({source})"),
-                "requests": [
-            {"api": "compute_v1.InstancesClient.insert", "args": {"project": project, "zone": zone},
-             "body": body}],
+        return {
+            "provider": "gcp",
+            "project": project,
+            "zone": zone,
+            "zones": zones,
+            "zone_order": (
+                f"{where}: tried in this order ({source}); a capacity error or a "
+                "zone without the machine type moves on to the next"
+                if len(zones) > 1
+                else f"{zone} ({source})"
+            ),
+            "requests": [
+                {
+                    "api": "compute_v1.InstancesClient.insert",
+                    "args": {"project": project, "zone": zone},
+                    "body": body,
+                }
+            ],
             "bootstrap": gcp_startup_script(spec),
-            "terminate": {"api": "compute_v1.InstancesClient.delete",
-                          "args": compute_v1.DeleteInstanceRequest.to_dict(delete_request(project, zone, name))},
-            "fault_injection": {"api": "compute_v1.InstancesClient.simulate_maintenance_event",
-                                "args": compute_v1.SimulateMaintenanceEventInstanceRequest.to_dict(
-                                    simulate_request(project, zone, name))}}
+            "terminate": {
+                "api": "compute_v1.InstancesClient.delete",
+                "args": compute_v1.DeleteInstanceRequest.to_dict(delete_request(project, zone, name)),
+            },
+            "fault_injection": {
+                "api": "compute_v1.InstancesClient.simulate_maintenance_event",
+                "args": compute_v1.SimulateMaintenanceEventInstanceRequest.to_dict(
+                    simulate_request(project, zone, name)
+                ),
+            },
+        }
 
     # -- backend hooks ---------------------------------------------------------------------
     def _launch(self, spec: LaunchSpec) -> Instance:
@@ -294,22 +389,30 @@ class GCPProvider(Provider):
             raise CapacityError(refused[0])
         if capacity:
             raise CapacityError(f"no capacity in any zone of {where}: " + "; ".join(refused))
-        raise ConfigError(f"Config.instance_type: no zone of {where} can run "
-                          f"{spec.instance_type!r}: " + "; ".join(refused))
+        raise ConfigError(
+            f"Config.instance_type: no zone of {where} can run {spec.instance_type!r}: " + "; ".join(refused)
+        )
 
     def _insert(self, spec: LaunchSpec, project: str, zone: str) -> Instance:
         req = insert_request(spec, self.config, project, zone)
         operation = self.instances.insert(request=req)
         operation.result(timeout=_INSERT_TIMEOUT)  # errors of the insert surface here
         name = req.instance_resource.name
-        instance = Instance(id=name, provider="gcp", region=zone, instance_type=spec.instance_type,
-                            launched_at=time.time(),
-                            info={"project": project, "zone": zone, "incarnation": spec.incarnation})
+        instance = Instance(
+            id=name,
+            provider="gcp",
+            region=zone,
+            instance_type=spec.instance_type,
+            launched_at=time.time(),
+            info={"project": project, "zone": zone, "incarnation": spec.incarnation},
+        )
         self._launched[name] = instance
         return instance
 
     def _where(self, instance: Instance) -> tuple[str, str]:
-        return instance.info.get("project") or self.project(), instance.info.get("zone") or instance.region or ""
+        return instance.info.get("project") or self.project(), instance.info.get(
+            "zone"
+        ) or instance.region or ""
 
     def _describe(self, instance: Instance) -> InstanceStatus:
         project, zone = self._where(instance)
@@ -348,22 +451,33 @@ class GCPProvider(Provider):
         table = lookup_price(instance_type, "gcp")
         if table is None:
             return {}
-        zones = regions or (self.config.regions if isinstance(self.config.regions, list) else None) \
+        zones = (
+            regions
+            or (self.config.regions if isinstance(self.config.regions, list) else None)
             or ([self.config.region] if self.config.region else [])
+        )
         return {z: Price(table.spot, table.on_demand, table.source) for z in zones if z}
 
     # -- cleanup ---------------------------------------------------------------------------
     def list_tagged(self) -> Iterator[tuple[Instance, str]]:
         project = self.project()
-        request = compute_v1.AggregatedListInstancesRequest(project=project,
-                                                            filter=f"labels.{JOB_TAG}:*")
+        request = compute_v1.AggregatedListInstancesRequest(project=project, filter=f"labels.{JOB_TAG}:*")
         for zone_path, scoped in self.instances.aggregated_list(request=request):
             zone = zone_path.rsplit("/", 1)[-1]
             for data in scoped.instances:
                 job = dict(data.labels).get(JOB_TAG)
                 if job and data.status not in ("TERMINATED",):
-                    yield (Instance(id=data.name, provider="gcp", region=zone, instance_type="",
-                                    launched_at=0.0, info={"project": project, "zone": zone}), job)
+                    yield (
+                        Instance(
+                            id=data.name,
+                            provider="gcp",
+                            region=zone,
+                            instance_type="",
+                            launched_at=0.0,
+                            info={"project": project, "zone": zone},
+                        ),
+                        job,
+                    )
 
     def close(self) -> None:
         for instance in list(self._launched.values()):

@@ -7,6 +7,7 @@ registered provider's settings (see `spotnb.config`), so the settings module mus
 SDK. A third-party provider ships a `ProviderInfo` in its package and names it in the
 `spotnb.providers` entry-point group; nothing in spotnb is edited.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -61,8 +62,10 @@ class ProviderInfo:
         prefix = f"{self.name}_"
         bad = [f for f in self.settings.model_fields if not f.startswith(prefix)]
         if bad:
-            raise ValueError(f"provider {self.name!r}: settings fields {bad} do not start with "
-                             f"{prefix!r} (every provider's fields carry its prefix)")
+            raise ValueError(
+                f"provider {self.name!r}: settings fields {bad} do not start with "
+                f"{prefix!r} (every provider's fields carry its prefix)"
+            )
 
     def load(self) -> type[Provider]:
         module_name, _, cls_name = self.provider.partition(":")

@@ -2,14 +2,14 @@
 
 Fields carry the `local_` prefix; `spot.Config` inherits them (see `spotnb.providers.info`).
 """
+
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from spotnb.durations import (DAY, Duration, Range, bounded, duration_range, is_int, lifetime,
-                              parse_duration)
+from spotnb.durations import DAY, Duration, Range, bounded, duration_range, is_int, lifetime, parse_duration
 from spotnb.providers.info import NOTICE_GRACE, ProviderSettings, no_bool
 
 __all__ = ["LocalSettings"]
@@ -21,22 +21,30 @@ class LocalSettings(ProviderSettings):
 
     prefix: ClassVar[str] = "local_"
 
-    local_mttp: Duration | None = Field(None, description="Mean time to preemption (exponential); "
-                                                          "None = no random preemptions.")
-    local_grace: Duration | None = Field(None, description="Notice lead time before the kill "
-                                                           "(default: 120 s aws, 30 s azure/gcp).")
+    local_mttp: Duration | None = Field(
+        None, description="Mean time to preemption (exponential); None = no random preemptions."
+    )
+    local_grace: Duration | None = Field(
+        None, description="Notice lead time before the kill (default: 120 s aws, 30 s azure/gcp)."
+    )
     local_alloc_delay: Range = Field((0.3, 0.8), description="Allocation delay, seconds or [low, high).")
-    local_capacity_failure: float = Field(0.0, ge=0, lt=1, description="Chance an allocation fails "
-                                                                       "for lack of capacity.")
-    local_schedule: list[Any] | None = Field(None, description="Deterministic preemptions, one per "
-                                             "instance: lifetimes in seconds, or {'step': N, 'phase': "
-                                             "'step'|'save'|'upload'|'commit'|'restore', 'notice': bool} (a kill when the "
-                                             "instance reaches that step and phase; with notice, the "
-                                             "notice then and the kill local_grace later).")
-    local_trace: str | None = Field(None, description="Replay a trace file (bamboo / parcae format) "
-                                                      "or a bundled trace name.")
-    local_notice_format: Literal["aws", "azure", "gcp"] = Field("aws", description="Which cloud's "
-                                                                "metadata protocol the emulator speaks.")
+    local_capacity_failure: float = Field(
+        0.0, ge=0, lt=1, description="Chance an allocation fails for lack of capacity."
+    )
+    local_schedule: list[Any] | None = Field(
+        None,
+        description="Deterministic preemptions, one per "
+        "instance: lifetimes in seconds, or {'step': N, 'phase': "
+        "'step'|'save'|'upload'|'commit'|'restore', 'notice': bool} (a kill when the "
+        "instance reaches that step and phase; with notice, the "
+        "notice then and the kill local_grace later).",
+    )
+    local_trace: str | None = Field(
+        None, description="Replay a trace file (bamboo / parcae format) or a bundled trace name."
+    )
+    local_notice_format: Literal["aws", "azure", "gcp"] = Field(
+        "aws", description="Which cloud's metadata protocol the emulator speaks."
+    )
     local_upload_bps: float | None = Field(None, gt=0, description="Emulated upload bandwidth, bytes/s.")
     local_seed: int | None = Field(None, description="Seed of the local market's random draws.")
 
@@ -89,10 +97,12 @@ class LocalSettings(ProviderSettings):
                         raise ValueError(f"schedule 'step' must be a non-negative int, got {item['step']!r}")
                     phase = item.get("phase", "step")
                     if phase not in ("step", "save", "upload", "commit", "restore"):
-                        raise ValueError("schedule 'phase' is one of step, save, upload, commit, "
-                                         f"restore; got {phase!r}")
-                    out.append({"step": item["step"], "phase": phase,
-                                "notice": bool(item.get("notice", False))})
+                        raise ValueError(
+                            f"schedule 'phase' is one of step, save, upload, commit, restore; got {phase!r}"
+                        )
+                    out.append(
+                        {"step": item["step"], "phase": phase, "notice": bool(item.get("notice", False))}
+                    )
                 elif "after" in item:
                     out.append({"after": lifetime(item["after"])})
                 else:
@@ -112,10 +122,13 @@ class LocalSettings(ProviderSettings):
     def check_config(cls, config: Any) -> None:
         if config.price_spot is None or config.price_on_demand is None:
             from spotnb.prices import lookup_price
+
             if lookup_price(config.instance_type) is None:
-                raise ValueError(f"instance_type {config.instance_type!r} is not in the price table, so "
-                                 "the local market cannot price it: pick a listed type (e.g. "
-                                 "'g4dn.xlarge') or give price_spot and price_on_demand")
+                raise ValueError(
+                    f"instance_type {config.instance_type!r} is not in the price table, so "
+                    "the local market cannot price it: pick a listed type (e.g. "
+                    "'g4dn.xlarge') or give price_spot and price_on_demand"
+                )
 
     @classmethod
     def market_priors(cls, config: Any) -> dict[str, float]:

@@ -6,6 +6,7 @@ replacement can be allocated and prepared during the old one's grace period), ru
 function with a `Context`, streams events, and exits with a code the controller reads:
 0 done, 1 the user's function raised, 3 evacuated after an emergency checkpoint.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,11 +46,13 @@ class Agent:
         self.key = key_from_env()
         self.job_spec: JobSpec | None = None
         self.spec: dict[str, Any] = RuntimeSettings().model_dump()  # until the signed spec is read
-        self.inc = json.loads(self.store.read_bytes(
-            self.store.job(job_id, "incarnations", f"{incarnation:04d}.json")))
+        self.inc = json.loads(
+            self.store.read_bytes(self.store.job(job_id, "incarnations", f"{incarnation:04d}.json"))
+        )
         instance = os.environ.get("SPOTNB_INSTANCE_ID", "").replace("-", "_")
-        self.events = EventWriter(self.store, job_id, incarnation,
-                                  f"agent_{instance}" if instance else "agent")
+        self.events = EventWriter(
+            self.store, job_id, incarnation, f"agent_{instance}" if instance else "agent"
+        )
         self.ctx: Any = None
         self._stop = threading.Event()
         self._last_progress: tuple | None = None
@@ -58,8 +61,9 @@ class Agent:
         self._bad_metrics: set[str] = set()
 
     # -- event plumbing --------------------------------------------------------------------
-    _FLUSH_NOW = frozenset({"checkpoint", "resumed", "ready", "evacuating", "checkpoint_failed",
-                            "emergency_skipped"})
+    _FLUSH_NOW = frozenset(
+        {"checkpoint", "resumed", "ready", "evacuating", "checkpoint_failed", "emergency_skipped"}
+    )
 
     def emit(self, event: ev.Event) -> None:
         self.events.emit(event)
@@ -134,10 +138,14 @@ class Agent:
     def _bad(self, key: str, step: int, what: str) -> None:
         if key not in self._bad_metrics:
             self._bad_metrics.add(key)
-            self.events.emit(ev.JobWarning(
-                metric=key, step=step,
-                message=f"ctx.log({key}=...) got {what} at step {step}; it is shown as a gap "
-                "(later such values of this metric are not reported again)"))
+            self.events.emit(
+                ev.JobWarning(
+                    metric=key,
+                    step=step,
+                    message=f"ctx.log({key}=...) got {what} at step {step}; it is shown as a gap "
+                    "(later such values of this metric are not reported again)",
+                )
+            )
         return None
 
     def _flusher(self) -> None:
@@ -158,8 +166,10 @@ class Agent:
         deadline = time.time() + WAIT_FOR_PREVIOUS
         while not self.store.exists(marker):
             if time.time() > deadline:  # its controller is gone: do not idle on a paid instance
-                raise RuntimeError(f"incarnation {self.incarnation - 1} never ended (no end marker "
-                                   f"after {WAIT_FOR_PREVIOUS:.0f} s); its controller may have died")
+                raise RuntimeError(
+                    f"incarnation {self.incarnation - 1} never ended (no end marker "
+                    f"after {WAIT_FOR_PREVIOUS:.0f} s); its controller may have died"
+                )
             time.sleep(0.05 if self.store.local else 1.0)
             self.store.invalidate()
         ended = json.loads(self.store.read_bytes(marker))
@@ -175,8 +185,14 @@ class Agent:
         from spotnb.runtime.context import Context, Evacuate
         from spotnb.runtime.notice import make_watcher
 
-        self.emit(ev.Started(pid=os.getpid(), host=os.uname().nodename,
-                             python=sys.version.split()[0], boot_s=time.time() - _STARTED))
+        self.emit(
+            ev.Started(
+                pid=os.getpid(),
+                host=os.uname().nodename,
+                python=sys.version.split()[0],
+                boot_s=time.time() - _STARTED,
+            )
+        )
         threading.Thread(target=self._flusher, name="spotnb-flusher", daemon=True).start()
         refused = self._load_spec()
         if refused:
@@ -189,8 +205,9 @@ class Agent:
             blob = self.store.read_bytes(self.store.job(self.job_id, "fn.pkl"))
             code = unseal(self.key, self.job_id, "fn.pkl", blob)  # verified before it is unpickled
         except BadSignature as exc:
-            return self._fail(f"refusing to load the function: {exc}; resubmit the job (or resume it "
-                              "with a new fn)", exc)
+            return self._fail(
+                f"refusing to load the function: {exc}; resubmit the job (or resume it with a new fn)", exc
+            )
         except OSError as exc:
             return self._fail(f"could not read the function from the store: {exc}", exc)
         try:
@@ -205,36 +222,64 @@ class Agent:
         except RuntimeError as exc:
             self.emit(ev.JobWarning(message=str(exc)))
             return self._finish(4)
-        checkpointer = Checkpointer(self.store, self.job_id, self.incarnation, self.emit, beacon,
-                                    keep_last=self.spec.get("keep_last", 2), upload_bps=upload_bps,
-                                    before_commit=self.flush_through, key=self.key)
+        checkpointer = Checkpointer(
+            self.store,
+            self.job_id,
+            self.incarnation,
+            self.emit,
+            beacon,
+            keep_last=self.spec.get("keep_last", 2),
+            upload_bps=upload_bps,
+            before_commit=self.flush_through,
+            key=self.key,
+        )
         market = self.inc.get("market", {})
         notice_cfg = self.inc.get("notice", {})
         watcher = None
-        self.ctx = ctx = Context(job_id=self.job_id, incarnation=self.incarnation,
-                                 checkpointer=checkpointer, policy=policy, emit=self.emit,
-                                 flush=self.flush, beacon=beacon, market=market,
-                                 save_every=self.spec.get("save_every"),
-                                 high_water=int(self.inc.get("high_water", 0)),
-                                 checkpointed=bool(self.inc.get("checkpointed", False)))
+        self.ctx = ctx = Context(
+            job_id=self.job_id,
+            incarnation=self.incarnation,
+            checkpointer=checkpointer,
+            policy=policy,
+            emit=self.emit,
+            flush=self.flush,
+            beacon=beacon,
+            market=market,
+            save_every=self.spec.get("save_every"),
+            high_water=int(self.inc.get("high_water", 0)),
+            checkpointed=bool(self.inc.get("checkpointed", False)),
+        )
         if notice_cfg.get("format"):
+
             def on_notice(notice: Any) -> None:
-                self.emit(ev.Notice(deadline=notice.deadline, source=notice.source,
-                                    action=notice.action, time_left=notice.deadline - time.time()))
+                self.emit(
+                    ev.Notice(
+                        deadline=notice.deadline,
+                        source=notice.source,
+                        action=notice.action,
+                        time_left=notice.deadline - time.time(),
+                    )
+                )
                 ctx._receive_notice(notice)
                 self.flush()
 
             def on_hint(hint: dict[str, Any]) -> None:
                 fields = dict(hint)
-                self.emit(ev.Hint(source=str(fields.pop("source", "")),
-                                  hint=str(fields.pop("hint", "")), extra=fields))
+                self.emit(
+                    ev.Hint(
+                        source=str(fields.pop("source", "")), hint=str(fields.pop("hint", "")), extra=fields
+                    )
+                )
                 ctx._request_save()  # elevated risk: checkpoint now, while it is cheap to
 
-            watcher = make_watcher(notice_cfg["format"],
-                                   base_url=os.environ.get("SPOTNB_METADATA_URL") or notice_cfg.get("base_url"),
-                                   poll=float(self.spec.get("notice_poll", 1.0)),
-                                   grace=float(market.get("grace", 30.0)), on_notice=on_notice,
-                                   on_hint=on_hint)
+            watcher = make_watcher(
+                notice_cfg["format"],
+                base_url=os.environ.get("SPOTNB_METADATA_URL") or notice_cfg.get("base_url"),
+                poll=float(self.spec.get("notice_poll", 1.0)),
+                grace=float(market.get("grace", 30.0)),
+                on_notice=on_notice,
+                on_hint=on_hint,
+            )
             ctx._acknowledge = watcher.acknowledge
             watcher.start()
         signal.signal(signal.SIGTERM, lambda *_: self._sigterm(ctx, market))
@@ -253,10 +298,14 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - cloudpickle raises many kinds
             kind = type(result)
             checkpointer.close()
-            return self._fail(f"the function returned a {kind.__module__}.{kind.__qualname__} that "
-                              f"cannot be pickled to send back ({type(exc).__name__}: {exc}); return "
-                              "plain values, tensors or state_dicts instead", exc)
+            return self._fail(
+                f"the function returned a {kind.__module__}.{kind.__qualname__} that "
+                f"cannot be pickled to send back ({type(exc).__name__}: {exc}); return "
+                "plain values, tensors or state_dicts instead",
+                exc,
+            )
         path = self.store.job(self.job_id, "result.pkl")
+        assert self.key is not None  # _load_spec refused the job otherwise
         self.store.write_bytes(path, seal(self.key, self.job_id, "result.pkl", pickled))
         self.emit(ev.Done(result="result.pkl", step=ctx.step_index))
         checkpointer.close()
@@ -267,15 +316,19 @@ class Agent:
     def _load_spec(self) -> str | None:
         """Read and verify the job spec; the reason to refuse the job, or None."""
         if self.key is None:
-            return ("no job key reached this instance (SPOTNB_JOB_KEY): it cannot verify what it "
-                    "would run; the controller hands the key over at launch")
+            return (
+                "no job key reached this instance (SPOTNB_JOB_KEY): it cannot verify what it "
+                "would run; the controller hands the key over at launch"
+            )
         try:
             spec = load_spec(self.store, self.job_id, self.key)
         except SpecError as exc:
             return f"refusing the job spec: {exc}"
         if spec.legacy:
-            return ("this job was submitted by an older spotnb and is not signed; an instance runs "
-                    "only signed jobs: submit it again")
+            return (
+                "this job was submitted by an older spotnb and is not signed; an instance runs "
+                "only signed jobs: submit it again"
+            )
         self.job_spec = spec
         self.spec = {**spec.runtime.model_dump(), "cwd": spec.cwd}
         return None
@@ -285,35 +338,41 @@ class Agent:
         it), else the notebook's own directory when it exists here (the local market); then lay
         the shipped files out there."""
         from spotnb.files import lay_out
+
         assert self.job_spec is not None
         workdir = os.environ.get("SPOTNB_WORKDIR") or (
-            self.job_spec.cwd if self.job_spec.cwd and os.path.isdir(self.job_spec.cwd) else "")
+            self.job_spec.cwd if self.job_spec.cwd and os.path.isdir(self.job_spec.cwd) else ""
+        )
         if workdir:
             os.makedirs(workdir, exist_ok=True)
             os.chdir(workdir)
         sys.path.insert(0, os.getcwd())
         if self.job_spec.files:
             written = lay_out(self.store, self.job_spec.files, os.getcwd())
-            self.emit(ev.Files(count=len(self.job_spec.files), written=len(written),
-                               workdir=os.getcwd()))
+            self.emit(ev.Files(count=len(self.job_spec.files), written=len(written), workdir=os.getcwd()))
 
     def _sigterm(self, ctx: Any, market: dict[str, Any]) -> None:
         """A soft shutdown (GCP's ACPI soft-off, a local `terminate`) counts as a notice. The
         handler runs between two bytecodes of the training thread, so it only records the
         notice; the event is written from another thread."""
         from spotnb.runtime.notice import Notice
+
         if ctx.notice is None:
             grace = float(market.get("grace", 30.0))
             notice = Notice(deadline=time.time() + grace, source="sigterm", action="SIGTERM")
             ctx._receive_notice(notice)
-            threading.Thread(target=self.emit, args=("notice",), daemon=True,
-                             kwargs=dict(deadline=notice.deadline, source="sigterm",
-                                         action="SIGTERM", time_left=grace)).start()
+            threading.Thread(
+                target=self.emit,
+                args=("notice",),
+                daemon=True,
+                kwargs=dict(deadline=notice.deadline, source="sigterm", action="SIGTERM", time_left=grace),
+            ).start()
 
     def _fail(self, message: str, exc: BaseException | None = None) -> int:
         tb = "".join(traceback.format_exception(exc)) if exc else traceback.format_exc()
-        self.emit(ev.Error(message=message, exc_type=type(exc).__name__ if exc else "LoadError",
-                           traceback=tb))
+        self.emit(
+            ev.Error(message=message, exc_type=type(exc).__name__ if exc else "LoadError", traceback=tb)
+        )
         return self._finish(EXIT_USER_ERROR)
 
     def _finish(self, code: int) -> int:

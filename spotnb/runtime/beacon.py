@@ -5,6 +5,7 @@ same machine (the local market's injector) can see where a process is at the ins
 it, and tests can land a kill *during* a save or an upload. Disabled (a no-op) unless the
 `SPOTNB_BEACON` environment variable names a file.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -19,10 +20,10 @@ BEACON_SIZE = 32
 class Phase(IntEnum):
     IDLE = 0
     RESTORE = 1
-    SNAPSHOT = 2   # blocking copy of the state into RAM
-    SAVE = 3       # serialising to the local spool
-    UPLOAD = 4     # copying to the store
-    COMMIT = 5     # writing the manifest
+    SNAPSHOT = 2  # blocking copy of the state into RAM
+    SAVE = 3  # serialising to the local spool
+    UPLOAD = 4  # copying to the store
+    COMMIT = 5  # writing the manifest
 
 
 class Beacon:

@@ -7,6 +7,7 @@ hashing as it goes. Phase 3 writes `MANIFEST.json` (sizes and sha256 of every fi
 kind) last: a checkpoint exists only once its manifest does. Restore takes the newest
 checkpoint whose files verify and falls back to the one before.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,8 +18,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import IO, Any, cast
 
 import torch
 
@@ -53,20 +55,20 @@ class Snapshot:
     snapshot_s: float
     nbytes: int
     files: list[tuple[str, str]] = field(default_factory=list)  # (spooled local copy, manifest name)
-    dests: dict[str, str] = field(default_factory=dict)         # manifest name -> restore path
+    dests: dict[str, str] = field(default_factory=dict)  # manifest name -> restore path
 
 
 @dataclass
 class Manifest:
     seq: int
     step: int
-    kind: SaveKind      # (a newer writer's kind this spotnb does not know stays a string)
+    kind: SaveKind  # (a newer writer's kind this spotnb does not know stays a string)
     files: dict[str, dict[str, Any]]
     incarnation: int
     created: float
     snapshot_s: float = 0.0
     upload_s: float = 0.0
-    nbytes: int = 0     # "bytes" in MANIFEST.json
+    nbytes: int = 0  # "bytes" in MANIFEST.json
     dests: dict[str, str] = field(default_factory=dict)
 
     def to_json(self, key: bytes | None = None, job_id: str = "") -> bytes:
@@ -78,10 +80,8 @@ class Manifest:
             doc = sign_doc(key, job_id, _manifest_name(self.seq), doc)
         return json.dumps(doc, indent=1, sort_keys=True).encode()
 
-
     @classmethod
-    def parse(cls, raw: bytes, folder: str, key: bytes | None = None,
-              job_id: str = "") -> "Manifest":
+    def parse(cls, raw: bytes, folder: str, key: bytes | None = None, job_id: str = "") -> Manifest:
         """A manifest from the bytes of `<folder>/MANIFEST.json`, checked field by field.
 
         Anything in the store may have been damaged or rewritten between incarnations, and a
@@ -102,28 +102,34 @@ class Manifest:
         missing = [k for k in ("seq", "step", "kind", "files", "incarnation", "created") if k not in doc]
         if missing:
             raise InvalidManifest(f"MANIFEST.json lacks {', '.join(missing)}")
-        for key in ("seq", "step", "incarnation"):
-            if not _is_int(doc[key]) or doc[key] < 0:
-                raise InvalidManifest(f"MANIFEST.json {key} is {doc[key]!r}, not a non-negative int")
+        for name in ("seq", "step", "incarnation"):
+            if not _is_int(doc[name]) or doc[name] < 0:
+                raise InvalidManifest(f"MANIFEST.json {name} is {doc[name]!r}, not a non-negative int")
         if not folder.isdigit() or doc["seq"] != int(folder):
             raise InvalidManifest(f"MANIFEST.json seq {doc['seq']} does not match its folder {folder}")
         if not isinstance(doc["kind"], str):
             raise InvalidManifest(f"MANIFEST.json kind is {doc['kind']!r}, not a string")
-        for key in ("created", "snapshot_s", "upload_s", "bytes"):
-            if key in doc and (not isinstance(doc[key], (int, float)) or isinstance(doc[key], bool)):
-                raise InvalidManifest(f"MANIFEST.json {key} is {doc[key]!r}, not a number")
+        for name in ("created", "snapshot_s", "upload_s", "bytes"):
+            if name in doc and (not isinstance(doc[name], (int, float)) or isinstance(doc[name], bool)):
+                raise InvalidManifest(f"MANIFEST.json {name} is {doc[name]!r}, not a number")
         files = doc["files"]
         if not isinstance(files, dict) or "state.pt" not in files:
             raise InvalidManifest("MANIFEST.json files does not list state.pt")
         for name, meta in files.items():
             if not _safe_name(name):
                 raise InvalidManifest(f"MANIFEST.json lists a file outside its folder: {name!r}")
-            if not (isinstance(meta, dict) and _is_int(meta.get("size")) and meta["size"] >= 0
-                    and isinstance(meta.get("sha256"), str) and len(meta["sha256"]) == 64):
+            if not (
+                isinstance(meta, dict)
+                and _is_int(meta.get("size"))
+                and meta["size"] >= 0
+                and isinstance(meta.get("sha256"), str)
+                and len(meta["sha256"]) == 64
+            ):
                 raise InvalidManifest(f"MANIFEST.json entry {name!r} lacks a size and sha256")
         dests = doc.get("dests", {})
         if not isinstance(dests, dict) or not all(
-                isinstance(k, str) and k in files and isinstance(v, str) and v for k, v in dests.items()):
+            isinstance(k, str) and k in files and isinstance(v, str) and v for k, v in dests.items()
+        ):
             raise InvalidManifest("MANIFEST.json dests must map listed files to paths")
         fields = set(cls.__dataclass_fields__)
         values = {k: v for k, v in doc.items() if k in fields}
@@ -147,8 +153,13 @@ def _is_int(value: Any) -> bool:
 
 def _safe_name(name: Any) -> bool:
     """A file name a manifest may list: relative, inside the checkpoint's folder."""
-    return (isinstance(name, str) and bool(name) and not name.startswith("/")
-            and ".." not in name.split("/") and "\\" not in name)
+    return (
+        isinstance(name, str)
+        and bool(name)
+        and not name.startswith("/")
+        and ".." not in name.split("/")
+        and "\\" not in name
+    )
 
 
 def _remove_dead_spools(parent: str) -> None:
@@ -204,8 +215,11 @@ class _BufferPool:
             key = path
             buf = self.buffers.get(key)
             if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or t.is_sparse:
-                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu",
-                                  pin_memory=self.pin and t.is_cuda) if not t.is_sparse else t.cpu()
+                buf = (
+                    torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.pin and t.is_cuda)
+                    if not t.is_sparse
+                    else t.cpu()
+                )
                 if t.is_sparse:
                     return buf.clone()
                 self.buffers[key] = buf
@@ -224,6 +238,7 @@ def _plain_copy(obj: Any) -> Any:
     if obj is None or isinstance(obj, (int, float, str, bytes, bool)):
         return obj
     import copy
+
     return copy.deepcopy(obj)
 
 
@@ -248,11 +263,19 @@ def _nbytes(obj: Any) -> int:
 class Checkpointer:
     """Snapshots in the caller's thread; writes, uploads, commits and prunes in one worker."""
 
-    def __init__(self, store: Store, job_id: str, incarnation: int,
-                 emit: Callable[..., Any], beacon: Beacon | None = None, keep_last: int = 2,
-                 upload_bps: float | None = None, spool_dir: str | None = None,
-                 before_commit: Callable[[int], None] | None = None,
-                 key: bytes | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        job_id: str,
+        incarnation: int,
+        emit: Callable[..., Any],
+        beacon: Beacon | None = None,
+        keep_last: int = 2,
+        upload_bps: float | None = None,
+        spool_dir: str | None = None,
+        before_commit: Callable[[int], None] | None = None,
+        key: bytes | None = None,
+    ) -> None:
         self.store, self.job_id, self.incarnation = store, job_id, incarnation
         # called with the step just before a manifest is written; raising aborts the commit
         self.before_commit = before_commit
@@ -275,9 +298,9 @@ class Checkpointer:
         self._busy = False
         self._cancel = threading.Event()
         self._closed = False
-        self.snapshot_ema = 0.0   # δ
-        self.upload_ema = 0.0     # β
-        self.snapshot_var = 0.0   # their spread: an emergency save must fit the slow ones too
+        self.snapshot_ema = 0.0  # δ
+        self.upload_ema = 0.0  # β
+        self.snapshot_var = 0.0  # their spread: an emergency save must fit the slow ones too
         self.upload_var = 0.0
         self.last_bytes = 0
         self.committed: list[Manifest] = []
@@ -288,8 +311,9 @@ class Checkpointer:
         self._worker.start()
 
     # -- phase 1 -------------------------------------------------------------------------
-    def snapshot(self, state: Any, step: int, kind: SaveKind,
-                 files: list[tuple[str, str]] | None = None) -> Snapshot:
+    def snapshot(
+        self, state: Any, step: int, kind: SaveKind, files: list[tuple[str, str]] | None = None
+    ) -> Snapshot:
         """Copy `state` (nested dicts/lists of tensors and plain values) into CPU memory."""
         self.beacon.set_snapshot(True)
         t0 = time.perf_counter()
@@ -321,9 +345,13 @@ class Checkpointer:
         with self._cv:
             if self._pending is not None:
                 self._release(self._pending)
-                self.emit(ev.CheckpointSkipped(
-                    step=self._pending.step, save_kind=self._pending.kind,
-                    reason="superseded by a newer snapshot before its upload began"))
+                self.emit(
+                    ev.CheckpointSkipped(
+                        step=self._pending.step,
+                        save_kind=self._pending.kind,
+                        reason="superseded by a newer snapshot before its upload began",
+                    )
+                )
             self._pending = snap
             self._cv.notify_all()
 
@@ -393,8 +421,11 @@ class Checkpointer:
             try:
                 self._write(snap)
             except SaveCancelled:
-                self.emit(ev.CheckpointSkipped(step=snap.step, save_kind=snap.kind,
-                                               reason="abandoned for an emergency checkpoint"))
+                self.emit(
+                    ev.CheckpointSkipped(
+                        step=snap.step, save_kind=snap.kind, reason="abandoned for an emergency checkpoint"
+                    )
+                )
             except Exception as exc:  # noqa: BLE001 - a failed save must not stop training
                 self.failures += 1
                 self.emit(ev.CheckpointFailed(step=snap.step, save_kind=snap.kind, error=repr(exc)))
@@ -421,7 +452,7 @@ class Checkpointer:
             spool = os.path.join(self.spool, f"state-{seq}.pt")
             with open(spool, "wb") as f:
                 hashed = _HashingFile(f)
-                torch.save(snap.state, hashed)  # hashed as it is written: no second read
+                torch.save(snap.state, cast(IO[bytes], hashed))  # hashed as it is written: no second read
             self._release(snap)
             files: dict[str, dict[str, Any]] = {}
             self.beacon.set_phase(Phase.UPLOAD)
@@ -432,10 +463,18 @@ class Checkpointer:
                     os.unlink(local)
             upload_s = time.perf_counter() - t0
             total = sum(f["size"] for f in files.values())
-            manifest = Manifest(seq=seq, step=snap.step, kind=snap.kind, files=files,
-                                incarnation=self.incarnation, created=time.time(),
-                                snapshot_s=snap.snapshot_s, upload_s=upload_s, nbytes=total,
-                                dests=snap.dests)
+            manifest = Manifest(
+                seq=seq,
+                step=snap.step,
+                kind=snap.kind,
+                files=files,
+                incarnation=self.incarnation,
+                created=time.time(),
+                snapshot_s=snap.snapshot_s,
+                upload_s=upload_s,
+                nbytes=total,
+                dests=snap.dests,
+            )
             if self.before_commit is not None:
                 # what the run logged up to this step becomes durable no later than the state:
                 # a kill right after the commit must not leave a hole in the loss curve that
@@ -454,16 +493,23 @@ class Checkpointer:
         self.upload_ema, self.upload_var = _ewm(self.upload_ema, self.upload_var, upload_s)
         self.last_bytes = total
         self.committed.append(manifest)
-        self.emit(ev.Checkpoint(seq=seq, save_kind=snap.kind, step=snap.step,
-                                snapshot_s=snap.snapshot_s, upload_s=upload_s, nbytes=total))
+        self.emit(
+            ev.Checkpoint(
+                seq=seq,
+                save_kind=snap.kind,
+                step=snap.step,
+                snapshot_s=snap.snapshot_s,
+                upload_s=upload_s,
+                nbytes=total,
+            )
+        )
         # COMMIT lasts until the checkpoint is announced, so the local market can land a kill
         # between a commit and the news of it
         self.beacon.set_phase(Phase.IDLE)
         self._prune(manifest)
         return manifest
 
-    def _upload(self, local: str, dest: str,
-                known: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _upload(self, local: str, dest: str, known: dict[str, Any] | None = None) -> dict[str, Any]:
         """Copy a spooled file to the store in chunks, hashing as it goes (throttled if asked).
         On a local store a file already hashed is simply renamed into place when it can be."""
         if known is not None and self.store.local and not self.upload_bps:
@@ -562,8 +608,7 @@ class Checkpointer:
             elif found is None:
                 # a partial upload a preemption or cancel left behind (older than this save,
                 # and still without a manifest: not one committing right now)
-                doomed = seq < newest.seq and not self.store.exists(
-                    f"{self.root}/{seq:08d}/MANIFEST.json")
+                doomed = seq < newest.seq and not self.store.exists(f"{self.root}/{seq:08d}/MANIFEST.json")
             else:
                 # a damaged manifest is never restorable; one unreadable for now may be fine
                 doomed = isinstance(found, InvalidManifest) and seq < newest.seq
@@ -588,8 +633,9 @@ class Checkpointer:
             if manifest is None:
                 continue
             if isinstance(manifest, Exception):
-                self.emit(ev.CheckpointInvalid(seq=seq, step=None,
-                                               reason=f"checkpoint {seq:08d}: {manifest}"))
+                self.emit(
+                    ev.CheckpointInvalid(seq=seq, step=None, reason=f"checkpoint {seq:08d}: {manifest}")
+                )
                 continue
             found = self._load(manifest)
             if found is not None:
@@ -626,8 +672,8 @@ class Checkpointer:
                 size += len(chunk)
         if size != meta["size"] or digest.hexdigest() != meta["sha256"]:
             os.unlink(local)
-            raise ValueError(f"{path}: size {size} / sha256 {digest.hexdigest()[:12]} do not match the "
-                             f"manifest ({meta['size']} / {meta['sha256'][:12]})")
+            raise ValueError(
+                f"{path}: size {size} / sha256 {digest.hexdigest()[:12]} do not match the "
+                f"manifest ({meta['size']} / {meta['sha256'][:12]})"
+            )
         return local
-
-

@@ -4,14 +4,16 @@ The per-step path (`ctx.steps`, `ctx.step`, `ctx.log`) does a clock read, two ad
 one comparison; everything else (saves, notices, the policy) happens only at the boundary the
 policy asked for, or when the notice watcher moves that boundary to "now".
 """
+
 from __future__ import annotations
 
 import collections
 import os
 import random
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -35,8 +37,12 @@ class Evacuate(BaseException):
 
 def _rng_state() -> dict[str, Any]:
     import numpy as np
-    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
-                             "torch": torch.get_rng_state()}
+
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -44,6 +50,7 @@ def _rng_state() -> dict[str, Any]:
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     import numpy as np
+
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -54,26 +61,38 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 class Context:
     """Step boundaries, metrics, tracked state and saves for one incarnation of a job."""
 
-    def __init__(self, *, job_id: str, incarnation: int, checkpointer: Checkpointer,
-                 policy: Policy, emit: Any, flush: Any, beacon: Beacon, market: dict[str, float],
-                 save_every: int | None = None, high_water: int = 0, acknowledge: Any = None,
-                 checkpointed: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        incarnation: int,
+        checkpointer: Checkpointer,
+        policy: Policy,
+        emit: Any,
+        flush: Any,
+        beacon: Beacon,
+        market: dict[str, float],
+        save_every: int | None = None,
+        high_water: int = 0,
+        acknowledge: Any = None,
+        checkpointed: bool = False,
+    ) -> None:
         self.job_id = job_id
         self.incarnation = incarnation
         self.resumed_from: int | None = None
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.total: int | None = None
-        self.state: dict[str, Any] = {}          # the user's own picklable extras, saved too
+        self.state: dict[str, Any] = {}  # the user's own picklable extras, saved too
         self._tracked: dict[str, Any] = {}
         self._ckpt = checkpointer
         self._policy = policy
         self._emit, self._flush = emit, flush
         self._beacon = beacon
         self._slots = beacon.slots
-        self._market = market                    # mttp, restart, grace
+        self._market = market  # mttp, restart, grace
         self._save_every = save_every
-        self._high_water = high_water            # highest step any earlier incarnation reported
-        self._checkpointed = checkpointed        # an earlier incarnation committed a checkpoint
+        self._high_water = high_water  # highest step any earlier incarnation reported
+        self._checkpointed = checkpointed  # an earlier incarnation committed a checkpoint
         self._acknowledge = acknowledge
         self._step = 0
         self._restored = False
@@ -84,7 +103,7 @@ class Context:
         self._timed_steps = 0
         self._plan: Plan | None = None
         self._next_save = _NEVER
-        self._save_due: SaveKind | None = None   # low-level API: the user saves, we back up
+        self._save_due: SaveKind | None = None  # low-level API: the user saves, we back up
         self._notice: Notice | None = None
         self._notice_handled = False
         self._requested: SaveKind | None = None  # a save asked for from outside (rebalance hint)
@@ -104,12 +123,16 @@ class Context:
         GradScaler, a stateful data loader ...). They are saved at every checkpoint and
         restored, with the RNG states and the step, before the first step runs."""
         if self._in_loop or self._restored:
-            raise RuntimeError("ctx.track() must be called before ctx.restore() and the training "
-                               "loop, or the objects would start fresh while the step resumes")
+            raise RuntimeError(
+                "ctx.track() must be called before ctx.restore() and the training "
+                "loop, or the objects would start fresh while the step resumes"
+            )
         for name, obj in stateful.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(f"ctx.track({name}=...): {type(obj).__name__} has no state_dict()/"
-                                "load_state_dict(); put plain values in ctx.state instead")
+                raise TypeError(
+                    f"ctx.track({name}=...): {type(obj).__name__} has no state_dict()/"
+                    "load_state_dict(); put plain values in ctx.state instead"
+                )
             self._tracked[name] = obj
 
     def restore(self) -> int | None:
@@ -127,11 +150,15 @@ class Context:
         if found is None:
             if self._high_water > 0 and self._checkpointed:
                 # an earlier incarnation got this far, yet nothing restores: say so, loudly
-                self._emit(ev.JobWarning(
-                    message=f"no checkpoint could be restored although an earlier instance reached "
-                    f"step {self._high_water}: every checkpoint is missing or failed verification, "
-                    "so training restarts from step 0",
-                    restart_from_zero=True, high_water=self._high_water))
+                self._emit(
+                    ev.JobWarning(
+                        message=f"no checkpoint could be restored although an earlier instance reached "
+                        f"step {self._high_water}: every checkpoint is missing or failed verification, "
+                        "so training restarts from step 0",
+                        restart_from_zero=True,
+                        high_water=self._high_water,
+                    )
+                )
             return None
         manifest, state = found
         objects = state.get("objects", {})
@@ -139,14 +166,24 @@ class Context:
             if name in objects:
                 obj.load_state_dict(objects[name])
             else:
-                self._emit(ev.JobWarning(message=f"checkpoint {manifest.seq} has no state for "
-                                                 f"tracked object {name!r}; it starts fresh"))
+                self._emit(
+                    ev.JobWarning(
+                        message=f"checkpoint {manifest.seq} has no state for "
+                        f"tracked object {name!r}; it starts fresh"
+                    )
+                )
         _set_rng_state(state["rng"])
         self.state.update(state.get("user", {}))
         self._step = self._last_save_step = int(state["step"])
         self.resumed_from = self._step
-        self._emit(ev.Resumed(from_step=self._step, seq=manifest.seq, save_kind=manifest.kind,
-                              restore_s=time.perf_counter() - t0))
+        self._emit(
+            ev.Resumed(
+                from_step=self._step,
+                seq=manifest.seq,
+                save_kind=manifest.kind,
+                restore_s=time.perf_counter() - t0,
+            )
+        )
         return self._step
 
     def steps(self, n: int) -> Iterator[int]:
@@ -179,9 +216,11 @@ class Context:
         metric naming the step, never as an error in the notebook."""
         if not _RESERVED.isdisjoint(metrics):
             bad = sorted(_RESERVED.intersection(metrics))
-            raise ValueError(f"ctx.log({bad[0]}=...): {', '.join(map(repr, bad))} "
-                             f"{'is' if len(bad) == 1 else 'are'} recorded with every row for you; "
-                             f"name the metric differently, e.g. ctx.log(my_{bad[0]}=...)")
+            raise ValueError(
+                f"ctx.log({bad[0]}=...): {', '.join(map(repr, bad))} "
+                f"{'is' if len(bad) == 1 else 'are'} recorded with every row for you; "
+                f"name the metric differently, e.g. ctx.log(my_{bad[0]}=...)"
+            )
         metrics["step"] = self._step
         metrics["t"] = time.time()
         self.rows.append(metrics)
@@ -277,16 +316,20 @@ class Context:
         left = notice.deadline - time.time()
         obs = self._observation()
         if not self._policy.on_notice(obs, left):
-            self._emit(ev.EmergencySkipped(step=self._step, time_left=left,
-                                           needed=obs.snapshot_time + obs.upload_time))
+            self._emit(
+                ev.EmergencySkipped(
+                    step=self._step, time_left=left, needed=obs.snapshot_time + obs.upload_time
+                )
+            )
             return
         self._emit(ev.Evacuating(step=self._step, time_left=left))
         if self._tracked or self.state:
             try:
                 self._save(SaveKind.EMERGENCY, wait=True)
             except Exception as exc:  # noqa: BLE001 - the store failed; keep training until killed
-                self._emit(ev.CheckpointFailed(step=self._step, save_kind=SaveKind.EMERGENCY,
-                                               error=repr(exc)))
+                self._emit(
+                    ev.CheckpointFailed(step=self._step, save_kind=SaveKind.EMERGENCY, error=repr(exc))
+                )
                 return
             self._evacuate_after_save()
         else:
@@ -300,11 +343,14 @@ class Context:
             self._acknowledge()
         raise Evacuate()
 
-    def _save(self, kind: SaveKind, wait: bool = False,
-              files: list[tuple[str, str]] | None = None) -> None:
+    def _save(self, kind: SaveKind, wait: bool = False, files: list[tuple[str, str]] | None = None) -> None:
         t0 = time.perf_counter()
-        state = {"step": self._step, "rng": _rng_state(), "user": self.state,
-                 "objects": {name: obj.state_dict() for name, obj in self._tracked.items()}}
+        state = {
+            "step": self._step,
+            "rng": _rng_state(),
+            "user": self.state,
+            "objects": {name: obj.state_dict() for name, obj in self._tracked.items()},
+        }
         snap = self._ckpt.snapshot(state, self._step, kind, files=files)
         self._last_save_step = self._step
         self._replan()  # before the hand-off: once the writer thread runs, it competes for the GIL
@@ -324,13 +370,19 @@ class Context:
         return Observation(
             step=self._step,
             step_time=(self._compute_s + self._recompute_s) / steps if steps else 0.0,
-            snapshot_time=self._ckpt.snapshot_ema, upload_time=self._ckpt.upload_ema,
-            mttp=self._market.get("mttp", PRIOR_MTTP), restart_time=self._market.get("restart", PRIOR_RESTART),
-            grace=self._market.get("grace", 30.0), save_every=self._save_every,
+            snapshot_time=self._ckpt.snapshot_ema,
+            upload_time=self._ckpt.upload_ema,
+            mttp=self._market.get("mttp", PRIOR_MTTP),
+            restart_time=self._market.get("restart", PRIOR_RESTART),
+            grace=self._market.get("grace", 30.0),
+            save_every=self._save_every,
             total_steps=self.total,
-            snapshot_sd=self._ckpt.snapshot_var ** 0.5, upload_sd=self._ckpt.upload_var ** 0.5,
+            snapshot_sd=self._ckpt.snapshot_var**0.5,
+            upload_sd=self._ckpt.upload_var**0.5,
             state_bytes=self._ckpt.last_bytes or self._state_bytes(),
-            age=time.time() - self._started, now=time.time())
+            age=time.time() - self._started,
+            now=time.time(),
+        )
 
     def _state_bytes(self) -> int:
         total = 0
@@ -353,10 +405,15 @@ class Context:
 
     def progress(self) -> dict[str, Any]:
         steps = self._timed_steps
-        return {"step": self._step, "total": self.total, "steps_done": steps,
-                "compute_s": self._compute_s, "recompute_s": self._recompute_s,
-                "save_s": self._save_s,
-                "step_time": (self._compute_s + self._recompute_s) / steps if steps else None}
+        return {
+            "step": self._step,
+            "total": self.total,
+            "steps_done": steps,
+            "compute_s": self._compute_s,
+            "recompute_s": self._recompute_s,
+            "save_s": self._save_s,
+            "step_time": (self._compute_s + self._recompute_s) / steps if steps else None,
+        }
 
 
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:

@@ -5,31 +5,43 @@ A watcher runs in a daemon thread, polls, and calls `on_notice(Notice)` once whe
 preemption is scheduled (and `on_hint` for rebalance recommendations). Network errors are
 retried quietly: a watcher must never kill the training it protects.
 """
+
 from __future__ import annotations
 
 import json
 import threading
-from abc import ABC, abstractmethod
 import time
 import urllib.error
 import urllib.request
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from datetime import datetime
-from typing import Any, Callable
+from email.utils import parsedate_to_datetime
+from typing import Any
 
-__all__ = ["Notice", "NoticeWatcher", "AwsWatcher", "AzureWatcher", "GcpWatcher", "make_watcher",
-           "DEFAULT_BASE_URLS"]
+__all__ = [
+    "Notice",
+    "NoticeWatcher",
+    "AwsWatcher",
+    "AzureWatcher",
+    "GcpWatcher",
+    "make_watcher",
+    "DEFAULT_BASE_URLS",
+]
 
-DEFAULT_BASE_URLS = {"aws": "http://169.254.169.254", "azure": "http://169.254.169.254",
-                     "gcp": "http://metadata.google.internal"}
+DEFAULT_BASE_URLS = {
+    "aws": "http://169.254.169.254",
+    "azure": "http://169.254.169.254",
+    "gcp": "http://metadata.google.internal",
+}
 
 
 @dataclass(frozen=True)
 class Notice:
-    deadline: float            # unix seconds of the expected kill
-    source: str                # aws | azure | gcp
-    action: str                # terminate, stop, Preempt, TERMINATE_ON_HOST_MAINTENANCE, ...
+    deadline: float  # unix seconds of the expected kill
+    source: str  # aws | azure | gcp
+    action: str  # terminate, stop, Preempt, TERMINATE_ON_HOST_MAINTENANCE, ...
     event_id: str | None = None
     received: float = field(default_factory=time.time)
 
@@ -40,8 +52,13 @@ class _HTTPError(Exception):
         self.status, self.body = status, body
 
 
-def _request(url: str, method: str = "GET", headers: dict[str, str] | None = None,
-             data: bytes | None = None, timeout: float = 2.0) -> tuple[int, bytes, dict[str, str]]:
+def _request(
+    url: str,
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+    data: bytes | None = None,
+    timeout: float = 2.0,
+) -> tuple[int, bytes, dict[str, str]]:
     req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (metadata URL)
@@ -55,9 +72,14 @@ class NoticeWatcher(ABC):
 
     source = "none"
 
-    def __init__(self, base_url: str | None = None, poll: float = 1.0, grace: float = 30.0,
-                 on_notice: Callable[[Notice], None] | None = None,
-                 on_hint: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        poll: float = 1.0,
+        grace: float = 30.0,
+        on_notice: Callable[[Notice], None] | None = None,
+        on_hint: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.base_url = (base_url or DEFAULT_BASE_URLS.get(self.source, "")).rstrip("/")
         self.poll, self.grace = poll, grace
         self.on_notice, self.on_hint = on_notice, on_hint
@@ -74,9 +96,8 @@ class NoticeWatcher(ABC):
     def acknowledge(self) -> None:
         """Tell the platform it may proceed now (Azure); a no-op elsewhere."""
 
-    def start(self) -> "NoticeWatcher":
-        self._thread = threading.Thread(target=self._run, name=f"spotnb-notice-{self.source}",
-                                        daemon=True)
+    def start(self) -> NoticeWatcher:
+        self._thread = threading.Thread(target=self._run, name=f"spotnb-notice-{self.source}", daemon=True)
         self._thread.start()
         return self
 
@@ -119,8 +140,11 @@ class AwsWatcher(NoticeWatcher):
 
     def _get_token(self) -> str:
         if self._token is None or time.time() > self._token_expiry:
-            _, body, headers = _request(f"{self.base_url}/latest/api/token", method="PUT",
-                                        headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.token_ttl)})
+            _, body, headers = _request(
+                f"{self.base_url}/latest/api/token",
+                method="PUT",
+                headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.token_ttl)},
+            )
             self._token = body.decode().strip()
             granted = {k.lower(): v for k, v in headers.items()}.get("x-aws-ec2-metadata-token-ttl-seconds")
             try:
@@ -197,10 +221,12 @@ class AzureWatcher(NoticeWatcher):
             if self.vm_name and event.get("Resources") and self.vm_name not in event["Resources"]:
                 continue
             not_before = event.get("NotBefore") or ""
-            deadline = (parsedate_to_datetime(not_before).timestamp() if not_before
-                        else time.time() + self.grace)
-            return Notice(deadline=deadline, source="azure", action=event["EventType"],
-                          event_id=event.get("EventId"))
+            deadline = (
+                parsedate_to_datetime(not_before).timestamp() if not_before else time.time() + self.grace
+            )
+            return Notice(
+                deadline=deadline, source="azure", action=event["EventType"], event_id=event.get("EventId")
+            )
         return None
 
     def acknowledge(self) -> None:
@@ -208,8 +234,12 @@ class AzureWatcher(NoticeWatcher):
             return
         body = json.dumps({"StartRequests": [{"EventId": self.notice.event_id}]}).encode()
         try:
-            _request(self.base_url + self.url_suffix, method="POST", data=body,
-                     headers={"Metadata": "true", "Content-Type": "application/json"})
+            _request(
+                self.base_url + self.url_suffix,
+                method="POST",
+                data=body,
+                headers={"Metadata": "true", "Content-Type": "application/json"},
+            )
         except (OSError, _HTTPError):
             pass  # the platform proceeds at NotBefore anyway
 
@@ -236,8 +266,11 @@ class GcpWatcher(NoticeWatcher):
         else:
             query = f"?wait_for_change=true&timeout_sec={self.long_poll_timeout}&last_etag={etag}"
         try:
-            _, body, headers = _request(f"{self.base_url}/computeMetadata/v1/instance/{path}{query}",
-                                        headers=self.headers, timeout=self.long_poll_timeout + 5)
+            _, body, headers = _request(
+                f"{self.base_url}/computeMetadata/v1/instance/{path}{query}",
+                headers=self.headers,
+                timeout=self.long_poll_timeout + 5,
+            )
         except _HTTPError as exc:
             if exc.status == 503:  # the metadata server is busy (during maintenance): retry
                 self.unavailable += 1
@@ -258,8 +291,7 @@ class GcpWatcher(NoticeWatcher):
 
     def _watch_once(self, path: str) -> str | None:
         try:
-            _, body, _ = _request(f"{self.base_url}/computeMetadata/v1/instance/{path}",
-                                  headers=self.headers)
+            _, body, _ = _request(f"{self.base_url}/computeMetadata/v1/instance/{path}", headers=self.headers)
         except _HTTPError:
             return None
         return body.decode().strip()
@@ -273,10 +305,11 @@ class GcpWatcher(NoticeWatcher):
             return Notice(deadline=time.time() + self.grace, source="gcp", action=value)
         return None
 
-    def start(self) -> "NoticeWatcher":
+    def start(self) -> NoticeWatcher:
         for path in ("preempted", "maintenance-event"):
-            threading.Thread(target=self._long_poll, args=(path,), daemon=True,
-                             name=f"spotnb-notice-gcp-{path}").start()
+            threading.Thread(
+                target=self._long_poll, args=(path,), daemon=True, name=f"spotnb-notice-gcp-{path}"
+            ).start()
         return self
 
     def _long_poll(self, path: str) -> None:

@@ -11,6 +11,7 @@ Enabled by `jupyter-config/jupyter_server_config.d/spotnb.json`
 (`{"ServerApp": {"jpserver_extensions": {"spotnb.server": true}}}`). Importing this module
 imports neither tornado handlers nor the job DB until the server loads it.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -5,6 +5,7 @@ No tornado here, so it is tested directly. `JobViews` keeps, per job it was aske
 job every few seconds costs only the events that arrived since the last poll and the metrics
 it returns are already downsampled.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,17 +17,17 @@ from dataclasses import fields
 from typing import Any
 
 from spotnb.events import EventReader, json_safe
-from spotnb.protocol import TERMINAL, Event, JobStatus
 from spotnb.jobdb import JobDB
-from spotnb.store import Store
+from spotnb.protocol import TERMINAL, Event, JobStatus
 from spotnb.state import Incarnation, JobState
+from spotnb.store import Store
 
 __all__ = ["ACTIVE", "JobViews", "list_payload", "pid_alive"]
 
 # shown first, in this order
 ACTIVE = (JobStatus.RUNNING, JobStatus.RESTORING, JobStatus.PREEMPTED, JobStatus.PENDING)
-MAX_POINTS = 400        # per metric trace sent to the browser
-MAX_FEED = 40           # recent events sent with a job
+MAX_POINTS = 400  # per metric trace sent to the browser
+MAX_FEED = 40  # recent events sent with a job
 MAX_CACHED_JOBS = 32
 
 
@@ -86,16 +87,18 @@ def list_payload(db: JobDB, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     rows = sorted((_row(r, now, db) for r in db.jobs()), key=_sort_key)
     running = [r for r in rows if r["active"] and r["status"] in ("running", "restoring")]
-    return json_safe({
-        "now": now,
-        "db": str(db.path),
-        "jobs": rows,
-        "running": len(running),
-        "active": sum(r["active"] for r in rows),
-        "burn_rate": sum(r["burn_rate"] for r in rows),
-        "spent": sum(float(r.get("spot_cost") or 0.0) for r in rows),
-        "saved": sum(r["saved"] for r in rows),
-    })
+    return json_safe(
+        {
+            "now": now,
+            "db": str(db.path),
+            "jobs": rows,
+            "running": len(running),
+            "active": sum(r["active"] for r in rows),
+            "burn_rate": sum(r["burn_rate"] for r in rows),
+            "spent": sum(float(r.get("spot_cost") or 0.0) for r in rows),
+            "saved": sum(r["saved"] for r in rows),
+        }
+    )
 
 
 class _Entry:
@@ -169,14 +172,18 @@ class JobViews:
     def _summary(entry: _Entry) -> dict[str, Any]:
         st = entry.state
         b = st.breakdown()
-        metrics = {name: dict(zip(("x", "y"), s.xy())) for name, s in st.first.items()}
-        redo = {name: [{"incarnation": n, **dict(zip(("x", "y"), s.xy()))} for n, s in per.items()]
-                for name, per in st.redo.items()}
+        metrics = {name: dict(zip(("x", "y"), s.xy(), strict=True)) for name, s in st.first.items()}
+        redo = {
+            name: [{"incarnation": n, **dict(zip(("x", "y"), s.xy(), strict=True))} for n, s in per.items()]
+            for name, per in st.redo.items()
+        }
         timeline = []
         for n in sorted(st.incs):
             timeline.append(_incarnation_json(st.incs[n]))
-        feed = [{k: v for k, v in e.to_json().items() if k not in ("traceback", "config", "rows")}
-                for e in st.feed[-MAX_FEED:]]
+        feed = [
+            {k: v for k, v in e.to_json().items() if k not in ("traceback", "config", "rows")}
+            for e in st.feed[-MAX_FEED:]
+        ]
         return {
             "status": st.status,
             "status_reason": st.status_reason,
@@ -197,8 +204,11 @@ class JobViews:
             "resume_marks": [list(m) for m in st.resume_marks],
             "timeline": timeline,
             "events": {"count": st.n_events, "kinds": dict(entry.kinds), "recent": feed},
-            "failure": ({"message": st.error.message, "exc_type": st.error.exc_type,
-                         "traceback": st.error.traceback} if st.error else None),
+            "failure": (
+                {"message": st.error.message, "exc_type": st.error.exc_type, "traceback": st.error.traceback}
+                if st.error
+                else None
+            ),
         }
 
     @staticmethod
@@ -211,6 +221,7 @@ class JobViews:
             return entry.figures
         try:
             from spotnb.widget.figures import static_figures_from_state
+
             figs = static_figures_from_state(st)
             entry.figures = {k: json.loads(f.to_json()) for k, f in figs.items()}
         except ImportError:
@@ -226,11 +237,19 @@ class JobViews:
         if row is None:
             return None
         if row.get("status") in TERMINAL:
-            return {"id": row["id"], "stopped": False, "status": row["status"],
-                    "message": f"job already {row['status']}"}
+            return {
+                "id": row["id"],
+                "stopped": False,
+                "status": row["status"],
+                "message": f"job already {row['status']}",
+            }
         Job(row["id"], Store(row["store"]), self.db, {"name": row.get("name")}).stop(wait=False)
-        return {"id": row["id"], "stopped": True, "status": row.get("status"),
-                "message": "stop requested; the job's controller terminates its instance"}
+        return {
+            "id": row["id"],
+            "stopped": True,
+            "status": row.get("status"),
+            "message": "stop requested; the job's controller terminates its instance",
+        }
 
 
 def _incarnation_json(inc: Incarnation) -> dict[str, Any]:

@@ -2,11 +2,13 @@
 (`tornado.web.authenticated`) and authorization (`jupyter_server.auth.authorized`, resource
 "spotnb"); there is no unauthenticated route. The work (SQLite, store reads) runs in a thread
 so a slow store never blocks the server's event loop."""
+
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import tornado.web
 from jupyter_server.auth.decorator import authorized
@@ -72,9 +74,12 @@ def setup_handlers(web_app: Any, views: JobViews | None = None) -> JobViews:
     views = views or JobViews()
     base = url_path_join(web_app.settings["base_url"], "spotnb", "api")
     kw = {"views": views}
-    web_app.add_handlers(".*$", [
-        (url_path_join(base, "jobs") + "/?", JobsHandler, kw),
-        (url_path_join(base, "jobs", _ID) + "/?", JobHandler, kw),
-        (url_path_join(base, "jobs", _ID, "stop") + "/?", StopHandler, kw),
-    ])
+    web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, "jobs") + "/?", JobsHandler, kw),
+            (url_path_join(base, "jobs", _ID) + "/?", JobHandler, kw),
+            (url_path_join(base, "jobs", _ID, "stop") + "/?", StopHandler, kw),
+        ],
+    )
     return views

@@ -9,6 +9,7 @@
 
 Pure at import (pandas and plotly are imported by `compare` only).
 """
+
 from __future__ import annotations
 
 from spotnb.sim.compare import compare, on_demand_result
@@ -16,5 +17,15 @@ from spotnb.sim.engine import METRICS, SimResult, simulate, simulate_run
 from spotnb.sim.examples import example_path, example_scenario, example_scenarios
 from spotnb.sim.scenario import Scenario
 
-__all__ = ["Scenario", "simulate", "simulate_run", "compare", "on_demand_result", "SimResult",
-           "METRICS", "example_scenario", "example_scenarios", "example_path"]
+__all__ = [
+    "Scenario",
+    "simulate",
+    "simulate_run",
+    "compare",
+    "on_demand_result",
+    "SimResult",
+    "METRICS",
+    "example_scenario",
+    "example_scenarios",
+    "example_path",
+]

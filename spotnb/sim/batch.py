@@ -21,6 +21,7 @@ Why it is exact (same model as `engine.simulate_run`, different random numbers):
 `plan_for` says when this applies; `engine.simulate` falls back to the event-by-event engine
 otherwise (traces, piecewise MTTP, per-instance step times, policies without a `BatchPlan`).
 """
+
 from __future__ import annotations
 
 import math
@@ -46,14 +47,25 @@ def _mean_obs(sc: Scenario, process: PreemptionProcess) -> Observation:
     st_lo, st_hi = as_range(sc.step_time)
     d_lo, d_hi = as_range(sc.save_time)
     b_lo, b_hi = as_range(sc.backup_time)
-    return Observation(0, (st_lo + st_hi) / 2, (d_lo + d_hi) / 2, (b_lo + b_hi) / 2,
-                       process.mttp, sc.restart_time, float(sc.grace), sc.save_every, 0, 0.0,
-                       0.0, sc.steps, (d_hi - d_lo) / math.sqrt(12.0),
-                       (b_hi - b_lo) / math.sqrt(12.0))
+    return Observation(
+        0,
+        (st_lo + st_hi) / 2,
+        (d_lo + d_hi) / 2,
+        (b_lo + b_hi) / 2,
+        process.mttp,
+        sc.restart_time,
+        float(sc.grace),
+        sc.save_every,
+        0,
+        0.0,
+        0.0,
+        sc.steps,
+        (d_hi - d_lo) / math.sqrt(12.0),
+        (b_hi - b_lo) / math.sqrt(12.0),
+    )
 
 
-def plan_for(sc: Scenario, policy: Policy,
-             process: PreemptionProcess | None = None) -> BatchPlan | None:
+def plan_for(sc: Scenario, policy: Policy, process: PreemptionProcess | None = None) -> BatchPlan | None:
     """The policy's `BatchPlan` if the vectorised path can simulate this pair, else None."""
     process = sc.process() if process is None else process
     if type(process) not in (Exponential, Never):
@@ -70,10 +82,26 @@ def consts_for(sc: Scenario, plan: BatchPlan, process: PreemptionProcess) -> Con
     b_lo, b_hi = as_range(sc.backup_time)
     a_lo, a_hi = as_range(sc.alloc_time)
     p_lo, p_hi = as_range(sc.prep_time)
-    return Consts(sc.steps, (st_lo + st_hi) / 2, float(plan.stride or 0), float(plan.last_step),
-                  float(sc.grace), plan.notice_margin, plan.allocate_on_notice,
-                  plan.kind is SaveKind.INSURANCE, d_lo, d_hi - d_lo, b_lo, b_hi - b_lo,
-                  a_lo, a_hi - a_lo, p_lo, p_hi - p_lo, process.mttp, bool(sc.initial_start))
+    return Consts(
+        sc.steps,
+        (st_lo + st_hi) / 2,
+        float(plan.stride or 0),
+        float(plan.last_step),
+        float(sc.grace),
+        plan.notice_margin,
+        plan.allocate_on_notice,
+        plan.kind is SaveKind.INSURANCE,
+        d_lo,
+        d_hi - d_lo,
+        b_lo,
+        b_hi - b_lo,
+        a_lo,
+        a_hi - a_lo,
+        p_lo,
+        p_hi - p_lo,
+        process.mttp,
+        bool(sc.initial_start),
+    )
 
 
 def _slots_guess(c: Consts) -> int:
@@ -94,17 +122,25 @@ class _Runs:
     """Per-run state and accumulated figures (one entry per run)."""
 
     def __init__(self, n: int) -> None:
-        self.slot = np.zeros(n, dtype=np.int64)   # next VM attempt
+        self.slot = np.zeros(n, dtype=np.int64)  # next VM attempt
         self.committed = np.zeros(n)
-        self.lead = np.zeros(n)                   # of the last VM (0 after a failed prep)
+        self.lead = np.zeros(n)  # of the last VM (0 after a failed prep)
         self.done = np.zeros(n, dtype=bool)
-        for name in ("alloc", "prep", "save", "train", "billed", "total", "preemptions",
-                     "saves", "emergency"):
-            setattr(self, name, np.zeros(n))
+        # accumulated figures, seconds or counts
+        self.alloc = np.zeros(n)
+        self.prep = np.zeros(n)
+        self.save = np.zeros(n)
+        self.train = np.zeros(n)
+        self.billed = np.zeros(n)
+        self.total = np.zeros(n)
+        self.preemptions = np.zeros(n)
+        self.saves = np.zeros(n)
+        self.emergency = np.zeros(n)
 
 
-def simulate_batch(sc: Scenario, plan: BatchPlan, process: PreemptionProcess, runs: int,
-                   seed: int) -> np.ndarray:
+def simulate_batch(
+    sc: Scenario, plan: BatchPlan, process: PreemptionProcess, runs: int, seed: int
+) -> np.ndarray:
     """Figures in `engine.METRICS` order, one row per run (runs × len(METRICS))."""
     c = consts_for(sc, plan, process)
     keys = streams.run_keys(seed, np.arange(runs))
@@ -116,8 +152,7 @@ def simulate_batch(sc: Scenario, plan: BatchPlan, process: PreemptionProcess, ru
     saves_per_slot = 1.0
     if c.stride and math.isfinite(c.mttp):
         saves_per_slot += min(c.mttp, c.steps * c.st) / (c.stride * c.st)
-    per_chunk = max(1, min(_SLOT_BUDGET // first_pass,
-                           int(_SAVE_BUDGET // (first_pass * saves_per_slot))))
+    per_chunk = max(1, min(_SLOT_BUDGET // first_pass, int(_SAVE_BUDGET // (first_pass * saves_per_slot))))
     for lo in range(0, runs, per_chunk):
         rows = np.arange(lo, min(runs, lo + per_chunk))
         width = first_pass
@@ -136,10 +171,8 @@ def _pass(c: Consts, r: _Runs, rows: np.ndarray, keys: np.ndarray, width: int) -
     slots = r.slot[rows][:, None] + np.arange(width)[None, :]
     sk = streams.slot_keys(keys[:, None], slots)
     first = (slots == 0) if not c.initial_start else np.zeros(slots.shape, dtype=bool)
-    A = np.where(first, 0.0, c.a_lo + c.a_var * streams.uniform(sk, streams.A)
-                 if c.a_var else c.a_lo)
-    P = np.where(first, 0.0, c.p_lo + c.p_var * streams.uniform(sk, streams.P)
-                 if c.p_var else c.p_lo)
+    A = np.where(first, 0.0, c.a_lo + c.a_var * streams.uniform(sk, streams.A) if c.a_var else c.a_lo)
+    P = np.where(first, 0.0, c.p_lo + c.p_var * streams.uniform(sk, streams.P) if c.p_var else c.p_lo)
     if math.isinf(c.mttp):
         E = lam = np.full(slots.shape, math.inf)
     else:
@@ -169,12 +202,12 @@ def _pass(c: Consts, r: _Runs, rows: np.ndarray, keys: np.ndarray, width: int) -
     gp = prev_lead(ok)
     if c.prealloc:
         for _ in range(width + 1):
-            new = first | (E > P + np.maximum(0.0, gp - A))
+            new = first | (P + np.maximum(0.0, gp - A) < E)
             if np.array_equal(new, ok):
                 break
             ok = new
             gp = prev_lead(ok)
-    wait = np.where(first, 0.0, np.maximum(0.0, gp - A))     # new VM waits for the old to stop
+    wait = np.where(first, 0.0, np.maximum(0.0, gp - A))  # new VM waits for the old to stop
     alloc = np.where(first, 0.0, np.maximum(A - gp, 0.0))
     prep = np.where(ok, P, np.maximum(E - wait, 0.0))
     L = life.stop.reshape(n, width)
@@ -238,8 +271,20 @@ def _figures(c: Consts, sc: Scenario, r: _Runs) -> np.ndarray:
     recompute = np.maximum(0.0, r.train - compute)
     work = c.steps * c.st
     insurance = r.saves if c.insurance else np.zeros_like(r.saves)
-    return np.column_stack([
-        np.full_like(r.total, compute), recompute, r.save, r.alloc, r.prep, r.total,
-        r.preemptions, r.billed * sc.spot_price / 3600.0,
-        np.full_like(r.total, compute * sc.on_demand_price / 3600.0), r.total / work - 1.0,
-        r.saves, insurance, r.emergency])
+    return np.column_stack(
+        [
+            np.full_like(r.total, compute),
+            recompute,
+            r.save,
+            r.alloc,
+            r.prep,
+            r.total,
+            r.preemptions,
+            r.billed * sc.spot_price / 3600.0,
+            np.full_like(r.total, compute * sc.on_demand_price / 3600.0),
+            r.total / work - 1.0,
+            r.saves,
+            insurance,
+            r.emergency,
+        ]
+    )

@@ -6,13 +6,15 @@
 The main CLI (`spotnb/cli.py`) calls `add_parser(subparsers)` and then `run(args)`; this
 module also runs alone: `python -m spotnb.sim --scenario job.yaml`.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import math
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["add_parser", "run", "main", "DEFAULT_POLICIES"]
 
@@ -24,13 +26,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from spotnb.policy import policy_names
 
     p = subparsers.add_parser(
-        "simulate", help="simulate checkpoint policies on a spot scenario",
+        "simulate",
+        help="simulate checkpoint policies on a spot scenario",
         description="Simulate a training job on spot VMs under several checkpoint policies. "
-                    "Policies: " + ", ".join(n + (":N" if n in ("static", "periodic") else "")
-                                             for n in policy_names()) + ", on-demand.")
+        "Policies: "
+        + ", ".join(n + (":N" if n in ("static", "periodic") else "") for n in policy_names())
+        + ", on-demand.",
+    )
     p.add_argument("--scenario", required=True, help="scenario file (YAML or JSON)")
-    p.add_argument("--policy", action="append", dest="policies", metavar="NAME",
-                   help="policy to simulate; repeat for several (default: all)")
+    p.add_argument(
+        "--policy",
+        action="append",
+        dest="policies",
+        metavar="NAME",
+        help="policy to simulate; repeat for several (default: all)",
+    )
     p.add_argument("--runs", type=int, default=100, help="independent runs (default 100)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -47,20 +57,19 @@ def run(args: argparse.Namespace) -> int:
         scenario = Scenario.load(args.scenario)
         if args.runs < 1:
             raise ValueError("--runs must be positive")
-        results = run_policies(scenario, list(args.policies or DEFAULT_POLICIES), args.runs,
-                               args.seed)
+        results = run_policies(scenario, list(args.policies or DEFAULT_POLICIES), args.runs, args.seed)
     except (OSError, ValueError) as exc:
         print(f"spotnb simulate: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        out = [{"policy": r.policy, "mean": _finite(r.mean), "std": _finite(r.std)}
-               for r in results]
+        out = [{"policy": r.policy, "mean": _finite(r.mean), "std": _finite(r.std)} for r in results]
         print(json.dumps(out, indent=2))
         return 0
-    print(f"{scenario.name or args.scenario}: {scenario.steps} steps, {args.runs} runs, "
-          f"seed {args.seed}; times in hours, cost in $")
-    cols = ("compute", "recompute", "save", "alloc", "prep", "total", "preemptions", "cost",
-            "overhead")
+    print(
+        f"{scenario.name or args.scenario}: {scenario.steps} steps, {args.runs} runs, "
+        f"seed {args.seed}; times in hours, cost in $"
+    )
+    cols = ("compute", "recompute", "save", "alloc", "prep", "total", "preemptions", "cost", "overhead")
     width = max(8, *(len(r.policy) for r in results))
     print(f"{'policy':<{width}} " + " ".join(f"{c:>11}" for c in cols))
     for r in results:

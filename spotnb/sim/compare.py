@@ -3,9 +3,11 @@
 Every policy is simulated with the same seed, so each run faces the same preemption draws
 (common random numbers): differences between rows are the policies', not luck's.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from spotnb.sim.engine import METRICS, SimResult, simulate
 from spotnb.sim.scenario import Scenario
@@ -25,13 +27,18 @@ def on_demand_result(scenario: Scenario) -> SimResult:
     """The baseline: the same compute on an on-demand VM, never preempted, never saved."""
     work = scenario.work
     mean = {k: 0.0 for k in METRICS}
-    mean.update(compute=work, total=work, cost=work * scenario.on_demand_price / 3600.0,
-                on_demand_cost=work * scenario.on_demand_price / 3600.0)
+    mean.update(
+        compute=work,
+        total=work,
+        cost=work * scenario.on_demand_price / 3600.0,
+        on_demand_cost=work * scenario.on_demand_price / 3600.0,
+    )
     return SimResult(ON_DEMAND, 1, 0, mean, {k: 0.0 for k in METRICS})
 
 
-def run_policies(scenario: Scenario, policies: Sequence[Any], runs: int = 100,
-                 seed: int = 0) -> list[SimResult]:
+def run_policies(
+    scenario: Scenario, policies: Sequence[Any], runs: int = 100, seed: int = 0
+) -> list[SimResult]:
     """A result per policy (a name, "on-demand", or a Policy), in order."""
     results = []
     for pol in policies:
@@ -42,8 +49,12 @@ def run_policies(scenario: Scenario, policies: Sequence[Any], runs: int = 100,
     return results
 
 
-def compare(scenario: Scenario, policies: Sequence[Any], runs: int = 100, seed: int = 0,
-            ) -> "tuple[pd.DataFrame, go.Figure]":
+def compare(
+    scenario: Scenario,
+    policies: Sequence[Any],
+    runs: int = 100,
+    seed: int = 0,
+) -> tuple[pd.DataFrame, go.Figure]:
     """Table (rows = policies plus "on-demand", columns = mean figures, `<name>_std` for the
     spread) and a plotly stacked bar of the wall-time breakdown in hours."""
     import pandas as pd
@@ -63,14 +74,30 @@ def compare(scenario: Scenario, policies: Sequence[Any], runs: int = 100, seed: 
 
     fig = go.Figure()
     for part in BREAKDOWN:
-        fig.add_trace(go.Bar(name=part, x=list(table.index), y=list(table[part] / 3600.0),
-                             hovertemplate="%{x}<br>" + part + ": %{y:.2f} h<extra></extra>"))
-    fig.add_trace(go.Scatter(
-        x=list(table.index), y=list(table["total"] / 3600.0), mode="text",
-        text=[f"${c:,.0f}" for c in table["cost"]], textposition="top center",
-        showlegend=False, hoverinfo="skip"))
+        fig.add_trace(
+            go.Bar(
+                name=part,
+                x=list(table.index),
+                y=list(table[part] / 3600.0),
+                hovertemplate="%{x}<br>" + part + ": %{y:.2f} h<extra></extra>",
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=list(table.index),
+            y=list(table["total"] / 3600.0),
+            mode="text",
+            text=[f"${c:,.0f}" for c in table["cost"]],
+            textposition="top center",
+            showlegend=False,
+            hoverinfo="skip",
+        )
+    )
     title = scenario.name or "scenario"
-    fig.update_layout(barmode="stack", yaxis_title="wall time (h)",
-                      title=f"{title}: {runs} runs, seed {seed} (labels: cost)",
-                      legend_title_text="time spent on")
+    fig.update_layout(
+        barmode="stack",
+        yaxis_title="wall time (h)",
+        title=f"{title}: {runs} runs, seed {seed} (labels: cost)",
+        legend_title_text="time spent on",
+    )
     return table, fig

@@ -26,6 +26,7 @@ Semantics (the runtime's, see DESIGN.md §3):
   redone and partial steps cut by a kill), save (snapshots, emergency upload waits, saves cut
   by a kill), alloc, prep; so total = the sum of the five.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,21 @@ from spotnb.sim.scenario import Scenario, as_range
 __all__ = ["SimResult", "simulate", "simulate_run", "METRICS", "run_seeds", "ENGINES"]
 
 #: Per-run figures, in the order tables show them.
-METRICS = ("compute", "recompute", "save", "alloc", "prep", "total", "preemptions", "cost",
-           "on_demand_cost", "overhead", "saves", "insurance_saves", "emergency_saves")
+METRICS = (
+    "compute",
+    "recompute",
+    "save",
+    "alloc",
+    "prep",
+    "total",
+    "preemptions",
+    "cost",
+    "on_demand_cost",
+    "overhead",
+    "saves",
+    "insurance_saves",
+    "emergency_saves",
+)
 _N = len(METRICS)
 _INSURANCE = SaveKind.INSURANCE
 
@@ -60,8 +74,14 @@ class SimResult:
     engine: str = "event"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy, "runs": self.runs, "seed": self.seed,
-                "mean": dict(self.mean), "std": dict(self.std), "engine": self.engine}
+        return {
+            "policy": self.policy,
+            "runs": self.runs,
+            "seed": self.seed,
+            "mean": dict(self.mean),
+            "std": dict(self.std),
+            "engine": self.engine,
+        }
 
     def __getitem__(self, key: str) -> float:
         return self.mean[key]
@@ -77,8 +97,15 @@ def run_seeds(seed: int, run: int) -> tuple[int, int]:
 ENGINES = ("auto", "batch", "event")
 
 
-def simulate(scenario: Scenario, policy: Policy | str, runs: int = 100, seed: int = 0,
-             keep_samples: bool = False, *, engine: str = "auto") -> SimResult:
+def simulate(
+    scenario: Scenario,
+    policy: Policy | str,
+    runs: int = 100,
+    seed: int = 0,
+    keep_samples: bool = False,
+    *,
+    engine: str = "auto",
+) -> SimResult:
     """Simulate `runs` independent executions of `scenario` under `policy`.
 
     `engine="auto"` uses the vectorised engine (`spotnb.sim.batch`: exponential or no
@@ -104,21 +131,22 @@ def simulate(scenario: Scenario, policy: Policy | str, runs: int = 100, seed: in
             table = simulate_batch(scenario, plan, process, runs, seed)
             return _summarise(name, runs, seed, table, keep_samples)
         if engine == "batch":
-            raise ValueError(f"the vectorised engine does not cover {pol!r} on this scenario "
-                             "(needs exponential or no preemptions, per-step step times and a "
-                             "policy with a batch_plan)")
+            raise ValueError(
+                f"the vectorised engine does not cover {pol!r} on this scenario "
+                "(needs exponential or no preemptions, per-step step times and a "
+                "policy with a batch_plan)"
+            )
     sums = [0.0] * _N
     sq = [0.0] * _N
     samples: list[dict[str, float]] | None = [] if keep_samples else None
     for r in range(runs):
         pre_seed, dur_seed = run_seeds(seed, r)
-        row = simulate_run(scenario, pol, process.fresh(), random.Random(pre_seed),
-                           random.Random(dur_seed))
+        row = simulate_run(scenario, pol, process.fresh(), random.Random(pre_seed), random.Random(dur_seed))
         for i, v in enumerate(row):
             sums[i] += v
             sq[i] += v * v
         if samples is not None:
-            samples.append(dict(zip(METRICS, row)))
+            samples.append(dict(zip(METRICS, row, strict=True)))
     mean = {k: sums[i] / runs for i, k in enumerate(METRICS)}
     std = {}
     for i, k in enumerate(METRICS):
@@ -138,13 +166,13 @@ def _summarise(name: str, runs: int, seed: int, table: Any, keep_samples: bool) 
     std_v = table.std(axis=0, ddof=1) if runs > 1 else np.zeros(_N)
     mean = {k: float(mean_v[i]) for i, k in enumerate(METRICS)}
     std = {k: float(std_v[i]) for i, k in enumerate(METRICS)}
-    samples = ([dict(zip(METRICS, map(float, row))) for row in table] if keep_samples
-               else None)
+    samples = [dict(zip(METRICS, map(float, row), strict=True)) for row in table] if keep_samples else None
     return SimResult(name, runs, seed, mean, std, samples, engine="batch")
 
 
-def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
-                 rng_pre: random.Random, rng_dur: random.Random) -> tuple[float, ...]:
+def simulate_run(
+    sc: Scenario, policy: Policy, process: PreemptionProcess, rng_pre: random.Random, rng_dur: random.Random
+) -> tuple[float, ...]:
     """One execution; returns the figures in `METRICS` order."""
     total_steps = sc.steps
     st_lo, st_hi = as_range(sc.step_time)
@@ -152,8 +180,7 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
     b_lo, b_hi = as_range(sc.backup_time)
     a_lo, a_hi = as_range(sc.alloc_time)
     p_lo, p_hi = as_range(sc.prep_time)
-    d_var, b_var, a_var, p_var, st_var = (d_hi - d_lo, b_hi - b_lo, a_hi - a_lo, p_hi - p_lo,
-                                          st_hi - st_lo)
+    d_var, b_var, a_var, p_var, st_var = (d_hi - d_lo, b_hi - b_lo, a_hi - a_lo, p_hi - p_lo, st_hi - st_lo)
     work = total_steps * (st_lo + st_hi) / 2
     if sc.step_time_per == "step":  # i.i.d. per step: the mean over the many steps between events
         st_lo, st_var = (st_lo + st_hi) / 2, 0.0
@@ -168,10 +195,10 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
 
     compute = recompute = save = alloc = prep = billed = 0.0
     preemptions = saves = insurance = emergency = 0
-    committed = high = 0            # last committed step; most steps ever completed
+    committed = high = 0  # last committed step; most steps ever completed
     t = 0.0
-    alloc_from = 0.0                # when the current replacement was requested
-    stop = 0.0                      # when the previous VM stopped (clean exit or kill)
+    alloc_from = 0.0  # when the current replacement was requested
+    stop = 0.0  # when the previous VM stopped (clean exit or kill)
     first = not sc.initial_start
 
     while True:
@@ -184,7 +211,7 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
             while True:
                 ta = alloc_from + (a_lo + a_var * rand() if a_var else a_lo)
                 kill = next_kill(ta, rng_pre)
-                start = ta if ta > stop else stop    # the new VM cannot restore before the old left
+                start = ta if ta > stop else stop  # the new VM cannot restore before the old left
                 alloc += start - t if start > t else 0.0
                 ready = start + (p_lo + p_var * rand() if p_var else p_lo)
                 if kill > ready:
@@ -200,7 +227,7 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
                 stop = alloc_from = t
         # ---- run on it ------------------------------------------------------------------
         ready_t = t
-        alloc_from = -1.0           # replacement not requested yet
+        alloc_from = -1.0  # replacement not requested yet
         st = st_lo + st_var * rand() if st_var else st_lo
         step = committed
         notice = kill - grace
@@ -208,8 +235,22 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
         upload_free = t
         pending: list[tuple[float, int]] = []
         finished = False
-        obs = Observation(step, st, mean_delta, mean_beta, mttp, restart, grace, save_every, 0,
-                          t - ready_t, t, total_steps, sd_delta, sd_beta)
+        obs = Observation(
+            step,
+            st,
+            mean_delta,
+            mean_beta,
+            mttp,
+            restart,
+            grace,
+            save_every,
+            0,
+            t - ready_t,
+            t,
+            total_steps,
+            sd_delta,
+            sd_beta,
+        )
         plan = next_save(obs, step)
         plan_step = plan.step if plan is not None else total_steps
         stride = plan_step - step
@@ -240,14 +281,27 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
                         break
                     while pending and pending[0][0] <= t:
                         committed = pending.pop(0)[1]
-                    obs = Observation(step, st, mean_delta, mean_beta, mttp, restart, grace,
-                                      save_every, 0, t - ready_t, t, total_steps, sd_delta,
-                                      sd_beta)
+                    obs = Observation(
+                        step,
+                        st,
+                        mean_delta,
+                        mean_beta,
+                        mttp,
+                        restart,
+                        grace,
+                        save_every,
+                        0,
+                        t - ready_t,
+                        t,
+                        total_steps,
+                        sd_delta,
+                        sd_beta,
+                    )
                     if policy.allocate_on_notice(obs):
                         alloc_from = max(notice, ready_t)
                     if policy.on_notice(obs, kill - t):
                         if step == committed:
-                            stop = t              # nothing new to save: leave now
+                            stop = t  # nothing new to save: leave now
                             break
                         emergency += 1
                         d = d_lo + d_var * rand() if d_var else d_lo
@@ -301,11 +355,27 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
             upload_free = (upload_free if upload_free > t else t) + b
             pending.append((upload_free, step))
             if step + stride <= horizon:
-                plan_step = step + stride      # the policy said its stride holds here
+                plan_step = step + stride  # the policy said its stride holds here
                 continue
-            plan = next_save(Observation(step, st, mean_delta, mean_beta, mttp, restart, grace,
-                                         save_every, 0, t - ready_t, t, total_steps, sd_delta,
-                                         sd_beta), step)
+            plan = next_save(
+                Observation(
+                    step,
+                    st,
+                    mean_delta,
+                    mean_beta,
+                    mttp,
+                    restart,
+                    grace,
+                    save_every,
+                    0,
+                    t - ready_t,
+                    t,
+                    total_steps,
+                    sd_delta,
+                    sd_beta,
+                ),
+                step,
+            )
             plan_step = plan.step if plan is not None else total_steps
             plan_ins = plan is not None and plan.kind is _INSURANCE
 
@@ -327,6 +397,18 @@ def simulate_run(sc: Scenario, policy: Policy, process: PreemptionProcess,
     total = t
     cost = billed * sc.spot_price / 3600.0
     od_cost = compute * sc.on_demand_price / 3600.0
-    return (compute, recompute, save, alloc, prep, total, float(preemptions), cost, od_cost,
-            total / work - 1.0, float(saves), float(insurance), float(emergency))
-
+    return (
+        compute,
+        recompute,
+        save,
+        alloc,
+        prep,
+        total,
+        float(preemptions),
+        cost,
+        od_cost,
+        total / work - 1.0,
+        float(saves),
+        float(insurance),
+        float(emergency),
+    )

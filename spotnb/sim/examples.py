@@ -1,4 +1,5 @@
 """Example scenarios shipped with the package (`spotnb/sim/scenarios/*.yaml`)."""
+
 from __future__ import annotations
 
 from importlib import resources

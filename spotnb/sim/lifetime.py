@@ -19,6 +19,7 @@ Planned saves are evaluated column by column (save 1 of every VM, then save 2 of
 live long enough, ...), with VMs sorted by how many saves they can reach so each column is a
 prefix slice: a Python loop over the save index, never over VMs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,13 +36,13 @@ class Consts:
     """Everything about a scenario and a `BatchPlan` the array engine needs (seconds, steps)."""
 
     steps: int
-    st: float                # step time (the mean: per-step times average out between events)
-    stride: float            # steps between planned saves; 0 = no planned saves
-    last_step: float         # no planned save beyond this step
+    st: float  # step time (the mean: per-step times average out between events)
+    stride: float  # steps between planned saves; 0 = no planned saves
+    last_step: float  # no planned save beyond this step
     grace: float
-    notice_margin: float     # emergency save iff time left at the boundary > this
-    prealloc: bool           # replacement requested at the notice
-    insurance: bool          # planned saves count as insurance saves
+    notice_margin: float  # emergency save iff time left at the boundary > this
+    prealloc: bool  # replacement requested at the notice
+    insurance: bool  # planned saves count as insurance saves
     d_lo: float
     d_var: float
     b_lo: float
@@ -50,7 +51,7 @@ class Consts:
     a_var: float
     p_lo: float
     p_var: float
-    mttp: float              # exponential lifetimes; inf = never preempted
+    mttp: float  # exponential lifetimes; inf = never preempted
     initial_start: bool
 
 
@@ -58,15 +59,15 @@ class Consts:
 class Lives:
     """Per-VM results of `lifetimes`, all relative to the VM's ready time."""
 
-    stop: np.ndarray         # when the VM stopped (or the job finished)
-    save: np.ndarray         # seconds in the save bucket
-    train: np.ndarray        # seconds training (compute + recompute)
-    progress: np.ndarray     # committed steps gained
-    reached: np.ndarray      # most steps completed (F when finished)
-    saves: np.ndarray        # planned saves completed
-    emergency: np.ndarray    # bool: an emergency save was attempted
-    finished: np.ndarray     # bool: the job finished on this VM
-    lead: np.ndarray         # stop − when the replacement was requested (0 = at stop)
+    stop: np.ndarray  # when the VM stopped (or the job finished)
+    save: np.ndarray  # seconds in the save bucket
+    train: np.ndarray  # seconds training (compute + recompute)
+    progress: np.ndarray  # committed steps gained
+    reached: np.ndarray  # most steps completed (F when finished)
+    saves: np.ndarray  # planned saves completed
+    emergency: np.ndarray  # bool: an emergency save was attempted
+    finished: np.ndarray  # bool: the job finished on this VM
+    lead: np.ndarray  # stop − when the replacement was requested (0 = at stop)
 
 
 def _draw(lo: float, var: float, keys: np.ndarray, num: int) -> np.ndarray:
@@ -75,8 +76,7 @@ def _draw(lo: float, var: float, keys: np.ndarray, num: int) -> np.ndarray:
     return np.full(keys.shape, lo)
 
 
-def lifetimes(c: Consts, lam: np.ndarray, F: np.ndarray, nS: np.ndarray,
-              keys: np.ndarray) -> Lives:
+def lifetimes(c: Consts, lam: np.ndarray, F: np.ndarray, nS: np.ndarray, keys: np.ndarray) -> Lives:
     """Evaluate VMs with lives `lam` (inf allowed), `F` steps to the end of the job (inf: not
     known, the job never finishes here) and at most `nS` planned saves; `keys` are their
     `streams.slot_keys`."""
@@ -142,15 +142,15 @@ def lifetimes(c: Consts, lam: np.ndarray, F: np.ndarray, nS: np.ndarray,
         return out
 
     lam_r = lam[row]
-    jN = count(s_f <= N[row])                  # saves reached before the notice is seen
-    nKs = count(s_f <= lam_r)                  # saves started before the kill
-    nKd = count(e_f <= lam_r)                  # saves whose snapshot finished before the kill
-    up_K = count(u_f <= lam_r)                 # uploads finished before the kill
+    jN = count(s_f <= N[row])  # saves reached before the notice is seen
+    nKs = count(s_f <= lam_r)  # saves started before the kill
+    nKd = count(e_f <= lam_r)  # saves whose snapshot finished before the kill
+    up_K = count(u_f <= lam_r)  # uploads finished before the kill
 
     eN, uN, DN = at(e_f, jN), at(u_f, jN), at(d_f, jN)
     with np.errstate(invalid="ignore"):
         k = np.ceil(np.maximum(0.0, N - eN) / st)
-    tb = eN + k * st                           # first boundary after the notice
+    tb = eN + k * st  # first boundary after the notice
     step_tb = jN * S + k
     before_tb = col <= jN[row]
     up_tb = count(before_tb & (u_f <= tb[row]))
@@ -185,14 +185,23 @@ def lifetimes(c: Consts, lam: np.ndarray, F: np.ndarray, nS: np.ndarray,
         stop = np.where(fin, tF, np.where(leave, stop_l, lam))
         save = np.where(fin, at(d_f, nF), np.where(leave, DN + (stop_l - tb), save_k))
         train = np.where(fin, F * st, np.where(leave, tb - DN, lam - save_k))
-        progress = np.where(leave, np.where(quit_now, committed_tb,
-                                            np.where(ok, step_tb, up_K_tb * S)), up_K * S)
+        progress = np.where(
+            leave, np.where(quit_now, committed_tb, np.where(ok, step_tb, up_K_tb * S)), up_K * S
+        )
         reached = np.where(fin, F, np.where(leave, step_tb, reached_k))
         saves = np.where(fin, nF, np.where(leave, jN, nKd))
-        lead = (np.where(notice & ~fin, stop - np.maximum(N, 0.0), 0.0) if c.prealloc
-                else np.zeros(n))
+        lead = np.where(notice & ~fin, stop - np.maximum(N, 0.0), 0.0) if c.prealloc else np.zeros(n)
 
     inv = np.empty_like(order)
     inv[order] = np.arange(n)
-    return Lives(stop[inv], save[inv], train[inv], progress[inv].astype(np.float64),
-                 reached[inv], saves[inv].astype(np.float64), emergency[inv], fin[inv], lead[inv])
+    return Lives(
+        stop[inv],
+        save[inv],
+        train[inv],
+        progress[inv].astype(np.float64),
+        reached[inv],
+        saves[inv].astype(np.float64),
+        emergency[inv],
+        fin[inv],
+        lead[inv],
+    )

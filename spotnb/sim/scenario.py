@@ -8,19 +8,21 @@ of a percent, so the event-driven engine uses the mean (never looping per step).
 VMs), which makes compute differ from steps × mean (fast VMs finish more steps).
 Loadable from YAML or JSON with the same keys.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import Any
 
 from spotnb.preempt import Exponential, Never, Piecewise, PreemptionProcess
 
 __all__ = ["Scenario", "Dist", "as_range", "mean_of"]
 
-Dist = Union[float, int, Sequence[float]]
+Dist = float | int | Sequence[float]
 
 
 def as_range(value: Dist, name: str = "value") -> tuple[float, float]:
@@ -31,8 +33,7 @@ def as_range(value: Dist, name: str = "value") -> tuple[float, float]:
         try:
             low, high = (float(v) for v in value)
         except (TypeError, ValueError):
-            raise ValueError(f"{name} must be a number or a [low, high] pair, "
-                             f"got {value!r}") from None
+            raise ValueError(f"{name} must be a number or a [low, high] pair, got {value!r}") from None
     if not (0 <= low <= high) or math.isinf(high):
         raise ValueError(f"{name} needs 0 <= low <= high < inf, got {value!r}")
     return low, high
@@ -111,6 +112,7 @@ class Scenario:
         """The preemption process this scenario describes."""
         if self.trace is not None:
             from spotnb.traces import trace_process
+
             return trace_process(self.trace, offset=self.trace_offset)
         if self.mttp is None:
             return Never()
@@ -123,7 +125,7 @@ class Scenario:
 
     # -- I/O -------------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Scenario":
+    def from_dict(cls, data: Mapping[str, Any]) -> Scenario:
         """From a mapping; an unknown key is an error that lists the valid ones."""
         valid = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - valid)
@@ -132,15 +134,14 @@ class Scenario:
         return cls(**dict(data))
 
     @classmethod
-    def load(cls, path: str | Path) -> "Scenario":
+    def load(cls, path: str | Path) -> Scenario:
         """From a YAML or JSON file (JSON is YAML, so one parser reads both)."""
         import yaml
 
         p = Path(path)
         data = yaml.safe_load(p.read_text())
         if not isinstance(data, dict):
-            raise ValueError(f"{p}: a scenario file holds a mapping of keys, "
-                             f"got {type(data).__name__}")
+            raise ValueError(f"{p}: a scenario file holds a mapping of keys, got {type(data).__name__}")
         data.setdefault("name", p.stem)
         return cls.from_dict(data)
 
@@ -150,7 +151,7 @@ class Scenario:
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
 
-    def replace(self, **changes: Any) -> "Scenario":
+    def replace(self, **changes: Any) -> Scenario:
         data = asdict(self)
         data.update(changes)
         return Scenario(**data)

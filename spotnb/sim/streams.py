@@ -16,12 +16,12 @@ Layout: run `r` has key `k_r` = output `r` of a SplitMix64 sequence started from
 avalanche), as 53-bit uniforms in [0, 1). Draw numbers: see `A, P, E, X, D_EMERG, B_EMERG`
 and `save_vars`.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["run_keys", "slot_keys", "uniform", "A", "P", "E", "X", "D_EMERG", "B_EMERG",
-           "save_vars"]
+__all__ = ["run_keys", "slot_keys", "uniform", "A", "P", "E", "X", "D_EMERG", "B_EMERG", "save_vars"]
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _SLOT = np.uint64(0xD1B54A32D192ED03)

@@ -7,11 +7,12 @@
 Each parser returns a `RawTrace`: rows of (seconds since start, added, removed, count after),
 node lifetimes when the format names nodes, and the wall-clock start when it has one.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Iterable
 
 __all__ = ["RawTrace", "parse", "detect_format", "FORMATS"]
 
@@ -20,8 +21,8 @@ FORMATS = ("bamboo-events", "bamboo-counts", "parcae-counts")
 
 @dataclass
 class RawTrace:
-    rows: list[tuple[float, int, int, int]]         # (t, added, removed, count after)
-    lifetimes: list[tuple[float, bool]] | None       # (seconds, removal observed) per node
+    rows: list[tuple[float, int, int, int]]  # (t, added, removed, count after)
+    lifetimes: list[tuple[float, bool]] | None  # (seconds, removal observed) per node
     start: datetime | None
     span: float
     fmt: str
@@ -51,8 +52,10 @@ def detect_format(text: str) -> str:
             return "parcae-counts"
         except ValueError:
             pass
-    raise ValueError(f"unrecognised trace format (first row {','.join(first)!r}); expected "
-                     "'time_ms,add|remove,node', 'YYYY-MM-DD, HH:MM:SS, count' or 'time_ms,count'")
+    raise ValueError(
+        f"unrecognised trace format (first row {','.join(first)!r}); expected "
+        "'time_ms,add|remove,node', 'YYYY-MM-DD, HH:MM:SS, count' or 'time_ms,count'"
+    )
 
 
 def parse(text: str) -> RawTrace:
@@ -64,8 +67,8 @@ def parse(text: str) -> RawTrace:
     if fmt == "bamboo-counts":
         stamps = [datetime.strptime(f"{r[0]} {r[1]}", "%Y-%m-%d %H:%M:%S") for r in rows]
         t0 = stamps[0]
-        return _counts((((s - t0).total_seconds(), int(r[2])) for s, r in zip(stamps, rows)),
-                       start=t0, fmt=fmt)
+        counts = (((s - t0).total_seconds(), int(r[2])) for s, r in zip(stamps, rows, strict=True))
+        return _counts(counts, start=t0, fmt=fmt)
     return _counts(((float(r[0]) / 1000.0, int(r[1])) for r in rows), start=None, fmt=fmt)
 
 

@@ -6,6 +6,7 @@ instances still alive when the trace ends) divided by the number of observed rem
 the mean of the observed lifetimes only would be biased low, because the long-lived instances
 are exactly the ones the trace stops watching before they die.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -46,7 +47,7 @@ class Trace:
     fmt: str = ""
 
     @classmethod
-    def from_raw(cls, name: str, raw: RawTrace) -> "Trace":
+    def from_raw(cls, name: str, raw: RawTrace) -> Trace:
         # Merge rows that share a timestamp (Parcae writes one row per instance).
         times: list[float] = []
         added: list[int] = []
@@ -62,9 +63,17 @@ class Trace:
                 added.append(a)
                 removed.append(r)
                 counts.append(c)
-        return cls(name, tuple(times), tuple(added), tuple(removed), tuple(counts), raw.span,
-                   tuple(raw.lifetimes) if raw.lifetimes is not None else None, raw.start,
-                   raw.fmt)
+        return cls(
+            name,
+            tuple(times),
+            tuple(added),
+            tuple(removed),
+            tuple(counts),
+            raw.span,
+            tuple(raw.lifetimes) if raw.lifetimes is not None else None,
+            raw.start,
+            raw.fmt,
+        )
 
     # -- estimates ---------------------------------------------------------------------------
     @property
@@ -111,7 +120,7 @@ class Trace:
                 edge = b if k == n - 1 else min(b, (k + 1) * bin_s)
                 exposure[k] += c * (edge - a)
                 a = edge
-        return [e / x if x > 0 else 0.0 for e, x in zip(events, exposure)]
+        return [e / x if x > 0 else 0.0 for e, x in zip(events, exposure, strict=True)]
 
     def hazard_by_age(self, bin_s: float = 1800.0) -> list[float] | None:
         """Preemption rate (1/s) by instance age, censoring-aware (events / exposure per age
@@ -129,24 +138,23 @@ class Trace:
                 exposure[full] += life - full * bin_s
                 if seen:
                     events[full] += 1
-        return [e / x if x > 0 else 0.0 for e, x in zip(events, exposure)]
+        return [e / x if x > 0 else 0.0 for e, x in zip(events, exposure, strict=True)]
 
     # -- processes -------------------------------------------------------------------------
     def process(self, offset: float = 0.0) -> TraceReplay:
         """Replay this trace (cycling) as the preemption process of one instance."""
         times, alive, removed = [], [], []
         before = 0
-        for t, r, c, a in zip(self.times, self.removed, self.counts, self.added):
+        for t, r, c, a in zip(self.times, self.removed, self.counts, self.added, strict=True):
             if r:
                 times.append(t)
-                alive.append(max(before + a, r))   # order within a timestamp is unknown
+                alive.append(max(before + a, r))  # order within a timestamp is unknown
                 removed.append(r)
             before = c
         span = self.span if self.span > 0 else 1.0
         if times and times[-1] >= span:
             span = times[-1] + 1e-6
-        return TraceReplay(times, alive, removed, span, offset=offset, mttp=self.mttp,
-                           name=self.name)
+        return TraceReplay(times, alive, removed, span, offset=offset, mttp=self.mttp, name=self.name)
 
     def piecewise(self, bin_s: float = 3600.0) -> Piecewise:
         """Poisson process with the trace's hourly (or `bin_s`) rate profile, cycling: keeps the
@@ -174,15 +182,22 @@ class Trace:
         return self.counts[i] if i >= 0 else 0
 
     def summary(self) -> dict[str, object]:
-        return {"name": self.name, "format": self.fmt, "span_h": self.span / 3600.0,
-                "removals": self.removals, "additions": sum(self.added),
-                "max_live": max(self.counts, default=0), "mttp_h": self.mttp / 3600.0,
-                "observed_mean_lifetime_h": (lambda m: m / 3600.0 if m else None)(
-                    self.observed_mean_lifetime())}
+        return {
+            "name": self.name,
+            "format": self.fmt,
+            "span_h": self.span / 3600.0,
+            "removals": self.removals,
+            "additions": sum(self.added),
+            "max_live": max(self.counts, default=0),
+            "mttp_h": self.mttp / 3600.0,
+            "observed_mean_lifetime_h": (lambda m: m / 3600.0 if m else None)(self.observed_mean_lifetime()),
+        }
 
     def __repr__(self) -> str:
-        return (f"Trace({self.name!r}, span={self.span / 3600:.1f} h, removals={self.removals}, "
-                f"mttp={self.mttp / 3600:.2f} h)")
+        return (
+            f"Trace({self.name!r}, span={self.span / 3600:.1f} h, removals={self.removals}, "
+            f"mttp={self.mttp / 3600:.2f} h)"
+        )
 
 
 def bundled_traces() -> list[str]:
@@ -205,8 +220,9 @@ def load_trace(name_or_path: str | Path) -> Trace:
             if bundled.is_file():
                 path = bundled
             else:
-                raise FileNotFoundError(f"no trace {key!r}: not a file, and not one of the "
-                                        f"bundled traces {bundled_traces()}")
+                raise FileNotFoundError(
+                    f"no trace {key!r}: not a file, and not one of the bundled traces {bundled_traces()}"
+                )
     text = path.read_text()
     try:
         return Trace.from_raw(name, parse(text))

@@ -8,6 +8,7 @@ never pulls in ipywidgets or plotly. Modules:
 - `view`: the ipywidgets composite and its throttled, rate-limited flusher;
 - `text`: the terminal / CI fallback (tqdm autonotebook style).
 """
+
 from __future__ import annotations
 
 import os
@@ -37,14 +38,15 @@ def job_widget(job: Any, mode: Literal["auto", "widget", "text"] = "auto", **kwa
     if mode == "text" or (mode == "auto" and not in_kernel()):
         return TextView(job)
     from spotnb.widget.view import JobView
+
     return JobView(job, **kwargs).box
 
 
 def static_figures(job: Any) -> dict[str, Any]:
     """{"metrics", "timeline", "breakdown"} → `plotly.graph_objects.Figure`, from the job's
     events so far (for `fig.write_html`, `write_image`, reports)."""
-    from spotnb.widget.figures import static_figures_from_state
     from spotnb.state import JobState
+    from spotnb.widget.figures import static_figures_from_state
 
     state = JobState()
     state.feed_events(job.events)

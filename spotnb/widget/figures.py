@@ -5,6 +5,7 @@ live widget can map it to a trace index and send only changed data. `static_figu
 same traces into standalone `go.Figure`s for export (`job.plot()`), so the live view and the
 exported figures cannot disagree.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,8 +14,16 @@ from spotnb import palette
 from spotnb.ledger import Breakdown
 from spotnb.state import Incarnation, JobState, describe_kill
 
-__all__ = ["metric_traces", "timeline_traces", "breakdown_traces", "static_figures_from_state",
-           "PANELS", "COLORS", "CATEGORY_COLORS", "format_bytes"]
+__all__ = [
+    "metric_traces",
+    "timeline_traces",
+    "breakdown_traces",
+    "static_figures_from_state",
+    "PANELS",
+    "COLORS",
+    "CATEGORY_COLORS",
+    "format_bytes",
+]
 
 PANELS = ("metrics", "timeline", "breakdown")
 COLORS = palette.METRICS
@@ -53,11 +62,21 @@ def metric_traces(state: JobState) -> list[Trace]:
         color = COLORS[i % len(COLORS)]
         s = state.first[name]
         x, y = s.xy()
-        out.append((f"m:{name}", {
-            "type": "scatter", "mode": "lines", "name": name, "legendgroup": name,
-            "x": x, "y": y, "line": {"color": color, "width": 1.6},
-            "hovertemplate": f"{name} %{{y:.4g}}<br>step %{{x:.0f}}<extra></extra>",
-        }))
+        out.append(
+            (
+                f"m:{name}",
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "name": name,
+                    "legendgroup": name,
+                    "x": x,
+                    "y": y,
+                    "line": {"color": color, "width": 1.6},
+                    "hovertemplate": f"{name} %{{y:.4g}}<br>step %{{x:.0f}}<extra></extra>",
+                },
+            )
+        )
         rx: list[Any] = []
         ry: list[Any] = []
         for _, seg in sorted(state.redo.get(name, {}).items()):
@@ -67,27 +86,59 @@ def metric_traces(state: JobState) -> list[Trace]:
                 ry.append(None)
             rx += sx
             ry += sy
-        out.append((f"r:{name}", {
-            "type": "scatter", "mode": "lines+markers", "name": f"{name} (recomputed)",
-            "legendgroup": name, "x": rx, "y": ry, "visible": True if rx else "legendonly",
-            "line": {"color": palette.MARKS["redo"], "width": 1.4, "dash": "dot"},
-            "marker": {"size": 4, "color": palette.MARKS["redo"], "symbol": "circle-open"},
-            "hovertemplate": f"{name} %{{y:.4g}} (recomputed)<br>step %{{x:.0f}}<extra></extra>",
-        }))
+        out.append(
+            (
+                f"r:{name}",
+                {
+                    "type": "scatter",
+                    "mode": "lines+markers",
+                    "name": f"{name} (recomputed)",
+                    "legendgroup": name,
+                    "x": rx,
+                    "y": ry,
+                    "visible": True if rx else "legendonly",
+                    "line": {"color": palette.MARKS["redo"], "width": 1.4, "dash": "dot"},
+                    "marker": {"size": 4, "color": palette.MARKS["redo"], "symbol": "circle-open"},
+                    "hovertemplate": f"{name} %{{y:.4g}} (recomputed)<br>step %{{x:.0f}}<extra></extra>",
+                },
+            )
+        )
     px, py, pt = _vlines(state.preempt_marks)
-    out.append(("preempt", {
-        "type": "scatter", "mode": "lines", "name": "preempted", "x": px, "y": py, "yaxis": "y2",
-        "text": pt, "hovertemplate": "%{text}<extra></extra>",
-        "line": {"color": PREEMPT_COLOR, "width": 2, "dash": "dash"},
-        "visible": True if px else "legendonly",
-    }))
+    out.append(
+        (
+            "preempt",
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": "preempted",
+                "x": px,
+                "y": py,
+                "yaxis": "y2",
+                "text": pt,
+                "hovertemplate": "%{text}<extra></extra>",
+                "line": {"color": PREEMPT_COLOR, "width": 2, "dash": "dash"},
+                "visible": True if px else "legendonly",
+            },
+        )
+    )
     rx2, ry2, rt = _vlines(state.resume_marks)
-    out.append(("resume", {
-        "type": "scatter", "mode": "lines", "name": "resumed", "x": rx2, "y": ry2, "yaxis": "y2",
-        "text": rt, "hovertemplate": "%{text}<extra></extra>",
-        "line": {"color": RESUME_COLOR, "width": 1.5, "dash": "dot"},
-        "visible": True if rx2 else "legendonly",
-    }))
+    out.append(
+        (
+            "resume",
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": "resumed",
+                "x": rx2,
+                "y": ry2,
+                "yaxis": "y2",
+                "text": rt,
+                "hovertemplate": "%{text}<extra></extra>",
+                "line": {"color": RESUME_COLOR, "width": 1.5, "dash": "dot"},
+                "visible": True if rx2 else "legendonly",
+            },
+        )
+    )
     return out
 
 
@@ -117,7 +168,8 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
     now = state.now() if now is None else now
     segs: dict[str, dict[str, list[Any]]] = {
         c: {"y": [], "base": [], "x": [], "text": []}
-        for c in ("alloc", "prep", "recompute", "compute", "save")}
+        for c in ("alloc", "prep", "recompute", "compute", "save")
+    }
 
     def seg(cat: str, inc: Incarnation, a: float | None, b: float | None, what: str) -> None:
         if a is None or b is None or b <= a:
@@ -137,8 +189,7 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
         seg("alloc", inc, inc.allocating, inc.allocated or end, "allocation")
         seg("prep", inc, inc.allocated, inc.ready or end, "preparation (start, imports, restore)")
         if inc.ready is not None:
-            redo = (inc.boundary is not None and inc.from_step is not None
-                    and inc.boundary >= inc.from_step)
+            redo = inc.boundary is not None and inc.from_step is not None and inc.boundary >= inc.from_step
             split = (inc.new_work_t or end) if redo else inc.ready
             seg("recompute", inc, inc.ready, min(split, end), "recompute (steps lost to a preemption)")
             seg("compute", inc, max(split, inc.ready), end, "compute")
@@ -146,47 +197,80 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
             seg("save", inc, a, max(b, a + 1e-3), f"save ({kind})")
         label = _inc_label(inc)
         if inc.notice is not None:
-            e = inc.notice
-            notice["x"].append(float(e["t"]) - t0)
+            note = inc.notice
+            notice["x"].append(note.t - t0)
             notice["y"].append(label)
-            notice["text"].append(f"notice from {e.get('source', '?')}: {e.get('action', 'terminate')}, "
-                                  f"{float(e.get('time_left') or 0):.1f} s left")
+            notice["text"].append(
+                f"notice from {note.source or '?'}: {note.action or 'terminate'}, "
+                f"{note.time_left or 0.0:.1f} s left"
+            )
         if inc.killed is not None:
-            e = inc.killed
-            kill["x"].append(float(e["t"]) - t0)
+            k = inc.killed
+            kill["x"].append(k.t - t0)
             kill["y"].append(label)
-            kill["text"].append(f"preempted: {describe_kill(e)}<br>lifetime {float(e.get('lifetime_s') or 0):.1f} s")
+            kill["text"].append(f"preempted: {describe_kill(k)}<br>lifetime {k.lifetime_s:.1f} s")
     cps = state.checkpoints
-    stride = max(1, len(cps) // 400)        # thin the markers of very long runs
+    stride = max(1, len(cps) // 400)  # thin the markers of very long runs
     for e in cps[::stride] if stride > 1 else cps:
-        inc = state.incs.get(int(e.get("incarnation") or 0))
-        if inc is None:
+        found = state.incs.get(e.incarnation)
+        if found is None:
             continue
-        ckpt["x"].append(float(e["t"]) - t0)
-        ckpt["y"].append(_inc_label(inc))
+        ckpt["x"].append(e.t - t0)
+        ckpt["y"].append(_inc_label(found))
         ckpt["text"].append(
-            f"checkpoint #{e.get('seq')} {e.get('save_kind')} at step {e.get('step')}<br>"
-            f"{format_bytes(e.get('bytes'))}, snapshot {float(e.get('snapshot_s') or 0):.3f} s, "
-            f"upload {float(e.get('upload_s') or 0):.3f} s")
+            f"checkpoint #{e.seq} {e.save_kind} at step {e.step}<br>"
+            f"{format_bytes(e.nbytes)}, snapshot {e.snapshot_s:.3f} s, upload {e.upload_s:.3f} s"
+        )
     out: list[Trace] = []
     names = {key: label for key, (_color, label) in palette.CATEGORIES.items()}
     for cat, d in segs.items():
-        out.append((f"tl:{cat}", {
-            "type": "bar", "orientation": "h", "name": names[cat], "legendgroup": f"cat:{cat}",
-            "y": d["y"], "x": d["x"], "base": d["base"], "hovertext": d["text"],
-            "hovertemplate": "%{hovertext}<extra></extra>", "xaxis": "x", "yaxis": "y",
-            "marker": {"color": CATEGORY_COLORS[cat]}, "width": 0.6, "showlegend": False,
-        }))
+        out.append(
+            (
+                f"tl:{cat}",
+                {
+                    "type": "bar",
+                    "orientation": "h",
+                    "name": names[cat],
+                    "legendgroup": f"cat:{cat}",
+                    "y": d["y"],
+                    "x": d["x"],
+                    "base": d["base"],
+                    "hovertext": d["text"],
+                    "hovertemplate": "%{hovertext}<extra></extra>",
+                    "xaxis": "x",
+                    "yaxis": "y",
+                    "marker": {"color": CATEGORY_COLORS[cat]},
+                    "width": 0.6,
+                    "showlegend": False,
+                },
+            )
+        )
     for key, d, name, symbol, color, size in (
-            ("tl:ckpt", ckpt, "checkpoint", "diamond", palette.MARKS["checkpoint"], 7),
-            ("tl:notice", notice, "notice", "triangle-down", palette.MARKS["notice"], 11),
-            ("tl:kill", kill, "kill", "x", PREEMPT_COLOR, 11)):
-        out.append((key, {
-            "type": "scatter", "mode": "markers", "name": name, "x": d["x"], "y": d["y"],
-            "text": d["text"], "hovertemplate": "%{text}<extra></extra>", "showlegend": False,
-            "marker": {"symbol": symbol, "color": color, "size": size,
-                       "line": {"width": 1, "color": "white"}},
-        }))
+        ("tl:ckpt", ckpt, "checkpoint", "diamond", palette.MARKS["checkpoint"], 7),
+        ("tl:notice", notice, "notice", "triangle-down", palette.MARKS["notice"], 11),
+        ("tl:kill", kill, "kill", "x", PREEMPT_COLOR, 11),
+    ):
+        out.append(
+            (
+                key,
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "name": name,
+                    "x": d["x"],
+                    "y": d["y"],
+                    "text": d["text"],
+                    "hovertemplate": "%{text}<extra></extra>",
+                    "showlegend": False,
+                    "marker": {
+                        "symbol": symbol,
+                        "color": color,
+                        "size": size,
+                        "line": {"width": 1, "color": "white"},
+                    },
+                },
+            )
+        )
     return out
 
 
@@ -199,33 +283,60 @@ def breakdown_traces(b: Breakdown) -> list[Trace]:
     for cat, (_color, label) in palette.CATEGORIES.items():
         val = float(getattr(b, cat))
         share = val / total if total else 0.0
-        out.append((f"bd:{cat}", {
-            "type": "bar", "orientation": "h", "name": label, "legendgroup": f"cat:{cat}",
-            "y": [0], "x": [val], "base": [base],
-            "hovertemplate": f"{label}: %{{x:.1f}} s ({share:.0%})<extra></extra>",
-            "marker": {"color": CATEGORY_COLORS[cat]}, "width": 0.6, "showlegend": False,
-        }))
+        out.append(
+            (
+                f"bd:{cat}",
+                {
+                    "type": "bar",
+                    "orientation": "h",
+                    "name": label,
+                    "legendgroup": f"cat:{cat}",
+                    "y": [0],
+                    "x": [val],
+                    "base": [base],
+                    "hovertemplate": f"{label}: %{{x:.1f}} s ({share:.0%})<extra></extra>",
+                    "marker": {"color": CATEGORY_COLORS[cat]},
+                    "width": 0.6,
+                    "showlegend": False,
+                },
+            )
+        )
         base += val
     return out
 
 
 def _layout(panel: str, state: JobState) -> dict[str, Any]:
     # the legend sits above the plot, right-aligned: below it, it covers the x-axis title
-    common: dict[str, Any] = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 60, "b": 40},
-                              "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom",
-                                         "x": 1, "xanchor": "right"}, "barmode": "overlay"}
+    common: dict[str, Any] = {
+        "template": "plotly_white",
+        "margin": {"l": 60, "r": 20, "t": 60, "b": 40},
+        "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"},
+        "barmode": "overlay",
+    }
     if panel == "metrics":
-        return {**common, "title": {"text": "metrics by step"}, "height": 380,
-                "xaxis": {"title": {"text": "step"}},
-                "yaxis": {"title": {"text": ", ".join(state.metric_names) or "value"}},
-                "yaxis2": {"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True}}
+        return {
+            **common,
+            "title": {"text": "metrics by step"},
+            "height": 380,
+            "xaxis": {"title": {"text": "step"}},
+            "yaxis": {"title": {"text": ", ".join(state.metric_names) or "value"}},
+            "yaxis2": {"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True},
+        }
     if panel == "timeline":
-        return {**common, "title": {"text": "instances"}, "height": 140 + 40 * max(1, len(state.incs)),
-                "xaxis": {"title": {"text": "seconds since submission"}},
-                "yaxis": {"autorange": "reversed"}}
-    return {**common, "title": {"text": "where the time went (s)"}, "height": 220,
-            "xaxis": {"title": {"text": "seconds"}},
-            "yaxis": {"showticklabels": False, "range": [-0.5, 0.5]}}
+        return {
+            **common,
+            "title": {"text": "instances"},
+            "height": 140 + 40 * max(1, len(state.incs)),
+            "xaxis": {"title": {"text": "seconds since submission"}},
+            "yaxis": {"autorange": "reversed"},
+        }
+    return {
+        **common,
+        "title": {"text": "where the time went (s)"},
+        "height": 220,
+        "xaxis": {"title": {"text": "seconds"}},
+        "yaxis": {"showticklabels": False, "range": [-0.5, 0.5]},
+    }
 
 
 def static_figures_from_state(state: JobState) -> dict[str, Any]:
@@ -233,8 +344,11 @@ def static_figures_from_state(state: JobState) -> dict[str, Any]:
     import plotly.graph_objects as go
 
     b = state.breakdown()
-    panels = {"metrics": metric_traces(state), "timeline": timeline_traces(state),
-              "breakdown": breakdown_traces(b)}
+    panels = {
+        "metrics": metric_traces(state),
+        "timeline": timeline_traces(state),
+        "breakdown": breakdown_traces(b),
+    }
     figs: dict[str, Any] = {}
     for name, traces in panels.items():
         data = []

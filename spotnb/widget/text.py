@@ -6,20 +6,23 @@ Like tqdm's autonotebook fallback: on a TTY one progress line is redrawn in plac
 checkpoints, relaunches, errors with the remote traceback, the end) always get their own line.
 It is a plain sink: no widgets, no plotly, no thread of its own.
 """
+
 from __future__ import annotations
 
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any, TextIO
 
-from spotnb.widget.figures import format_bytes
+from spotnb.protocol import Event
 from spotnb.state import JobState, describe_kill
+from spotnb.widget.figures import format_bytes
 
 __all__ = ["TextView", "event_text", "event_line", "progress_line"]
 
 
-def event_text(e: dict[str, Any]) -> str:
+def event_text(e: Event | Mapping[str, Any]) -> str:
     """One plain line describing any event: the text view and the widget's feed both use it."""
     kind, n = e.get("kind"), e.get("incarnation", 0)
     who = f"#{n} " if n else ""
@@ -27,31 +30,36 @@ def event_text(e: dict[str, Any]) -> str:
     if kind == "submitted":
         return f"submitted ({e.get('provider')}, {e.get('instance_type')})"
     if kind == "allocated":
-        return (f"{who}allocated {e.get('instance_id')} in {e.get('region')} "
-                f"({e.get('instance_type')}) after {num('alloc_s'):.1f} s, spot "
-                f"${num('spot_price'):.3f}/h vs on-demand ${num('on_demand_price'):.3f}/h")
+        return (
+            f"{who}allocated {e.get('instance_id')} in {e.get('region')} "
+            f"({e.get('instance_type')}) after {num('alloc_s'):.1f} s, spot "
+            f"${num('spot_price'):.3f}/h vs on-demand ${num('on_demand_price'):.3f}/h"
+        )
     if kind == "alloc_failed":
         return f"{who}no capacity in {e.get('region')}: {e.get('reason')}; retry in {e.get('retry_in')} s"
     if kind == "ready":
         return f"{who}ready at step {e.get('step')} after {num('prep_s'):.1f} s prep"
     if kind == "resumed":
-        return (f"{who}relaunched: resumed from step {e.get('from_step')} ({e.get('save_kind')} "
-                f"checkpoint #{e.get('seq')}, restore {num('restore_s'):.2f} s)")
+        return (
+            f"{who}relaunched: resumed from step {e.get('from_step')} ({e.get('save_kind')} "
+            f"checkpoint #{e.get('seq')}, restore {num('restore_s'):.2f} s)"
+        )
     if kind == "notice":
         return f"{who}⚠ PREEMPTION NOTICE ({e.get('source')}): {num('time_left'):.1f} s left"
     if kind == "evacuated":
         return f"{who}saved and left cleanly at step {e.get('step')}"
     if kind == "emergency_skipped":
-        return (f"{who}emergency save skipped ({num('time_left'):.1f} s left, needs "
-                f"{num('needed'):.1f} s)")
+        return f"{who}emergency save skipped ({num('time_left'):.1f} s left, needs {num('needed'):.1f} s)"
     if kind == "preempted":
         return f"{who}✖ PREEMPTED: {describe_kill(e)}, lifetime {num('lifetime_s'):.1f} s"
     if kind == "exited":
         return f"{who}exited: {e.get('reason')} (code {e.get('code')})"
     if kind == "checkpoint":
-        return (f"{who}checkpoint {e.get('save_kind')} at step {e.get('step')}: "
-                f"{format_bytes(e.get('bytes'))} in {num('snapshot_s'):.3f} s "
-                f"+ {num('upload_s'):.3f} s upload")
+        return (
+            f"{who}checkpoint {e.get('save_kind')} at step {e.get('step')}: "
+            f"{format_bytes(e.get('bytes'))} in {num('snapshot_s'):.3f} s "
+            f"+ {num('upload_s'):.3f} s upload"
+        )
     if kind in ("checkpoint_failed", "checkpoint_invalid"):
         return f"{who}{kind.replace('_', ' ')}: {e.get('error') or e.get('reason') or ''}"
     if kind == "error":
@@ -63,19 +71,39 @@ def event_text(e: dict[str, Any]) -> str:
     if kind == "job_resumed":
         what = ["new function"] if e.get("new_fn") else []
         what += [f"{k} changed" for k in e.get("changed") or []]
-        return (f"resumed after it {e.get('from_status')}" + (f" ({', '.join(what)})" if what else "")
-                + ": continuing from the latest checkpoint")
+        return (
+            f"resumed after it {e.get('from_status')}"
+            + (f" ({', '.join(what)})" if what else "")
+            + ": continuing from the latest checkpoint"
+        )
     if kind == "files":
         return f"{who}{e.get('count')} shipped file(s) in {e.get('workdir')} ({e.get('written')} written)"
     return f"{who}{kind}: {e.get('message') or ''}"
 
 
-_LOUD = frozenset({"submitted", "allocated", "alloc_failed", "resumed", "notice", "evacuated",
-                   "emergency_skipped", "preempted", "checkpoint", "checkpoint_failed",
-                   "checkpoint_invalid", "error", "warning", "hint", "stopped", "job_resumed"})
+_LOUD = frozenset(
+    {
+        "submitted",
+        "allocated",
+        "alloc_failed",
+        "resumed",
+        "notice",
+        "evacuated",
+        "emergency_skipped",
+        "preempted",
+        "checkpoint",
+        "checkpoint_failed",
+        "checkpoint_invalid",
+        "error",
+        "warning",
+        "hint",
+        "stopped",
+        "job_resumed",
+    }
+)
 
 
-def event_line(e: dict[str, Any]) -> str | None:
+def event_line(e: Event | Mapping[str, Any]) -> str | None:
     """The line a terminal shows for a notable event (errors with the remote traceback), or
     None for events that only feed the progress line (periodic checkpoints included)."""
     kind = e.get("kind")
@@ -110,8 +138,14 @@ class TextView:
     """A sink printing the job's story as text. `job.add_sink(TextView(job))`, or let
     `spotnb.widget.job_widget` pick it when there is no kernel to render widgets."""
 
-    def __init__(self, job: Any = None, file: TextIO | None = None, interval: float = 10.0,
-                 tty_interval: float = 0.5, attach: bool = True) -> None:
+    def __init__(
+        self,
+        job: Any = None,
+        file: TextIO | None = None,
+        interval: float = 10.0,
+        tty_interval: float = 0.5,
+        attach: bool = True,
+    ) -> None:
         self.job = job
         self.file = file if file is not None else sys.stdout
         isatty = getattr(self.file, "isatty", None)
@@ -128,7 +162,7 @@ class TextView:
 
     def _write(self, text: str) -> None:
         if self.tty and self._progress_shown:
-            self.file.write("\r\x1b[2K")   # clear the in-place progress line first
+            self.file.write("\r\x1b[2K")  # clear the in-place progress line first
             self._progress_shown = False
         self.file.write(text)
 

@@ -9,6 +9,7 @@ plus the front end's replies) and refuses a flush that would exceed `max_rate` m
 one-second window. So however fast the job logs, the front end gets ≤ 10 messages a second,
 and the figure simply shows a newer state at its next turn.
 """
+
 from __future__ import annotations
 
 import collections
@@ -16,33 +17,34 @@ import html
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ipywidgets as widgets
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from spotnb.widget.figures import (CATEGORY_COLORS, breakdown_traces, metric_traces,
-                                   timeline_traces)
 from spotnb import logs, palette
 from spotnb.protocol import Event, JobWarning
 from spotnb.state import JobState
+from spotnb.widget.figures import breakdown_traces, metric_traces, timeline_traces
 from spotnb.widget.text import event_text
 
 __all__ = ["JobView", "MessageBudget", "JobWidget", "render_info_html"]
 
 log = logging.getLogger("spotnb.widget")
 
-_FIGURE_COST = 4          # comm messages of one plotly batch_update (edit ids, update, reset)
-_FIGURE_REPLY_COST = 4    # a live front end answers with trace/layout deltas (echo + reset each)
+_FIGURE_COST = 4  # comm messages of one plotly batch_update (edit ids, update, reset)
+_FIGURE_REPLY_COST = 4  # a live front end answers with trace/layout deltas (echo + reset each)
 
 
 class MessageBudget:
     """Sliding one-second window of sent front-end messages, shared by the view's widgets."""
 
-    def __init__(self, max_rate: float = 10.0, window: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, max_rate: float = 10.0, window: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.max_rate = max_rate
         self.clock = clock
         self.window = window
@@ -106,7 +108,7 @@ class _Button(_Counted, widgets.Button):
 class JobWidget(widgets.VBox):
     """The displayed box; `.view` is the JobView that feeds it (for tests and benchmarks)."""
 
-    view: "JobView"
+    view: JobView
 
     def close(self) -> None:
         self.view.detach()
@@ -127,7 +129,7 @@ def _esc(x: Any) -> str:
     return html.escape(str(x))
 
 
-def _feed_line(e: dict[str, Any], t0: float) -> str:
+def _feed_line(e: Event, t0: float) -> str:
     when = f"{float(e['t']) - t0:6.1f}s" if t0 else ""
     return f"<div class='spotnb-feed-line'><code>{when}</code> {_esc(event_text(e))}</div>"
 
@@ -137,8 +139,12 @@ def _compact_feed(feed: list[Event], limit: int) -> list[tuple[Event, int]]:
     out: list[tuple[Event, int]] = []
     for e in reversed(feed):
         periodic = e.get("kind") == "checkpoint" and e.get("save_kind") == "periodic"
-        if periodic and out and out[-1][0].get("kind") == "checkpoint" \
-                and out[-1][0].get("save_kind") == "periodic":
+        if (
+            periodic
+            and out
+            and out[-1][0].get("kind") == "checkpoint"
+            and out[-1][0].get("save_kind") == "periodic"
+        ):
             out[-1] = (out[-1][0], out[-1][1] + 1)
             continue
         if len(out) >= limit:
@@ -162,27 +168,35 @@ def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> 
     sav = cost["savings"] or 0.0
     price = ""
     if cost["spot_price"] is not None:
-        price = (f"<div style='color:#666;font-size:11px'>${cost['spot_price']:.3f}/h spot vs "
-                 f"${(cost['on_demand_price'] or 0):.3f}/h on demand</div>")
+        price = (
+            f"<div style='color:#666;font-size:11px'>${cost['spot_price']:.3f}/h spot vs "
+            f"${(cost['on_demand_price'] or 0):.3f}/h on demand</div>"
+        )
     name = _esc(state.name or job_id)
-    badge = (f"<span class='spotnb-status' data-status='{_esc(status)}' style='background:{color};"
-             f"color:white;border-radius:10px;padding:2px 10px;font-weight:600'>{_esc(status)}</span>")
-    progress = (f"<div style='background:#eee;border-radius:4px;height:8px;width:100%;margin:4px 0'>"
-                f"<div style='background:{color};width:{frac * 100:.1f}%;height:8px;border-radius:4px'>"
-                f"</div></div>")
-    head = (f"<div style='display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start'>"
-            f"<div style='min-width:260px;flex:1'>"
-            f"<div><b>{name}</b> <code style='color:#666'>{_esc(job_id)}</code> {badge}</div>"
-            f"{progress}<div class='spotnb-progress' data-step='{step}' data-total='{total or ''}'>"
-            f"step {step}{'/' + str(total) if total else ''} · {b.preemptions} preemption(s) · "
-            f"{b.incarnations} instance(s){' · ' + _esc(last) if last else ''}</div></div>"
-            f"<div class='spotnb-cost' data-spot='{cost['spot']:.8f}' data-on-demand='{cost['on_demand']:.8f}'"
-            f" data-savings='{sav:.4f}' style='min-width:260px'>"
-            f"<div style='font-size:18px'><b>${cost['spot']:.4f}</b> spot "
-            f"<span style='color:#666'>vs ${cost['on_demand']:.4f} on demand</span></div>"
-            f"<div><b style='color:{palette.GOOD if sav >= 0 else palette.BAD}'>{sav:.0%} saved</b>"
-            f"{f' · projected total ${proj:.4f}' if proj is not None else ''}</div>{price}</div>"
-            f"</div>")
+    badge = (
+        f"<span class='spotnb-status' data-status='{_esc(status)}' style='background:{color};"
+        f"color:white;border-radius:10px;padding:2px 10px;font-weight:600'>{_esc(status)}</span>"
+    )
+    progress = (
+        f"<div style='background:#eee;border-radius:4px;height:8px;width:100%;margin:4px 0'>"
+        f"<div style='background:{color};width:{frac * 100:.1f}%;height:8px;border-radius:4px'>"
+        f"</div></div>"
+    )
+    head = (
+        f"<div style='display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start'>"
+        f"<div style='min-width:260px;flex:1'>"
+        f"<div><b>{name}</b> <code style='color:#666'>{_esc(job_id)}</code> {badge}</div>"
+        f"{progress}<div class='spotnb-progress' data-step='{step}' data-total='{total or ''}'>"
+        f"step {step}{'/' + str(total) if total else ''} · {b.preemptions} preemption(s) · "
+        f"{b.incarnations} instance(s){' · ' + _esc(last) if last else ''}</div></div>"
+        f"<div class='spotnb-cost' data-spot='{cost['spot']:.8f}' data-on-demand='{cost['on_demand']:.8f}'"
+        f" data-savings='{sav:.4f}' style='min-width:260px'>"
+        f"<div style='font-size:18px'><b>${cost['spot']:.4f}</b> spot "
+        f"<span style='color:#666'>vs ${cost['on_demand']:.4f} on demand</span></div>"
+        f"<div><b style='color:{palette.GOOD if sav >= 0 else palette.BAD}'>{sav:.0%} saved</b>"
+        f"{f' · projected total ${proj:.4f}' if proj is not None else ''}</div>{price}</div>"
+        f"</div>"
+    )
     t0 = state.job_start or 0.0
     lines = []
     for e, times in _compact_feed(state.feed, feed_lines):
@@ -190,18 +204,23 @@ def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> 
         if times > 1:
             line = line.replace("</div>", f" <span style='color:#666'>(×{times})</span></div>")
         lines.append(line)
-    feed = (f"<div class='spotnb-feed' style='font-size:12px;margin-top:6px;max-height:190px;"
-            f"overflow:auto;border-left:3px solid #ddd;padding-left:8px'>{''.join(lines)}</div>")
+    feed = (
+        f"<div class='spotnb-feed' style='font-size:12px;margin-top:6px;max-height:190px;"
+        f"overflow:auto;border-left:3px solid #ddd;padding-left:8px'>{''.join(lines)}</div>"
+    )
     tb = ""
     if state.error is not None:
-        tb = (f"<details open class='spotnb-traceback'><summary style='color:#c62828'><b>"
-              f"{_esc(state.error.exc_type)}: {_esc(state.error.message)}</b></summary>"
-              f"<pre style='background:#fff5f5;color:#b71c1c;font-size:11px;overflow:auto;"
-              f"max-height:300px'>{_esc(state.error.traceback)}</pre></details>")
-    legend = " ".join(f"<span style='color:{c}'>■</span> {label}"
-                      for c, label in palette.CATEGORIES.values())
-    return (f"<div class='spotnb-job-info' style='font-family:sans-serif;font-size:13px'>{head}"
-            f"{feed}{tb}<div style='font-size:11px;color:#666;margin-top:4px'>{legend}</div></div>")
+        tb = (
+            f"<details open class='spotnb-traceback'><summary style='color:#c62828'><b>"
+            f"{_esc(state.error.exc_type)}: {_esc(state.error.message)}</b></summary>"
+            f"<pre style='background:#fff5f5;color:#b71c1c;font-size:11px;overflow:auto;"
+            f"max-height:300px'>{_esc(state.error.traceback)}</pre></details>"
+        )
+    legend = " ".join(f"<span style='color:{c}'>■</span> {label}" for c, label in palette.CATEGORIES.values())
+    return (
+        f"<div class='spotnb-job-info' style='font-family:sans-serif;font-size:13px'>{head}"
+        f"{feed}{tb}<div style='font-size:11px;color:#666;margin-top:4px'>{legend}</div></div>"
+    )
 
 
 class JobView:
@@ -212,9 +231,17 @@ class JobView:
     leaves flushing to explicit `flush()` calls and `clock` replaces the monotonic clock
     (deterministic tests and benchmarks)."""
 
-    def __init__(self, job: Any = None, *, interval: float = 0.5, figure_interval: float = 0.5,
-                 max_rate: float = 10.0, autostart: bool = True,
-                 max_points: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        job: Any = None,
+        *,
+        interval: float = 0.5,
+        figure_interval: float = 0.5,
+        max_rate: float = 10.0,
+        autostart: bool = True,
+        max_points: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.job = job
         self.job_id = getattr(job, "id", "") or ""
         self.state = JobState(max_points) if max_points else JobState()
@@ -233,8 +260,8 @@ class JobView:
         self._last_figure = -1e9
         self._last_html_t = -1e9
         self.flushes = 0
-        self.cpu_s = 0.0          # CPU seconds spent drawing (flusher thread)
-        self.fold_cpu_s = 0.0     # CPU seconds spent folding events (caller's thread)
+        self.cpu_s = 0.0  # CPU seconds spent drawing (flusher thread)
+        self.fold_cpu_s = 0.0  # CPU seconds spent folding events (caller's thread)
         self.figure_flushes = 0
         self._build()
         self._log_handler: logs.JobLogHandler | None = None
@@ -246,22 +273,37 @@ class JobView:
 
     # -- widgets -------------------------------------------------------------------------------
     def _build(self) -> None:
-        fig = make_subplots(rows=3, cols=1, row_heights=[0.52, 0.3, 0.18], vertical_spacing=0.1,
-                            specs=[[{"secondary_y": True}], [{}], [{}]],
-                            subplot_titles=("metrics by step", "instances (seconds since submission)",
-                                            "where the time went (s)"))
-        fig.update_layout(template="plotly_white", height=720, barmode="overlay",
-                          margin={"l": 70, "r": 20, "t": 70, "b": 30},
-                          legend={"orientation": "h", "x": 0.0, "y": 1.04, "yanchor": "bottom"},
-                          uirevision="spotnb")
+        fig = make_subplots(
+            rows=3,
+            cols=1,
+            row_heights=[0.52, 0.3, 0.18],
+            vertical_spacing=0.1,
+            specs=[[{"secondary_y": True}], [{}], [{}]],
+            subplot_titles=(
+                "metrics by step",
+                "instances (seconds since submission)",
+                "where the time went (s)",
+            ),
+        )
+        fig.update_layout(
+            template="plotly_white",
+            height=720,
+            barmode="overlay",
+            margin={"l": 70, "r": 20, "t": 70, "b": 30},
+            legend={"orientation": "h", "x": 0.0, "y": 1.04, "yanchor": "bottom"},
+            uirevision="spotnb",
+        )
         fig.update_yaxes(range=[0, 1], visible=False, fixedrange=True, row=1, col=1, secondary_y=True)
         fig.update_xaxes(title_text="step", row=1, col=1)
         fig.update_yaxes(autorange="reversed", row=2, col=1)
         fig.update_yaxes(showticklabels=False, fixedrange=True, range=[-0.5, 0.5], row=3, col=1)
         # the fixed traces are part of the initial state (no messages); metrics are added later
         empty = JobState()
-        initial = {"metrics": metric_traces(empty), "timeline": timeline_traces(empty, now=0.0),
-                   "breakdown": breakdown_traces(empty.breakdown(now=0.0))}
+        initial = {
+            "metrics": metric_traces(empty),
+            "timeline": timeline_traces(empty, now=0.0),
+            "breakdown": breakdown_traces(empty.breakdown(now=0.0)),
+        }
         for panel, traces in initial.items():
             for key, spec, row, secondary in self._placed(panel, traces):
                 if row == 1:
@@ -274,13 +316,19 @@ class JobView:
         self.figure._spotnb_budget = self.budget
         self.info = _HTML(value=render_info_html(self.state, self.job_id))
         self.info._spotnb_budget = self.budget
-        self.stop_button = _Button(description="Stop", icon="stop", button_style="danger",
-                                   tooltip="Terminate the instance; the job ends as stopped",
-                                   layout=widgets.Layout(width="90px"))
+        self.stop_button = _Button(
+            description="Stop",
+            icon="stop",
+            button_style="danger",
+            tooltip="Terminate the instance; the job ends as stopped",
+            layout=widgets.Layout(width="90px"),
+        )
         self.stop_button._spotnb_budget = self.budget
         self.stop_button.on_click(self._on_stop)
-        header = widgets.HBox([self.info, self.stop_button],
-                              layout=widgets.Layout(justify_content="space-between", width="100%"))
+        header = widgets.HBox(
+            [self.info, self.stop_button],
+            layout=widgets.Layout(justify_content="space-between", width="100%"),
+        )
         self.info.layout = widgets.Layout(flex="1 1 auto")
         self.box = JobWidget([header, self.figure])
         self.box.view = self
@@ -290,8 +338,9 @@ class JobView:
         self.stop_button.disabled = True
         self.stop_button.description = "Stopping"
         if self.job is not None:
-            threading.Thread(target=self.job.stop, kwargs={"wait": False}, daemon=True,
-                             name="spotnb-stop").start()
+            threading.Thread(
+                target=self.job.stop, kwargs={"wait": False}, daemon=True, name="spotnb-stop"
+            ).start()
 
     # -- sink ------------------------------------------------------------------------------------
     def on_events(self, events: list[Event]) -> None:
@@ -305,8 +354,9 @@ class JobView:
     # -- flushing --------------------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, daemon=True,
-                                            name=f"spotnb-widget-{self.job_id}")
+            self._thread = threading.Thread(
+                target=self._loop, daemon=True, name=f"spotnb-widget-{self.job_id}"
+            )
             self._thread.start()
 
     def _on_log(self, record: logging.LogRecord) -> None:
@@ -329,7 +379,7 @@ class JobView:
 
     def _loop(self) -> None:
         while not self._closed.is_set():
-            self._wake.wait(timeout=1.0)   # 1 s tick keeps the live bars growing during gaps
+            self._wake.wait(timeout=1.0)  # 1 s tick keeps the live bars growing during gaps
             self._wake.clear()
             c0 = time.thread_time()
             try:
@@ -346,7 +396,7 @@ class JobView:
 
     def flush(self, force: bool = False) -> bool:
         """Send what changed, within the budget. Returns True once the final state is shown."""
-        cost = _FIGURE_COST + _FIGURE_REPLY_COST   # replies of a live front end come later
+        cost = _FIGURE_COST + _FIGURE_REPLY_COST  # replies of a live front end come later
         with self._lock:
             st = self.state
             done = st.done
@@ -355,11 +405,14 @@ class JobView:
             now = self.clock()
             sent = self._sent_versions
             metrics_changed = versions["metrics"] != sent.get("metrics")
-            fig_changed = (metrics_changed or versions["timeline"] != sent.get("timeline")
-                           or versions["breakdown"] != sent.get("breakdown")
-                           or not done)   # a running job's bars grow with the clock
+            fig_changed = (
+                metrics_changed
+                or versions["timeline"] != sent.get("timeline")
+                or versions["breakdown"] != sent.get("breakdown")
+                or not done
+            )  # a running job's bars grow with the clock
             fig_due = force or done or now - self._last_figure >= self.figure_interval
-            panels = None
+            panels: dict[str, list[tuple[str, dict[str, Any]]] | None] | None = None
             adds_only = False
             if fig_due and fig_changed and (force or self.budget.allows(cost)):
                 known = set(self._keys)
@@ -389,19 +442,20 @@ class JobView:
             elif force:
                 return self.flush(force=True)
         if done and not pending_figure and self._last_html == html_value:
-            with self.stop_button.hold_sync():     # one message, not three
+            with self.stop_button.hold_sync():  # one message, not three
                 self.stop_button.disabled = True
                 self.stop_button.description = {"succeeded": "done"}.get(st.status, st.status)
                 self.stop_button.button_style = "success" if st.status == "succeeded" else ""
             return True
         if pending_figure or self._last_html != html_value:
-            self._wake.set()   # come back after the pause: there is more to send
+            self._wake.set()  # come back after the pause: there is more to send
         return False
 
     _ROWS = {"metrics": 1, "timeline": 2, "breakdown": 3}
 
-    def _placed(self, panel: str, traces: list[tuple[str, dict[str, Any]]]
-                ) -> list[tuple[str, dict[str, Any], int, bool]]:
+    def _placed(
+        self, panel: str, traces: list[tuple[str, dict[str, Any]]]
+    ) -> list[tuple[str, dict[str, Any], int, bool]]:
         out = []
         for key, spec in traces:
             spec = dict(spec)
@@ -428,14 +482,18 @@ class JobView:
                     spec.pop("type", None)
                     last = self._last_specs.get(key, {})
                     changed = {k: v for k, v in spec.items() if k not in last or last[k] != v}
-                    if changed:   # plotly validates what it is given: give it only news
+                    if changed:  # plotly validates what it is given: give it only news
                         fig.data[index[key]].update(_arrays(changed))
                         self._last_specs[key] = spec
         for key, spec, _, _ in adds:
             self._last_specs[key] = {k: v for k, v in spec.items() if k != "type"}
         if adds:
-            fig.add_traces([a[1] for a in adds], rows=[a[2] for a in adds], cols=[1] * len(adds),
-                           secondary_ys=[a[3] for a in adds])
+            fig.add_traces(
+                [a[1] for a in adds],
+                rows=[a[2] for a in adds],
+                cols=[1] * len(adds),
+                secondary_ys=[a[3] for a in adds],
+            )
             self._keys.extend(a[0] for a in adds)
 
     def close(self) -> None:

@@ -1,4 +1,5 @@
 """Fixtures of the core tests."""
+
 from __future__ import annotations
 
 import pytest
@@ -29,13 +30,12 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[tupl
         mp.undo()
 
 
-
-
 @pytest.fixture
 def ckpt(store_url: str):
     """A real checkpointer on a real directory store, with its events recorded."""
     from spotnb.runtime.checkpoint import Checkpointer
     from spotnb.store import Store
+
     rec = Recorder()
     c = Checkpointer(Store(store_url), "job", 1, rec, keep_last=2)
     yield c, rec

@@ -1,15 +1,16 @@
 """Helpers the core tests share: waiting on a live job's events, recording a checkpointer's
 events, and a job that exists only in the store and the job DB (no controller, no instance)."""
+
 from __future__ import annotations
 
 import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -57,8 +58,7 @@ class Recorder:
 
 
 def ckpt_state(step: int, size: int = 64) -> dict:
-    return {"step": step, "objects": {"w": torch.full((size, size), float(step))}, "rng": {},
-            "user": {}}
+    return {"step": step, "objects": {"w": torch.full((size, size), float(step))}, "rng": {}, "user": {}}
 
 
 def ckpt_save(c: Any, step: int, kind: str = "periodic", size: int = 64) -> None:
@@ -72,13 +72,14 @@ def running_job_in_store(job_id: str) -> tuple[Any, Any, Any]:
     from spotnb.events import EventWriter
     from spotnb.jobdb import JobDB
     from spotnb.store import Store
+
     config = spot.Config()
     store, db = Store(config.store_url()), JobDB()
-    db.add_job(job_id, name=None, provider="local", region=None, instance_type=config.instance_type,
-               store=store.url)
+    db.add_job(
+        job_id, name=None, provider="local", region=None, instance_type=config.instance_type, store=store.url
+    )
     api = EventWriter(store, job_id, 0, "api")
-    api.emit(ev.Submitted(name=None, provider="local", instance_type=config.instance_type,
-                          config={}))
+    api.emit(ev.Submitted(name=None, provider="local", instance_type=config.instance_type, config={}))
     api.emit(ev.Status(status=ev.JobStatus.RUNNING))
     api.flush()
     return store, db, api
@@ -101,8 +102,9 @@ def mounted_tmpfs(path: Path, size: str) -> Iterator[Path]:
     root: CI runs as root and must run these tests, so there a failed mount is an error; on a
     developer's machine without root the test is skipped, saying why."""
     path.mkdir(exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         why = f"mounting a tmpfs needs root ({done.stderr.strip() or 'mount failed'})"
         if os.environ.get("CI"):

@@ -1,5 +1,6 @@
 """Findings of the adversarial run against the merged issue-14 fixes. Each test fails on the
 code it was written against; a fix makes it pass. Real processes where a job is involved."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,11 @@ import spotnb as spot
 from spotnb.errors import ConfigError
 
 
-@pytest.mark.parametrize("name", ["a\x85b", "job\x9b2J", "a\u2028b", "a\u202eb"],
-                         ids=["C1-NEL", "C1-CSI", "line-separator", "bidi-override"])
+@pytest.mark.parametrize(
+    "name",
+    ["a\x85b", "job\x9b2J", "a\u2028b", "a\u202eb"],
+    ids=["C1-NEL", "C1-CSI", "line-separator", "bidi-override"],
+)
 def test_a_name_with_non_ascii_control_or_format_characters_is_refused(name: str) -> None:
     """Config._name refuses only C0 controls and DEL: C1 controls (U+0080-U+009F, e.g. the 8-bit
     CSI U+009B a terminal treats as an escape), line separators and bidi overrides reach
@@ -32,8 +36,7 @@ def test_max_stalled_relaunches_of_true_is_refused() -> None:
         spot.Config(max_stalled_relaunches=True)
 
 
-def test_a_job_directory_deleted_under_a_live_job_is_not_a_success_nobody_can_attach_to(
-        monkeypatch) -> None:
+def test_a_job_directory_deleted_under_a_live_job_is_not_a_success_nobody_can_attach_to(monkeypatch) -> None:
     """rmtree of the job directory while the controller and agent run: their writes recreate
     the directory (events/, ckpt/, result.pkl) without spec.json, the job ends `succeeded` in
     the job DB, and then `spot.attach(id)` raises "has no spec". Either the job is `lost`
@@ -43,9 +46,12 @@ def test_a_job_directory_deleted_under_a_live_job_is_not_a_success_nobody_can_at
     import time
 
     from tests.core import jobfns
+
     monkeypatch.setenv("SPOTNB_LEASE_TTL", "3")
-    job = spot.train(functools.partial(jobfns.slow_steps, steps=1500, step_time=0.02),
-                     spot.Config(ship_modules=["tests.core.jobfns"], checkpoint="static:20"))
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=1500, step_time=0.02),
+        spot.Config(ship_modules=["tests.core.jobfns"], checkpoint="static:20"),
+    )
     try:
         deadline = time.time() + 120
         while not any(e["kind"] == "progress" and e["step"] >= 30 for e in job.events):
@@ -54,12 +60,12 @@ def test_a_job_directory_deleted_under_a_live_job_is_not_a_success_nobody_can_at
         shutil.rmtree(job.store.job(job.id))
         assert job.wait(240), "job never ended after its directory was deleted"
         row = next(r for r in spot.jobs() if r["id"] == job.id)
-        if row["status"] != "lost":     # another notebook attaches (a fresh process, no cache)
+        if row["status"] != "lost":  # another notebook attaches (a fresh process, no cache)
             import subprocess
             import sys
-            code = (f"import spotnb as spot; print(spot.attach({job.id!r}).result(timeout=30))")
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                 timeout=120)
+
+            code = f"import spotnb as spot; print(spot.attach({job.id!r}).result(timeout=30))"
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
             assert out.returncode == 0 and out.stdout.strip() == "1500", (row["status"], out.stderr[-600:])
     finally:
         if not job.done:
@@ -74,9 +80,15 @@ def test_no_alarm_about_vanished_checkpoints_when_none_was_ever_committed() -> N
     import functools
 
     from tests.core import jobfns
-    job = spot.train(functools.partial(jobfns.slow_steps, steps=40, step_time=0.05),
-                     spot.Config(ship_modules=["tests.core.jobfns"], checkpoint="periodic:1000",
-                                 local_schedule=[{"step": 30, "phase": "step", "notice": False}]))
+
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=40, step_time=0.05),
+        spot.Config(
+            ship_modules=["tests.core.jobfns"],
+            checkpoint="periodic:1000",
+            local_schedule=[{"step": 30, "phase": "step", "notice": False}],
+        ),
+    )
     try:
         assert job.result(timeout=240) == 40
         assert any(e["kind"] == "allocated" and e["incarnation"] == 2 for e in job.events)

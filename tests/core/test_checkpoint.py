@@ -1,4 +1,5 @@
 """The checkpointer against a real file store: commit protocol, verification, retention."""
+
 from __future__ import annotations
 
 import json
@@ -6,7 +7,6 @@ import json
 import torch
 
 from tests.core.helpers import ckpt_save, ckpt_state
-
 
 _state, _save = ckpt_state, ckpt_save
 
@@ -50,6 +50,7 @@ def test_nothing_to_restore_on_a_fresh_job(ckpt) -> None:
 
 def test_manifest_lists_sizes_and_hashes(ckpt) -> None:
     import hashlib
+
     c, _ = ckpt
     _save(c, 5, "insurance")
     m = c.list_manifests()[0]

@@ -1,5 +1,6 @@
 """Jobs outlive the notebook: SIGKILL the kernel or the controller mid-job (local market, with
 preemptions) and the job still ends with the bit-exact result and a complete history."""
+
 from __future__ import annotations
 
 import os
@@ -8,15 +9,18 @@ import subprocess
 import sys
 import time
 
-
 import spotnb as spot
 from spotnb.jobdb import JobDB
 from tests.core import jobfns
 from tests.core.helpers import assert_matches_reference, wait_progress
 
 SHIP = ["tests.core.jobfns"]
-CONFIG = dict(checkpoint="static:20", ship_modules=SHIP, local_upload_bps=8e6,
-              local_schedule=[{"step": 50, "phase": "step"}, {"step": 130, "phase": "upload"}])
+CONFIG = dict(
+    checkpoint="static:20",
+    ship_modules=SHIP,
+    local_upload_bps=8e6,
+    local_schedule=[{"step": 50, "phase": "step"}, {"step": 130, "phase": "upload"}],
+)
 
 
 def _assert_same_as_reference(job: spot.Job, reference) -> None:
@@ -30,11 +34,18 @@ def _assert_same_as_reference(job: spot.Job, reference) -> None:
 
 def test_job_survives_a_sigkilled_kernel(reference, spotnb_home) -> None:
     kernel = subprocess.Popen(
-        [sys.executable, "-c",
-         "import functools, threading, spotnb as spot; from tests.core import jobfns; "
-         f"job = spot.train(functools.partial(jobfns.seeded_mlp, step_delay=0.03), spot.Config(**{CONFIG!r})); "
-         "print(job.id, flush=True); threading.Event().wait()"],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "SPOTNB_HOME": str(spotnb_home)})
+        [
+            sys.executable,
+            "-c",
+            "import functools, threading, spotnb as spot; from tests.core import jobfns; "
+            "job = spot.train(functools.partial(jobfns.seeded_mlp, step_delay=0.03), "
+            f"spot.Config(**{CONFIG!r})); "
+            "print(job.id, flush=True); threading.Event().wait()",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "SPOTNB_HOME": str(spotnb_home)},
+    )
     job_id = kernel.stdout.readline().strip()
     job = spot.attach(job_id)
     wait_progress(job, 70)
@@ -46,8 +57,9 @@ def test_job_survives_a_sigkilled_kernel(reference, spotnb_home) -> None:
 
 def test_a_sigkilled_controller_is_replaced(reference, monkeypatch) -> None:
     monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
-    job = spot.train(__import__("functools").partial(jobfns.seeded_mlp, step_delay=0.03),
-                     spot.Config(**CONFIG))
+    job = spot.train(
+        __import__("functools").partial(jobfns.seeded_mlp, step_delay=0.03), spot.Config(**CONFIG)
+    )
     wait_progress(job, 70)
     db = JobDB()
     lease = db.lease(job.id)
@@ -69,8 +81,11 @@ def test_a_sigkilled_controller_is_replaced(reference, monkeypatch) -> None:
 
 def test_two_controllers_never_drive_one_job(monkeypatch) -> None:
     from spotnb.supervise import start_controller
-    job = spot.train(__import__("functools").partial(jobfns.slow_steps, steps=150, step_time=0.01),
-                     spot.Config(ship_modules=SHIP))
+
+    job = spot.train(
+        __import__("functools").partial(jobfns.slow_steps, steps=150, step_time=0.01),
+        spot.Config(ship_modules=SHIP),
+    )
     wait_progress(job, 10)
     owner = JobDB().lease(job.id)["owner"]
     start_controller(job.id, job.store.url)  # a second one gives up: the lease is held

@@ -1,5 +1,6 @@
 """Bad input fails before anything is launched, with a message naming the field and the fix;
 a user exception on the instance surfaces as JobFailed with the remote traceback."""
+
 from __future__ import annotations
 
 import subprocess
@@ -49,35 +50,44 @@ def test_fn_must_take_ctx() -> None:
         spot.train(lambda: 1)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("local_mttp", "soon", r"Config.local_mttp: invalid duration 'soon'.*'90s', '2m'"),
-    ("local_grace", -3, r"Config.local_grace: duration must be non-negative"),
-    ("heartbeat_timeout", [1], r"Config.heartbeat_timeout: expected a duration"),
-    ("provider", "oracle", r"Config.provider: unknown provider 'oracle'; choose one of"),
-    ("checkpoint", "sometimes", r"Config.checkpoint: .*unknown checkpoint policy 'sometimes'"),
-    ("checkpoint", "static:0", r"Config.checkpoint: .*static"),
-    ("save_every", 0, r"Config.save_every: .*greater than or equal to 1"),
-    ("keep_last", 0, r"Config.keep_last"),
-    ("max_cost", -1, r"Config.max_cost"),
-    ("local_notice_format", "ibm", r"Config.local_notice_format"),
-    ("local_alloc_delay", [3, 1], r"Config.local_alloc_delay: high \(1.0\) is below low"),
-    ("local_schedule", [{"step": 3, "phase": "lunch"}], r"Config.local_schedule: .*phase"),
-    ("local_capacity_failure", 1.5, r"Config.local_capacity_failure"),
-    ("heartbeat_timeout", 0, r"Config.heartbeat_timeout: 0 s is too short"),
-    ("notice_poll", 0, r"Config.notice_poll: 0 s would poll the metadata endpoint in a busy loop"),
-    ("requirements", ["lib @ git+https://user:ghp_secret@github.com/o/lib"],
-     r"Config.requirements: \[0\] carries credentials in its URL"),
-    ("store", "s3://AKIA:secret@bucket/prefix", r"Config.store: the store URL carries credentials"),
-    ("instance_type", "x9.mega", r"Config: instance_type 'x9.mega' is not in the price table"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("local_mttp", "soon", r"Config.local_mttp: invalid duration 'soon'.*'90s', '2m'"),
+        ("local_grace", -3, r"Config.local_grace: duration must be non-negative"),
+        ("heartbeat_timeout", [1], r"Config.heartbeat_timeout: expected a duration"),
+        ("provider", "oracle", r"Config.provider: unknown provider 'oracle'; choose one of"),
+        ("checkpoint", "sometimes", r"Config.checkpoint: .*unknown checkpoint policy 'sometimes'"),
+        ("checkpoint", "static:0", r"Config.checkpoint: .*static"),
+        ("save_every", 0, r"Config.save_every: .*greater than or equal to 1"),
+        ("keep_last", 0, r"Config.keep_last"),
+        ("max_cost", -1, r"Config.max_cost"),
+        ("local_notice_format", "ibm", r"Config.local_notice_format"),
+        ("local_alloc_delay", [3, 1], r"Config.local_alloc_delay: high \(1.0\) is below low"),
+        ("local_schedule", [{"step": 3, "phase": "lunch"}], r"Config.local_schedule: .*phase"),
+        ("local_capacity_failure", 1.5, r"Config.local_capacity_failure"),
+        ("heartbeat_timeout", 0, r"Config.heartbeat_timeout: 0 s is too short"),
+        ("notice_poll", 0, r"Config.notice_poll: 0 s would poll the metadata endpoint in a busy loop"),
+        (
+            "requirements",
+            ["lib @ git+https://user:ghp_secret@github.com/o/lib"],
+            r"Config.requirements: \[0\] carries credentials in its URL",
+        ),
+        ("store", "s3://AKIA:secret@bucket/prefix", r"Config.store: the store URL carries credentials"),
+        ("instance_type", "x9.mega", r"Config: instance_type 'x9.mega' is not in the price table"),
+    ],
+)
 def test_each_invalid_field_is_named(field: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         spot.Config(**{field: value})
 
 
 def test_unknown_field_lists_valid_ones_and_suggests() -> None:
-    with pytest.raises(ConfigError, match=r"unknown Config field 'local_mtp' \(did you mean 'local_mttp'\?\)"
-                                          r".*Valid fields: .*save_every"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown Config field 'local_mtp' \(did you mean 'local_mttp'\?\)"
+        r".*Valid fields: .*save_every",
+    ):
         spot.Config(local_mtp="2m")
     with pytest.raises(ConfigError, match="save_evry"):
         spot.train(jobfns.slow_steps, save_evry=3)
@@ -112,7 +122,9 @@ def test_memory_store_is_refused_for_local_instances() -> None:
 
 
 def test_import_is_light() -> None:
-    code = ("import sys, spotnb; bad = [m for m in sys.modules if m.split('.')[0] in "
-            "('boto3', 'botocore', 'azure', 'google', 'torch', 'pandas', 'plotly', 'ipywidgets')]; "
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, spotnb; bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('boto3', 'botocore', 'azure', 'google', 'torch', 'pandas', 'plotly', 'ipywidgets')]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

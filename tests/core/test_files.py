@@ -1,6 +1,7 @@
 """`Config.files` reach the instance through the store: uploaded at submit (hashed, stored
 once, size-limited), laid out relative to the job's working directory before `fn` runs, never
 clobbering a different file. Real agents on the local market, and the real boot script."""
+
 from __future__ import annotations
 
 import json
@@ -47,15 +48,16 @@ def notebook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Pat
 
 
 def test_files_are_laid_out_in_the_instance_workdir_from_the_store(
-        notebook: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    notebook: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     nb, src = notebook
-    vm = tmp_path / "vm"   # the instance works somewhere else, as on a cloud VM
+    vm = tmp_path / "vm"  # the instance works somewhere else, as on a cloud VM
     monkeypatch.setenv("SPOTNB_WORKDIR", str(vm))
     config = spot.Config(ship_modules=SHIP, files=["conf/params.json", str(src / "data")])
     job = spot.train(read_back, config)
     seen = job.result(timeout=120)
     assert os.path.realpath(seen.pop("cwd")) == os.path.realpath(vm)
-    assert seen == FILES   # relative paths kept inside the notebook dir; an outside folder by name
+    assert seen == FILES  # relative paths kept inside the notebook dir; an outside folder by name
     # stored once each, by content; a second job uploads nothing new
     store = Store(config.store_url())
     blobs = sorted(store.ls(store.path("files")))
@@ -67,19 +69,19 @@ def test_files_are_laid_out_in_the_instance_workdir_from_the_store(
 
 
 def test_on_the_notebooks_own_dir_identical_files_are_kept_and_different_ones_refused(
-        notebook: tuple[Path, Path]) -> None:
+    notebook: tuple[Path, Path],
+) -> None:
     nb, src = notebook
     (nb / "data").mkdir()
-    (nb / "data" / "a.txt").write_bytes(b"alpha\n")          # identical: kept as is
-    job = spot.train(read_back, spot.Config(ship_modules=SHIP, files=["conf/params.json",
-                                                                      str(src / "data")]))
+    (nb / "data" / "a.txt").write_bytes(b"alpha\n")  # identical: kept as is
+    job = spot.train(read_back, spot.Config(ship_modules=SHIP, files=["conf/params.json", str(src / "data")]))
     seen = job.result(timeout=120)
     assert os.path.realpath(seen["cwd"]) == os.path.realpath(nb)
     assert seen["data/sub/b.bin"] == FILES["data/sub/b.bin"]
     laid = next(e for e in job.events if e["kind"] == "files")
-    assert (laid["count"], laid["written"]) == (3, 1)      # only the missing one was written
+    assert (laid["count"], laid["written"]) == (3, 1)  # only the missing one was written
 
-    (nb / "data" / "a.txt").write_bytes(b"my own edits\n")     # differs from the shipped one
+    (nb / "data" / "a.txt").write_bytes(b"my own edits\n")  # differs from the shipped one
     (src / "data" / "a.txt").write_bytes(b"alpha, shipped\n")
     job = spot.train(read_back, spot.Config(ship_modules=SHIP, files=[str(src / "data")]))
     with pytest.raises(spot.JobFailed, match=r"'data/a.txt' already exists in .* never overwrites"):
@@ -88,18 +90,24 @@ def test_on_the_notebooks_own_dir_identical_files_are_kept_and_different_ones_re
 
 
 def test_too_many_bytes_are_refused_before_anything_is_submitted(
-        notebook: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    notebook: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     nb, src = notebook
     import spotnb.files
+
     monkeypatch.setattr(spotnb.files, "FILES_MAX_BYTES", 200)
-    with pytest.raises(ConfigError, match=r"Config.files: '.*data' \(.*\) brings the files .* to "
-                                          r"\d+ bytes, over the 200 bytes limit"):
+    with pytest.raises(
+        ConfigError,
+        match=r"Config.files: '.*data' \(.*\) brings the files .* to "
+        r"\d+ bytes, over the 200 bytes limit",
+    ):
         spot.train(read_back, spot.Config(ship_modules=SHIP, files=[str(src / "data")]))
     assert spot.jobs() == []
 
 
 def test_the_boot_script_lays_the_files_out_in_its_workdir(
-        notebook: tuple[Path, Path], tmp_path: Path) -> None:
+    notebook: tuple[Path, Path], tmp_path: Path
+) -> None:
     """The cloud path without a cloud: the real boot script runs the real agent, which finds
     the files in the store and writes them under SPOTNB_WORKDIR."""
     from spotnb import api
@@ -110,31 +118,59 @@ def test_the_boot_script_lays_the_files_out_in_its_workdir(
     nb, src = notebook
     config = spot.Config(ship_modules=SHIP, files=["conf/params.json", str(src / "data")])
     _, payload, files = api._prepare(read_back, config)
-    job = api._submit(payload, config, files, detach=True)   # submitted; no controller
+    job = api._submit(payload, config, files, detach=True)  # submitted; no controller
     store = job.store
-    store.write_bytes(store.job(job.id, "incarnations", "0001.json"),
-                      json.dumps({"incarnation": 1, "market": {}, "notice": {}}).encode())
+    store.write_bytes(
+        store.job(job.id, "incarnations", "0001.json"),
+        json.dumps({"incarnation": 1, "market": {}, "notice": {}}).encode(),
+    )
     key = load_key(job.id)
     assert key is not None
-    spec = LaunchSpec(job_id=job.id, incarnation=1, store_url=store.url, instance_type="x",
-                      region=None, command=["python", "-m", "spotnb.runtime.agent", "--store",
-                                            store.url, "--job", job.id, "--incarnation", "1"],
-                      spotnb_version=spot.__version__, job_key=key.hex())
+    spec = LaunchSpec(
+        job_id=job.id,
+        incarnation=1,
+        store_url=store.url,
+        instance_type="x",
+        region=None,
+        command=[
+            "python",
+            "-m",
+            "spotnb.runtime.agent",
+            "--store",
+            store.url,
+            "--job",
+            job.id,
+            "--incarnation",
+            "1",
+        ],
+        spotnb_version=spot.__version__,
+        job_key=key.hex(),
+    )
     script = tmp_path / "boot.sh"
     script.write_text(bootstrap_script(spec, "aws"))
     vm, log, elsewhere = tmp_path / "vm-work", tmp_path / "boot.log", tmp_path / "boot-cwd"
     elsewhere.mkdir()
-    env = {**os.environ, "SPOTNB_PYTHON": sys.executable, "SPOTNB_LOG": str(log),
-           "SPOTNB_POWEROFF_CMD": "true", "SPOTNB_VENV": str(tmp_path / "venv"),
-           "SPOTNB_WORKDIR": str(vm), "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "SPOTNB_PYTHON": sys.executable,
+        "SPOTNB_LOG": str(log),
+        "SPOTNB_POWEROFF_CMD": "true",
+        "SPOTNB_VENV": str(tmp_path / "venv"),
+        "SPOTNB_WORKDIR": str(vm),
+        "PYTHONPATH": str(ROOT),
+    }
     subprocess.run(["bash", str(script)], env=env, cwd=elsewhere, timeout=300, check=True)
     from spotnb.events import read_all
-    kinds = [e["kind"] for e in read_all(store, job.id)]   # no controller: read the log itself
+
+    kinds = [e["kind"] for e in read_all(store, job.id)]  # no controller: read the log itself
     assert "done" in kinds and "error" not in kinds, kinds
-    from spotnb.signing import unseal
     import cloudpickle
-    seen = cloudpickle.loads(unseal(key, job.id, "result.pkl",
-                                    store.read_bytes(store.job(job.id, "result.pkl"))))
+
+    from spotnb.signing import unseal
+
+    seen = cloudpickle.loads(
+        unseal(key, job.id, "result.pkl", store.read_bytes(store.job(job.id, "result.pkl")))
+    )
     assert os.path.realpath(seen.pop("cwd")) == os.path.realpath(vm)
     assert seen == FILES
-    assert key.hex() not in log.read_text()   # the boot log never shows the key
+    assert key.hex() not in log.read_text()  # the boot log never shows the key

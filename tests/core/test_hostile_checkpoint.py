@@ -4,6 +4,7 @@ The unit tests run the real checkpointer against a real directory store and dama
 wrote; the end-to-end test damages a committed manifest between two incarnations of a real
 job on the local market and checks the job still ends bit-exact.
 """
+
 from __future__ import annotations
 
 import functools
@@ -11,7 +12,9 @@ import glob
 import json
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -44,8 +47,10 @@ def _doc(c: Checkpointer, seq: int) -> dict:
 def _rewrite(c: Checkpointer, seq: int, change: Callable[[dict], Any]) -> None:
     doc = _doc(c, seq)
     out = change(doc)
-    c.store.write_bytes(_manifest_path(c, seq), out if isinstance(out, bytes)
-                        else json.dumps(doc if out is None else out).encode())
+    c.store.write_bytes(
+        _manifest_path(c, seq),
+        out if isinstance(out, bytes) else json.dumps(doc if out is None else out).encode(),
+    )
 
 
 def _pop(key: str) -> Callable[[dict], None]:
@@ -77,10 +82,12 @@ DAMAGE: dict[str, Callable[[dict], Any]] = {
     "kind is a number": _set("kind", 3),
     "created is a string": _set("created", "yesterday"),
     "file outside the folder": lambda d: d["files"].__setitem__(
-        "../00000001/state.pt", d["files"]["state.pt"]),
+        "../00000001/state.pt", d["files"]["state.pt"]
+    ),
     "dests names an unlisted file": _set("dests", {"other.bin": "/tmp/x"}),
     "lists a file that is not there": lambda d: d["files"].__setitem__(
-        "extra.bin", {"size": 3, "sha256": "0" * 64}),
+        "extra.bin", {"size": 3, "sha256": "0" * 64}
+    ),
 }
 
 
@@ -133,12 +140,16 @@ def test_a_damaged_state_file_falls_back(ckpt, how: str) -> None:
     _save(c, 10)
     _save(c, 20)
     local = f"{c.root}/{c.list_manifests()[0].seq:08d}/state.pt"  # a local store: a path
-    data = open(local, "rb").read()
+    data = Path(local).read_bytes()
     if how == "delete":
         os.unlink(local)
     else:
-        new = {"truncate": data[: len(data) // 2], "empty": b"", "append": data + b"x",
-               "flip": data[:100] + bytes([data[100] ^ 1]) + data[101:]}[how]
+        new = {
+            "truncate": data[: len(data) // 2],
+            "empty": b"",
+            "append": data + b"x",
+            "flip": data[:100] + bytes([data[100] ^ 1]) + data[101:],
+        }[how]
         with open(local, "wb") as f:
             f.write(new)
     manifest, _ = c.load_latest()
@@ -184,26 +195,25 @@ class _DamagingContext:
         pattern = os.path.join(self._store_dir, "jobs", "*", "ckpt", "*", "MANIFEST.json")
         deadline = time.time() + 60
         while True:  # the save at `saved` commits in the background
-            found = [p for p in glob.glob(pattern) if json.load(open(p))["step"] == self._saved]
+            found = [p for p in glob.glob(pattern) if json.loads(Path(p).read_text())["step"] == self._saved]
             if found or time.time() > deadline:
                 break
             time.sleep(0.05)
         newest = found[0]
-        doc = json.load(open(newest))
+        doc = json.loads(Path(newest).read_text())
         if self._change == "list":
             out = json.dumps([doc])
         elif self._change == "missing files":
             doc.pop("files")
             out = json.dumps(doc)
         else:
-            out = open(newest).read()[:30]
+            out = Path(newest).read_text()[:30]
         with open(newest, "w") as f:
             f.write(out)
 
 
 def mlp_with_damage(ctx: Any, store_dir: str, change: str) -> dict:
-    return jobfns.seeded_mlp(_DamagingContext(ctx, store_dir, change, at=45, saved=40),
-                             step_delay=0.01)
+    return jobfns.seeded_mlp(_DamagingContext(ctx, store_dir, change, at=45, saved=40), step_delay=0.01)
 
 
 @pytest.mark.parametrize("change", ["list", "missing files", "truncated"])
@@ -212,12 +222,14 @@ def test_a_job_survives_a_damaged_manifest_between_incarnations(reference, tmp_p
     killed at 50: incarnation 2 must report the damage, resume from 20 and end bit-exact."""
     ref_result, _ = reference
     store_dir = tmp_path / "store"
-    config = spot.Config(checkpoint="static:20", store=store_dir.as_uri(),
-                         ship_modules=[*SHIP, __name__],  # the damaging context, by value
-                         local_schedule=[{"step": 50, "phase": "step"}],
-                         local_alloc_delay=(0.05, 0.1))
-    job = spot.train(functools.partial(mlp_with_damage, store_dir=str(store_dir), change=change),
-                     config)
+    config = spot.Config(
+        checkpoint="static:20",
+        store=store_dir.as_uri(),
+        ship_modules=[*SHIP, __name__],  # the damaging context, by value
+        local_schedule=[{"step": 50, "phase": "step"}],
+        local_alloc_delay=(0.05, 0.1),
+    )
+    job = spot.train(functools.partial(mlp_with_damage, store_dir=str(store_dir), change=change), config)
     result = job.result(timeout=240)
     invalid = [e for e in job.events if e["kind"] == "checkpoint_invalid"]
     resumed = [e for e in job.events if e["kind"] == "resumed"]
@@ -238,15 +250,17 @@ def test_a_local_job_leaves_no_scratch_folder(tmp_path, monkeypatch) -> None:
 
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    monkeypatch.setenv("TMPDIR", str(scratch))          # the controller and the agents
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the controller and the agents
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # this process
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     (scratch / f"spotnb-local-{dead}-stale").mkdir()
     (scratch / f"spotnb-local-{os.getpid()}-alive").mkdir()
-    job = spot.train(functools.partial(jobfns.slow_steps, steps=20, step_time=0.01),
-                     spot.Config(checkpoint="static:10", ship_modules=SHIP,
-                                 local_alloc_delay=(0.05, 0.1)))
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=20, step_time=0.01),
+        spot.Config(checkpoint="static:10", ship_modules=SHIP, local_alloc_delay=(0.05, 0.1)),
+    )
     assert job.result(timeout=180) == 20
 
     def left() -> list[str]:

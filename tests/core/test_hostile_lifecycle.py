@@ -1,6 +1,7 @@
 """Hostile runs of the job lifecycle (issue 14, part H1): paused controllers, leftover temp
 files, ambiguous ids and who may read the files. Real processes and real signals on the
 local spot market; every wait is on a condition with a generous deadline."""
+
 from __future__ import annotations
 
 import functools
@@ -18,8 +19,14 @@ from spotnb.errors import SpotnbError
 from spotnb.jobdb import JobDB
 from spotnb.server.data import JobViews
 from tests.core import jobfns
-from tests.core.helpers import (Until, assert_matches_reference, running_job_in_store, wait_for,
-                                wait_progress, mounted_tmpfs)
+from tests.core.helpers import (
+    Until,
+    assert_matches_reference,
+    mounted_tmpfs,
+    running_job_in_store,
+    wait_for,
+    wait_progress,
+)
 
 SHIP = ["tests.core.jobfns"]
 
@@ -28,13 +35,14 @@ SHIP = ["tests.core.jobfns"]
 def test_an_ambiguous_prefix_is_an_error_listing_the_matches(capsys) -> None:
     db = JobDB()
     for job_id in ("20260101-aaa", "20260101-aab", "a_c", "xbc"):
-        db.add_job(job_id, name=None, provider="local", region=None, instance_type="cpu",
-                   store="file:///nonexistent")
+        db.add_job(
+            job_id, name=None, provider="local", region=None, instance_type="cpu", store="file:///nonexistent"
+        )
     with pytest.raises(SpotnbError, match="ambiguous") as err:
         db.job("2026")
     assert "20260101-aaa" in str(err.value) and "20260101-aab" in str(err.value)
-    assert db.job("20260101-aab")["id"] == "20260101-aab"   # a full id is never ambiguous
-    assert db.job("x_c") is None and db.job("x%") is None    # no LIKE wildcards
+    assert db.job("20260101-aab")["id"] == "20260101-aab"  # a full id is never ambiguous
+    assert db.job("x_c") is None and db.job("x%") is None  # no LIKE wildcards
     assert db.job("a_")["id"] == "a_c"
     # the CLI says so (exit 2, no traceback), and so does the REST API's data layer
     assert cli(["show", "2026"]) == 2
@@ -47,10 +55,12 @@ def test_an_ambiguous_prefix_is_an_error_listing_the_matches(capsys) -> None:
 
 # -- owner-only files -------------------------------------------------------------------------
 def test_home_store_and_db_are_owner_only(tmp_path: Path, monkeypatch) -> None:
-    home = tmp_path / "fresh" / "home"            # created by spotnb, not by the test
+    home = tmp_path / "fresh" / "home"  # created by spotnb, not by the test
     monkeypatch.setenv("SPOTNB_HOME", str(home))
-    job = spot.train(functools.partial(jobfns.slow_steps, steps=30, step_time=0.001),
-                     spot.Config(ship_modules=SHIP, checkpoint="static:10"))
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=30, step_time=0.001),
+        spot.Config(ship_modules=SHIP, checkpoint="static:10"),
+    )
     assert job.result(timeout=120) == 30
     assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
     seen = {"dirs": 0, "files": 0}
@@ -73,8 +83,10 @@ def test_home_store_and_db_are_owner_only(tmp_path: Path, monkeypatch) -> None:
 # -- leftover temp files ----------------------------------------------------------------------
 def test_a_leftover_temp_file_does_not_wedge_the_job(monkeypatch) -> None:
     monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
-    job = spot.train(functools.partial(jobfns.slow_steps, steps=300, step_time=0.02),
-                     spot.Config(ship_modules=SHIP, checkpoint="static:20"))
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=300, step_time=0.02),
+        spot.Config(ship_modules=SHIP, checkpoint="static:20"),
+    )
     wait_progress(job, 20)
     db = JobDB()
     os.kill(db.lease(job.id)["pid"], signal.SIGKILL)
@@ -83,10 +95,10 @@ def test_a_leftover_temp_file_does_not_wedge_the_job(monkeypatch) -> None:
     old = events / "0000-ctl-00000.jsonl.tmp-0badf00d"
     old.write_bytes(b'{"t": 1, "kind": "sta')
     os.utime(old, (time.time() - 3600, time.time() - 3600))
-    fresh = events / "0001-ctl-00000.jsonl.tmp-0f00dbad"   # as a live writer's would be
+    fresh = events / "0001-ctl-00000.jsonl.tmp-0f00dbad"  # as a live writer's would be
     fresh.write_bytes(b"")
     wait_for(lambda: not db.controller_alive(job.id), 60, "the killed controller's lease never ran out")
-    again = spot.attach(job.id)            # starts a new controller, which must not crash
+    again = spot.attach(job.id)  # starts a new controller, which must not crash
     assert again.result(timeout=180) == 300
     assert not [e for e in again.events if e["kind"] == "error"]
     assert not old.exists(), "a stale temp file was left in the store"
@@ -99,17 +111,22 @@ def test_a_paused_controller_does_not_fail_the_job_its_successor_drives(referenc
     one, SIGCONT the first: the job still ends bit-exact, and nothing the first one may still
     have said (an exit, an error, `failed`) reaches the job's history."""
     monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
-    job = spot.train(functools.partial(jobfns.seeded_mlp, step_delay=0.1),
-                     spot.Config(checkpoint="static:20", ship_modules=SHIP))
+    job = spot.train(
+        functools.partial(jobfns.seeded_mlp, step_delay=0.1),
+        spot.Config(checkpoint="static:20", ship_modules=SHIP),
+    )
     wait_progress(job, 25)
     db = JobDB()
     first = db.lease(job.id)
     os.kill(first["pid"], signal.SIGSTOP)
     try:
         wait_for(lambda: not db.controller_alive(job.id), 60, "the paused controller's lease never ran out")
-        spot.jobs()                         # notices the stale lease and starts a second controller
-        wait_for(lambda: (db.lease(job.id) or {}).get("owner") not in (None, first["owner"]), 60,
-              "no second controller took the job")
+        spot.jobs()  # notices the stale lease and starts a second controller
+        wait_for(
+            lambda: (db.lease(job.id) or {}).get("owner") not in (None, first["owner"]),
+            60,
+            "no second controller took the job",
+        )
         restarted = Until(lambda e: e["kind"] == "controller_restarted")
         job.add_sink(restarted)
         assert restarted.hit.wait(60), "the second controller never announced itself"
@@ -129,9 +146,10 @@ def test_a_paused_controller_does_not_fail_the_job_its_successor_drives(referenc
 
 # -- giving up clearly ------------------------------------------------------------------------------
 def test_max_wait_gives_up_naming_the_wait_and_the_regions() -> None:
-    job = spot.train(functools.partial(jobfns.slow_steps, steps=10, step_time=0.001),
-                     spot.Config(ship_modules=SHIP, local_capacity_failure=0.99, max_wait="3s",
-                                 local_seed=1))
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=10, step_time=0.001),
+        spot.Config(ship_modules=SHIP, local_capacity_failure=0.99, max_wait="3s", local_seed=1),
+    )
     with pytest.raises(spot.JobStopped, match=r"max_wait=3s reached.*regions tried: local"):
         job.result(timeout=120)
     assert job.status == "stopped"
@@ -139,10 +157,13 @@ def test_max_wait_gives_up_naming_the_wait_and_the_regions() -> None:
 
 
 def test_relaunches_without_net_progress_are_reported_then_stopped() -> None:
-    kill_early = [{"step": 3, "phase": "step"}] * 8   # every instance dies before its first save
-    job = spot.train(functools.partial(jobfns.slow_steps, steps=400, step_time=0.01),
-                     spot.Config(ship_modules=SHIP, checkpoint="static:100", local_schedule=kill_early,
-                                 max_stalled_relaunches=4))
+    kill_early = [{"step": 3, "phase": "step"}] * 8  # every instance dies before its first save
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=400, step_time=0.01),
+        spot.Config(
+            ship_modules=SHIP, checkpoint="static:100", local_schedule=kill_early, max_stalled_relaunches=4
+        ),
+    )
     with pytest.raises(spot.JobStopped, match=r"no net progress.*max_stalled_relaunches=4"):
         job.result(timeout=240)
     warnings = [e for e in job.events if e["kind"] == "warning" and "no net progress" in e["message"]]
@@ -153,29 +174,32 @@ def test_relaunches_without_net_progress_are_reported_then_stopped() -> None:
 # -- a vanished store ---------------------------------------------------------------------------
 def test_a_job_whose_directory_vanished_is_lost_not_running(monkeypatch, capsys) -> None:
     monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
-    job = spot.train(functools.partial(jobfns.slow_steps, steps=2000, step_time=0.02),
-                     spot.Config(ship_modules=SHIP, checkpoint="static:20"))
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=2000, step_time=0.02),
+        spot.Config(ship_modules=SHIP, checkpoint="static:20"),
+    )
     wait_progress(job, 10)
     db = JobDB()
     agent = next(e for e in job.events if e["kind"] == "allocated")["info"]["pid"]
     killed = db.lease(job.id)["pid"]
     os.kill(killed, signal.SIGKILL)
-    os.kill(agent, signal.SIGKILL)        # nothing writes to the store any more
+    os.kill(agent, signal.SIGKILL)  # nothing writes to the store any more
     wait_for(lambda: not db.controller_alive(job.id), 60, "the killed controller's lease never ran out")
     import shutil
+
     shutil.rmtree(job.store.job(job.id))
     log = Path(os.environ["SPOTNB_HOME"]) / "logs" / job.id / "controller.log"
     size = log.stat().st_size
     rows = {r["id"]: r for r in spot.jobs()}
     assert rows[job.id]["status"] == "lost" and "no longer exists" in rows[job.id]["status_reason"]
-    assert db.job(job.id)["status"] == "lost"          # remembered: the next call spawns nothing
+    assert db.job(job.id)["status"] == "lost"  # remembered: the next call spawns nothing
     spot.jobs()
     assert db.lease(job.id)["pid"] == killed and log.stat().st_size == size, "a controller was spawned"
     again = spot.attach(job.id)
     assert again.status == "lost" and again.done
     with pytest.raises(spot.JobFailed, match="lost"):
         again.result(timeout=5)
-    assert job.wait(60) and job.status == "lost"       # the original handle learns it too
+    assert job.wait(60) and job.status == "lost"  # the original handle learns it too
     assert cli(["stop", job.id]) == 0
     assert "lost" in capsys.readouterr().out
     detail = JobViews(db).detail(job.id)
@@ -189,6 +213,7 @@ def test_a_store_full_for_a_few_seconds_does_not_end_the_job(monkeypatch) -> Non
     import errno
 
     from spotnb.store import Store
+
     full_until = [0.0]
     real = Store.write_bytes
 
@@ -198,12 +223,15 @@ def test_a_store_full_for_a_few_seconds_does_not_end_the_job(monkeypatch) -> Non
         real(self, path, data)
 
     monkeypatch.setattr(Store, "write_bytes", write_bytes)
-    job = spot.train(functools.partial(jobfns.slow_steps, steps=120, step_time=0.02),
-                     spot.Config(ship_modules=SHIP, checkpoint="static:20",
-                                 local_schedule=[{"step": 40, "phase": "step"}]),
-                     detach=False)                  # the controller runs in this process
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=120, step_time=0.02),
+        spot.Config(
+            ship_modules=SHIP, checkpoint="static:20", local_schedule=[{"step": 40, "phase": "step"}]
+        ),
+        detach=False,
+    )  # the controller runs in this process
     wait_progress(job, 35)
-    full_until[0] = time.time() + 3.0               # the kill at step 40 lands in the window
+    full_until[0] = time.time() + 3.0  # the kill at step 40 lands in the window
     assert job.result(timeout=180) == 120
     assert job.breakdown().preemptions == 1
     kinds = [e["kind"] for e in job.events]
@@ -246,24 +274,38 @@ def tmpfs(tmp_path: Path):
 
 def test_a_store_that_turned_read_only_ends_the_job_saying_so(tmpfs: Path, capsys) -> None:
     import subprocess
-    job = spot.train(functools.partial(jobfns.slow_steps, steps=100000, step_time=0.01),
-                     spot.Config(ship_modules=SHIP, store=(tmpfs / "store").as_uri(),
-                                 checkpoint="static:50", heartbeat_timeout="3s"))
+
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=100000, step_time=0.01),
+        spot.Config(
+            ship_modules=SHIP,
+            store=(tmpfs / "store").as_uri(),
+            checkpoint="static:50",
+            heartbeat_timeout="3s",
+        ),
+    )
     wait_progress(job, 10)
     agent = next(e for e in job.events if e["kind"] == "allocated")["info"]["pid"]
     subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
     db = JobDB()
-    wait_for(lambda: db.job(job.id)["status"] == "lost", 240, "the job DB never said the store refuses writes")
+    wait_for(
+        lambda: db.job(job.id)["status"] == "lost", 240, "the job DB never said the store refuses writes"
+    )
     reason = db.job(job.id)["status_reason"]
-    assert "refuses writes" in reason and "writable" in reason       # what happened, what to do
-    assert job.wait(60) and job.status == "lost"                     # the notebook's handle ends
+    assert "refuses writes" in reason and "writable" in reason  # what happened, what to do
+    assert job.wait(60) and job.status == "lost"  # the notebook's handle ends
     with pytest.raises(spot.JobFailed, match="refuses writes"):
         job.result(timeout=5)
-    wait_for(lambda: not os.path.exists(f"/proc/{agent}") or
-          open(f"/proc/{agent}/stat").read().split(")")[-1].split()[0] == "Z", 30,
-          "the instance was left running on a store it cannot write")
+    wait_for(
+        lambda: (
+            not os.path.exists(f"/proc/{agent}")
+            or Path(f"/proc/{agent}/stat").read_text().split(")")[-1].split()[0] == "Z"
+        ),
+        30,
+        "the instance was left running on a store it cannot write",
+    )
     log = Path(os.environ["SPOTNB_HOME"]) / "logs" / job.id / "controller.log"
     size = log.stat().st_size
-    spot.jobs()                                      # no controller is started for it again
+    spot.jobs()  # no controller is started for it again
     assert not db.controller_alive(job.id) and log.stat().st_size == size
     assert cli(["show", job.id]) == 0 and "refuses writes" in capsys.readouterr().out

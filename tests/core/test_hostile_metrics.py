@@ -3,6 +3,7 @@ local market: values JSON cannot carry, reserved names, corrupt logs, rows lost 
 right after a commit, and a compute/recompute split that must be exact.
 
 Each test failed on the code before its fix."""
+
 from __future__ import annotations
 
 import functools
@@ -27,9 +28,18 @@ SHIP = ["tests.core.jobfns", __name__]
 def odd_values(ctx: Any, steps: int = 30) -> int:
     """Logs every kind of value a training loop produces, the awkward ones included."""
     import torch
+
     for step in ctx.steps(steps):
-        ctx.log(loss=1.0 / (step + 1), huge=10**400, nan=float("nan"), inf=float("-inf"),
-                vec=torch.ones(3), scalar=torch.tensor(2.5), big_int=2**60, label="warmup")
+        ctx.log(
+            loss=1.0 / (step + 1),
+            huge=10**400,
+            nan=float("nan"),
+            inf=float("-inf"),
+            vec=torch.ones(3),
+            scalar=torch.tensor(2.5),
+            big_int=2**60,
+            label="warmup",
+        )
     return ctx.step_index
 
 
@@ -40,40 +50,45 @@ def logs_a_reserved_name(ctx: Any) -> None:
 
 def strict_json(line: str) -> Any:
     """Parse as JavaScript's JSON.parse would: NaN and Infinity are not JSON."""
+
     def reject(name: str) -> None:
         raise ValueError(f"{name} is not JSON")
+
     return json.loads(line, parse_constant=reject)
 
 
 def _event_lines(job: spot.Job) -> list[str]:
     folder = Path(job.store.job(job.id, "events"))
-    return [line for f in sorted(folder.glob("*.jsonl")) for line in f.read_text().splitlines()
-            if line.strip()]
+    return [
+        line for f in sorted(folder.glob("*.jsonl")) for line in f.read_text().splitlines() if line.strip()
+    ]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spotnb.cli", *args], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "spotnb.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_values_json_cannot_carry_reach_no_reader_as_an_error() -> None:
     job = spot.train(odd_values, spot.Config(ship_modules=SHIP))
-    assert job.result(timeout=120) == 30       # the follower did not die: result() returned
-    for line in _event_lines(job):             # every line is JSON a browser can parse
+    assert job.result(timeout=120) == 30  # the follower did not die: result() returned
+    for line in _event_lines(job):  # every line is JSON a browser can parse
         strict_json(line)
     m = job.metrics
     assert [s for s, _ in m["loss"]] == list(range(30))
     assert m["scalar"][0] == (0, 2.5) and m["big_int"][0] == (0, float(2**60))
     assert "huge" not in m and "nan" not in m and "inf" not in m and "vec" not in m
     warned = {e.get("metric"): e for e in job.events if e["kind"] == "warning" and e.get("metric")}
-    assert set(warned) == {"huge", "nan", "inf", "vec"}          # one warning per metric ...
-    assert all(e["step"] == 0 for e in warned.values())         # ... naming where it started
+    assert set(warned) == {"huge", "nan", "inf", "vec"}  # one warning per metric ...
+    assert all(e["step"] == 0 for e in warned.values())  # ... naming where it started
     assert "nan" in warned["nan"]["message"] and "step 0" in warned["nan"]["message"]
     # every reader: CLI show and logs from a fresh process, the REST API's view
     for args in (("show", job.id), ("logs", job.id)):
         out = _cli(*args)
         assert out.returncode == 0, out.stderr
     from spotnb.server.data import JobViews
+
     detail = JobViews().detail(job.id)
     assert detail is not None and detail["status"] == "succeeded"
     json.dumps(detail, allow_nan=False)
@@ -88,11 +103,15 @@ def test_a_metric_named_like_a_row_key_is_refused_with_the_fix() -> None:
 
 
 def test_readers_survive_a_corrupt_or_foreign_event_log() -> None:
-    job = spot.train(functools.partial(jobfns.slow_steps, steps=20, step_time=0.0),
-                     spot.Config(ship_modules=SHIP))
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=20, step_time=0.0), spot.Config(ship_modules=SHIP)
+    )
     assert job.result(timeout=120) == 20
     garbage = [
-        "{not json", "[1, 2, 3]", '"a string"', '{"t": 1}',
+        "{not json",
+        "[1, 2, 3]",
+        '"a string"',
+        '{"t": 1}',
         '{"kind": "metrics", "t": "yesterday", "incarnation": "one", "rows": "oops"}',
         '{"kind": "metrics", "t": 1e400, "incarnation": 1, "rows": [{"step": "abc", "x": 1}, 7]}',
         '{"kind": "status", "t": 2, "incarnation": 0, "status": 5}',
@@ -108,8 +127,10 @@ def test_readers_survive_a_corrupt_or_foreign_event_log() -> None:
     assert sum(getattr(b, c) for c in CATEGORIES) == pytest.approx(b.total, rel=1e-6)
     assert [s for s, _ in again.metrics["step_value"]] == list(range(20))
     from spotnb.server.data import JobViews
+
     assert JobViews().detail(job.id)["status"] == "succeeded"
     from spotnb.state import JobState
+
     state = JobState()
     state.feed_events(again.events)
     assert state.status == "succeeded"
@@ -118,17 +139,24 @@ def test_readers_survive_a_corrupt_or_foreign_event_log() -> None:
 
 def test_rows_of_committed_steps_survive_kills_right_after_commits() -> None:
     """Kill between each commit and the news of it, three times: every step's row exists."""
-    schedule = [{"step": 15, "phase": "commit"}, {"step": 45, "phase": "commit"},
-                {"step": 75, "phase": "commit"}]
+    schedule = [
+        {"step": 15, "phase": "commit"},
+        {"step": 45, "phase": "commit"},
+        {"step": 75, "phase": "commit"},
+    ]
     fn = functools.partial(jobfns.slow_steps, steps=100, step_time=0.005)
-    job = spot.train(fn, spot.Config(ship_modules=SHIP, checkpoint="static:10",
-                                     local_schedule=schedule, local_alloc_delay=0.05))
+    job = spot.train(
+        fn,
+        spot.Config(
+            ship_modules=SHIP, checkpoint="static:10", local_schedule=schedule, local_alloc_delay=0.05
+        ),
+    )
     assert job.result(timeout=240) == 100
     kills = [e for e in job.events if e["kind"] == "preempted"]
     assert len(kills) == 3 and {e["phase"] for e in kills} == {"commit"}
     logged = {s for s, _ in job.metrics["step_value"]}
     assert logged == set(range(100)), f"holes at {sorted(set(range(100)) - logged)}"
-    for e in job.events:                       # the resume points are committed checkpoints
+    for e in job.events:  # the resume points are committed checkpoints
         if e["kind"] == "resumed":
             assert set(range(e["from_step"])) <= logged
 
@@ -136,12 +164,22 @@ def test_rows_of_committed_steps_survive_kills_right_after_commits() -> None:
 def test_compute_and_recompute_are_exact_across_kills() -> None:
     """Steps that sleep a known time: compute covers each step once, recompute each redo."""
     step_time = 0.01
-    schedule = [{"step": 35, "phase": "commit"}, {"step": 58, "phase": "step"},
-                {"step": 90, "phase": "upload"}]
+    schedule = [
+        {"step": 35, "phase": "commit"},
+        {"step": 58, "phase": "step"},
+        {"step": 90, "phase": "upload"},
+    ]
     fn = functools.partial(jobfns.slow_steps, steps=120, step_time=step_time)
-    job = spot.train(fn, spot.Config(ship_modules=SHIP, checkpoint="static:10",
-                                     local_schedule=schedule, local_upload_bps=2e5,
-                                     local_alloc_delay=0.05))
+    job = spot.train(
+        fn,
+        spot.Config(
+            ship_modules=SHIP,
+            checkpoint="static:10",
+            local_schedule=schedule,
+            local_upload_bps=2e5,
+            local_alloc_delay=0.05,
+        ),
+    )
     assert job.result(timeout=240) == 120
     b = job.breakdown()
     assert sum(getattr(b, c) for c in CATEGORIES) == pytest.approx(b.total, rel=1e-6)
@@ -154,6 +192,7 @@ def deletes_its_checkpoints(ctx: Any, store_root: str) -> int:
     """Incarnation 1 deletes every checkpoint at step 35 (a bucket lifecycle rule, a user's
     cleanup), then is killed at step 38: its successor has nothing to restore."""
     import torch
+
     ctx.track(model=torch.nn.Linear(2, 2))
     for step in ctx.steps(60):
         if ctx.incarnation == 1 and step == 35:
@@ -165,21 +204,28 @@ def deletes_its_checkpoints(ctx: Any, store_root: str) -> int:
 def test_a_restart_from_zero_after_every_checkpoint_vanished_is_said(tmp_path: Path) -> None:
     store = tmp_path / "store"
     fn = functools.partial(deletes_its_checkpoints, store_root=str(store))
-    job = spot.train(fn, spot.Config(ship_modules=SHIP, store=store.as_uri(), checkpoint="static:10",
-                                     local_schedule=[{"step": 38, "phase": "step"}]))
+    job = spot.train(
+        fn,
+        spot.Config(
+            ship_modules=SHIP,
+            store=store.as_uri(),
+            checkpoint="static:10",
+            local_schedule=[{"step": 38, "phase": "step"}],
+        ),
+    )
     assert job.result(timeout=120) == 60
     warnings = [e for e in job.events if e["kind"] == "warning" and e.get("restart_from_zero")]
     assert len(warnings) == 1 and warnings[0]["incarnation"] == 2
     assert warnings[0]["high_water"] >= 30 and "step 0" in warnings[0]["message"]
     from spotnb.widget.text import event_line
-    assert "step 0" in (event_line(warnings[0]) or "")          # the feed shows it
+
+    assert "step 0" in (event_line(warnings[0]) or "")  # the feed shows it
 
 
 def test_a_kill_can_land_during_a_restore() -> None:
     schedule = [{"step": 25, "phase": "step"}, {"step": 0, "phase": "restore"}]
     fn = functools.partial(jobfns.slow_steps, steps=40, step_time=0.002)
-    job = spot.train(fn, spot.Config(ship_modules=SHIP, checkpoint="static:10",
-                                     local_schedule=schedule))
+    job = spot.train(fn, spot.Config(ship_modules=SHIP, checkpoint="static:10", local_schedule=schedule))
     assert job.result(timeout=120) == 40
     kills = [e["phase"] for e in job.events if e["kind"] == "preempted"]
     assert len(kills) == 2 and kills[1] == "restore"
@@ -204,14 +250,15 @@ def test_a_failing_pre_commit_flush_aborts_the_commit(tmp_path: Path) -> None:
         if fail["now"]:
             raise OSError("store full")
 
-    ck = Checkpointer(store, "j", 1, lambda e: events.append((e.kind, e.to_json())),
-                      before_commit=before_commit)
+    ck = Checkpointer(
+        store, "j", 1, lambda e: events.append((e.kind, e.to_json())), before_commit=before_commit
+    )
     state = {"w": torch.ones(4)}
     ck.save_now(ck.snapshot(state, 10, "periodic"))
     fail["now"] = True
     ck.submit(ck.snapshot(state, 20, "periodic"))
     assert ck.wait(30)
     ck.close()
-    assert seen == [(10, 0), (20, 1)]           # called before each manifest existed
+    assert seen == [(10, 0), (20, 1)]  # called before each manifest existed
     assert [k for k, _ in events] == ["checkpoint", "checkpoint_failed"]
     assert [m.step for m in ck.list_manifests()] == [10]

@@ -1,5 +1,6 @@
 """Preemption notices in each cloud's format, served by the local market's metadata emulator
 and read by the agent's real watchers (no part of spotnb is mocked)."""
+
 from __future__ import annotations
 
 import functools
@@ -13,16 +14,24 @@ SHIP = ["tests.core.jobfns"]
 
 
 def _by(job: spot.Job, kind: str, incarnation: int | None = None) -> list[dict]:
-    return [e for e in job.events if e["kind"] == kind
-            and (incarnation is None or e["incarnation"] == incarnation)]
+    return [
+        e
+        for e in job.events
+        if e["kind"] == kind and (incarnation is None or e["incarnation"] == incarnation)
+    ]
 
 
 @pytest.mark.parametrize("fmt", ["aws", "azure", "gcp"])
 def test_emergency_save_commits_before_the_kill(fmt: str) -> None:
     fn = functools.partial(jobfns.slow_steps, steps=150, step_time=0.02)
-    config = spot.Config(local_notice_format=fmt, local_grace=3.0, notice_poll=0.1,
-                         local_schedule=[{"step": 40, "notice": True}], save_every=1000,
-                         ship_modules=SHIP)
+    config = spot.Config(
+        local_notice_format=fmt,
+        local_grace=3.0,
+        notice_poll=0.1,
+        local_schedule=[{"step": 40, "notice": True}],
+        save_every=1000,
+        ship_modules=SHIP,
+    )
     job = spot.train(fn, config)
     assert job.result(timeout=120) == 150
     notice = _by(job, "notice", 1)
@@ -42,9 +51,15 @@ def test_no_emergency_save_when_the_grace_is_too_short(fmt: str) -> None:
     fn = functools.partial(jobfns.seeded_mlp, steps=160, step_delay=0.05)
     # a ~3.4 MB state uploaded at 2 MB/s cannot fit in a 1 s notice; the notice comes after
     # the first periodic save has measured that (before it, the agent can only estimate)
-    config = spot.Config(local_notice_format=fmt, local_grace=1.0, notice_poll=0.1,
-                         local_schedule=[{"step": 100, "notice": True}], checkpoint="static:30",
-                         local_upload_bps=2e6, ship_modules=SHIP)
+    config = spot.Config(
+        local_notice_format=fmt,
+        local_grace=1.0,
+        notice_poll=0.1,
+        local_schedule=[{"step": 100, "notice": True}],
+        checkpoint="static:30",
+        local_upload_bps=2e6,
+        ship_modules=SHIP,
+    )
     job = spot.train(fn, config)
     job.result(timeout=180)
     assert not [e for e in _by(job, "checkpoint", 1) if e["save_kind"] == "emergency"]

@@ -2,6 +2,7 @@
 before its fix. They drive the runtime's real Context and Checkpointer in this process, on a
 real file store; a notice "arriving during a save" is delivered from inside the save itself,
 which is the interleaving the watcher thread can produce."""
+
 from __future__ import annotations
 
 import subprocess
@@ -39,9 +40,16 @@ class Events(list):
 def make_context(store_url: str, policy: str, grace: float = 120.0):
     events = Events()
     ckpt = Checkpointer(Store(store_url), "job", 1, events, Beacon(None), keep_last=2)
-    ctx = Context(job_id="job", incarnation=1, checkpointer=ckpt, policy=resolve_policy(policy),
-                  emit=events, flush=lambda: None, beacon=Beacon(None),
-                  market={"mttp": 3600.0, "restart": 60.0, "grace": grace})
+    ctx = Context(
+        job_id="job",
+        incarnation=1,
+        checkpointer=ckpt,
+        policy=resolve_policy(policy),
+        emit=events,
+        flush=lambda: None,
+        beacon=Beacon(None),
+        market={"mttp": 3600.0, "restart": 60.0, "grace": grace},
+    )
     return ctx, ckpt, events
 
 
@@ -81,7 +89,7 @@ def test_a_notice_arriving_during_a_save_is_handled_at_the_next_boundary(store_u
         for _ in ctx.steps(100):
             pass
     assert ctx.step_index == 6  # the very next boundary, not the next planned save at 10
-    assert ("emergency" in [f.get("save_kind") for k, f in events if k == "checkpoint"])
+    assert "emergency" in [f.get("save_kind") for k, f in events if k == "checkpoint"]
     ckpt.close()
 
 
@@ -123,7 +131,7 @@ def test_low_level_emergency_is_not_downgraded_by_a_planned_save(store_url, tmp_
 
 def test_a_new_incarnation_never_reuses_a_checkpoint_number(store_url) -> None:
     store = Store(store_url)
-    new = Checkpointer(store, "job", 2, Events())          # made while the old one still saves
+    new = Checkpointer(store, "job", 2, Events())  # made while the old one still saves
     old = Checkpointer(store, "job", 1, Events())
     emergency = old.save_now(old.snapshot({"w": torch.ones(3)}, 130, "emergency"))
     mine = new.save_now(new.snapshot({"w": torch.zeros(3)}, 131, "periodic"))
@@ -153,8 +161,7 @@ def test_a_transient_read_error_never_prunes_a_committed_checkpoint(store_url) -
 
 
 def test_moving_the_kill_earlier_still_sends_the_notice(tmp_path) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                            start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     notified = []
     injector = Injector(proc, str(tmp_path / "beacon"), grace=0.3, notify=notified.append)
     injector.kill_at = time.time() + 0.5  # what LocalProvider.inject does
@@ -162,8 +169,9 @@ def test_moving_the_kill_earlier_still_sends_the_notice(tmp_path) -> None:
     assert notified and injector.kill is not None and injector.kill.noticed
 
 
-@pytest.mark.parametrize("reason, status", [("done", "succeeded"), ("stopped", "stopped"),
-                                            ("user_error", "failed")])
+@pytest.mark.parametrize(
+    "reason, status", [("done", "succeeded"), ("stopped", "stopped"), ("user_error", "failed")]
+)
 def test_a_restarted_controller_ends_a_job_its_predecessor_had_finished(reason, status) -> None:
     """The controller died after recording how the last instance ended, before the job's
     status: its successor must finish the job, not launch it again."""
@@ -172,16 +180,28 @@ def test_a_restarted_controller_ends_a_job_its_predecessor_had_finished(reason, 
     store, db, api = running_job_in_store(job_id)
     ctl = EventWriter(store, job_id, 1, "ctl")
     ctl.emit(ev.Allocating(region="local", attempt=1))
-    ctl.emit(ev.Allocated(instance_id="local-gone", region="local", instance_type="g4dn.xlarge",
-                          alloc_s=0.1, info={"pid": 0}, spot_price=0.2, on_demand_price=0.5))
+    ctl.emit(
+        ev.Allocated(
+            instance_id="local-gone",
+            region="local",
+            instance_type="g4dn.xlarge",
+            alloc_s=0.1,
+            info={"pid": 0},
+            spot_price=0.2,
+            on_demand_price=0.5,
+        )
+    )
     ctl.emit(ev.Exited(instance_id="local-gone", reason=ev.Outcome(reason), code=0))
     ctl.flush()
     if reason == "done":
         from spotnb.signing import new_key, save_key, seal
+
         key = new_key()
         save_key(job_id, key)
-        store.write_bytes(store.job(job_id, "result.pkl"),
-                          seal(key, job_id, "result.pkl", __import__("cloudpickle").dumps(7)))
+        store.write_bytes(
+            store.job(job_id, "result.pkl"),
+            seal(key, job_id, "result.pkl", __import__("cloudpickle").dumps(7)),
+        )
     job = Job(job_id, store, db)
     Controller(job, config, get_provider_class("local")(config), store, db).run()
     assert job.status == status

@@ -3,6 +3,7 @@
 Nothing of spotnb is mocked here: the controller launches `python -m spotnb.runtime.agent`
 subprocesses, the injector kills their process groups, the store is a real directory.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,11 +22,21 @@ def _losses(job: spot.Job) -> list[tuple[int, float]]:
 
 def test_bit_exact_resume_after_kills_during_steps_saves_and_uploads(reference) -> None:
     ref_result, ref_losses = reference
-    schedule = [{"step": 25, "phase": "save"}, {"step": 45, "phase": "upload"},
-                {"step": 70, "phase": "step"}, {"step": 105, "phase": "save"},
-                {"step": 140, "phase": "upload"}, {"step": 170, "phase": "step"}]
-    config = spot.Config(checkpoint="static:20", ship_modules=SHIP, local_schedule=schedule,
-                         local_upload_bps=8e6, local_alloc_delay=(0.05, 0.1))
+    schedule = [
+        {"step": 25, "phase": "save"},
+        {"step": 45, "phase": "upload"},
+        {"step": 70, "phase": "step"},
+        {"step": 105, "phase": "save"},
+        {"step": 140, "phase": "upload"},
+        {"step": 170, "phase": "step"},
+    ]
+    config = spot.Config(
+        checkpoint="static:20",
+        ship_modules=SHIP,
+        local_schedule=schedule,
+        local_upload_bps=8e6,
+        local_alloc_delay=(0.05, 0.1),
+    )
     # steps of ~10 ms (the sleep changes no number) let metrics and checkpoints get out between kills
     job = spot.train(functools.partial(jobfns.seeded_mlp, step_delay=0.01), config)
     result = job.result(timeout=300)
@@ -54,8 +65,14 @@ def test_bit_exact_resume_after_kills_during_steps_saves_and_uploads(reference) 
 def test_partial_uploads_never_become_checkpoints(reference, store_url: str) -> None:
     """A kill during an upload leaves files without a manifest; restore never uses them."""
     from spotnb.store import Store
-    config = spot.Config(checkpoint="static:20", ship_modules=SHIP, store=store_url,
-                         local_schedule=[{"step": 130, "phase": "upload"}], local_upload_bps=4e6)
+
+    config = spot.Config(
+        checkpoint="static:20",
+        ship_modules=SHIP,
+        store=store_url,
+        local_schedule=[{"step": 130, "phase": "upload"}],
+        local_upload_bps=4e6,
+    )
     job = spot.train(functools.partial(jobfns.seeded_mlp, step_delay=0.01), config)
     job.result(timeout=180)
     resumed = [e for e in job.events if e["kind"] == "resumed"]
@@ -71,8 +88,9 @@ def test_partial_uploads_never_become_checkpoints(reference, store_url: str) -> 
 def test_low_level_api_backs_up_user_files(tmp_path) -> None:
     path = str(tmp_path / "my_ckpt.txt")
     fn = functools.partial(jobfns.low_level, steps=60, path=path)
-    config = spot.Config(checkpoint="static:10", ship_modules=SHIP,
-                         local_schedule=[{"step": 35, "phase": "step"}])
+    config = spot.Config(
+        checkpoint="static:10", ship_modules=SHIP, local_schedule=[{"step": 35, "phase": "step"}]
+    )
     job = spot.train(fn, config)
     assert job.result(timeout=120) == sum(range(60))
     resumed = [e for e in job.events if e["kind"] == "resumed"]

@@ -1,5 +1,6 @@
 """`spot.resume` / `spotnb resume`: a failed or stopped job continues from its latest verified
 checkpoint, keeping its id and history, after the user fixed the bug (real agents, local market)."""
+
 from __future__ import annotations
 
 import functools
@@ -77,6 +78,7 @@ def test_resume_refuses_a_provider_change_and_a_running_job_and_keeps_config_cha
     assert not [e for e in job.events if e["kind"] == "job_resumed"]  # nothing was written
 
     from spotnb.cli import main
+
     assert main(["resume", job.id[:12], "--set", "max_retries=1"]) == 0  # the same bug, twice more
     again = spot.attach(job.id)
     with pytest.raises(spot.JobFailed, match="bad batch at step 5"):
@@ -88,8 +90,10 @@ def test_resume_refuses_a_provider_change_and_a_running_job_and_keeps_config_cha
 
 
 def test_a_running_job_cannot_be_resumed_and_a_stopped_one_finishes() -> None:
-    job = spot.train(functools.partial(jobfns.slow_steps, steps=300, step_time=0.01),
-                     spot.Config(ship_modules=SHIP, checkpoint="static:50"))
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=300, step_time=0.01),
+        spot.Config(ship_modules=SHIP, checkpoint="static:50"),
+    )
     deadline = __import__("time").monotonic() + 120
     while job.status != "running" and __import__("time").monotonic() < deadline:
         job.wait(0.05)

@@ -4,6 +4,7 @@ Each test plays the attacker with real files in a real store while real agents r
 local market: a pickle that would run a command replaces what spotnb is about to unpickle,
 and the command must not run.
 """
+
 from __future__ import annotations
 
 import functools
@@ -59,6 +60,7 @@ def gated(ctx: Any, gate: str, at: int, steps: int = 60, first_at: int | None = 
     that step until `gate + ".first"` exists (so that an earlier checkpoint commits first: on a
     busy box the writer may otherwise supersede every snapshot but the newest)."""
     import torch
+
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
     ctx.track(model=model)
@@ -76,6 +78,7 @@ def gated(ctx: Any, gate: str, at: int, steps: int = 60, first_at: int | None = 
 
 def returns_a_lock(ctx: Any) -> Any:
     import threading
+
     for _ in ctx.steps(3):
         pass
     return threading.Lock()
@@ -83,8 +86,9 @@ def returns_a_lock(ctx: Any) -> Any:
 
 def test_a_forged_result_is_refused_and_never_runs(tmp_path: Path, spotnb_home: Path) -> None:
     marker = tmp_path / "pwned-result"
-    job = spot.train(functools.partial(jobfns.slow_steps, steps=5, step_time=0.0),
-                     spot.Config(ship_modules=SHIP))
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=5, step_time=0.0), spot.Config(ship_modules=SHIP)
+    )
     assert job.wait(120) and job.status == "succeeded"
     path = job.store.job(job.id, "result.pkl")
     genuine = job.store.read_bytes(path)
@@ -96,6 +100,7 @@ def test_a_forged_result_is_refused_and_never_runs(tmp_path: Path, spotnb_home: 
     assert job.result() == 5
     # the key stays on this machine, owner-only, and is nowhere in the store or the logs
     from spotnb.signing import key_path, load_key
+
     assert stat.S_IMODE(key_path(job.id).stat().st_mode) == 0o600
     assert stat.S_IMODE(key_path(job.id).parent.stat().st_mode) == 0o700
     key = load_key(job.id)
@@ -110,8 +115,10 @@ def test_a_forged_result_is_refused_and_never_runs(tmp_path: Path, spotnb_home: 
 def test_a_forged_function_is_refused_at_relaunch(tmp_path: Path) -> None:
     marker, gate = tmp_path / "pwned-fn", tmp_path / "gate"
     fn = functools.partial(gated, gate=str(gate), at=5, steps=30)
-    job = spot.train(fn, spot.Config(ship_modules=SHIP, checkpoint="static:10",
-                                     local_schedule=[{"step": 8, "phase": "step"}]))
+    job = spot.train(
+        fn,
+        spot.Config(ship_modules=SHIP, checkpoint="static:10", local_schedule=[{"step": 8, "phase": "step"}]),
+    )
     _wait_for(job, lambda e: e["kind"] == "progress" and e["incarnation"] == 1, "incarnation 1 training")
     job.store.write_bytes(job.store.job(job.id, "fn.pkl"), _evil(marker))
     gate.touch()
@@ -124,19 +131,24 @@ def test_a_forged_function_is_refused_at_relaunch(tmp_path: Path) -> None:
 def test_a_swapped_checkpoint_is_never_loaded_and_restore_falls_back(tmp_path: Path) -> None:
     marker, gate = tmp_path / "pwned-ckpt", tmp_path / "gate"
     fn = functools.partial(gated, gate=str(gate), at=35, steps=60, first_at=25)
-    job = spot.train(fn, spot.Config(ship_modules=SHIP, checkpoint="static:10",
-                                     local_schedule=[{"step": 38, "phase": "step"}]))
-    _wait_for(job, lambda e: e["kind"] == "checkpoint" and e["step"] <= 20,
-              "a checkpoint before step 25")
+    job = spot.train(
+        fn,
+        spot.Config(
+            ship_modules=SHIP, checkpoint="static:10", local_schedule=[{"step": 38, "phase": "step"}]
+        ),
+    )
+    _wait_for(job, lambda e: e["kind"] == "checkpoint" and e["step"] <= 20, "a checkpoint before step 25")
     Path(str(gate) + ".first").touch()
-    newest = _wait_for(job, lambda e: e["kind"] == "checkpoint" and e["step"] == 30,
-                       "the checkpoint at step 30")
+    newest = _wait_for(
+        job, lambda e: e["kind"] == "checkpoint" and e["step"] == 30, "the checkpoint at step 30"
+    )
     # the attacker replaces the state and rewrites the manifest to match its size and hash
     folder = job.store.job(job.id, "ckpt", f"{newest['seq']:08d}")
     evil = _evil(marker)
     job.store.write_bytes(f"{folder}/state.pt", evil)
     manifest = json.loads(job.store.read_bytes(f"{folder}/MANIFEST.json"))
     import hashlib
+
     manifest["files"]["state.pt"] = {"size": len(evil), "sha256": hashlib.sha256(evil).hexdigest()}
     job.store.write_bytes(f"{folder}/MANIFEST.json", json.dumps(manifest).encode())
     gate.touch()
@@ -145,8 +157,11 @@ def test_a_swapped_checkpoint_is_never_loaded_and_restore_falls_back(tmp_path: P
     invalid = [e for e in job.events if e["kind"] == "checkpoint_invalid"]
     assert [e["seq"] for e in invalid] == [newest["seq"]]
     resumed = [e for e in job.events if e["kind"] == "resumed"]
-    prior = [e["step"] for e in job.events if e["kind"] == "checkpoint" and e["incarnation"] == 1
-             and e["seq"] < newest["seq"]]
+    prior = [
+        e["step"]
+        for e in job.events
+        if e["kind"] == "checkpoint" and e["incarnation"] == 1 and e["seq"] < newest["seq"]
+    ]
     assert prior, "no checkpoint committed before the tampered one"
     assert [e["from_step"] for e in resumed] == [max(prior)]  # the one before, verified
     # the fallback is exact: every step logged twice logged the same value, and the result is
@@ -166,7 +181,8 @@ def test_a_return_value_that_cannot_be_pickled_fails_the_job_naming_its_type() -
 
 
 def test_a_job_of_the_previous_spotnb_is_read_without_unpickling_its_config(
-        tmp_path: Path, store_url: str) -> None:
+    tmp_path: Path, store_url: str
+) -> None:
     """The old layout (spec.json + config.pkl, made by the code before this change): the
     controller reads it as JSON, never unpickles config.pkl, and the instance refuses to run
     the unsigned job with a clear error."""
@@ -182,11 +198,19 @@ def test_a_job_of_the_previous_spotnb_is_read_without_unpickling_its_config(
     spec = load_spec(store, job_id, None)
     assert spec.legacy and spec.runtime.policy == "static:10" and spec.runtime.save_every == 5
     config = spec.to_config()
-    assert (config.name, config.checkpoint, config.save_every, config.keep_last, config.local_mttp,
-            config.notice_poll, config.max_retries, config.ship_modules) == \
-        ("legacy-job", "static:10", 5, 3, 300.0, 2.0, 1, ["tests.core.jobfns"])
-    JobDB().add_job(job_id, name="legacy-job", provider="local", region=None,
-                    instance_type="g4dn.xlarge", store=store.url)
+    assert (
+        config.name,
+        config.checkpoint,
+        config.save_every,
+        config.keep_last,
+        config.local_mttp,
+        config.notice_poll,
+        config.max_retries,
+        config.ship_modules,
+    ) == ("legacy-job", "static:10", 5, 3, 300.0, 2.0, 1, ["tests.core.jobfns"])
+    JobDB().add_job(
+        job_id, name="legacy-job", provider="local", region=None, instance_type="g4dn.xlarge", store=store.url
+    )
     assert run_controller(job_id, store.url) == 0
     job = spot.attach(job_id, store=store.url)
     assert job.wait(60) and job.status == "failed"
@@ -198,10 +222,13 @@ def test_a_job_of_the_previous_spotnb_is_read_without_unpickling_its_config(
 
 def test_a_forged_unsigned_spec_is_refused_for_a_job_with_a_key(store_url: str) -> None:
     """Downgrading a signed job to the old layout (to steer its settings) is caught."""
-    from spotnb.spec import SpecError, load_spec
     from spotnb.signing import load_key
-    job = spot.train(functools.partial(jobfns.slow_steps, steps=3, step_time=0.0),
-                     spot.Config(ship_modules=SHIP, store=store_url))
+    from spotnb.spec import SpecError, load_spec
+
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=3, step_time=0.0),
+        spot.Config(ship_modules=SHIP, store=store_url),
+    )
     assert job.wait(120)
     path = job.store.job(job.id, "spec.json")
     doc = json.loads(job.store.read_bytes(path))
@@ -221,8 +248,16 @@ def test_the_boot_script_carries_the_key_only_when_launching() -> None:
     where it would go, and the script never echoes it into its log."""
     from spotnb.providers.base import LaunchSpec
     from spotnb.providers.bootstrap import KEY_PLACEHOLDER, bootstrap_script
-    base = dict(job_id="j", incarnation=1, store_url="s3://b/p", instance_type="x", region=None,
-                command=["python", "-m", "spotnb.runtime.agent"], spotnb_version="0.1.0")
+
+    base = dict(
+        job_id="j",
+        incarnation=1,
+        store_url="s3://b/p",
+        instance_type="x",
+        region=None,
+        command=["python", "-m", "spotnb.runtime.agent"],
+        spotnb_version="0.1.0",
+    )
     key = "ab" * 32
     launched = bootstrap_script(LaunchSpec(job_key=key, **base), "aws")
     assert f"export SPOTNB_JOB_KEY={key}\n" in launched
@@ -236,9 +271,10 @@ def test_a_controller_ends_a_job_whose_spec_was_tampered_with(store_url: str) ->
     """No instance is launched for a spec that does not verify, and the job ends visibly (a
     controller that crashed instead would be restarted, and crash, at every `spotnb jobs`)."""
     from spotnb import api
+
     config = spot.Config(ship_modules=SHIP, store=store_url)
     _, payload, files = api._prepare(jobfns.fails_at, config)
-    job = api._submit(payload, config, files, detach=True)   # submitted; no controller yet
+    job = api._submit(payload, config, files, detach=True)  # submitted; no controller yet
     path = job.store.job(job.id, "spec.json")
     doc = json.loads(job.store.read_bytes(path))
     doc["config"]["requirements"] = ["evil-package"]
@@ -254,6 +290,7 @@ def test_a_controller_ends_a_job_whose_spec_was_tampered_with(store_url: str) ->
 def test_a_spec_of_an_unknown_version_is_refused_clearly(store_url: str) -> None:
     from spotnb.signing import new_key
     from spotnb.spec import JobSpec, SpecError, load_spec, write_spec
+
     store, key = Store(store_url), new_key()
     spec = JobSpec(job_id="j1", created=1.0, spotnb_version="9", cwd="/", config={}, spec_version=2)
     write_spec(store, spec, key)

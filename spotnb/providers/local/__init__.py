@@ -5,6 +5,7 @@ emulator serves the chosen cloud's notice protocol; an injector gives the notice
 SIGKILLs the group; allocation takes a sampled delay and can fail for lack of capacity.
 It runs the quickstart, the tutorials and CI, and prices runs from the built-in table.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,16 +20,23 @@ import time
 import uuid
 from typing import Any, ClassVar
 
-from spotnb.home import spotnb_home
 from spotnb.errors import CapacityError, ConfigError
+from spotnb.home import spotnb_home
 from spotnb.preempt import Exponential, Never, PreemptionProcess
 from spotnb.prices import lookup_price
-from spotnb.store import private_dir
-from spotnb.providers.base import (Feature, Instance, InstanceState, InstanceStatus, LaunchSpec,
-                                   Price, Provider)
+from spotnb.providers.base import (
+    Feature,
+    Instance,
+    InstanceState,
+    InstanceStatus,
+    LaunchSpec,
+    Price,
+    Provider,
+)
 from spotnb.providers.local.injector import Injector
 from spotnb.providers.local.metadata import MetadataEmulator
 from spotnb.signing import KEY_ENV
+from spotnb.store import private_dir
 
 __all__ = ["LocalProvider"]
 
@@ -36,7 +44,7 @@ __all__ = ["LocalProvider"]
 class LocalProvider(Provider):
     name = "local"
     describe_interval = 0.0  # a waitpid, free
-    boot_timeout = 120.0     # a process start and `import torch`
+    boot_timeout = 120.0  # a process start and `import torch`
     unsupported: ClassVar[dict[Feature, str]] = {
         Feature.MEMORY_STORE: "local instances are separate processes and cannot see it",
         Feature.MULTI_REGION: "the local market has a single region ('local')",
@@ -74,6 +82,7 @@ class LocalProvider(Provider):
         cfg = self.config
         if cfg.local_trace:
             from spotnb.traces import trace_process  # the policy/simulator issue's loaders
+
             return trace_process(cfg.local_trace)
         if cfg.local_mttp:
             return Exponential(cfg.local_mttp)
@@ -84,10 +93,13 @@ class LocalProvider(Provider):
         if cfg.local_trace:
             try:
                 from spotnb.traces import load_trace
+
                 load_trace(cfg.local_trace)
             except (ImportError, OSError, ValueError) as exc:
-                raise ConfigError(f"Config.local_trace: cannot load {cfg.local_trace!r}: {exc}. "
-                                  "Give a bundled trace name or a trace file path.") from None
+                raise ConfigError(
+                    f"Config.local_trace: cannot load {cfg.local_trace!r}: {exc}. "
+                    "Give a bundled trace name or a trace file path."
+                ) from None
         if cfg.local_trace and (cfg.local_mttp or cfg.local_schedule):
             raise ConfigError("Config.local_trace: give one of local_trace, local_mttp, local_schedule")
         if cfg.local_mttp and cfg.local_schedule:
@@ -102,8 +114,9 @@ class LocalProvider(Provider):
         if self._closing.wait(delay):
             raise CapacityError("the job was stopped while waiting for an instance")
         if self.rng.random() < self.config.local_capacity_failure:
-            raise CapacityError("InsufficientInstanceCapacity: the local market has no "
-                                f"{spec.instance_type} right now")
+            raise CapacityError(
+                f"InsufficientInstanceCapacity: the local market has no {spec.instance_type} right now"
+            )
         if self.emulator is None:
             self.emulator = MetadataEmulator()
         instance_id = f"local-{uuid.uuid4().hex[:10]}"
@@ -111,10 +124,14 @@ class LocalProvider(Provider):
         logdir = spotnb_home() / "logs" / spec.job_id
         private_dir(logdir)
         log_path = str(logdir / f"{spec.incarnation:04d}-{instance_id}.log")
-        env = {**os.environ, **spec.env,
-               "SPOTNB_METADATA_URL": self.emulator.base_url(instance_id),
-               "SPOTNB_BEACON": beacon, "SPOTNB_INSTANCE_ID": instance_id,
-               "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            **spec.env,
+            "SPOTNB_METADATA_URL": self.emulator.base_url(instance_id),
+            "SPOTNB_BEACON": beacon,
+            "SPOTNB_INSTANCE_ID": instance_id,
+            "PYTHONUNBUFFERED": "1",
+        }
         if spec.job_key:  # the key hand-off: only in the agent's environment (owner-readable)
             env[KEY_ENV] = spec.job_key
         if self.config.local_upload_bps:
@@ -125,23 +142,38 @@ class LocalProvider(Provider):
                 raise CapacityError("the job was stopped while waiting for an instance")
             with open(log_path, "ab") as log:
                 # umask: the agent's checkpoints and spool in a local store are owner-only
-                proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True,
-                                        umask=0o077)
+                proc = subprocess.Popen(
+                    command,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    umask=0o077,
+                )
             self._procs[instance_id] = proc
         now = time.time()
         if self.t0 is None:
             self.t0 = now
         injector = self._schedule_kill(instance_id, proc, beacon, now)
         self._injectors[instance_id] = injector
-        return Instance(id=instance_id, provider="local", region="local",
-                        instance_type=spec.instance_type, launched_at=now,
-                        info={"pid": proc.pid, "job_id": spec.job_id, "log": log_path, "beacon": beacon,
-                              "kill_at": injector.kill_at if math.isfinite(injector.kill_at) else None,
-                              "trigger": injector.trigger})
+        return Instance(
+            id=instance_id,
+            provider="local",
+            region="local",
+            instance_type=spec.instance_type,
+            launched_at=now,
+            info={
+                "pid": proc.pid,
+                "job_id": spec.job_id,
+                "log": log_path,
+                "beacon": beacon,
+                "kill_at": injector.kill_at if math.isfinite(injector.kill_at) else None,
+                "trigger": injector.trigger,
+            },
+        )
 
-    def _schedule_kill(self, instance_id: str, proc: subprocess.Popen, beacon: str,
-                       now: float) -> Injector:
+    def _schedule_kill(self, instance_id: str, proc: subprocess.Popen, beacon: str, now: float) -> Injector:
         assert self.emulator is not None and self.t0 is not None
         trigger, kill_at = None, math.inf
         if self.schedule:
@@ -159,8 +191,7 @@ class LocalProvider(Provider):
         def notify(deadline: float) -> None:
             emulator.notify(instance_id, deadline)
 
-        injector = Injector(proc, beacon, kill_at=kill_at, grace=self.grace, trigger=trigger,
-                            notify=notify)
+        injector = Injector(proc, beacon, kill_at=kill_at, grace=self.grace, trigger=trigger, notify=notify)
         holder["inj"] = injector
         return injector
 
@@ -179,9 +210,11 @@ class LocalProvider(Provider):
         injector = self._injectors.get(instance.id)
         if injector is not None and injector.kill is not None:
             k = injector.kill
-            return InstanceStatus(InstanceState.PREEMPTED, code,
-                                  {"phase": k.phase, "step": k.step, "noticed": k.noticed,
-                                   "at": k.at, "reason": k.reason})
+            return InstanceStatus(
+                InstanceState.PREEMPTED,
+                code,
+                {"phase": k.phase, "step": k.step, "noticed": k.noticed, "at": k.at, "reason": k.reason},
+            )
         if instance.id in self._terminated:
             return InstanceStatus(InstanceState.TERMINATED, code)
         return InstanceStatus(InstanceState.EXITED, code)
@@ -257,7 +290,7 @@ def _remove_dead_markets(parent: str) -> None:
     except OSError:
         return
     for name in names:
-        pid = name[len(_TMP_PREFIX):].split("-", 1)[0]
+        pid = name[len(_TMP_PREFIX) :].split("-", 1)[0]
         if not name.startswith(_TMP_PREFIX) or not pid.isdigit():
             continue
         try:

@@ -1,6 +1,7 @@
 """The local market's preemptions: a notice `grace` seconds ahead, then SIGKILL of the whole
 process group. Lifetimes come from a PreemptionProcess (exponential, trace) or a schedule;
 schedule entries may also trigger on a step and a checkpoint phase read from the beacon."""
+
 from __future__ import annotations
 
 import math
@@ -9,15 +10,21 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from spotnb.runtime.beacon import Phase, read_beacon
 
 __all__ = ["Kill", "Injector"]
 
-_PHASES = {"step": None, "save": {Phase.SNAPSHOT, Phase.SAVE}, "upload": {Phase.UPLOAD},
-           "commit": {Phase.COMMIT}, "restore": {Phase.RESTORE}}
+_PHASES = {
+    "step": None,
+    "save": {Phase.SNAPSHOT, Phase.SAVE},
+    "upload": {Phase.UPLOAD},
+    "commit": {Phase.COMMIT},
+    "restore": {Phase.RESTORE},
+}
 
 
 @dataclass
@@ -35,9 +42,16 @@ class Kill:
 class Injector:
     """Watches one instance process and kills it as scheduled."""
 
-    def __init__(self, proc: subprocess.Popen, beacon_path: str, *, kill_at: float = math.inf,
-                 grace: float = 0.0, trigger: dict[str, Any] | None = None,
-                 notify: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        beacon_path: str,
+        *,
+        kill_at: float = math.inf,
+        grace: float = 0.0,
+        trigger: dict[str, Any] | None = None,
+        notify: Callable[[float], None] | None = None,
+    ) -> None:
         self.proc, self.beacon_path = proc, beacon_path
         self.kill_at, self.grace, self.trigger, self.notify = kill_at, grace, trigger, notify
         self.kill: Kill | None = None
@@ -60,8 +74,9 @@ class Injector:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 return None
-            self.kill = Kill(at=time.time(), step=step, phase=phase.name.lower(),
-                             noticed=self.noticed, reason=reason)
+            self.kill = Kill(
+                at=time.time(), step=step, phase=phase.name.lower(), noticed=self.noticed, reason=reason
+            )
         self.proc.wait()
         return self.kill
 

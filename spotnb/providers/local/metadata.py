@@ -4,6 +4,7 @@
 The agent's real NoticeWatcher polls it unchanged. The injector schedules notices here; an
 Azure acknowledgement (StartRequests) lets the "platform" proceed at once, as on Azure.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,11 @@ import secrets
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 __all__ = ["MetadataEmulator", "InstanceMetadata"]
@@ -30,7 +32,7 @@ class InstanceMetadata:
     maintenance: str = "NONE"
     document_incarnation: int = 0
     acked: bool = False
-    on_ack: Callable[[], None] | None = None
+    on_ack: Callable[[], object] | None = None
     etags: dict[str, int] = field(default_factory=dict)
 
 
@@ -42,21 +44,20 @@ class MetadataEmulator:
         self.tokens: dict[str, float] = {}
         self.token_max_ttl = token_max_ttl
         self.requests = 0
-        self.paths: list[str] = []      # test hook: every request path, in order
-        self.gcp_unavailable = 0        # test hook: answer this many GCP requests with 503
+        self.paths: list[str] = []  # test hook: every request path, in order
+        self.gcp_unavailable = 0  # test hook: answer this many GCP requests with 503
         self.cond = threading.Condition()
         handler = type("Handler", (_Handler,), {"emulator": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
-        self._thread = threading.Thread(target=self.server.serve_forever, name="spotnb-metadata",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, name="spotnb-metadata", daemon=True)
         self._thread.start()
 
     def base_url(self, instance_id: str) -> str:
         return f"http://127.0.0.1:{self.port}/i/{instance_id}"
 
-    def register(self, instance_id: str, on_ack: Callable[[], None] | None = None) -> InstanceMetadata:
+    def register(self, instance_id: str, on_ack: Callable[[], object] | None = None) -> InstanceMetadata:
         with self.cond:
             meta = self.instances[instance_id] = InstanceMetadata(instance_id, on_ack=on_ack)
             return meta
@@ -102,8 +103,13 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet server
         pass
 
-    def _send(self, status: int, body: str | bytes = b"", ctype: str = "text/plain",
-              headers: dict[str, str] | None = None) -> None:
+    def _send(
+        self,
+        status: int,
+        body: str | bytes = b"",
+        ctype: str = "text/plain",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         data = body.encode() if isinstance(body, str) else body
         self.send_response(status)
         self.send_header("Content-Type", ctype)
@@ -162,8 +168,11 @@ class _Handler(BaseHTTPRequestHandler):
         if meta is None or not path.startswith("/metadata/scheduledevents"):
             return self._send(404, "Not Found")
         if self.headers.get("Metadata") != "true":
-            return self._send(400, json.dumps({"error": "Bad request. Required metadata header "
-                                                        "not specified"}), "application/json")
+            return self._send(
+                400,
+                json.dumps({"error": "Bad request. Required metadata header not specified"}),
+                "application/json",
+            )
         length = int(self.headers.get("Content-Length", "0"))
         doc = json.loads(self.rfile.read(length) or b"{}")
         ids = {r.get("EventId") for r in doc.get("StartRequests", [])}
@@ -202,15 +211,26 @@ class _Handler(BaseHTTPRequestHandler):
     # -- Azure Scheduled Events -------------------------------------------------------------
     def _azure_get(self, meta: InstanceMetadata) -> None:
         if self.headers.get("Metadata") != "true":
-            return self._send(400, json.dumps({"error": "Bad request. Required metadata header "
-                                                        "not specified"}), "application/json")
+            return self._send(
+                400,
+                json.dumps({"error": "Bad request. Required metadata header not specified"}),
+                "application/json",
+            )
         events = []
         if meta.notice_deadline is not None:
-            events.append({"EventId": meta.event_id, "EventType": "Preempt",
-                           "ResourceType": "VirtualMachine", "Resources": [meta.instance_id],
-                           "EventStatus": "Started" if meta.acked else "Scheduled",
-                           "NotBefore": formatdate(meta.notice_deadline, usegmt=True),
-                           "Description": "", "EventSource": "Platform", "DurationInSeconds": -1})
+            events.append(
+                {
+                    "EventId": meta.event_id,
+                    "EventType": "Preempt",
+                    "ResourceType": "VirtualMachine",
+                    "Resources": [meta.instance_id],
+                    "EventStatus": "Started" if meta.acked else "Scheduled",
+                    "NotBefore": formatdate(meta.notice_deadline, usegmt=True),
+                    "Description": "",
+                    "EventSource": "Platform",
+                    "DurationInSeconds": -1,
+                }
+            )
         body = json.dumps({"DocumentIncarnation": meta.document_incarnation, "Events": events})
         self._send(200, body, "application/json")
 

@@ -3,6 +3,7 @@
 Its settings are light (no SDK); its provider class is imported only when a job runs on it.
 It is registered by `spotnb_toy-0.1.dist-info/entry_points.txt`, not by any edit in spotnb.
 """
+
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
@@ -31,5 +32,10 @@ class ToySettings(ProviderSettings):
             raise ValueError("the blue toy market sells only g4dn.xlarge")
 
 
-INFO = ProviderInfo("toy", "spotnb_toy.provider:ToyProvider", ToySettings,
-                    install="pip install spotnb-toy", description="a toy market for the tests")
+INFO = ProviderInfo(
+    "toy",
+    "spotnb_toy.provider:ToyProvider",
+    ToySettings,
+    install="pip install spotnb-toy",
+    description="a toy market for the tests",
+)

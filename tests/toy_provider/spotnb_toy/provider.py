@@ -1,4 +1,5 @@
 """The toy market's instances: the local market's real processes under another name."""
+
 from __future__ import annotations
 
 from spotnb.providers.local import LocalProvider
