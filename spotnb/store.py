@@ -1,6 +1,6 @@
 """The store: specs, events and checkpoints under one fsspec URL. It is the source of truth.
 
-Layout under the store root (see DESIGN.md):
+Layout under the store root (see ARCHITECTURE.md, "The parts"):
 
     jobs/<id>/spec.json, fn.pkl            what to run
     jobs/<id>/events/<inc>-<writer>-<seg>.jsonl   what happened (append-free: object stores

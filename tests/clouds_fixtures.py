@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 # gcsfs reads this at import time: without it, it asks each bucket's type over gRPC/TLS,
-# which the emulator cannot answer, and waits a minute per bucket (PROTOCOLS.md).
+# which the emulator cannot answer, and waits a minute per bucket (ARCHITECTURE.md, "Cloud notices").
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
 __all__ = [

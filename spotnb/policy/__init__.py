@@ -2,7 +2,8 @@
 
 Policies are chosen by name in `Config(checkpoint=...)` or passed as objects. Names:
 `static:N` (every N steps, plus emergency saves), `periodic:N` (every N steps and nothing else:
-the thesis's baseline), `young`, `daly`, `daly2`, `adaptive`, `hedged` (see `policy_names()`).
+the periodic baseline of ARCHITECTURE.md), `young`, `daly`, `daly2`, `adaptive`, `hedged`
+(see `policy_names()`).
 Pure: importing this package pulls in no torch, pandas or plotly.
 """
 

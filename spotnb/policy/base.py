@@ -92,7 +92,8 @@ class BatchPlan:
 
 
 def emergency_feasible(obs: Observation, time_left: float, margin: float = 0.5) -> bool:
-    """Thesis rule, at a step boundary: the save (δ) and its upload (β) must fit in what is left.
+    """The emergency-save rule (ARCHITECTURE.md, "The checkpoint model"), at a step boundary:
+    the save (δ) and its upload (β) must fit in what is left.
 
     Before any save is measured we estimate δ and β from the state size at conservative
     bandwidths (1 GB/s to copy, 50 MB/s to upload) rather than assume they are free.
@@ -103,7 +104,8 @@ def emergency_feasible(obs: Observation, time_left: float, margin: float = 0.5) 
 
 
 class Policy(ABC):
-    """Decides when to save. Subclasses implement `next_save`; `on_notice` has the thesis default."""
+    """Decides when to save. Subclasses implement `next_save`; `on_notice` has the model's default
+    (ARCHITECTURE.md, "The checkpoint model")."""
 
     name: str = "policy"
 
@@ -142,7 +144,7 @@ class Policy(ABC):
         return None
 
     def _notice_rules(self, obs: Observation, owner: type) -> tuple[float, bool] | None:
-        """`(notice_margin, allocate_on_notice)` when `on_notice` is `Policy`'s (the thesis rule
+        """`(notice_margin, allocate_on_notice)` when `on_notice` is `Policy`'s (the model's rule
         of `emergency_feasible`, or `owner`'s, which must then reduce to it for `obs`) and
         `allocate_on_notice` is `owner`'s or `Policy`'s, so a subclass that overrides either
         falls back to the event-by-event simulation."""

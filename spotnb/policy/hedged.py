@@ -1,6 +1,6 @@
 """`Hedged`: insurance saves sized to the preemptions an emergency save cannot cover.
 
-Why it beats the thesis's Adaptive (measured in `benchmarks/POLICY_GAINS.md`):
+Why it beats Adaptive (ARCHITECTURE.md, "The checkpoint model") (measured in `benchmarks/POLICY_GAINS.md`):
 
 * **Partial emergency coverage.** Adaptive's test T_step + δ + β < T_grace is all or nothing,
   on mean times. When δ + β varies (uploads do), a mean that fits still leaves many notices
@@ -125,7 +125,7 @@ class Hedged(Policy):
         return mttp / unprotected
 
     def on_notice(self, obs: Observation, time_left: float) -> bool:
-        """The thesis rule, except on short-lived instances: there, only a save measured to fit.
+        """The model's rule, except on short-lived instances: there, only a save measured to fit.
         An emergency save abandons the insurance upload in flight, and one that then does not
         finish before the kill loses both."""
         if self.fragile(obs) and not (obs.snapshot_time and obs.upload_time):

@@ -17,7 +17,7 @@ def young_interval(delta: float, mttp: float) -> float:
 
 
 def daly_interval(delta: float, mttp: float, restart: float) -> float:
-    """τ_opt = sqrt(2·δ·(MTTP + R)) (thesis Eq. 4.5, Daly's first-order estimate)."""
+    """τ_opt = sqrt(2·δ·(MTTP + R)) (Eq. 4.5 in ARCHITECTURE.md: Daly's first-order estimate)."""
     return math.sqrt(2.0 * max(delta, 0.0) * (mttp + restart))
 
 
@@ -34,7 +34,8 @@ def daly2_interval(delta: float, mttp: float) -> float:
 
 
 def expected_total(work: float, tau: float, delta: float, mttp: float, restart: float) -> float:
-    """Thesis Eq. 4.4: expected wall time of `work` seconds of compute saved every `tau` seconds,
+    """Eq. 4.4 (ARCHITECTURE.md, "The checkpoint model"): expected wall time of `work` seconds
+    of compute saved every `tau` seconds,
     Poisson preemptions (mean `mttp`) landing mid-segment, each costing half a segment plus R:
 
         T(τ) = T_p + (T_p/τ)·δ + [½(τ+δ) + R]·(T_p/τ)·(τ+δ)/MTTP

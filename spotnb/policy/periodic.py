@@ -48,7 +48,7 @@ class Young(_Interval):
 
 
 class Daly(_Interval):
-    """Daly's estimate: order 1 is the thesis form τ = sqrt(2·δ·(MTTP + R)); order 2 is Daly's
+    """Daly's estimate: order 1 is Eq. 4.5's form τ = sqrt(2·δ·(MTTP + R)); order 2 is Daly's
     higher-order expansion, which matters when δ is not small against MTTP."""
 
     name = "daly"

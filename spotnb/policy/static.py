@@ -1,5 +1,5 @@
-"""Fixed and thesis policies: a save every N steps (with or without emergency saves), and the
-adaptive Algorithm 1."""
+"""Fixed policies and those of the checkpoint model (ARCHITECTURE.md): a save every N steps
+(with or without emergency saves), and the adaptive Algorithm 1."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def upload_estimate(obs: Observation) -> float:
 
 
 def periodic_plan(obs: Observation, last_save_step: int) -> Plan | None:
-    """The user's next `save_every` boundary (aligned to multiples, as the thesis does)."""
+    """The user's next `save_every` boundary (aligned to multiples, as the checkpoint model does)."""
     if not obs.save_every:
         return None
     every = obs.save_every
@@ -67,7 +67,7 @@ class Static(Policy):
 
 class Periodic(Static):
     """A save every `every` steps and nothing else, not even on a notice: the VM trains on
-    until it is killed. The thesis's baseline (Table 6.2 compares Adaptive with it); `Static`
+    until it is killed. The periodic baseline (benchmarks/TABLE_6_2.md compares Adaptive with it); `Static`
     is the same interval plus the emergency save whenever it fits, so it cannot stand in."""
 
     name = "periodic"
@@ -89,7 +89,8 @@ class Periodic(Static):
 
 
 class Adaptive(Policy):
-    """Thesis Algorithm 1: user periodic saves; insurance saves at τ_opt = sqrt(2δ(MTTP+R)),
+    """Algorithm 1 of the checkpoint model (ARCHITECTURE.md): user periodic saves; insurance
+    saves at τ_opt = sqrt(2δ(MTTP+R)),
     rescheduled after every save with the latest averages, only when a notice would not leave
     room for an emergency save (T_step + δ + β ≥ T_grace)."""
 

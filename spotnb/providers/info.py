@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ProviderSettings", "ProviderInfo", "NOTICE_GRACE", "no_bool"]
 
-#: Seconds between a cloud's preemption notice and the kill (PROTOCOLS.md figures: EC2's
+#: Seconds between a cloud's preemption notice and the kill (ARCHITECTURE.md, "Cloud notices": EC2's
 #: two-minute warning, Azure Scheduled Events' 30 s minimum, GCP's 30 s ACPI soft-off).
 NOTICE_GRACE = {"aws": 120.0, "azure": 30.0, "gcp": 30.0}
 

@@ -1,4 +1,5 @@
-"""Preemption-notice watchers: one per cloud protocol (PROTOCOLS.md), the same code polls the
+"""Preemption-notice watchers: one per cloud protocol (ARCHITECTURE.md, "Cloud notices"); the
+same code polls the
 real metadata endpoint on a VM and the local market's emulator (only the base URL differs).
 
 A watcher runs in a daemon thread, polls, and calls `on_notice(Notice)` once when a

@@ -9,7 +9,7 @@ policy exactly when the runtime would: at start/resume and after every save (`ne
 at the first step boundary after a notice (`on_notice`, `allocate_on_notice`). The cost of a
 run therefore grows with the number of preemptions and saves, never with the number of steps.
 
-Semantics (the runtime's, see DESIGN.md §3):
+Semantics (the runtime's, see ARCHITECTURE.md, "The checkpoint model"):
 * A save happens at a step boundary, blocks training for δ (snapshot), then uploads in the
   background for β. Uploads are serial (one background writer); a checkpoint counts once its
   upload has finished; a preemption before that loses it.

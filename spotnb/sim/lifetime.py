@@ -5,7 +5,7 @@ steps to go, and whose plan (a `BatchPlan`) saves every `S` steps at most `nS` t
 computes what `engine.simulate_run` computes between "ready" and "the VM is gone": when it
 stops, the save and training time, the committed progress, how far training got, the saves
 made, whether it did an emergency save, and how early the replacement was requested. It mirrors
-the engine's rules (DESIGN.md §4, `engine.py` docstring) case by case:
+the engine's rules (the `engine.py` docstring) case by case:
 
 * planned save j starts when its step is reached, `s_j = j·S·st + D_{j-1}` (D = snapshots so
   far), blocks for δ_j, and uploads serially: `u_j = max(u_{j-1}, e_j) + β_j`;

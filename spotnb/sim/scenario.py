@@ -46,7 +46,8 @@ def mean_of(value: Dist) -> float:
 
 @dataclass
 class Scenario:
-    """A job on a spot market (thesis §6.2.2). All times in seconds, prices in $/h.
+    """A job on a spot market (the inputs of ARCHITECTURE.md, "The checkpoint model"). All
+    times in seconds, prices in $/h.
 
     The preemption process is `trace` if given (a bundled name such as "bamboo/p3" or a file in
     the Bamboo or Parcae format), else `mttp`: a number for exponential lifetimes, a list for
