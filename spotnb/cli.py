@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any
 
+from spotnb.protocol import JobStatus
 from spotnb.providers import registry
 
 __all__ = ["main"]
@@ -71,7 +72,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     job = attach(args.job_id)
     print(repr(job))
-    if job.status == "lost":
+    if job.status == JobStatus.LOST:
         print(f"lost: {job.state.status_reason}")
     print(job.breakdown().table())
     return 0
@@ -111,7 +112,6 @@ def _end_without_controller(job: Any) -> None:
     from spotnb import protocol as ev
     from spotnb.events import EventWriter
     from spotnb.jobdb import JobDB
-    from spotnb.protocol import JobStatus
 
     reason = (
         "stopped by `spotnb stop` while no controller could run it (see "
@@ -121,7 +121,7 @@ def _end_without_controller(job: Any) -> None:
     writer.emit(ev.Stopped(reason=reason))
     writer.emit(ev.Status(status=JobStatus.STOPPED, reason=reason))
     writer.flush()
-    JobDB().update_job(job.id, status="stopped", burn_rate=0.0)
+    JobDB().update_job(job.id, status=JobStatus.STOPPED.value, burn_rate=0.0)
     job.wait(30)  # the follower reads the end back
 
 

@@ -245,7 +245,7 @@ class Controller:
             "(spec.json is gone), so it could not go on; the instance was ended. Submit it "
             "again"
         )
-        self.db.update_job(self.job.id, status="lost", status_reason=reason, burn_rate=0.0)
+        self.db.update_job(self.job.id, status=JobStatus.LOST.value, status_reason=reason, burn_rate=0.0)
         self.job._mark_lost(reason)
         self.log.error("job %s is lost: %s", self.job.id, reason)
         raise JobDirectoryDeleted(reason)
@@ -338,7 +338,7 @@ class Controller:
             "the job again"
         )
         self.log.error("job %s: %s", self.job.id, reason)
-        self.db.update_job(self.job.id, status="lost", status_reason=reason, burn_rate=0.0)
+        self.db.update_job(self.job.id, status=JobStatus.LOST.value, status_reason=reason, burn_rate=0.0)
         self.job._mark_lost(reason)
 
     def _run(self) -> None:

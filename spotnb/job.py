@@ -136,7 +136,7 @@ class Job:
             row = self.db.job(self.id) if self.db is not None else None
             if row is not None:
                 ensure_controller(row)
-                if row.get("status") == "lost":  # the store is gone: only the DB can say so
+                if row.get("status") == JobStatus.LOST:  # the store is gone: only the DB can say so
                     self._mark_lost(row.get("status_reason") or "its store vanished")
         except Exception as exc:  # noqa: BLE001 - try again at the next check
             log.warning("job %s: could not check its controller: %r", self.id, exc, extra={"job_id": self.id})

@@ -680,6 +680,9 @@ _TYPES: dict[str, tuple[Callable[[Any], Any], Any, dict[str, Any]]] = {
     "SaveKind": (_enum(SaveKind), None, {"$ref": "#/$defs/SaveKind"}),
 }
 
+# coercers of fields whose empty value would be a claim (a status of `pending`), not a blank
+_DECISIVE = {_TYPES[name][0] for name in ("JobStatus",)}
+
 # per event type: (attribute, JSON key, coercer, empty value, required, optional, schema)
 _FieldSpec = tuple[str, str, Callable[[Any], Any], Any, bool, bool, dict[str, Any]]
 _SPECS: dict[type[Event], list[tuple[str, str, Callable[[Any], Any]]]] = {}
@@ -733,8 +736,13 @@ def from_json(doc: Mapping[str, Any]) -> Event:
         extra = {k: v for k, v in doc.items() if k not in ("t", "kind", "incarnation", "gen")}
         return UnknownEvent(name=str(kind), t=t or 0.0, incarnation=inc or 0, gen=gen, extra=extra)
     values: dict[str, Any] = {}
-    for name, key, coerce, empty, _required, _optional, _schema in _FULL[cls]:
+    for name, key, coerce, empty, required, optional, _schema in _FULL[cls]:
         value = coerce(doc.get(key)) if key in doc else None
+        if value is None and required and not optional and coerce in _DECISIVE:
+            # a status (or other enum) nobody can read must not become a default one: the
+            # record is kept and shown as it is, and changes nothing
+            extra = {k: v for k, v in doc.items() if k not in ("t", "kind", "incarnation", "gen")}
+            return UnknownEvent(name=str(kind), t=t or 0.0, incarnation=inc or 0, gen=gen, extra=extra)
         values[name] = empty if value is None else value
     known = _KNOWN_KEYS[cls]
     extra = {k: v for k, v in doc.items() if k not in known}

@@ -142,6 +142,15 @@ def test_values_of_the_wrong_type_do_not_stop_a_reader() -> None:
         [odd, {"kind": "preempted", "incarnation": 1, "t": 5, "lifetime_s": "long", "step": None}]
     )
     assert state.n_skipped == 0 and state.preemptions == 1
+    # a status nobody can read changes nothing (it would otherwise read as `pending`)
+    state.feed_events(
+        [
+            {"kind": "status", "t": 6, "status": "running"},
+            {"kind": "status", "t": 7, "status": ["x"]},
+            {"kind": "status", "t": 8},
+        ]
+    )
+    assert state.status == "running" and [e.kind for e in state.feed[-2:]] == ["status", "status"]
 
 
 def test_every_segment_starts_with_the_protocol_version(tmp_path: Path, monkeypatch) -> None:

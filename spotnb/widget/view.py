@@ -26,7 +26,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from spotnb import logs, palette
-from spotnb.protocol import Event, JobWarning
+from spotnb.protocol import Event, JobStatus, JobWarning
 from spotnb.state import JobState
 from spotnb.widget.figures import breakdown_traces, metric_traces, timeline_traces
 from spotnb.widget.text import event_text
@@ -444,8 +444,8 @@ class JobView:
         if done and not pending_figure and self._last_html == html_value:
             with self.stop_button.hold_sync():  # one message, not three
                 self.stop_button.disabled = True
-                self.stop_button.description = {"succeeded": "done"}.get(st.status, st.status)
-                self.stop_button.button_style = "success" if st.status == "succeeded" else ""
+                self.stop_button.description = "done" if st.status == JobStatus.SUCCEEDED else str(st.status)
+                self.stop_button.button_style = "success" if st.status == JobStatus.SUCCEEDED else ""
             return True
         if pending_figure or self._last_html != html_value:
             self._wake.set()  # come back after the pause: there is more to send
