@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spotnb import protocol as ev
 from spotnb.events import EventReader, EventWriter
@@ -203,3 +205,50 @@ def _example(cls: type[ev.Event]) -> ev.Event:
             continue
         values[f.name] = samples[str(f.type).removesuffix(" | None")]
     return cls(**values)
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=st.sampled_from([*ev.EVENT_TYPES, "future_kind"]),
+    fields=st.dictionaries(
+        st.sampled_from(
+            [
+                "t",
+                "incarnation",
+                "gen",
+                "step",
+                "status",
+                "rows",
+                "seq",
+                "save_kind",
+                "how",
+                "reason",
+                "lifetime_s",
+                "total",
+                "spot_price",
+                "bytes",
+                "extra",
+            ]
+        ),
+        _json,
+        max_size=8,
+    ),
+)
+def test_no_record_stops_a_reader(kind: str, fields: dict[str, Any]) -> None:
+    """Whatever a writer (or a corrupt store) put in a record with a kind, reading it and
+    folding it never raise, and what is read writes back as JSON."""
+    event = ev.from_json({**fields, "kind": kind})
+    json.dumps(event.to_json(), default=str)
+    state = JobState()
+    state.feed_events([event])
+    state.breakdown(now=1e9)
+    assert state.n_events == 1 and state.n_skipped == 0
