@@ -218,6 +218,12 @@ def test_detail_of_a_finished_job_matches_the_job(tmp_path: Path, monkeypatch: p
     steps.update(x for seg in d["redo"].get("loss", []) for x in seg["x"])
     assert max(steps) == 59  # downsampled bucket means; 60 steps fit without merging
     assert d["events"]["kinds"]["preempted"] == 1
+    # the job view describes events in the widget's words (one describer for every view)
+    from spotnb.widget.text import event_text
+
+    widget_words = {event_text(e) for e in job.state.feed}
+    assert d["events"]["recent"] and all(e["text"] in widget_words for e in d["events"]["recent"])
+    assert any("preempted" in e["text"].lower() for e in d["events"]["recent"])
     assert set(d["figures"]) == {"metrics", "timeline", "breakdown"}
     json.dumps(d, allow_nan=False)
     again = views.detail(job.id)  # incremental: nothing new, same answer

@@ -423,6 +423,9 @@ function eventsHtml(d: IJobDetail): string {
     return '';
   }
   const describe = (e: SpotEvent | UnknownEvent): string => {
+    if (typeof e.text === 'string') {
+      return e.text; // the widget's own sentence for it (spotnb/widget/text.py)
+    }
     const skip = new Set(['t', 'kind', 'incarnation']);
     return Object.entries(e)
       .filter(([k, v]) => !skip.has(k) && v !== null && typeof v !== 'object')

@@ -21,6 +21,7 @@ from spotnb.jobdb import JobDB
 from spotnb.protocol import TERMINAL, Event, JobStatus
 from spotnb.state import Incarnation, JobState
 from spotnb.store import Store
+from spotnb.widget.text import event_text
 
 __all__ = ["ACTIVE", "JobViews", "list_payload", "pid_alive"]
 
@@ -180,8 +181,12 @@ class JobViews:
         timeline = []
         for n in sorted(st.incs):
             timeline.append(_incarnation_json(st.incs[n]))
+        # the widget's words for each event (one describer for every view), beside its fields
         feed = [
-            {k: v for k, v in e.to_json().items() if k not in ("traceback", "config", "rows")}
+            {
+                **{k: v for k, v in e.to_json().items() if k not in ("traceback", "config", "rows")},
+                "text": event_text(e),
+            }
             for e in st.feed[-MAX_FEED:]
         ]
         return {
