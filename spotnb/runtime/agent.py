@@ -361,12 +361,8 @@ class Agent:
             grace = float(market.get("grace", 30.0))
             notice = Notice(deadline=time.time() + grace, source="sigterm", action="SIGTERM")
             ctx._receive_notice(notice)
-            threading.Thread(
-                target=self.emit,
-                args=("notice",),
-                daemon=True,
-                kwargs=dict(deadline=notice.deadline, source="sigterm", action="SIGTERM", time_left=grace),
-            ).start()
+            event = ev.Notice(deadline=notice.deadline, source="sigterm", action="SIGTERM", time_left=grace)
+            threading.Thread(target=self.emit, args=(event,), daemon=True).start()
 
     def _fail(self, message: str, exc: BaseException | None = None) -> int:
         tb = "".join(traceback.format_exception(exc)) if exc else traceback.format_exc()

@@ -74,3 +74,25 @@ def test_no_emergency_save_when_the_grace_is_too_short(fmt: str) -> None:
         assert resumed[0]["save_kind"] == "periodic"
         assert resumed[0]["from_step"] < reported
     assert job.breakdown().recompute > 0  # the lost steps were redone and counted
+
+
+def test_sigterm_counts_as_a_notice_and_the_job_evacuates() -> None:
+    """A soft shutdown (GCP's ACPI soft-off; `kill -TERM` of the agent) is a notice: the agent
+    writes a `notice` event with source "sigterm" and evacuates with an emergency save."""
+    import os
+    import signal
+
+    from tests.core.helpers import wait_progress
+
+    fn = functools.partial(jobfns.slow_steps, steps=400, step_time=0.02)
+    config = spot.Config(local_grace=20.0, save_every=10_000, ship_modules=SHIP)
+    job = spot.train(fn, config)
+    wait_progress(job, 20)
+    (launched,) = _by(job, "launched", 1)
+    os.kill(int(launched["info"]["pid"]), signal.SIGTERM)
+    assert job.result(timeout=120) == 400
+    (notice,) = _by(job, "notice", 1)
+    assert notice["source"] == "sigterm"
+    assert [e["save_kind"] for e in _by(job, "checkpoint", 1)] == ["emergency"]
+    (preempted,) = _by(job, "preempted", 1)
+    assert preempted["how"] == "evacuated"
