@@ -16,10 +16,10 @@ from typing import Any
 
 from spotnb import protocol as ev
 from spotnb.config import Config
-from spotnb.controller import Controller
 from spotnb.errors import ConfigError, SpotnbError
 from spotnb.events import EventReader, EventWriter
 from spotnb.files import FilesError, collect, upload
+from spotnb.fleet import make_controller
 from spotnb.job import Job
 from spotnb.jobdb import JobDB
 from spotnb.protocol import TERMINAL, JobStatus
@@ -140,6 +140,9 @@ def _spec(job_id: str, config: Config, files: list[dict[str, Any]], created: flo
             notice_poll=config.notice_poll,
             flush_interval=0.5,
             heartbeat_interval=max(0.5, min(5.0, config.heartbeat_timeout / 4)),
+            instances=config.instances,
+            min_instances=config.min_instances,
+            sync=config.sync,
         ),
         files=[ShippedFile(**{k: v for k, v in f.items() if k != "source"}) for f in files],
     )
@@ -281,7 +284,7 @@ def _drive(job: Job, config: Config, provider: Any, detach: bool) -> None:
         start_controller(job.id, job.store.url)
         job.follow()
     else:
-        controller = Controller(job, config, provider, job.store, job.db or JobDB())
+        controller = make_controller(job, config, provider, job.store, job.db or JobDB())
         job.driver = controller  # kept alive with the job
         controller.start()
 
@@ -314,7 +317,7 @@ def run_controller(job_id: str, store_url: str | None = None) -> int:
         )
         return 0
     provider = get_provider_class(config.provider)(config)
-    Controller(job, config, provider, store, db).run()
+    make_controller(job, config, provider, store, db).run()
     return 0
 
 

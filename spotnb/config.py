@@ -41,6 +41,8 @@ __all__ = ["Config", "parse_duration", "spotnb_home", "provider_prefixes"]
 
 #: Longest job name: it is shown in lists and widgets and becomes part of cloud resource tags.
 MAX_NAME = 200
+#: Most instances one job may train on (a typo such as 1000 would launch a fleet).
+MAX_INSTANCES = 64
 #: fsspec protocols that can only read (a store is written by every instance and the controller).
 _READ_ONLY = {"http", "https", "github", "git", "zip", "tar", "libarchive", "reference", "data"}
 
@@ -95,6 +97,23 @@ class _GenericConfig(BaseModel):
     ship_modules: list[str] = Field(default_factory=list, description="Modules pickled by value.")
     price_spot: float | None = Field(None, ge=0, description="Override the spot $/h of the price table.")
     price_on_demand: float | None = Field(None, ge=0, description="Override the on-demand $/h.")
+    # --- several instances (elastic data parallel on torchft; ARCHITECTURE.md "Several instances")
+    instances: int = Field(
+        1, ge=1, le=MAX_INSTANCES, description="Instances training together (data parallel)."
+    )
+    min_instances: int = Field(
+        1, ge=1, description="Below this many live instances the survivors wait for a replacement."
+    )
+    procs_per_instance: int | None = Field(
+        None,
+        ge=1,
+        description="Processes per instance (one replica group); default: its GPU count, 1 on CPU.",
+    )
+    sync: str = Field(
+        "ddp",
+        description="How replicas agree: 'ddp' (average gradients every step), 'local_sgd:K' "
+        "(average weights every K steps) or 'diloco:K' (outer Nesterov step every K steps).",
+    )
 
     def __init__(self, **data: Any) -> None:
         unknown = [k for k in data if k not in type(self).model_fields]
@@ -170,6 +189,21 @@ class _GenericConfig(BaseModel):
             raise ValueError(f"got {v!r}; give a whole number")
         return v
 
+    @field_validator("instances", "min_instances", "procs_per_instance", mode="before")
+    @classmethod
+    def _count(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError(f"got {v!r}; give a whole number")
+        return v
+
+    @field_validator("sync")
+    @classmethod
+    def _sync(cls, v: str) -> str:
+        from spotnb.sync import parse_sync
+
+        parse_sync(v)  # raises ValueError naming the valid forms
+        return v
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
@@ -240,10 +274,43 @@ class _GenericConfig(BaseModel):
                         f"{name} applies to provider={prefix[:-1]!r}, but provider is "
                         f"{self.provider!r}: remove it or set provider={prefix[:-1]!r}"
                     )
+        self._check_instances()
         if self.region is not None and self.regions is not None:
             raise ValueError("give region (one) or regions (candidates), not both")
         registry()[self.provider].settings.check_config(self)
         return self
+
+    def _check_instances(self) -> None:
+        if self.min_instances > self.instances:
+            raise ValueError(
+                f"min_instances={self.min_instances} is more than instances={self.instances}: "
+                f"the job could never train; lower min_instances or raise instances"
+            )
+        if self.instances == 1:
+            if self.sync != "ddp" or self.procs_per_instance not in (None, 1):
+                field = "sync" if self.sync != "ddp" else "procs_per_instance"
+                raise ValueError(
+                    f"{field} applies to jobs on several instances; set instances=N (N > 1) or remove {field}"
+                )
+            return
+        if self.procs_per_instance not in (None, 1):
+            raise ValueError(
+                f"procs_per_instance={self.procs_per_instance}: one process per instance is what "
+                "this version runs (several GPUs per instance are not split into a replica group "
+                "yet); remove procs_per_instance or set it to 1"
+            )
+        from importlib.util import find_spec
+
+        if find_spec("torchft") is None:
+            raise ValueError(
+                f"instances={self.instances} trains with torchft, which is not installed here: "
+                "pip install 'spotnb[elastic]' (or instances=1)"
+            )
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the job trains on several instances at once."""
+        return self.instances > 1
 
     # -- derived ---------------------------------------------------------------------------
     def store_url(self) -> str:

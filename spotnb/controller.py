@@ -594,9 +594,22 @@ class Controller:
             )
 
     # -- one incarnation ------------------------------------------------------------------------
-    def _allocate(self, n: int, cancel: threading.Event | None = None) -> Instance | None:
+    def _allocate(
+        self,
+        n: int,
+        cancel: threading.Event | None = None,
+        extra: dict[str, Any] | None = None,
+        slot: int = 0,
+    ) -> Instance | None:
+        """Ask for incarnation `n`'s instance until one runs (None: stopped or max_wait).
+        `extra` goes into its incarnation document (a fleet's slot, coordinator, join)."""
         market = self._market_now = self._market()
-        inc_doc = {"incarnation": n, "market": market, "notice": self.provider.notice_settings()}
+        inc_doc = {
+            "incarnation": n,
+            "market": market,
+            "notice": self.provider.notice_settings(),
+            **(extra or {}),
+        }
         self.store.write_bytes(
             self.store.job(self.job.id, "incarnations", f"{n:04d}.json"), json.dumps(inc_doc).encode()
         )
@@ -619,6 +632,7 @@ class Controller:
             ],
             requirements=list(self.config.requirements),
             spotnb_version=_version(),
+            slot=slot,
         )
         attempt = 0
         requested = time.time()
@@ -643,7 +657,7 @@ class Controller:
             region = regions[attempt % len(regions)]
             if (region or self.provider.name) not in tried:
                 tried.append(region or self.provider.name)
-            self.emit(ev.Allocating(region=region, attempt=attempt + 1), n)
+            self.emit(ev.Allocating(region=region, attempt=attempt + 1, slot=slot), n)
             try:
                 instance = self.provider.launch(LaunchSpec(region=region, **spec_base))
             except CapacityError as exc:

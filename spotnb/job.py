@@ -208,7 +208,12 @@ class Job:
     @property
     def metrics(self) -> dict[str, list[tuple[int, float]]]:
         """Logged metrics by name: [(step, value), ...] in the order they were logged; steps
-        redone after a preemption appear again (see `metrics_frame()` for the incarnation)."""
+        redone after a preemption appear again (see `metrics_frame()` for the incarnation).
+        On several instances, replica 0's (`replica_metrics(k)` for another's)."""
+        return self.replica_metrics(0)
+
+    def replica_metrics(self, replica: int) -> dict[str, list[tuple[int, float]]]:
+        """`metrics` as replica `replica` logged them (a one-instance job has only replica 0)."""
         out: dict[str, list[tuple[int, float]]] = {}
         for e in self.events:
             rows = e.get("rows") if e.kind == "metrics" else None
@@ -216,9 +221,11 @@ class Job:
                 step = row.get("step") if isinstance(row, dict) else None
                 if not isinstance(step, int) or isinstance(step, bool):
                     continue
+                if row.get("replica", 0) != replica:
+                    continue
                 for key, value in row.items():
                     number = as_metric(value)
-                    if number is not None and key not in ("step", "t"):
+                    if number is not None and key not in ("step", "t", "replica"):
                         out.setdefault(key, []).append((step, number))
         return out
 

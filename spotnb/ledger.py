@@ -5,7 +5,8 @@ the widget, `job.breakdown()`, the CLI, the panel and the job DB all read it the
 report the same figures. Wall time from the first launch to the end is split, moment by
 moment, into one category with priority running > preparation > allocation > other, so an
 allocation overlapped with the previous instance's grace period is not counted twice and
-the categories add up to the total:
+the categories add up to the total. A job on several instances has one such lane per
+instance (`Span.slot`): its figures are instance-seconds, and the total is lanes × wall time.
 
 - compute: first-time steps; recompute: steps redone after a preemption plus the lost tail
   of a killed instance (time after its last report); save: blocking snapshot time and
@@ -98,6 +99,7 @@ class Span:
     progress: Progress | None
     spot: float
     on_demand: float
+    slot: int = 0  # the lane: one per instance of a job on several instances
 
 
 def compute_breakdown(
@@ -122,7 +124,12 @@ def compute_breakdown(
             out.spot_cost += billed / 3600.0 * inc.spot
         if inc.ready is not None:
             intervals.append((inc.ready, inc_end, "running", n))
-    visible = _sweep(intervals, start, stop)
+    # one lane per instance slot: on several instances the categories are instance-seconds
+    # (each lane split moment by moment as above), so they still add up to the total
+    visible: dict[tuple[str, int], float] = {}
+    lanes = sorted({inc.slot for inc in incs.values()}) or [0]
+    for lane in lanes:
+        visible.update(_sweep([iv for iv in intervals if incs[iv[3]].slot == lane], start, stop))
     for n, inc in incs.items():
         out.incarnations += inc.allocated is not None
         out.alloc += visible.get(("alloc", n), 0.0)
@@ -145,7 +152,7 @@ def compute_breakdown(
         out.recompute += rc
         out.save += s
         out.on_demand_cost += c / 3600.0 * inc.on_demand
-    out.total = max(0.0, stop - start)
+    out.total = max(0.0, stop - start) * len(lanes)
     out.other += max(0.0, out.total - sum(getattr(out, k) for k in CATEGORIES))
     return out
 

@@ -90,6 +90,7 @@ __all__ = [
     "Stopped",
     "Preempted",
     "Exited",
+    "Quorum",
     "Segment",
 ]
 
@@ -186,6 +187,7 @@ class EventKind(StrEnum):
     EXITED = "exited"
     SEGMENT = "segment"
     BOOTSTRAP = "bootstrap"
+    QUORUM = "quorum"
 
 
 # -- the record types ---------------------------------------------------------------------------
@@ -340,6 +342,7 @@ class Allocating(Event):
 
     region: str | None
     attempt: int
+    slot: int = 0  # which of the job's instances (Config.instances) this incarnation fills
 
 
 @_kind(EventKind.ALLOC_FAILED)
@@ -402,6 +405,23 @@ class Exited(Event):
     lifetime_s: float | None = None
     reason: Outcome | None = None
     code: int | None = None
+
+
+@_kind(EventKind.QUORUM)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Quorum(Event):
+    """A replica of a job on several instances trains in a new quorum (torchft's lighthouse
+    decided who takes part in `step`): `replicas` members, this one is `replica`. `healed`:
+    it received the live state from a peer (`heal_s` seconds) instead of reading the store;
+    `wait_s`: how long it waited for the quorum."""
+
+    step: int
+    replicas: int
+    replica: int | None = None
+    quorum_id: int = 0
+    healed: bool = False
+    heal_s: float | None = None
+    wait_s: float | None = None
 
 
 @_kind(EventKind.STOPPED)

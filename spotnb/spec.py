@@ -65,6 +65,9 @@ class RuntimeSettings(_Model):
     notice_poll: float = 1.0
     flush_interval: float = 0.5
     heartbeat_interval: float = 5.0
+    instances: int = 1
+    min_instances: int = 1
+    sync: str = "ddp"
 
 
 class ShippedFile(_Model):

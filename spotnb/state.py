@@ -166,6 +166,8 @@ class Incarnation:
     killed: ev.Preempted | None = None
     save_spans: list[tuple[float, float, str]] = field(default_factory=list)
     evacuating: float | None = None
+    slot: int = 0  # which of the job's instances (lane) it filled
+    replicas: int | None = None  # the size of its latest quorum (jobs on several instances)
 
     def span(self) -> Span:
         return Span(
@@ -178,6 +180,7 @@ class Incarnation:
             self.progress,
             self.spot_price or 0.0,
             self.on_demand_price or 0.0,
+            self.slot,
         )
 
 
@@ -215,6 +218,11 @@ class JobState:
         self.ledger_start: float | None = None  # first submission or allocation
         self.ended_at: float | None = None  # the last status, if it ended the job
         self._boundaries: dict[int, int] = {}
+        # jobs on several instances: the live replica count over time (from `quorum` events),
+        # and the highest step replica 0 logged (its rows are the job's series; a step logged
+        # again at or below it was redone)
+        self.replica_counts: list[tuple[float, int]] = []
+        self._replica_top = -1
         self.n_events = 0
         self.n_skipped = 0
         # bumped when a panel has something new to draw
@@ -286,6 +294,15 @@ class JobState:
             v["breakdown"] += 1
             v["info"] += 1
             return
+        if isinstance(e, ev.Quorum):
+            if n:
+                inc = self._inc(n)
+                inc.kinds.add(kind)
+                inc.replicas = e.replicas
+            if not self.replica_counts or self.replica_counts[-1][1] != e.replicas:
+                self.replica_counts.append((t, e.replicas))
+                v["timeline"] += 1
+            return
         if kind in _SILENT:
             if n:
                 self._inc(n).kinds.add(kind)
@@ -320,6 +337,7 @@ class JobState:
         if self.job_start is None:
             self.job_start = t
         if isinstance(e, ev.Allocating):
+            inc.slot = e.slot
             if inc.asked is None:
                 inc.asked = t
                 if inc.allocating is None:
@@ -411,13 +429,20 @@ class JobState:
             step = row.get("step") if isinstance(row, dict) else None
             if not isinstance(step, int) or isinstance(step, bool):
                 continue
-            redo = step <= boundary
+            replica = row.get("replica")
+            if replica is not None:  # several instances: replica 0 draws the job's series
+                if replica != 0:
+                    continue
+                redo = step <= self._replica_top
+                self._replica_top = max(self._replica_top, step)
+            else:
+                redo = step <= boundary
             if not redo and new_t is None:
                 new_t = row.get("t") or e.t
             if step > top:
                 top = step
             for key, value in row.items():
-                if key == "step" or key == "t":
+                if key == "step" or key == "t" or key == "replica":
                     continue
                 value = as_metric(value)
                 if value is None:

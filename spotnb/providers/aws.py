@@ -148,6 +148,8 @@ class AWSProvider(Provider):
     # memory:// and file:// stores are refused by _validate (require_remote_store) with a hint
     # towards a bucket; the base class's MEMORY_STORE message suggests file://, wrong here.
     unsupported: ClassVar[dict[Feature, str]] = {
+        Feature.ELASTIC: "the small on-demand coordinator instance that hosts torchft's lighthouse "
+        "(and opens the training ports between the job's instances) is not built for this cloud yet",
         Feature.NOTICE_ACK: "EC2 has no way to acknowledge an interruption notice",
         Feature.FAULT_INJECTION: "EC2 interruptions are injected with AWS FIS "
         "(aws:ec2:send-spot-instance-interruptions), outside spotnb",

@@ -195,6 +195,8 @@ class AzureProvider(Provider):
 
     name = "azure"
     unsupported: ClassVar[dict[Feature, str]] = {
+        Feature.ELASTIC: "the small on-demand coordinator instance that hosts torchft's lighthouse "
+        "(and opens the training ports between the job's instances) is not built for this cloud yet",
         Feature.REBALANCE_HINT: "Azure Scheduled Events give no early rebalance recommendation",
     }
 

@@ -44,6 +44,7 @@ class Feature(str, Enum):
     REMOTE_STORE = "a store other than the local filesystem"
     MEMORY_STORE = "a memory:// store (visible to one process only)"
     CLEANUP = "finding and ending instances a dead controller left behind (spotnb gc)"
+    ELASTIC = "several instances training together (a coordinator that outlives any one instance)"
 
 
 class InstanceState(str, Enum):
@@ -73,6 +74,7 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
     requirements: list[str] = field(default_factory=list)
     spotnb_version: str = ""
+    slot: int = 0  # which of the job's `instances` this launch fills (0 for one-instance jobs)
     job_key: str | None = field(default=None, repr=False)  # hex; never logged, never in an event
 
 
@@ -127,6 +129,12 @@ class Provider(ABC):
             and Feature.MULTI_REGION in self.unsupported
         ):
             raise ConfigError(f"Config.regions: {self.unsupported[Feature.MULTI_REGION]}")
+        if self.config.instances > 1 and not self.supports(Feature.ELASTIC):
+            why = self.unsupported.get(Feature.ELASTIC, "it has no coordinator (Provider.coordinator)")
+            raise ConfigError(
+                f"Config.instances: {self.config.instances} instances are not available on "
+                f"provider={self.name!r}: {why}. Use provider='local', or instances=1"
+            )
         self._validate()
 
     def notice_settings(self) -> dict[str, Any]:
@@ -134,7 +142,15 @@ class Provider(ABC):
         return {"format": self.name, "grace": NOTICE_GRACE[self.name]}
 
     def supports(self, feature: Feature) -> bool:
+        if feature == Feature.ELASTIC and type(self).coordinator is Provider.coordinator:
+            return False
         return feature not in self.unsupported
+
+    def coordinator(self, job_id: str, min_replicas: int) -> str:
+        """Start (or find) the job's coordinator: torchft's lighthouse, which must outlive any
+        one spot instance. Returns the address the instances reach it at ("host:port").
+        Providers that support `Feature.ELASTIC` implement it; it is idempotent per job."""
+        raise NotImplementedError(f"provider {self.name!r} has no coordinator for several instances")
 
     def launch(self, spec: LaunchSpec) -> Instance:
         """Ask for one spot instance running `spec.command`. Raises CapacityError when the

@@ -211,6 +211,8 @@ class GCPProvider(Provider):
 
     name = "gcp"
     unsupported: ClassVar[dict[Feature, str]] = {
+        Feature.ELASTIC: "the small on-demand coordinator instance that hosts torchft's lighthouse "
+        "(and opens the training ports between the job's instances) is not built for this cloud yet",
         Feature.NOTICE_ACK: "GCE has no way to acknowledge a preemption notice",
         Feature.REBALANCE_HINT: "GCE gives no early rebalance recommendation",
     }

@@ -37,7 +37,8 @@ class LocalSettings(ProviderSettings):
         "instance: lifetimes in seconds, or {'step': N, 'phase': "
         "'step'|'save'|'upload'|'commit'|'restore', 'notice': bool} (a kill when the "
         "instance reaches that step and phase; with notice, the "
-        "notice then and the kill local_grace later).",
+        "notice then and the kill local_grace later); 'instance': k applies an entry to "
+        "the next launch of the job's k-th instance (jobs on several instances).",
     )
     local_trace: str | None = Field(
         None, description="Replay a trace file (bamboo / parcae format) or a bundled trace name."
@@ -89,9 +90,14 @@ class LocalSettings(ProviderSettings):
         out: list[Any] = []
         for item in v:
             if isinstance(item, dict):
-                bad = set(item) - {"step", "phase", "after", "notice"}
+                bad = set(item) - {"step", "phase", "after", "notice", "instance"}
                 if bad:
-                    raise ValueError(f"schedule entry keys are step, phase, notice, after; got {sorted(bad)}")
+                    raise ValueError(
+                        f"schedule entry keys are step, phase, notice, after, instance; got {sorted(bad)}"
+                    )
+                slot = item.get("instance")
+                if slot is not None and (not is_int(slot) or slot < 0):
+                    raise ValueError(f"schedule 'instance' must be a non-negative int, got {slot!r}")
                 if "step" in item:
                     if not is_int(item["step"]) or item["step"] < 0:
                         raise ValueError(f"schedule 'step' must be a non-negative int, got {item['step']!r}")
@@ -100,13 +106,14 @@ class LocalSettings(ProviderSettings):
                         raise ValueError(
                             f"schedule 'phase' is one of step, save, upload, commit, restore; got {phase!r}"
                         )
-                    out.append(
-                        {"step": item["step"], "phase": phase, "notice": bool(item.get("notice", False))}
-                    )
+                    entry = {"step": item["step"], "phase": phase, "notice": bool(item.get("notice", False))}
                 elif "after" in item:
-                    out.append({"after": lifetime(item["after"])})
+                    entry = {"after": lifetime(item["after"])}
                 else:
                     raise ValueError("a schedule entry needs 'step' or 'after'")
+                if slot is not None:
+                    entry["instance"] = slot
+                out.append(entry)
             else:
                 out.append({"after": lifetime(item)})
         return out

@@ -160,21 +160,25 @@ class Agent:
     def wait_for_previous(self) -> None:
         """The replacement may start while the preempted instance saves; it must not restore
         before that instance is gone (its end marker is written by the controller)."""
-        if self.incarnation <= 1:
-            return
-        marker = self.store.job(self.job_id, "incarnations", f"{self.incarnation - 1:04d}.end")
-        deadline = time.time() + WAIT_FOR_PREVIOUS
-        while not self.store.exists(marker):
-            if time.time() > deadline:  # its controller is gone: do not idle on a paid instance
-                raise RuntimeError(
-                    f"incarnation {self.incarnation - 1} never ended (no end marker "
-                    f"after {WAIT_FOR_PREVIOUS:.0f} s); its controller may have died"
-                )
-            time.sleep(0.05 if self.store.local else 1.0)
-            self.store.invalidate()
-        ended = json.loads(self.store.read_bytes(marker))
-        self.inc["high_water"] = ended.get("high_water", 0)
-        self.inc["checkpointed"] = bool(ended.get("checkpointed", True))
+        # one-instance jobs: the one before; several instances: the controller lists what a
+        # cold start must wait for (a replica joining live peers waits for nobody)
+        previous = self.inc.get("wait_for", [self.incarnation - 1] if self.incarnation > 1 else [])
+        for n in previous:
+            marker = self.store.job(self.job_id, "incarnations", f"{int(n):04d}.end")
+            deadline = time.time() + WAIT_FOR_PREVIOUS
+            while not self.store.exists(marker):
+                if time.time() > deadline:  # its controller is gone: do not idle on a paid instance
+                    raise RuntimeError(
+                        f"incarnation {n} never ended (no end marker "
+                        f"after {WAIT_FOR_PREVIOUS:.0f} s); its controller may have died"
+                    )
+                time.sleep(0.05 if self.store.local else 1.0)
+                self.store.invalidate()
+            ended = json.loads(self.store.read_bytes(marker))
+            self.inc["high_water"] = max(int(self.inc.get("high_water", 0)), int(ended.get("high_water", 0)))
+            self.inc["checkpointed"] = bool(self.inc.get("checkpointed")) or bool(
+                ended.get("checkpointed", True)
+            )
 
     def run(self) -> int:
         import cloudpickle
@@ -248,6 +252,7 @@ class Agent:
             save_every=self.spec.get("save_every"),
             high_water=int(self.inc.get("high_water", 0)),
             checkpointed=bool(self.inc.get("checkpointed", False)),
+            elastic=self._elastic(),
         )
         if notice_cfg.get("format"):
 
@@ -304,14 +309,31 @@ class Agent:
                 "plain values, tensors or state_dicts instead",
                 exc,
             )
-        path = self.store.job(self.job_id, "result.pkl")
-        assert self.key is not None  # _load_spec refused the job otherwise
-        self.store.write_bytes(path, seal(self.key, self.job_id, "result.pkl", pickled))
-        self.emit(ev.Done(result="result.pkl", step=ctx.step_index))
+        if ctx.replica == 0:  # on several instances, replica 0 returns the job's result
+            path = self.store.job(self.job_id, "result.pkl")
+            assert self.key is not None  # _load_spec refused the job otherwise
+            self.store.write_bytes(path, seal(self.key, self.job_id, "result.pkl", pickled))
+        self.emit(ev.Done(result="result.pkl" if ctx.replica == 0 else "", step=ctx.step_index))
         checkpointer.close()
         if watcher:
             watcher.stop()
         return self._finish(EXIT_DONE)
+
+    def _elastic(self) -> Any:
+        """The job's group, when it trains on several instances (None: one instance)."""
+        if int(self.spec.get("instances", 1)) <= 1:
+            return None
+        from spotnb.runtime.elastic import Elastic
+        from spotnb.sync import parse_sync
+
+        return Elastic(
+            lighthouse=str(self.inc["lighthouse"]),
+            slot=int(self.inc.get("slot", 0)),
+            instances=int(self.spec["instances"]),
+            min_instances=int(self.spec.get("min_instances", 1)),
+            join=bool(self.inc.get("join", False)),
+            sync=parse_sync(self.spec.get("sync", "ddp")),
+        )
 
     def _load_spec(self) -> str | None:
         """Read and verify the job spec; the reason to refuse the job, or None."""

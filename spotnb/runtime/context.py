@@ -21,6 +21,7 @@ from spotnb import protocol as ev
 from spotnb.policy.base import PRIOR_MTTP, PRIOR_RESTART, Observation, Plan, Policy, SaveKind
 from spotnb.runtime.beacon import Beacon, Phase
 from spotnb.runtime.checkpoint import Checkpointer
+from spotnb.runtime.elastic import Elastic, ReplicatedOptimizer, Replication
 from spotnb.runtime.notice import Notice
 
 __all__ = ["Context", "Evacuate"]
@@ -76,6 +77,7 @@ class Context:
         high_water: int = 0,
         acknowledge: Any = None,
         checkpointed: bool = False,
+        elastic: Elastic | None = None,
     ) -> None:
         self.job_id = job_id
         self.incarnation = incarnation
@@ -111,12 +113,69 @@ class Context:
         self._evacuating = False
         self._in_loop = False
         self.rows: collections.deque[dict[str, Any]] = collections.deque()
+        self._elastic = elastic  # this job trains on several instances (None: one)
+        self._rep: Replication | None = None
+        self._replicated = False
 
     # -- public API ------------------------------------------------------------------------
     @property
     def step_index(self) -> int:
         """Steps completed so far (the index of the next step)."""
         return self._step
+
+    @property
+    def replica(self) -> int:
+        """This replica's index in the current step's quorum (0 on a one-instance job)."""
+        return self._rep.replica if self._rep is not None else 0
+
+    @property
+    def replicas(self) -> int:
+        """How many replicas train the current step (1 on a one-instance job). It may change
+        between steps: split each step's global batch by `replica` / `replicas`."""
+        return self._rep.replicas if self._rep is not None else 1
+
+    def replicate(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        """Data parallel over the job's live instances (`Config.instances`): returns the model
+        and an optimizer whose `step()` averages the gradients over the step's quorum and
+        applies them only when every member's all-reduce succeeded. On a one-instance job it
+        returns both unchanged, so the same function runs either way. Call it once, before
+        `ctx.track` and the loop."""
+        if self._replicated:
+            raise RuntimeError(
+                "ctx.replicate() was already called: call it once, with the model and its optimizer"
+            )
+        if self._tracked or self._in_loop or self._restored:
+            raise RuntimeError(
+                "ctx.replicate(model, opt) must come before ctx.track(...) and the training loop: "
+                "a replica that joins late receives the tracked state from a peer, so the group "
+                "must exist before the state is registered"
+            )
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(
+                f"ctx.replicate(model, ...): expected a torch.nn.Module, got {type(model).__name__}"
+            )
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            got = type(optimizer).__name__
+            raise TypeError(f"ctx.replicate(..., optimizer): expected a torch.optim.Optimizer, got {got}")
+        self._replicated = True
+        if self._elastic is None:
+            return model, optimizer
+        self._rep = Replication(self._elastic, self.job_id, self._peer_state, self._load_peer_state)
+        return model, ReplicatedOptimizer(optimizer, self._rep)
+
+    def _peer_state(self) -> dict[str, Any]:
+        """What a recovering peer receives (the Manager adds the step)."""
+        return {
+            "objects": {name: obj.state_dict() for name, obj in self._tracked.items()},
+            "user": self.state,
+        }
+
+    def _load_peer_state(self, state: dict[str, Any]) -> None:
+        objects = state.get("objects", {})
+        for name, obj in self._tracked.items():
+            if name in objects:
+                obj.load_state_dict(objects[name])
+        self.state.update(state.get("user", {}))
 
     def track(self, **stateful: Any) -> None:
         """Register objects with `state_dict`/`load_state_dict` (model, optimizer, scheduler,
@@ -187,14 +246,59 @@ class Context:
         return self._step
 
     def steps(self, n: int) -> Iterator[int]:
-        """Yield step indices from the restored step up to `n`, marking each boundary."""
+        """Yield step indices from the restored step up to `n`, marking each boundary. On a
+        job with several instances a step is yielded again if the group could not commit it
+        (a member died mid-step): its global batch is applied exactly once."""
         self._begin_loop(n)
+        if self._rep is not None:
+            yield from self._replicated_steps(n)
+            return
         step = self._step
         while step < n:
             yield step
             self._end_step()
             step = self._step
         self._in_loop = False
+
+    def _replicated_steps(self, n: int) -> Iterator[int]:
+        rep = self._rep
+        assert rep is not None
+        first = True
+        while first or rep.step < n:
+            changed = rep.begin_step()
+            if first:
+                first = False
+                self._first_quorum(changed)
+            if changed is not None:
+                self._emit(ev.Quorum(**changed))
+            self._step = rep.step
+            if self._step >= n:
+                break
+            self._slots[0] = self._step
+            yield self._step
+            self._end_step(committed=rep.end_step())
+        self._step = rep.step
+        self._in_loop = False
+        rep.leave()
+
+    def _first_quorum(self, changed: dict[str, Any] | None) -> None:
+        """After the first quorum: a replica that came to join live peers but found none ahead
+        of the store (they died meanwhile) restores from the store like a cold start; then it
+        is ready."""
+        rep = self._rep
+        assert rep is not None
+        healed = bool(changed and changed.get("healed"))
+        if not healed and not self._restored:
+            self.restore()
+            if self._step > rep.step:
+                rep.set_step(self._step)
+        self._restored = True
+        self._step = rep.step
+        self._last_save_step = max(self._last_save_step, self._step)
+        self._ready_sent = True
+        self._emit(ev.Ready(prep_s=time.time() - self._started, step=self._step, total=self.total))
+        self._replan()
+        self._t_last = time.perf_counter()
 
     @contextmanager
     def step(self) -> Iterator[int]:
@@ -223,6 +327,8 @@ class Context:
             )
         metrics["step"] = self._step
         metrics["t"] = time.time()
+        if self._rep is not None:
+            metrics["replica"] = self._rep.replica
         self.rows.append(metrics)
 
     def should_save(self) -> bool:
@@ -255,6 +361,21 @@ class Context:
     def _begin_loop(self, total: int | None) -> None:
         if total is not None:
             self.total = total
+        if self._elastic is not None and self._rep is None:
+            raise RuntimeError(
+                f"this job runs on {self._elastic.instances} instances: call "
+                "model, opt = ctx.replicate(model, opt) before ctx.track(...) and the loop, so "
+                "the instances train one model together (or set instances=1)"
+            )
+        if self._rep is not None:
+            # a cold start restores from the store now; a replica joining live peers waits for
+            # its first quorum, which brings the live state (ready is said after it)
+            if not self._elastic_join() and not self._restored:
+                self.restore()
+                self._rep.set_step(self._step)
+                self._restored = True
+            self._in_loop = True
+            return
         if not self._restored:
             self.restore()
         self._in_loop = True
@@ -264,10 +385,17 @@ class Context:
         self._replan()
         self._t_last = time.perf_counter()
 
-    def _end_step(self) -> None:
+    def _elastic_join(self) -> bool:
+        return bool(self._elastic is not None and self._elastic.join)
+
+    def _end_step(self, committed: bool = True) -> None:
         now = time.perf_counter()
         dt = now - self._t_last
         self._t_last = now
+        if not committed:  # the group redoes this step: its time was lost
+            self._recompute_s += dt
+            self._timed_steps += 1
+            return
         self._step += 1
         self._slots[0] = self._step
         if self._step > self._high_water:
@@ -314,6 +442,12 @@ class Context:
         notice = self._notice
         assert notice is not None
         left = notice.deadline - time.time()
+        if self._rep is not None and self._rep.replicas > 1:
+            # peers train on: this replica's step is committed, so it leaves the quorum
+            # cleanly (no failed step, nothing to save) and a replacement heals from a peer
+            self._emit(ev.Evacuating(step=self._step, time_left=left))
+            self._rep.leave()
+            self._evacuate_after_save()
         obs = self._observation()
         if not self._policy.on_notice(obs, left):
             self._emit(
@@ -344,6 +478,12 @@ class Context:
         raise Evacuate()
 
     def _save(self, kind: SaveKind, wait: bool = False, files: list[tuple[str, str]] | None = None) -> None:
+        if self._rep is not None and self._rep.replica != 0:
+            # one replica writes the store's checkpoints (all hold the same state); the others
+            # keep the same plan, so whoever is replica 0 next saves on time
+            self._last_save_step = self._step
+            self._replan()
+            return
         t0 = time.perf_counter()
         state = {
             "step": self._step,

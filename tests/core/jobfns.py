@@ -80,3 +80,65 @@ def low_level(ctx: Any, steps: int = 60, path: str = "my_ckpt.txt") -> int:
                 f.write(str(total))
             ctx.backup(path)
     return total
+
+
+def exact_dp(ctx: Any, steps: int = 60, step_delay: float = 0.02, width: int = 8) -> dict[str, Any]:
+    """Data parallel whose arithmetic is exact, so 'each step's global batch applied exactly
+    once' can be checked to the bit: sample i of step s adds c(s, i) / width to weight i
+    (`exact_dp_expected`), whatever the quorum, with every value a multiple of 1/8 (width 8).
+    Each replica logs a checksum of its weights at the end (`final`)."""
+    import torch
+
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(width, 1, bias=False).double()
+    torch.nn.init.zeros_(model.weight)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    model, opt = ctx.replicate(model, opt)
+    ctx.track(model=model, optimizer=opt)
+    for step in ctx.steps(steps):
+        r, n = ctx.replica, ctx.replicas
+        mine = [i for i in range(width) if i % n == r]  # this replica's share of the batch
+        x = torch.zeros(len(mine), width, dtype=torch.float64)
+        for row, i in enumerate(mine):
+            x[row, i] = float(exact_c(step, i))
+        loss = -(model(x).sum() * n / width) if mine else model.weight.sum() * 0.0
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(loss=float(loss.item()), replicas=n)
+        if step_delay:
+            time.sleep(step_delay)
+    weights = model.weight.detach().flatten().tolist()
+    ctx.log(final=sum(w * (k + 1) for k, w in enumerate(weights)))
+    return {"weights": weights, "step": ctx.step_index}
+
+
+def exact_c(step: int, i: int) -> int:
+    return (step % 7) + i + 1
+
+
+def exact_dp_expected(steps: int, width: int = 8) -> list[float]:
+    return [sum(exact_c(s, i) for s in range(steps)) / width for i in range(width)]
+
+
+def misuse_replicate(ctx: Any, mistake: str) -> None:
+    """Each way to get ctx.replicate wrong (tests/elastic: the error must say how to fix it)."""
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if mistake == "twice":
+        ctx.replicate(model, opt)
+        ctx.replicate(model, opt)
+    elif mistake == "after_track":
+        ctx.track(model=model)
+        ctx.replicate(model, opt)
+    elif mistake == "no_replicate":
+        ctx.track(model=model)
+        for _ in ctx.steps(3):
+            pass
+    elif mistake == "no_step":
+        model, opt = ctx.replicate(model, opt)
+        ctx.track(model=model)
+        for _ in ctx.steps(3):
+            model(torch.ones(1, 2)).sum().backward()

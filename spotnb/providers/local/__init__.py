@@ -66,6 +66,8 @@ class LocalProvider(Provider):
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._tmp: str | None = None
+        self._lighthouse: subprocess.Popen | None = None
+        self._lighthouse_addr: str | None = None
 
     @property
     def tmp(self) -> str:
@@ -102,6 +104,12 @@ class LocalProvider(Provider):
                 ) from None
         if cfg.local_trace and (cfg.local_mttp or cfg.local_schedule):
             raise ConfigError("Config.local_trace: give one of local_trace, local_mttp, local_schedule")
+        slots = [e["instance"] for e in cfg.local_schedule or [] if "instance" in e]
+        if any(k >= cfg.instances for k in slots):
+            raise ConfigError(
+                f"Config.local_schedule: an entry names instance {max(slots)}, but the job has "
+                f"instances={cfg.instances} (numbered 0 to {cfg.instances - 1})"
+            )
         if cfg.local_mttp and cfg.local_schedule:
             raise ConfigError("Config.local_schedule: give local_schedule or local_mttp, not both")
 
@@ -117,8 +125,9 @@ class LocalProvider(Provider):
             raise CapacityError(
                 f"InsufficientInstanceCapacity: the local market has no {spec.instance_type} right now"
             )
-        if self.emulator is None:
-            self.emulator = MetadataEmulator()
+        with self._lock:  # several instances of one job launch at once: one emulator
+            if self.emulator is None:
+                self.emulator = MetadataEmulator()
         instance_id = f"local-{uuid.uuid4().hex[:10]}"
         beacon = os.path.join(self.tmp, f"{instance_id}.beacon")
         logdir = spotnb_home() / "logs" / spec.job_id
@@ -153,9 +162,10 @@ class LocalProvider(Provider):
                 )
             self._procs[instance_id] = proc
         now = time.time()
-        if self.t0 is None:
-            self.t0 = now
-        injector = self._schedule_kill(instance_id, proc, beacon, now)
+        with self._lock:
+            if self.t0 is None:
+                self.t0 = now
+        injector = self._schedule_kill(instance_id, proc, beacon, now, spec.slot)
         self._injectors[instance_id] = injector
         return Instance(
             id=instance_id,
@@ -173,11 +183,17 @@ class LocalProvider(Provider):
             },
         )
 
-    def _schedule_kill(self, instance_id: str, proc: subprocess.Popen, beacon: str, now: float) -> Injector:
+    def _schedule_kill(
+        self, instance_id: str, proc: subprocess.Popen, beacon: str, now: float, slot: int = 0
+    ) -> Injector:
         assert self.emulator is not None and self.t0 is not None
         trigger, kill_at = None, math.inf
-        if self.schedule:
-            entry = self.schedule.pop(0)
+        with self._lock:  # several instances of one job launch at once
+            entry = next((e for e in self.schedule if e.get("instance", slot) == slot), None)
+            if entry is not None:
+                self.schedule.remove(entry)
+        if entry is not None:
+            entry = {k: v for k, v in entry.items() if k != "instance"}
             if "step" in entry:
                 trigger = entry
             else:
@@ -194,6 +210,37 @@ class LocalProvider(Provider):
         injector = Injector(proc, beacon, kill_at=kill_at, grace=self.grace, trigger=trigger, notify=notify)
         holder["inj"] = injector
         return injector
+
+    def coordinator(self, job_id: str, min_replicas: int) -> str:
+        """torchft's lighthouse as a process of this market (like the metadata server), so it
+        outlives every local instance; it ends with the market (`close`, or its stdin pipe
+        closing when the controller's process dies). Its log: `logs/<job>/lighthouse.log`."""
+        with self._lock:
+            if self._lighthouse is not None and self._lighthouse.poll() is None:
+                assert self._lighthouse_addr is not None
+                return self._lighthouse_addr
+            logdir = spotnb_home() / "logs" / job_id
+            private_dir(logdir)
+            with open(logdir / "lighthouse.log", "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "spotnb.runtime.lighthouse", "--min-replicas", str(min_replicas)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    start_new_session=True,
+                    env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+                )
+            assert proc.stdout is not None
+            line = proc.stdout.readline().decode(errors="replace").strip()
+            if not line.startswith("LIGHTHOUSE "):
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(
+                    f"the local market's lighthouse did not start (see {logdir / 'lighthouse.log'}); "
+                    "is torchft installed? pip install 'spotnb[elastic]'"
+                )
+            self._lighthouse, self._lighthouse_addr = proc, line.split(" ", 1)[1]
+            return self._lighthouse_addr
 
     def inject(self, instance: Instance, grace: float | None = None) -> None:
         """Preempt `instance` now (fault injection): notice, then the kill `grace` seconds later."""
@@ -274,6 +321,14 @@ class LocalProvider(Provider):
         if self.emulator is not None:
             self.emulator.close()
             self.emulator = None
+        with self._lock:
+            lighthouse, self._lighthouse = self._lighthouse, None
+        if lighthouse is not None:
+            lighthouse.kill()
+            lighthouse.wait()
+            for pipe in (lighthouse.stdin, lighthouse.stdout):
+                if pipe is not None:
+                    pipe.close()
         with self._lock:
             tmp, self._tmp = self._tmp, None
         if tmp is not None:

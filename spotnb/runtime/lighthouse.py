@@ -1,0 +1,57 @@
+"""The job's coordinator for several instances: torchft's lighthouse, which computes the quorum
+of live replicas every step (`python -m spotnb.runtime.lighthouse --min-replicas N`).
+
+It must outlive any one spot instance, so it never runs on one: the local market runs it as a
+process of the market (beside the metadata server), a cloud as a small on-demand instance.
+It prints `LIGHTHOUSE <address>` once it listens and serves until its stdin closes (the market
+that started it died or closed) or it is killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+__all__ = ["JOIN_TIMEOUT_MS", "HEARTBEAT_TIMEOUT_MS", "QUORUM_TICK_MS", "main"]
+
+#: How long a quorum waits for members of the previous one that have not asked yet. A replica
+#: that left after a notice never asks again, so the survivors wait this long, once.
+JOIN_TIMEOUT_MS = int(os.environ.get("SPOTNB_LIGHTHOUSE_JOIN_MS", "200"))
+#: Silence after which a replica is out of the quorum (replicas beat every 100 ms). Short, so
+#: survivors of a kill without notice go on within a fraction of a second (SPOTNIK: < 300 ms);
+#: a replica starved past it only sits out a step and rejoins from a peer.
+HEARTBEAT_TIMEOUT_MS = int(os.environ.get("SPOTNB_LIGHTHOUSE_HEARTBEAT_MS", "1000"))
+QUORUM_TICK_MS = 20
+
+log = logging.getLogger("spotnb.lighthouse")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="spotnb-lighthouse", description=__doc__)
+    parser.add_argument("--min-replicas", type=int, default=1)
+    parser.add_argument("--bind", default="[::]:0")
+    parser.add_argument("--host", default="127.0.0.1", help="the address instances reach it at")
+    args = parser.parse_args(argv)
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(
+        bind=args.bind,
+        min_replicas=args.min_replicas,
+        join_timeout_ms=JOIN_TIMEOUT_MS,
+        quorum_tick_ms=QUORUM_TICK_MS,
+        heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
+    )
+    port = server.address().rsplit(":", 1)[1]
+    sys.stdout.write(f"LIGHTHOUSE http://{args.host}:{port}\n")
+    sys.stdout.flush()
+    try:
+        sys.stdin.read()  # returns when the market that started us closes the pipe or dies
+    finally:
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
