@@ -293,6 +293,11 @@ class _GenericConfig(BaseModel):
                     f"{field} applies to jobs on several instances; set instances=N (N > 1) or remove {field}"
                 )
             return
+        if self.sync != "ddp":
+            raise ValueError(
+                f"sync={self.sync!r}: this version synchronises every step ('ddp'); local SGD and "
+                "DiLoCo are not built yet. Remove sync (or set sync='ddp')"
+            )
         if self.procs_per_instance not in (None, 1):
             raise ValueError(
                 f"procs_per_instance={self.procs_per_instance}: one process per instance is what "

@@ -70,6 +70,9 @@ class FleetController(Controller):
             self._refill(slot)
         poll = self.store.poll_interval
         while True:
+            # the coordinator must outlive every instance: if it died, the provider starts it
+            # again at the same address (the replicas' quorum requests retry until it answers)
+            self.provider.coordinator(self.job.id, self.config.min_instances)
             for e in self.pump():
                 self._on_event(e)
             if self._stop_requested():

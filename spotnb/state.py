@@ -469,6 +469,12 @@ class JobState:
 
     # -- derived ---------------------------------------------------------------------------
     @property
+    def live_replicas(self) -> int | None:
+        """How many replicas trained the latest step of a job on several instances (None for a
+        one-instance job, or before the first quorum)."""
+        return self.replica_counts[-1][1] if self.replica_counts else None
+
+    @property
     def done(self) -> bool:
         return self.status in ev.TERMINAL
 

@@ -6,8 +6,8 @@ export const PROTOCOL_VERSION = 1;
 export type JobStatus = "pending" | "running" | "preempted" | "restoring" | "succeeded" | "failed" | "stopped" | "lost";
 export const JOB_STATUSES: readonly JobStatus[] = ["pending", "running", "preempted", "restoring", "succeeded", "failed", "stopped", "lost"];
 
-export type EventKind = "submitted" | "status" | "controller_restarted" | "job_resumed" | "allocating" | "alloc_failed" | "launched" | "allocated" | "started" | "files" | "ready" | "resumed" | "metrics" | "progress" | "heartbeat" | "notice" | "hint" | "checkpoint" | "checkpoint_skipped" | "checkpoint_failed" | "checkpoint_invalid" | "emergency_skipped" | "evacuating" | "evacuated" | "done" | "error" | "warning" | "stopped" | "preempted" | "exited" | "segment" | "bootstrap";
-export const EVENT_KINDS: readonly EventKind[] = ["submitted", "status", "controller_restarted", "job_resumed", "allocating", "alloc_failed", "launched", "allocated", "started", "files", "ready", "resumed", "metrics", "progress", "heartbeat", "notice", "hint", "checkpoint", "checkpoint_skipped", "checkpoint_failed", "checkpoint_invalid", "emergency_skipped", "evacuating", "evacuated", "done", "error", "warning", "stopped", "preempted", "exited", "segment", "bootstrap"];
+export type EventKind = "submitted" | "status" | "controller_restarted" | "job_resumed" | "allocating" | "alloc_failed" | "launched" | "allocated" | "started" | "files" | "ready" | "resumed" | "metrics" | "progress" | "heartbeat" | "notice" | "hint" | "checkpoint" | "checkpoint_skipped" | "checkpoint_failed" | "checkpoint_invalid" | "emergency_skipped" | "evacuating" | "evacuated" | "done" | "error" | "warning" | "stopped" | "preempted" | "exited" | "segment" | "bootstrap" | "quorum";
+export const EVENT_KINDS: readonly EventKind[] = ["submitted", "status", "controller_restarted", "job_resumed", "allocating", "alloc_failed", "launched", "allocated", "started", "files", "ready", "resumed", "metrics", "progress", "heartbeat", "notice", "hint", "checkpoint", "checkpoint_skipped", "checkpoint_failed", "checkpoint_invalid", "emergency_skipped", "evacuating", "evacuated", "done", "error", "warning", "stopped", "preempted", "exited", "segment", "bootstrap", "quorum"];
 
 export type Outcome = "done" | "preempted" | "evacuated" | "lost" | "stopped" | "user_error" | "crashed" | "not needed";
 export const OUTCOMES: readonly Outcome[] = ["done", "preempted", "evacuated", "lost", "stopped", "user_error", "crashed", "not needed"];
@@ -77,6 +77,7 @@ export interface AllocatingEvent {
   gen?: number;
   region: string | null;
   attempt: number;
+  slot?: number;
   [extra: string]: unknown;
 }
 
@@ -149,6 +150,22 @@ export interface ExitedEvent {
   lifetime_s?: number | null;
   reason?: Outcome | null;
   code?: number | null;
+  [extra: string]: unknown;
+}
+
+/** A replica of a job on several instances trains in a new quorum (torchft's lighthouse decided who takes part in `step`): `replicas` members, this one is `replica`. `healed`: it received the live state from a peer (`heal_s` seconds) instead of reading the store; `wait_s`: how long it waited for the quorum. */
+export interface QuorumEvent {
+  kind: "quorum";
+  t: number;
+  incarnation: number;
+  gen?: number;
+  step: number;
+  replicas: number;
+  replica?: number | null;
+  quorum_id?: number;
+  healed?: boolean;
+  heal_s?: number | null;
+  wait_s?: number | null;
   [extra: string]: unknown;
 }
 
@@ -439,6 +456,7 @@ export type SpotEvent =
   | AllocatedEvent
   | PreemptedEvent
   | ExitedEvent
+  | QuorumEvent
   | StoppedEvent
   | BootstrapEvent
   | StartedEvent

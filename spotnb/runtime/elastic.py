@@ -39,6 +39,7 @@ log = logging.getLogger("spotnb.elastic")
 #: Longest a collective or a peer's state transfer may take before the step counts as failed.
 COLLECTIVE_TIMEOUT = timedelta(seconds=float(os.environ.get("SPOTNB_COLLECTIVE_TIMEOUT", "30")))
 #: Longest a replica waits for a quorum (below `min_instances` it waits for a replacement).
+QUORUM_RETRIES = 600
 QUORUM_TIMEOUT = timedelta(seconds=float(os.environ.get("SPOTNB_QUORUM_TIMEOUT", "3600")))
 
 
@@ -90,6 +91,9 @@ class Replication:
             quorum_timeout=QUORUM_TIMEOUT,
             connect_timeout=timedelta(seconds=60),
             init_sync=True,
+            # the lighthouse may be restarted under the replicas (it died; the provider starts
+            # it again at the same address): keep asking instead of hanging on a lost request
+            quorum_retries=QUORUM_RETRIES,
         )
         self.replica: int = 0
         self.replicas: int = 1

@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-replicas", type=int, default=1)
     parser.add_argument("--bind", default="[::]:0")
     parser.add_argument("--host", default="127.0.0.1", help="the address instances reach it at")
+    parser.add_argument("--job", default="", help="the job it coordinates (shown by ps)")
     args = parser.parse_args(argv)
     from torchft.coordination import LighthouseServer
 

@@ -162,8 +162,9 @@ def _hover_inc(inc: Incarnation, what: str, a: float, b: float) -> str:
 
 
 def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
-    """One horizontal bar per incarnation, split into alloc / prep / recompute / compute / save
-    (explicit `base`, seconds since submission), with notice, kill and checkpoint markers."""
+    """One horizontal bar per incarnation (per instance slot on a job with several), split into
+    alloc / prep / recompute / compute / save (explicit `base`, seconds since submission), with
+    notice, kill and checkpoint markers."""
     t0 = state.job_start or 0.0
     now = state.now() if now is None else now
     segs: dict[str, dict[str, list[Any]]] = {
@@ -171,11 +172,17 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
         for c in ("alloc", "prep", "recompute", "compute", "save")
     }
 
+    # a job on several instances: one lane per instance slot, its incarnations one after another
+    lanes = len({inc.slot for inc in state.incs.values()}) > 1
+
+    def lane(inc: Incarnation) -> str:
+        return f"instance {inc.slot}" if lanes else _inc_label(inc)
+
     def seg(cat: str, inc: Incarnation, a: float | None, b: float | None, what: str) -> None:
         if a is None or b is None or b <= a:
             return
         d = segs[cat]
-        d["y"].append(_inc_label(inc))
+        d["y"].append(lane(inc))
         d["base"].append(a - t0)
         d["x"].append(b - a)
         d["text"].append(_hover_inc(inc, what, a, b))
@@ -195,7 +202,7 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
             seg("compute", inc, max(split, inc.ready), end, "compute")
         for a, b, kind in inc.save_spans:
             seg("save", inc, a, max(b, a + 1e-3), f"save ({kind})")
-        label = _inc_label(inc)
+        label = lane(inc)
         if inc.notice is not None:
             note = inc.notice
             notice["x"].append(note.t - t0)
@@ -216,7 +223,7 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
         if found is None:
             continue
         ckpt["x"].append(e.t - t0)
-        ckpt["y"].append(_inc_label(found))
+        ckpt["y"].append(lane(found))
         ckpt["text"].append(
             f"checkpoint #{e.seq} {e.save_kind} at step {e.step}<br>"
             f"{format_bytes(e.nbytes)}, snapshot {e.snapshot_s:.3f} s, upload {e.upload_s:.3f} s"

@@ -130,7 +130,8 @@ def progress_line(state: JobState, width: int = 20) -> str:
     money = f"spot ${cost['spot']:.4f} vs on-demand ${cost['on_demand']:.4f}"
     if cost["on_demand"]:
         money += f" ({cost['savings']:.0%} saved)"
-    parts = [bar, metrics, state.status, f"{b.preemptions} preemption(s)", money]
+    live = f"{state.live_replicas} replicas training" if state.live_replicas is not None else ""
+    parts = [bar, metrics, state.status, live, f"{b.preemptions} preemption(s)", money]
     return " | ".join(p for p in parts if p)
 
 

@@ -146,6 +146,7 @@ def test_replicas_log_their_index_and_the_job_draws_replica_0() -> None:
         ({"instances": 2, "sync": "allreduce"}, "unknown sync 'allreduce'"),
         ({"instances": 2, "sync": "diloco"}, "diloco:50"),
         ({"sync": "local_sgd:5"}, "set instances=N"),
+        ({"instances": 2, "sync": "local_sgd:5"}, "not built yet"),
         ({"instances": 2, "procs_per_instance": 4}, "procs_per_instance=4"),
         ({"instances": True}, "whole number"),
         ({"instances": 1000}, "Config.instances"),

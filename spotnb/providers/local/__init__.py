@@ -219,11 +219,26 @@ class LocalProvider(Provider):
             if self._lighthouse is not None and self._lighthouse.poll() is None:
                 assert self._lighthouse_addr is not None
                 return self._lighthouse_addr
+            if self._lighthouse is not None:  # it died: a new one on the same port, which the
+                for pipe in (self._lighthouse.stdin, self._lighthouse.stdout):  # replicas retry
+                    if pipe is not None:
+                        pipe.close()
+            port = self._lighthouse_addr.rsplit(":", 1)[1] if self._lighthouse_addr else "0"
             logdir = spotnb_home() / "logs" / job_id
             private_dir(logdir)
             with open(logdir / "lighthouse.log", "ab") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "spotnb.runtime.lighthouse", "--min-replicas", str(min_replicas)],
+                    [
+                        sys.executable,
+                        "-m",
+                        "spotnb.runtime.lighthouse",
+                        "--min-replicas",
+                        str(min_replicas),
+                        "--bind",
+                        f"[::]:{port}",
+                        "--job",
+                        job_id,
+                    ],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=log,

@@ -1,0 +1,51 @@
+"""The workload both sides of benchmarks/bench_elastic.py train: the same model, the same
+global batch per step (split among whoever trains the step), the same step time."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+GLOBAL_BATCH = 96
+STEP_SLEEP = 0.03  # stands in for the GPU time of a step (this machine has two CPU cores)
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 10),
+    )
+
+
+def batch(step: int, replica: int, replicas: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This replica's share of step `step`'s global batch (the same whatever the membership)."""
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(GLOBAL_BATCH, 64, generator=g)
+    y = torch.randint(0, 10, (GLOBAL_BATCH,), generator=g)
+    lo, hi = replica * GLOBAL_BATCH // replicas, (replica + 1) * GLOBAL_BATCH // replicas
+    return x[lo:hi], y[lo:hi]
+
+
+def spotnb_fit(ctx: Any, steps: int = 300) -> dict[str, float]:
+    """The spotnb side: ctx.replicate over the job's instances."""
+    torch.set_num_threads(1)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, opt = ctx.replicate(model, opt)
+    ctx.track(model=model, optimizer=opt)
+    loss = torch.tensor(0.0)
+    for step in ctx.steps(steps):
+        x, y = batch(step, ctx.replica, ctx.replicas)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(loss=loss.item())
+        time.sleep(STEP_SLEEP)
+    return {"loss": float(loss.item())}

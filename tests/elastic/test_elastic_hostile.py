@@ -1,0 +1,70 @@
+"""Attacks on a job of several instances: the coordinator killed, a replica frozen. Real
+processes (agents, the lighthouse), real signals."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+
+import psutil
+import pytest
+
+import spotnb as spot
+from tests.core import jobfns
+from tests.core.helpers import wait_for, wait_progress
+
+pytest.importorskip("torchft", reason="spotnb[elastic] is installed by scripts/setup.sh")
+
+SHIP = ["tests.core.jobfns"]
+
+
+def _lighthouses(job_id: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "spotnb.runtime.lighthouse" in cmd and job_id in cmd:
+            out.append(p)
+    return out
+
+
+def test_a_killed_coordinator_is_restarted_and_the_replicas_carry_on() -> None:
+    """The lighthouse is SIGKILLed mid-run: the market starts it again at the same address and
+    the replicas' quorum requests reach it; nothing is lost or applied twice."""
+    steps = 150
+    job = spot.train(
+        functools.partial(jobfns.exact_dp, steps=steps, step_delay=0.05),
+        spot.Config(instances=3, ship_modules=SHIP, local_alloc_delay=0.1),
+    )
+    wait_progress(job, 30)
+    (first,) = _lighthouses(job.id)
+    first.kill()
+    wait_for(lambda: [p for p in _lighthouses(job.id) if p.pid != first.pid], 60, "no new lighthouse")
+    result = job.result(timeout=240)
+    assert result["weights"] == jobfns.exact_dp_expected(steps)
+    assert not [e for e in job.events if e["kind"] == "preempted"]  # no replica was lost to it
+
+
+def test_a_frozen_replica_drops_out_and_rejoins() -> None:
+    """SIGSTOP one replica for longer than the lighthouse's heartbeat timeout: the others go
+    on without it; after SIGCONT it catches up from a peer. The result is exact."""
+    steps = 200
+    job = spot.train(
+        functools.partial(jobfns.exact_dp, steps=steps, step_delay=0.05),
+        spot.Config(instances=3, ship_modules=SHIP, local_alloc_delay=0.1, heartbeat_timeout=60),
+    )
+    wait_progress(job, 30)
+    launched = [e for e in job.events if e["kind"] == "launched"]
+    victim = int(launched[-1]["info"]["pid"])
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        # the others train on: a quorum of two forms while it is frozen (an event, not a clock)
+        wait_for(
+            lambda: any(e["kind"] == "quorum" and e["replicas"] == 2 for e in job.events),
+            60,
+            "no quorum of 2",
+        )
+    finally:
+        os.kill(victim, signal.SIGCONT)
+    result = job.result(timeout=240)
+    assert result["weights"] == jobfns.exact_dp_expected(steps)
