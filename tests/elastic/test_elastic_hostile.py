@@ -68,3 +68,34 @@ def test_a_frozen_replica_drops_out_and_rejoins() -> None:
         os.kill(victim, signal.SIGCONT)
     result = job.result(timeout=240)
     assert result["weights"] == jobfns.exact_dp_expected(steps)
+
+
+def test_a_sigkilled_controller_is_replaced_and_the_fleet_starts_again(monkeypatch) -> None:
+    """The detached controller (and with it the local market's lighthouse) is SIGKILLed: a new
+    controller ends the orphaned replicas, starts a new coordinator and the slots restore
+    from the store. Nothing is applied twice."""
+    import time
+
+    from spotnb.jobdb import JobDB
+
+    monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
+    steps = 120
+    job = spot.train(
+        functools.partial(jobfns.exact_dp, steps=steps, step_delay=0.05),
+        spot.Config(instances=2, ship_modules=SHIP, local_alloc_delay=0.1, checkpoint="static:10"),
+    )
+    wait_progress(job, 40)
+    db = JobDB()
+    lease = db.lease(job.id)
+    assert lease is not None and lease["pid"] != os.getpid()
+    os.kill(lease["pid"], signal.SIGKILL)
+    deadline = time.time() + 60
+    while db.controller_alive(job.id):
+        assert time.time() < deadline
+        time.sleep(0.1)
+    again = spot.attach(job.id)
+    result = again.result(timeout=240)
+    assert result["weights"] == jobfns.exact_dp_expected(steps)
+    kinds = [e["kind"] for e in again.events]
+    assert "controller_restarted" in kinds and "resumed" in kinds
+    wait_for(lambda: not _lighthouses(job.id), 30, "a lighthouse outlived its job")
