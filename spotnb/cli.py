@@ -1,4 +1,4 @@
-"""The `spotnb` command: jobs, logs, show, stop, resume, demo, simulate, gc."""
+"""The `spotnb` command: jobs, logs, show, stop, resume, demo, simulate, plan, gc."""
 
 from __future__ import annotations
 
@@ -236,10 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_providers)
     try:
         from spotnb.sim.cli import add_parser as add_simulate
+        from spotnb.sim.cli import add_plan_parser
     except ImportError:
         pass
     else:
         add_simulate(sub)
+        add_plan_parser(sub)
     return parser
 
 

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["add_parser", "run", "main", "DEFAULT_POLICIES"]
+__all__ = ["add_parser", "add_plan_parser", "run", "run_plan", "main", "DEFAULT_POLICIES"]
 
 DEFAULT_POLICIES = ("static:1000", "young", "daly", "daly2", "adaptive", "hedged", "on-demand")
 
@@ -83,6 +83,62 @@ def run(args: argparse.Namespace) -> int:
             else:
                 cells.append(f"{v:11.2f}")
         print(f"{r.policy:<{width}} " + " ".join(cells))
+    return 0
+
+
+def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `spotnb plan`: how many instances to rent for a scenario (spotnb.sim.fleet)."""
+    p = subparsers.add_parser(
+        "plan",
+        help="pick the number of instances for a scenario (progress per dollar)",
+        description="Simulate a job on several instances (elastic data parallel) for each "
+        "instance count and rank them by steps per dollar, then by time.",
+    )
+    p.add_argument("--scenario", required=True, help="scenario file (YAML or JSON)")
+    p.add_argument("--instances", default="1,2,4,8", help="instance counts to compare (default 1,2,4,8)")
+    p.add_argument("--sync-time", type=float, default=0.0, help="all-reduce seconds per step (default 0)")
+    p.add_argument("--join-time", type=float, default=0.1, help="peer state transfer seconds (default 0.1)")
+    p.add_argument("--runs", type=int, default=50, help="independent runs per count (default 50)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run_plan)
+    return p
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Execute `spotnb plan`; returns the exit code."""
+    from spotnb.sim.fleet import plan_instances
+    from spotnb.sim.scenario import Scenario
+
+    try:
+        scenario = Scenario.load(args.scenario)
+        counts = [int(x) for x in str(args.instances).split(",") if x.strip()]
+        if not counts or any(c < 1 or c > 64 for c in counts):
+            raise ValueError(f"--instances: give counts between 1 and 64, e.g. 1,2,4; got {args.instances!r}")
+        if args.runs < 1:
+            raise ValueError("--runs must be positive")
+        rows = plan_instances(
+            scenario,
+            counts,
+            runs=args.runs,
+            seed=args.seed,
+            sync_time=args.sync_time,
+            join_time=args.join_time,
+        )
+    except (OSError, ValueError) as exc:
+        print(f"spotnb plan: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{scenario.name or args.scenario}: {scenario.steps} steps, {args.runs} runs per count; best first")
+    heads = (("instances", 9), ("hours", 8), ("± sd", 7), ("cost $", 9), ("steps/$", 10), ("recompute s", 12))
+    print(" ".join(f"{h:>{w}}" for h, w in heads) + f" {'losses':>7}")
+    for r in rows:
+        print(
+            f"{r['instances']:>9} {r['wall_s'] / 3600:8.2f} {r['wall_sd'] / 3600:7.2f} {r['cost']:9.2f} "
+            f"{r['steps_per_dollar']:10.0f} {r['recompute_s']:12.1f} {r['group_losses']:7.2f}"
+        )
     return 0
 
 

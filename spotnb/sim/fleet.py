@@ -1,0 +1,188 @@
+"""A job on several instances, simulated: liveput, cost and recompute, and how many instances
+to rent (Parcae's question) — `spotnb plan --scenario FILE --instances 1,2,4`.
+
+The model is what `spotnb.fleet` and `spotnb.runtime.elastic` do:
+
+* `instances` slots; each is preempted by the scenario's process (its own draw per slot, or
+  the same trace for every slot: a trace's waves then hit every instance at once, which is
+  what traces of real markets show); a preempted slot is refilled after `alloc_time` +
+  `prep_time` + `join_time` (the replacement's allocation, start and state transfer from a
+  peer) and billed from allocation on.
+* With k live replicas a step of the global batch takes `step_time / k + sync_time` (data
+  parallel; `sync_time` is the all-reduce). A kill without notice costs the survivors the step
+  in flight and `pause` seconds (the lighthouse's detection; measured by
+  benchmarks/bench_elastic.py); a notice costs nothing (the replica leaves after its step).
+* Below `min_instances` live replicas nobody trains. When none is live the job restores from
+  the store: the work since the last store checkpoint is redone. Store checkpoints are taken
+  every `save_every` steps if set, else at Daly's interval for the *group* MTTP
+  (`spotnb.policy.group`), each blocking the step for `save_time`.
+
+Time is wall time; cost is instance-seconds at the spot price. `liveput` samples the steps
+per second over time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from spotnb.policy.group import group_mttp
+from spotnb.policy.intervals import daly_interval
+from spotnb.sim.scenario import Scenario, mean_of
+
+__all__ = ["FleetResult", "simulate_fleet", "plan_instances"]
+
+
+@dataclass
+class FleetResult:
+    instances: int
+    wall: float
+    cost: float
+    recompute: float  # wall seconds of training redone (steps in flight at kills, store restores)
+    group_losses: int
+    preemptions: int
+    liveput: list[tuple[float, float]] = field(default_factory=list)  # (t, steps/s) samples
+
+    @property
+    def steps_per_dollar(self) -> float:
+        return math.inf if self.cost <= 0 else 1.0 / self.cost
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "instances": self.instances,
+            "wall": self.wall,
+            "cost": self.cost,
+            "recompute": self.recompute,
+            "group_losses": self.group_losses,
+            "preemptions": self.preemptions,
+        }
+
+
+def simulate_fleet(
+    scenario: Scenario,
+    instances: int,
+    rng: random.Random,
+    *,
+    min_instances: int = 1,
+    join_time: float = 0.1,
+    sync_time: float = 0.0,
+    pause: float = 0.25,
+    sample_every: float | None = None,
+) -> FleetResult:
+    """One run of `scenario` on `instances` instances (see the module docstring)."""
+    if instances < 1 or min_instances < 1 or min_instances > instances:
+        raise ValueError(f"need 1 <= min_instances <= instances, got {min_instances}, {instances}")
+    process = scenario.process()
+    step1 = scenario.mean_step_time
+    replace = mean_of(scenario.alloc_time) + mean_of(scenario.prep_time) + join_time
+    mttp = getattr(process, "mttp", None) or 3600.0
+    gm = group_mttp(float(mttp), instances, replace) if math.isfinite(mttp) else math.inf
+    save = mean_of(scenario.save_time)
+    if scenario.save_every:
+        save_every_s = scenario.save_every * (step1 / instances + sync_time)
+    elif math.isfinite(gm):
+        save_every_s = daly_interval(save, gm, replace)
+    else:
+        save_every_s = math.inf
+    # a save that costs nothing would be taken continuously (Daly's interval is 0): take it at
+    # most once per step of the full group, which is what the runtime can do
+    save_every_s = max(save_every_s, step1 / instances + sync_time)
+    # each slot its own copy of the process (a trace replays the same waves in every slot:
+    # real markets reclaim capacity from all instances of a zone at once) and its own draws
+    procs = [process.fresh() for _ in range(instances)]
+    rngs = [random.Random(rng.random()) for _ in range(instances)]
+    up = [True] * instances
+    events: list[tuple[float, int, str]] = []
+
+    def next_kill(now: float, slot: int) -> float:
+        return procs[slot].next_preemption(now, rngs[slot])
+
+    for k in range(instances):
+        heapq.heappush(events, (next_kill(0.0, k), k, "kill"))
+    t, done, last_ckpt_step, last_ckpt_t = 0.0, 0.0, 0.0, 0.0
+    billed = [0.0] * instances  # when each slot's current instance started billing
+    cost = recompute = 0.0
+    losses = preemptions = 0
+    liveput: list[tuple[float, float]] = []
+    sample = sample_every or max(1.0, scenario.work / 200)
+    next_sample = 0.0
+    total = float(scenario.steps)
+    price = scenario.spot_price / 3600.0
+    while done < total:
+        live = sum(up)
+        rate = live / (step1 + live * sync_time) if live >= min_instances else 0.0
+        t_next = events[0][0] if events else math.inf
+        # time to finish, and the next store checkpoint while training
+        t_finish = t + (total - done) / rate if rate > 0 else math.inf
+        t_ckpt = max(t, last_ckpt_t + save_every_s) if rate > 0 else math.inf
+        # an event due during a save or a pause happens when it ends
+        t_step = max(t, min(t_next, t_finish, t_ckpt))
+        if not math.isfinite(t_step):
+            raise RuntimeError("the simulated job can never finish (no live instance, none coming)")
+        while next_sample <= t_step:
+            liveput.append((next_sample, rate))
+            next_sample += sample
+        done += rate * (t_step - t)
+        t = t_step
+        if t == t_finish:
+            break
+        if t == t_ckpt and t_ckpt <= t_next:
+            t += save  # the save blocks the step
+            last_ckpt_step, last_ckpt_t = done, t
+            continue
+        _, k, what = heapq.heappop(events)
+        if what == "kill":
+            preemptions += 1
+            up[k] = False
+            cost += (t - billed[k]) * price
+            if sum(up) == 0:  # the whole group is gone: back to the store's checkpoint
+                losses += 1
+                lost_steps = done - last_ckpt_step
+                recompute += lost_steps * step1 / instances
+                done = last_ckpt_step
+            elif rate > 0:  # the survivors redo the step in flight after a short pause
+                done = max(last_ckpt_step, done - 1.0)
+                recompute += 1.0 / rate + pause
+                t += pause
+            heapq.heappush(events, (t + mean_of(scenario.alloc_time), k, "billed"))
+            heapq.heappush(events, (t + replace, k, "join"))
+        elif what == "billed":
+            billed[k] = t
+        else:  # join
+            up[k] = True
+            if sum(up) == 1:  # a cold start restores from the store
+                last_ckpt_t = t
+            heapq.heappush(events, (next_kill(t, k), k, "kill"))
+    for k in range(instances):
+        if up[k]:
+            cost += (t - billed[k]) * price
+    return FleetResult(instances, t, cost, recompute, losses, preemptions, liveput)
+
+
+def plan_instances(
+    scenario: Scenario, counts: list[int], runs: int = 20, seed: int = 0, **kw: Any
+) -> list[dict[str, Any]]:
+    """Mean wall time, cost and progress per dollar for each instance count, best first (by
+    steps per dollar, then time). Parcae's question: how many instances to rent."""
+    rows = []
+    for n in counts:
+        results = [simulate_fleet(scenario, n, random.Random(seed * 1000 + i), **kw) for i in range(runs)]
+        wall = statistics.mean(r.wall for r in results)
+        cost = statistics.mean(r.cost for r in results)
+        rows.append(
+            {
+                "instances": n,
+                "wall_s": wall,
+                "wall_sd": statistics.pstdev(r.wall for r in results),
+                "cost": cost,
+                "steps_per_dollar": scenario.steps / cost if cost > 0 else math.inf,
+                "recompute_s": statistics.mean(r.recompute for r in results),
+                "group_losses": statistics.mean(r.group_losses for r in results),
+                "preemptions": statistics.mean(r.preemptions for r in results),
+            }
+        )
+    return sorted(rows, key=lambda r: (-r["steps_per_dollar"], r["wall_s"]))

@@ -1,0 +1,68 @@
+"""The simulator of jobs on several instances (`spotnb.sim.fleet`) and `spotnb plan`."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+
+from spotnb.sim.fleet import plan_instances, simulate_fleet
+from spotnb.sim.scenario import Scenario
+
+
+def test_without_preemptions_time_and_cost_follow_from_the_step_time() -> None:
+    sc = Scenario(steps=1000, step_time=0.8, spot_price=3.6)
+    for n in (1, 2, 4):
+        r = simulate_fleet(sc, n, random.Random(0), sync_time=0.1)
+        assert r.wall == pytest.approx(1000 / (n / (0.8 + n * 0.1)))
+        assert r.cost == pytest.approx(n * r.wall * 3.6 / 3600)
+        assert r.preemptions == r.group_losses == 0 and r.recompute == 0
+
+
+def test_one_instance_loses_the_job_at_every_preemption_several_rarely() -> None:
+    sc = Scenario(steps=20_000, step_time=0.5, save_time=2, alloc_time=60, prep_time=120, mttp=1800)
+    one = [simulate_fleet(sc, 1, random.Random(i)) for i in range(10)]
+    four = [simulate_fleet(sc, 4, random.Random(i)) for i in range(10)]
+    assert all(r.group_losses == r.preemptions for r in one)
+    assert sum(r.group_losses for r in one) > 20
+    assert sum(r.group_losses for r in four) <= 2
+    assert sum(r.recompute for r in four) < sum(r.recompute for r in one) / 10
+
+
+def test_plan_ranks_counts_by_progress_per_dollar() -> None:
+    sc = Scenario(steps=5000, step_time=1.0, alloc_time=60, prep_time=60, mttp=3600, spot_price=1.0)
+    rows = plan_instances(sc, [1, 2, 4], runs=5, sync_time=0.2)
+    per_dollar = [r["steps_per_dollar"] for r in rows]
+    assert per_dollar == sorted(per_dollar, reverse=True)
+    assert {r["instances"] for r in rows} == {1, 2, 4}
+
+
+def test_plan_cli(tmp_path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("steps: 2000\nstep_time: 1.0\nmttp: 3600\nalloc_time: 60\nspot_price: 1.0\n")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spotnb.cli",
+            "plan",
+            "--scenario",
+            str(path),
+            "--instances",
+            "1,2",
+            "--runs",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "steps/$" in out and out.count("\n") >= 4
+    bad = subprocess.run(
+        [sys.executable, "-m", "spotnb.cli", "plan", "--scenario", str(path), "--instances", "0"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "--instances" in bad.stderr
