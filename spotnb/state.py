@@ -176,7 +176,9 @@ class Incarnation:
             self.allocated,
             self.ready,
             self.end,
-            self.preempted,
+            # an instance that left after a notice lost no work: its tail after the last
+            # report is the leave (upload, goodbye), not recompute
+            self.preempted and self.end_how != "evacuated",
             self.progress,
             self.spot_price or 0.0,
             self.on_demand_price or 0.0,
