@@ -49,3 +49,37 @@ def spotnb_fit(ctx: Any, steps: int = 300) -> dict[str, float]:
         ctx.log(loss=loss.item())
         time.sleep(STEP_SLEEP)
     return {"loss": float(loss.item())}
+
+
+def teacher_batch(step: int, replica: int, replicas: int, size: int = GLOBAL_BATCH) -> tuple[Any, Any]:
+    """A learnable task (labels from a fixed random teacher network), for comparing how well
+    the sync strategies train, not only how fast: this replica's share of step `step`."""
+    g = torch.Generator().manual_seed(10_000 + step)
+    x = torch.randn(size, 64, generator=g)
+    teacher = torch.Generator().manual_seed(7)
+    w = torch.randn(64, 10, generator=teacher)
+    y = (x @ w).argmax(dim=1)
+    lo, hi = replica * size // replicas, (replica + 1) * size // replicas
+    return x[lo:hi], y[lo:hi]
+
+
+def spotnb_fit_teacher(ctx: Any, steps: int = 200, step_sleep: float = 0.0) -> dict[str, float]:
+    """benchmarks/bench_sync.py: the teacher task, evaluated at the end on a held-out batch."""
+    torch.set_num_threads(1)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, opt = ctx.replicate(model, opt)
+    ctx.track(model=model, optimizer=opt)
+    for step in ctx.steps(steps):
+        x, y = teacher_batch(step, ctx.replica, ctx.replicas)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(loss=loss.item())
+        if step_sleep:
+            time.sleep(step_sleep)
+    x, y = teacher_batch(10**9, 0, 1, size=2048)
+    with torch.no_grad():
+        held_out = torch.nn.functional.cross_entropy(model(x), y).item()
+    return {"held_out_loss": held_out}

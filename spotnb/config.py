@@ -112,7 +112,8 @@ class _GenericConfig(BaseModel):
     sync: str = Field(
         "ddp",
         description="How replicas agree: 'ddp' (average gradients every step), 'local_sgd:K' "
-        "(average weights every K steps) or 'diloco:K' (outer Nesterov step every K steps).",
+        "(average weights every K steps), 'diloco:K' (outer Nesterov step every K steps) or "
+        "'auto' (ddp while the all-reduce is cheap next to the step, local SGD when it is not).",
     )
 
     def __init__(self, **data: Any) -> None:
@@ -293,11 +294,6 @@ class _GenericConfig(BaseModel):
                     f"{field} applies to jobs on several instances; set instances=N (N > 1) or remove {field}"
                 )
             return
-        if self.sync != "ddp":
-            raise ValueError(
-                f"sync={self.sync!r}: this version synchronises every step ('ddp'); local SGD and "
-                "DiLoCo are not built yet. Remove sync (or set sync='ddp')"
-            )
         if self.procs_per_instance not in (None, 1):
             raise ValueError(
                 f"procs_per_instance={self.procs_per_instance}: one process per instance is what "

@@ -91,6 +91,7 @@ __all__ = [
     "Preempted",
     "Exited",
     "Quorum",
+    "SyncChanged",
     "Segment",
 ]
 
@@ -188,6 +189,7 @@ class EventKind(StrEnum):
     SEGMENT = "segment"
     BOOTSTRAP = "bootstrap"
     QUORUM = "quorum"
+    SYNC = "sync"
 
 
 # -- the record types ---------------------------------------------------------------------------
@@ -422,6 +424,21 @@ class Quorum(Event):
     healed: bool = False
     heal_s: float | None = None
     wait_s: float | None = None
+
+
+@_kind(EventKind.SYNC)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SyncChanged(Event):
+    """`sync="auto"` changed how the replicas agree, from `step` on: `sync` ("ddp" or
+    "local_sgd") every `every` steps, was `was`; the figures it decided on (averaged over the
+    replicas): `compute_s` per step against `comm_s` per all-reduce."""
+
+    step: int
+    sync: str
+    every: int
+    was: str
+    compute_s: float
+    comm_s: float
 
 
 @_kind(EventKind.STOPPED)

@@ -50,6 +50,7 @@ FEED_KINDS = frozenset(
         "warning",
         "hint",
         "job_resumed",
+        "sync",
     }
 )
 _SILENT = frozenset({"heartbeat", "segment"})

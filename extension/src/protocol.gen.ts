@@ -6,8 +6,8 @@ export const PROTOCOL_VERSION = 1;
 export type JobStatus = "pending" | "running" | "preempted" | "restoring" | "succeeded" | "failed" | "stopped" | "lost";
 export const JOB_STATUSES: readonly JobStatus[] = ["pending", "running", "preempted", "restoring", "succeeded", "failed", "stopped", "lost"];
 
-export type EventKind = "submitted" | "status" | "controller_restarted" | "job_resumed" | "allocating" | "alloc_failed" | "launched" | "allocated" | "started" | "files" | "ready" | "resumed" | "metrics" | "progress" | "heartbeat" | "notice" | "hint" | "checkpoint" | "checkpoint_skipped" | "checkpoint_failed" | "checkpoint_invalid" | "emergency_skipped" | "evacuating" | "evacuated" | "done" | "error" | "warning" | "stopped" | "preempted" | "exited" | "segment" | "bootstrap" | "quorum";
-export const EVENT_KINDS: readonly EventKind[] = ["submitted", "status", "controller_restarted", "job_resumed", "allocating", "alloc_failed", "launched", "allocated", "started", "files", "ready", "resumed", "metrics", "progress", "heartbeat", "notice", "hint", "checkpoint", "checkpoint_skipped", "checkpoint_failed", "checkpoint_invalid", "emergency_skipped", "evacuating", "evacuated", "done", "error", "warning", "stopped", "preempted", "exited", "segment", "bootstrap", "quorum"];
+export type EventKind = "submitted" | "status" | "controller_restarted" | "job_resumed" | "allocating" | "alloc_failed" | "launched" | "allocated" | "started" | "files" | "ready" | "resumed" | "metrics" | "progress" | "heartbeat" | "notice" | "hint" | "checkpoint" | "checkpoint_skipped" | "checkpoint_failed" | "checkpoint_invalid" | "emergency_skipped" | "evacuating" | "evacuated" | "done" | "error" | "warning" | "stopped" | "preempted" | "exited" | "segment" | "bootstrap" | "quorum" | "sync";
+export const EVENT_KINDS: readonly EventKind[] = ["submitted", "status", "controller_restarted", "job_resumed", "allocating", "alloc_failed", "launched", "allocated", "started", "files", "ready", "resumed", "metrics", "progress", "heartbeat", "notice", "hint", "checkpoint", "checkpoint_skipped", "checkpoint_failed", "checkpoint_invalid", "emergency_skipped", "evacuating", "evacuated", "done", "error", "warning", "stopped", "preempted", "exited", "segment", "bootstrap", "quorum", "sync"];
 
 export type Outcome = "done" | "preempted" | "evacuated" | "lost" | "stopped" | "user_error" | "crashed" | "not needed";
 export const OUTCOMES: readonly Outcome[] = ["done", "preempted", "evacuated", "lost", "stopped", "user_error", "crashed", "not needed"];
@@ -166,6 +166,21 @@ export interface QuorumEvent {
   healed?: boolean;
   heal_s?: number | null;
   wait_s?: number | null;
+  [extra: string]: unknown;
+}
+
+/** `sync="auto"` changed how the replicas agree, from `step` on: `sync` ("ddp" or "local_sgd") every `every` steps, was `was`; the figures it decided on (averaged over the replicas): `compute_s` per step against `comm_s` per all-reduce. */
+export interface SyncChangedEvent {
+  kind: "sync";
+  t: number;
+  incarnation: number;
+  gen?: number;
+  step: number;
+  sync: string;
+  every: number;
+  was: string;
+  compute_s: number;
+  comm_s: number;
   [extra: string]: unknown;
 }
 
@@ -457,6 +472,7 @@ export type SpotEvent =
   | PreemptedEvent
   | ExitedEvent
   | QuorumEvent
+  | SyncChangedEvent
   | StoppedEvent
   | BootstrapEvent
   | StartedEvent

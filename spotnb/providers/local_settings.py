@@ -47,12 +47,36 @@ class LocalSettings(ProviderSettings):
         "aws", description="Which cloud's metadata protocol the emulator speaks."
     )
     local_upload_bps: float | None = Field(None, gt=0, description="Emulated upload bandwidth, bytes/s.")
+    local_link_delay: dict[int, Duration] | None = Field(
+        None,
+        description="Emulated slow links of a job on several instances: {k: seconds} adds that "
+        "latency to every all-reduce of the k-th instance (e.g. a replacement in another region).",
+    )
     local_seed: int | None = Field(None, description="Seed of the local market's random draws.")
 
     @field_validator("local_seed", mode="before")
     @classmethod
     def _local_no_bool(cls, v: Any) -> Any:
         return no_bool(v)
+
+    @field_validator("local_link_delay", mode="before")
+    @classmethod
+    def _local_links(cls, v: Any) -> Any:
+        if v is None:
+            return None
+        if not isinstance(v, dict):
+            raise ValueError("give {instance index: seconds}, e.g. {1: '300ms'}")
+        out = {}
+        for k, d in v.items():
+            if isinstance(k, str) and k.isdigit():  # JSON (the job spec) keeps keys as strings
+                k = int(k)
+            if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+                raise ValueError(f"instance {k!r}: give a whole number >= 0 (the instance's index)")
+            sec = parse_duration(d)
+            if not 0 <= sec <= 60:
+                raise ValueError(f"instance {k}: a delay of {d!r}; give 0 to 60 seconds")
+            out[k] = sec
+        return out
 
     @field_validator("local_mttp", "local_grace", mode="before")
     @classmethod
@@ -127,6 +151,13 @@ class LocalSettings(ProviderSettings):
 
     @classmethod
     def check_config(cls, config: Any) -> None:
+        links = config.local_link_delay or {}
+        if links and (config.instances <= 1 or max(links) >= config.instances):
+            raise ValueError(
+                f"local_link_delay names instance {max(links)}, but the job has "
+                f"instances={config.instances} (numbered 0 to {config.instances - 1}; slow links "
+                "need several instances)"
+            )
         if config.price_spot is None or config.price_on_demand is None:
             from spotnb.prices import lookup_price
 

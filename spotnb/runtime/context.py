@@ -28,6 +28,10 @@ __all__ = ["Context", "Evacuate"]
 
 _NEVER = 2**62
 _RESERVED = frozenset({"step", "t", "incarnation", "replica"})  # row keys spotnb fills in
+#: the tracked entry holding a replicated job's sync mode, step and DiLoCo outer momentum
+SYNC_KEY = "_spotnb_sync"
+#: seconds a replica keeps free before a notice's deadline when it finishes its window first
+NOTICE_MARGIN_S = 3.0
 
 
 class Evacuate(BaseException):
@@ -116,6 +120,7 @@ class Context:
         self._elastic = elastic  # this job trains on several instances (None: one)
         self._rep: Replication | None = None
         self._replicated = False
+        self._window_compute = 0.0  # compute seconds counted when the current window began
 
     # -- public API ------------------------------------------------------------------------
     @property
@@ -161,6 +166,7 @@ class Context:
         if self._elastic is None:
             return model, optimizer
         self._rep = Replication(self._elastic, self.job_id, self._peer_state, self._load_peer_state)
+        self._tracked[SYNC_KEY] = self._rep.sync  # checkpointed and sent to peers with the rest
         return model, ReplicatedOptimizer(optimizer, self._rep)
 
     def _peer_state(self) -> dict[str, Any]:
@@ -224,7 +230,7 @@ class Context:
         for name, obj in self._tracked.items():
             if name in objects:
                 obj.load_state_dict(objects[name])
-            else:
+            elif name != SYNC_KEY:  # a checkpoint of a one-instance run has none: ddp goes on
                 self._emit(
                     ev.JobWarning(
                         message=f"checkpoint {manifest.seq} has no state for "
@@ -264,22 +270,60 @@ class Context:
         rep = self._rep
         assert rep is not None
         first = True
-        while first or rep.step < n:
-            changed = rep.begin_step()
-            if first:
-                first = False
-                self._first_quorum(changed)
-            if changed is not None:
-                self._emit(ev.Quorum(**changed))
-            self._step = rep.step
+        while True:
+            if not rep.window_open:  # ddp: every step; local SGD / DiLoCo: every window
+                changed = rep.begin_step(first=first)
+                if first:
+                    first = False
+                    self._first_quorum(changed)
+                if changed is not None:
+                    self._emit(ev.Quorum(**changed))
+                self._step = rep.step
+                self._window_compute = self._compute_s
             if self._step >= n:
                 break
             self._slots[0] = self._step
             yield self._step
-            self._end_step(committed=rep.end_step())
+            self._end_replicated_step(rep.end_step(last=self._step + 1 >= n))
         self._step = rep.step
         self._in_loop = False
         rep.leave()
+
+    def _end_replicated_step(self, outcome: bool | None) -> None:
+        """`outcome`: None, a step inside a window (it counts locally; saves wait for the
+        window's end, a notice too unless the window cannot end before the deadline); True,
+        the step or window committed; False, the group redoes it (a window's time so far is
+        recompute)."""
+        rep = self._rep
+        assert rep is not None
+        if outcome is None:
+            self._end_step(boundary=self._must_leave_mid_window())
+            return
+        if outcome is False and rep.windowed:
+            lost = self._compute_s - self._window_compute
+            self._compute_s -= lost
+            self._recompute_s += lost
+        if outcome and rep.windowed:
+            self._end_step(committed=True, boundary=False)  # the window's last step
+            self._step = rep.step
+            self._slots[0] = self._step
+            if self._step >= self._next_save:
+                self._boundary()
+        else:
+            self._end_step(committed=outcome)
+        if outcome and rep.switched is not None and rep.replica == 0:
+            self._emit(ev.SyncChanged(**rep.switched))
+
+    def _must_leave_mid_window(self) -> bool:
+        """A notice inside a window: stay to its end (no failed window) when it ends before the
+        deadline with room to spare, else leave now (the peers redo the window)."""
+        rep = self._rep
+        notice = self._notice
+        if rep is None or notice is None or self._notice_handled:
+            return False
+        step_time = (self._compute_s + self._recompute_s) / max(1, self._timed_steps)
+        need = (rep.sync.every - rep.local) * step_time + rep.last_comm + NOTICE_MARGIN_S
+        return need >= notice.deadline - time.time()
 
     def _first_quorum(self, changed: dict[str, Any] | None) -> None:
         """After the first quorum: a replica that came to join live peers but found none ahead
@@ -388,7 +432,7 @@ class Context:
     def _elastic_join(self) -> bool:
         return bool(self._elastic is not None and self._elastic.join)
 
-    def _end_step(self, committed: bool = True) -> None:
+    def _end_step(self, committed: bool = True, boundary: bool = True) -> None:
         now = time.perf_counter()
         dt = now - self._t_last
         self._t_last = now
@@ -403,7 +447,7 @@ class Context:
         else:
             self._recompute_s += dt
         self._timed_steps += 1
-        if self._step >= self._next_save:
+        if boundary and self._step >= self._next_save:
             self._boundary()
 
     def _boundary(self) -> None:

@@ -14,12 +14,21 @@ that onto `ctx.steps`:
   was killed mid-step) is redone with the new quorum: each step's global batch is applied
   exactly once whatever the membership does.
 
+With `sync="local_sgd:K"` or `"diloco:K"` the replicas train K steps on their own and agree
+once per *window*: the quorum is asked at the window's start (so the batch split holds for
+the window), the weights (local SGD) or the pseudo-gradient (DiLoCo: an outer Nesterov step,
+Douillard et al. 2023) are averaged at its end, and a window that cannot commit is undone
+(every tracked object back to its start) and redone with the new quorum: exactly once, per
+window. `sync="auto"` starts with ddp and switches at commit points, from the measured cost
+of the all-reduce against the step (`spotnb.sync.choose_sync`), without a restart.
+
 ARCHITECTURE.md, "Several instances", has the whole picture (what the controller does, who
 writes the store's checkpoints, the group loss rate the policies use).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import socket
@@ -30,9 +39,9 @@ from typing import Any
 
 import torch
 
-from spotnb.sync import SyncSpec
+from spotnb.sync import SyncSpec, choose_sync
 
-__all__ = ["Replication", "ReplicatedOptimizer", "Elastic"]
+__all__ = ["Replication", "ReplicatedOptimizer", "Elastic", "SyncState"]
 
 log = logging.getLogger("spotnb.elastic")
 
@@ -40,6 +49,8 @@ log = logging.getLogger("spotnb.elastic")
 COLLECTIVE_TIMEOUT = timedelta(seconds=float(os.environ.get("SPOTNB_COLLECTIVE_TIMEOUT", "30")))
 #: Longest a replica waits for a quorum (below `min_instances` it waits for a replacement).
 QUORUM_RETRIES = 600
+#: Longest a cold-starting replica waits for all its peers before training with fewer.
+COLD_START_WAIT = float(os.environ.get("SPOTNB_COLD_START_WAIT", "30"))
 QUORUM_TIMEOUT = timedelta(seconds=float(os.environ.get("SPOTNB_QUORUM_TIMEOUT", "3600")))
 
 
@@ -51,6 +62,54 @@ class Elastic:
     ) -> None:
         self.lighthouse, self.slot, self.instances = lighthouse, slot, instances
         self.min_instances, self.join, self.sync = min_instances, join, sync
+
+
+#: DiLoCo's outer optimizer (the paper's: Nesterov momentum, lr 0.7, momentum 0.9)
+OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9
+#: the local market's emulated slow link: extra seconds before each all-reduce of this replica
+LINK_DELAY_ENV = "SPOTNB_LINK_DELAY"
+
+
+class SyncState:
+    """How the group synchronises now, tracked with the user's objects (checkpointed, and sent
+    to a recovering peer with them) so a replacement and a restored job continue in the same
+    mode, at the same step, with the same measurements and DiLoCo's outer momentum."""
+
+    def __init__(self, spec: SyncSpec) -> None:
+        self.auto = spec.kind == "auto"
+        self.mode = "ddp" if self.auto else spec.kind
+        self.every = spec.every
+        self.step = 0  # the group's committed step
+        self.samples: list[tuple[float, float]] = []  # (compute_s, comm_s), the same on every replica
+        self.outer: torch.optim.Optimizer | None = None
+        self._outer_state: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "every": self.every,
+            "step": self.step,
+            "samples": list(self.samples),
+            "outer": self.outer.state_dict() if self.outer is not None else self._outer_state,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.mode, self.every = str(state["mode"]), int(state["every"])
+        self.step = int(state["step"])
+        self.samples = [(float(c), float(m)) for c, m in state.get("samples", [])]
+        outer = state.get("outer")
+        if outer is not None and self.outer is not None:
+            self.outer.load_state_dict(outer)
+        else:
+            self._outer_state = outer
+
+    def outer_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        if self.outer is None:
+            self.outer = torch.optim.SGD(params, lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True)
+            if self._outer_state is not None:
+                self.outer.load_state_dict(self._outer_state)
+                self._outer_state = None
+        return self.outer
 
 
 class Replication:
@@ -77,7 +136,9 @@ class Replication:
         self.manager = Manager(
             pg=pg,
             load_state_dict=load_fn,
-            state_dict=state_fn,
+            # a windowed peer goes on training while the recovering replica reads: send a copy
+            # of the state at the window's start, not the live tensors
+            state_dict=lambda: copy.deepcopy(state_fn()) if self.windowed else state_fn(),
             min_replica_size=elastic.min_instances,
             use_async_quorum=False,  # the batch split must be known before the forward pass
             rank=0,
@@ -100,24 +161,59 @@ class Replication:
         self.quorum_id = -1
         self.committed_this_step: bool | None = None  # None: the optimizer was not stepped
         self.failed_steps = 0
+        self._ddp_ok = False
+        self.sync = SyncState(elastic.sync)
+        self.link_delay = float(os.environ.get(LINK_DELAY_ENV) or 0.0)
+        self.params: list[torch.Tensor] = []  # set by ReplicatedOptimizer
+        self.local = 0  # steps trained in the current window
+        self._window_start: dict[str, Any] | None = None  # the state to return to if it fails
+        self._start_params: list[torch.Tensor] = []
+        self._snapshot_fn = state_fn
+        self._restore_fn = load_fn
+        self._t_compute = time.perf_counter()
+        self._compute_s = 0.0
+        self.last_comm = 0.0
+        self.switched: dict[str, Any] | None = None  # set when `auto` changed the mode
 
     @property
     def step(self) -> int:
         """The group's committed step (what a recovering peer receives with the state)."""
-        return self.manager.current_step()
+        return self.sync.step
+
+    @property
+    def windowed(self) -> bool:
+        return self.sync.mode != "ddp"
 
     def set_step(self, step: int) -> None:
         """After a restore from the store: the group's step is the checkpoint's."""
+        self.sync.step = step
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
 
-    def begin_step(self) -> dict[str, Any] | None:
+    def begin_step(self, first: bool = False) -> dict[str, Any] | None:
         """Ask for this step's quorum (healing from a peer first if behind). Returns what
-        changed, for a `Quorum` event, or None when the membership is the same."""
+        changed, for a `Quorum` event, or None when the membership is the same.
+
+        `first` on a cold start (every instance launched together, none joining live peers):
+        wait, up to `COLD_START_WAIT`, until every instance is in the quorum. The lighthouse
+        forms a quorum `JOIN_TIMEOUT_MS` after the first request, so replicas that start a
+        little apart would otherwise train the first steps in separate groups, which agree on
+        the step count but not, to the last bit, on the weights."""
         t0 = time.perf_counter()
         before = self.manager.current_step()
         self.manager.start_quorum()
+        if first and not self.elastic.join:
+            deadline = time.monotonic() + COLD_START_WAIT
+            while self.manager.num_participants() < self.elastic.instances and time.monotonic() < deadline:
+                time.sleep(0.05)  # a poll of the lighthouse, which has no "wait for N" request
+                self.manager.start_quorum()
         wait_s = time.perf_counter() - t0
         self.committed_this_step = None
+        self.local = 0
+        if self.windowed:  # what a failed window returns to (ddp never applies a failed step)
+            self._window_start = copy.deepcopy(self._snapshot_fn())
+            self._start_params = [p.detach().clone() for p in self.params]
+        self._t_compute = time.perf_counter()
+        self._compute_s = 0.0
         rank = self.manager.participating_rank()
         self.replicas = max(1, self.manager.num_participants())
         self.replica = rank if rank is not None else 0
@@ -127,7 +223,7 @@ class Replication:
             return None
         self.quorum_id = quorum_id
         return {
-            "step": self.manager.current_step(),
+            "step": self.step,
             "replicas": self.replicas,
             "replica": rank,
             "quorum_id": quorum_id,
@@ -136,8 +232,15 @@ class Replication:
             "wait_s": wait_s,
         }
 
-    def end_step(self) -> bool:
-        """After the user's step: whether it committed. A step without `opt.step()` is a
+    @property
+    def window_open(self) -> bool:
+        """Whether the next step continues the current window (no quorum is asked before it)."""
+        return self.windowed and 0 < self.local < self.sync.every
+
+    def end_step(self, last: bool) -> bool | None:
+        """After the user's step. ddp: whether the step committed. Windowed: None while the
+        window goes on (the step counts locally), then whether the window committed (`last`:
+        the job's final step closes the window early). A step without `opt.step()` is a
         mistake spotnb cannot repair (the group would never advance): say so."""
         if self.committed_this_step is None:
             raise RuntimeError(
@@ -145,17 +248,81 @@ class Replication:
                 "once in every step: it is where the replicas average their gradients and agree "
                 "that the step counts"
             )
-        if not self.committed_this_step:
+        self.committed_this_step = None
+        if not self.windowed:
+            ok = self._ddp_ok
+            if ok:
+                self.sync.step += 1
+                self._decide()
+            else:
+                self.failed_steps += 1
+            return ok
+        self.local += 1
+        if self.local < self.sync.every and not last:
+            return None
+        ok = self._sync_window()
+        if ok:
+            self.sync.step += self.local
+            self._decide()
+        else:
             self.failed_steps += 1
-        return self.committed_this_step
+            self._restore_fn(self._window_start)  # undo the window: it is redone
+        self.local = 0
+        return ok
+
+    def _stats(self) -> torch.Tensor:
+        """This replica's (compute seconds per step, seconds of the last all-reduce): averaged
+        with the payload so every replica holds the same figures for `choose_sync`."""
+        steps = max(1, self.local if self.windowed else 1)
+        return torch.tensor([self._compute_s / steps, self.last_comm], dtype=torch.float64)
+
+    def _allreduce(self, flat: torch.Tensor) -> torch.Tensor:
+        """Average `flat` (payload, then the stats) over the quorum; returns the averaged stats."""
+        if self.link_delay:
+            time.sleep(self.link_delay)  # the local market's emulated slow link (latency)
+        stats = self._stats().to(flat.dtype) if self.sync.auto else None
+        buf = torch.cat([flat, stats]) if stats is not None else flat
+        self.manager.allreduce(buf).wait()
+        if stats is not None:
+            flat.copy_(buf[: flat.numel()])
+            return buf[flat.numel() :].to(torch.float64)
+        return torch.zeros(2, dtype=torch.float64)
+
+    def _sample(self, stats: torch.Tensor, t0: float) -> None:
+        self.last_comm = time.perf_counter() - t0
+        if self.sync.auto and float(stats[0]) > 0.0:
+            self.sync.samples = [*self.sync.samples, (float(stats[0]), float(stats[1]))][-8:]
+
+    def _decide(self) -> None:
+        """`auto`: after a commit, every replica applies the same rule to the same figures."""
+        self.switched = None
+        if not self.sync.auto:
+            return
+        before = (self.sync.mode, self.sync.every)
+        after = choose_sync(before[0], before[1], self.sync.samples)
+        if after != before:
+            compute, comm = self.sync.samples[-1]
+            self.sync.mode, self.sync.every = after
+            self.sync.samples = []  # measure the new mode afresh
+            self.switched = {
+                "step": self.sync.step,
+                "sync": after[0],
+                "every": after[1],
+                "was": before[0],
+                "compute_s": compute,
+                "comm_s": comm,
+            }
 
     def average_gradients_and_commit(self, params: list[torch.Tensor]) -> bool:
-        """All-reduce (average) every gradient over the quorum in one flat buffer, then ask the
-        group whether the step counts; a failure anywhere makes every member redo it."""
+        """ddp: all-reduce (average) every gradient over the quorum in one flat buffer, then ask
+        the group whether the step counts; a failure anywhere makes every member redo it."""
+        self._compute_s += time.perf_counter() - self._t_compute
+        t0 = time.perf_counter()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        stats = torch.zeros(2, dtype=torch.float64)
         if grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
-            self.manager.allreduce(flat).wait()
+            stats = self._allreduce(flat)
             offset = 0
             for p, g in zip(params, grads, strict=True):
                 n = g.numel()
@@ -166,7 +333,50 @@ class Replication:
                     p.grad.copy_(chunk)
                 offset += n
         ok = bool(self.manager.should_commit())
-        self.committed_this_step = ok
+        self._sample(stats, t0)
+        self._ddp_ok = ok
+        self.committed_this_step = True
+        self._t_compute = time.perf_counter()
+        self._compute_s = 0.0
+        return ok
+
+    def local_step(self) -> None:
+        """Windowed modes: the user's optimizer stepped locally (nothing leaves the replica)."""
+        self.committed_this_step = True
+
+    def _sync_window(self) -> bool:
+        """The window's end: local SGD averages the weights, DiLoCo the pseudo-gradients
+        (start − now) and takes the outer step from the start; both only if the group commits."""
+        self._compute_s += time.perf_counter() - self._t_compute
+        t0 = time.perf_counter()
+        params = self.params
+        if self.sync.mode == "diloco":
+            flat = torch.cat(
+                [(s - p.detach()).reshape(-1) for s, p in zip(self._start_params, params, strict=True)]
+            )
+        else:
+            flat = torch.cat([p.detach().reshape(-1) for p in params])
+        stats = self._allreduce(flat)
+        ok = bool(self.manager.should_commit())
+        self._sample(stats, t0)
+        if ok:
+            offset = 0
+            outer = self.sync.outer_optimizer(params) if self.sync.mode == "diloco" else None
+            with torch.no_grad():
+                for i, p in enumerate(params):
+                    n = p.numel()
+                    chunk = flat[offset : offset + n].view_as(p)
+                    if outer is not None:
+                        p.copy_(self._start_params[i])
+                        p.grad = chunk.clone()
+                    else:
+                        p.copy_(chunk)
+                    offset += n
+            if outer is not None:
+                outer.step()
+                outer.zero_grad(set_to_none=True)
+        self._t_compute = time.perf_counter()
+        self._compute_s = 0.0
         return ok
 
     def leave(self) -> None:
@@ -184,6 +394,7 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
     def __init__(self, optim: torch.optim.Optimizer, replication: Replication) -> None:
         # deliberately not calling Optimizer.__init__: every attribute is the wrapped one's
         self.optim, self._replication = optim, replication
+        replication.params = [p for g in optim.param_groups for p in g["params"] if p.requires_grad]
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
@@ -203,8 +414,13 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         if closure is not None:
             raise ValueError("optimizers that use a closure (LBFGS) cannot be replicated step by step")
+        rep = self._replication
         params = [p for group in self.optim.param_groups for p in group["params"] if p.requires_grad]
-        if self._replication.average_gradients_and_commit(params):
+        rep.params = params
+        if rep.windowed:
+            self.optim.step()
+            rep.local_step()
+        elif rep.average_gradients_and_commit(params):
             self.optim.step()
 
     def state_dict(self) -> dict[str, Any]:

@@ -145,6 +145,9 @@ class LocalProvider(Provider):
             env[KEY_ENV] = spec.job_key
         if self.config.local_upload_bps:
             env["SPOTNB_UPLOAD_BPS"] = str(self.config.local_upload_bps)
+        link = (self.config.local_link_delay or {}).get(spec.slot)
+        if link:
+            env["SPOTNB_LINK_DELAY"] = str(link)
         command = [sys.executable if c == "python" else c for c in spec.command]
         with self._lock:  # close() must never miss an instance started while it runs
             if self._closing.is_set():
