@@ -31,7 +31,10 @@ from spotnb.policy.group import group_mttp
 from spotnb.protocol import TERMINAL, JobStatus, Outcome
 from spotnb.providers.base import Instance, InstanceState, InstanceStatus
 
-__all__ = ["FleetController", "make_controller"]
+__all__ = ["FleetController", "make_controller", "AFTER_DONE_GRACE"]
+
+#: seconds a replica may go on after the job's first `done` before it is ended as not needed
+AFTER_DONE_GRACE = 15.0
 
 
 @dataclass
@@ -65,6 +68,7 @@ class FleetController(Controller):
         self._next_n = max(self.job.state.incs, default=0) + 1
         self.slots = [_Slot(k) for k in range(self.config.instances)]
         self._succeeded = False
+        self._succeeded_at: float | None = None
         self._status(JobStatus.PENDING if self._next_n == 1 else JobStatus.RESTORING)
         for slot in self.slots:
             self._refill(slot)
@@ -153,6 +157,7 @@ class FleetController(Controller):
             slot.described = 0.0
             if kind == "done":
                 self._succeeded = True
+                self._succeeded_at = self._succeeded_at or time.time()
 
     def _tend(self, slot: _Slot) -> JobStatus | None:
         """Advance one slot; a job-ending verdict, or None."""
@@ -211,6 +216,7 @@ class FleetController(Controller):
         """What the job does after one slot's instance ended."""
         if outcome.reason == Outcome.DONE:
             self._succeeded = True
+            self._succeeded_at = self._succeeded_at or time.time()
             slot.done = True
             return None
         if self._succeeded:
@@ -235,14 +241,18 @@ class FleetController(Controller):
         return None
 
     def _dismiss_latecomers(self) -> None:
-        """The job is done (a replica returned): replicas that were not training the last
-        steps (a replacement still allocating or starting) are not needed, and must not train
-        the job again from the store on their own. Those in the last quorum end by themselves."""
+        """The job is done (a replica returned, so its result is in the store): replicas that
+        were not training the last steps (a replacement still allocating or starting) are not
+        needed, and must not train the job again from the store on their own. Those in the
+        last quorum end by themselves within moments; one still running `AFTER_DONE_GRACE`
+        seconds after the first `done` (a replacement that found no peers and trains alone
+        from the store) is ended too: nothing it computes is needed."""
+        late = self._succeeded_at is not None and time.time() - self._succeeded_at > AFTER_DONE_GRACE
         for slot in self.slots:
             cancel = getattr(slot.pending, "cancel_event", None)
             if cancel is not None:
                 cancel.set()
-            if slot.instance is not None and not slot.ready and slot.reported_end is None:
+            if slot.instance is not None and slot.reported_end is None and (not slot.ready or late):
                 self._finish_incarnation(slot.n, slot.instance, _Outcome(Outcome.NOT_NEEDED))
                 slot.instance = None
 

@@ -29,6 +29,8 @@ _STARTED = time.time()
 log = logging.getLogger("spotnb.agent")
 
 EXIT_DONE, EXIT_USER_ERROR, EXIT_EVACUATED = 0, 1, 3
+#: how long a replica other than 0 waits for replica 0's result before writing its own
+RESULT_WAIT_S = float(os.environ.get("SPOTNB_RESULT_WAIT", "30"))
 WAIT_FOR_PREVIOUS = 900.0  # seconds a replacement waits for the instance it replaces to end
 
 __all__ = ["main", "Agent", "EXIT_DONE", "EXIT_USER_ERROR", "EXIT_EVACUATED"]
@@ -186,7 +188,7 @@ class Agent:
         from spotnb.policy import resolve_policy
         from spotnb.runtime.beacon import Beacon
         from spotnb.runtime.checkpoint import Checkpointer
-        from spotnb.runtime.context import Context, Evacuate
+        from spotnb.runtime.context import Context, Evacuate, GroupFinished
         from spotnb.runtime.notice import make_watcher
 
         self.emit(
@@ -293,6 +295,19 @@ class Agent:
         except Evacuate:
             checkpointer.close()
             return self._finish(EXIT_EVACUATED)
+        except GroupFinished:  # joined a group that had just finished: nothing to train
+            checkpointer.close()
+            # done only once the peers' result is in the store: a done ends the job
+            if self._wait_for(self.store.job(self.job_id, "result.pkl"), 2 * RESULT_WAIT_S):
+                self.emit(ev.Done(result="", step=ctx.step_index))
+                return self._finish(EXIT_DONE)
+            self.emit(
+                ev.JobWarning(
+                    message="this replica joined after the last step, and no replica's result "
+                    "reached the store: it ends without one (the controller treats it as crashed)"
+                )
+            )
+            return self._finish(EXIT_USER_ERROR)
         except BaseException as exc:  # noqa: BLE001 - report everything the user's code raised
             checkpointer.wait(timeout=30)
             checkpointer.close()
@@ -309,15 +324,31 @@ class Agent:
                 "plain values, tensors or state_dicts instead",
                 exc,
             )
-        if ctx.replica == 0:  # on several instances, replica 0 returns the job's result
-            path = self.store.job(self.job_id, "result.pkl")
+        path = self.store.job(self.job_id, "result.pkl")
+        # on several instances replica 0 returns the job's result; the others hold the same
+        # state and write theirs only if replica 0's has not landed in time (it died after the
+        # last commit), so a finished job never ends without a result
+        writes = ctx.replica == 0 or not self._wait_for(path, RESULT_WAIT_S)
+        if writes:
             assert self.key is not None  # _load_spec refused the job otherwise
             self.store.write_bytes(path, seal(self.key, self.job_id, "result.pkl", pickled))
-        self.emit(ev.Done(result="result.pkl" if ctx.replica == 0 else "", step=ctx.step_index))
+        self.emit(ev.Done(result="result.pkl" if writes else "", step=ctx.step_index))
         checkpointer.close()
         if watcher:
             watcher.stop()
         return self._finish(EXIT_DONE)
+
+    def _wait_for(self, path: str, timeout: float) -> bool:
+        """Whether `path` appears in the store within `timeout` seconds (polled: a store has
+        no notifications)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.store.invalidate()
+            if self.store.exists(path):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
 
     def _elastic(self) -> Any:
         """The job's group, when it trains on several instances (None: one instance)."""

@@ -40,6 +40,13 @@ class Evacuate(BaseException):
     A BaseException so that a user's `except Exception` does not swallow it."""
 
 
+class GroupFinished(BaseException):
+    """Raised out of `ctx.steps` in a replica that joined a job on several instances when its
+    peers had already trained the last step: it has nothing to train, and the user's code
+    after the loop (which may read loop variables) must not run on it. The agent reports it
+    done without a result (its peers return the job's)."""
+
+
 def _rng_state() -> dict[str, Any]:
     import numpy as np
 
@@ -274,10 +281,15 @@ class Context:
             if not rep.window_open:  # ddp: every step; local SGD / DiLoCo: every window
                 changed = rep.begin_step(first=first)
                 if first:
-                    first = False
                     self._first_quorum(changed)
                 if changed is not None:
                     self._emit(ev.Quorum(**changed))
+                if first:
+                    first = False
+                    if rep.step >= n and self._elastic_join():
+                        self._in_loop = False
+                        rep.leave()
+                        raise GroupFinished()
                 self._step = rep.step
                 self._window_compute = self._compute_s
             if self._step >= n:

@@ -113,6 +113,15 @@ def exact_dp(ctx: Any, steps: int = 60, step_delay: float = 0.02, width: int = 8
     return {"weights": weights, "step": ctx.step_index}
 
 
+def exact_dp_slow_result(ctx: Any, steps: int, linger: float) -> dict[str, Any]:
+    """`exact_dp`, but replica 0 takes `linger` seconds to return: a kill then lands after the
+    last commit and before the job's result is written."""
+    weights = exact_dp(ctx, steps=steps, step_delay=0.02)
+    if ctx.replica == 0:
+        time.sleep(linger)
+    return weights
+
+
 def exact_c(step: int, i: int) -> int:
     return (step % 7) + i + 1
 

@@ -120,6 +120,23 @@ def test_all_replicas_lost_restores_from_the_store() -> None:
     assert saved and max(saved.values()) == 1
 
 
+def test_replica_0_lost_before_writing_the_result_another_writes_it(monkeypatch: Any) -> None:
+    """Replica 0 dies after the last step but before the result reached the store: the job
+    still ends with its result (a survivor holds the same state and writes it)."""
+    monkeypatch.setenv("SPOTNB_RESULT_WAIT", "2")  # how long the others wait for replica 0's
+    steps = 30
+    job = spot.train(
+        functools.partial(jobfns.exact_dp_slow_result, steps=steps, linger=20.0),
+        _config(instances=2, local_schedule=[{"instance": 0, "step": steps}]),
+    )
+    result = job.result(timeout=240)
+    assert result["weights"] == jobfns.exact_dp_expected(steps)
+    (killed,) = _by(job, "preempted")
+    assert _slots(job)[killed["incarnation"]] == 0
+    writers = [e for e in _by(job, "done") if e.get("result")]
+    assert writers and all(w["incarnation"] != killed["incarnation"] for w in writers)
+
+
 def test_replicas_log_their_index_and_the_job_draws_replica_0() -> None:
     steps = 40
     job = spot.train(functools.partial(jobfns.exact_dp, steps=steps, step_delay=0.02), _config())
