@@ -43,6 +43,13 @@ class LocalSettings(ProviderSettings):
     local_trace: str | None = Field(
         None, description="Replay a trace file (bamboo / parcae format) or a bundled trace name."
     )
+    local_trace_speed: float = Field(
+        1.0,
+        gt=0,
+        description="Trace seconds per second of the market when replaying local_trace (e.g. 600: "
+        "ten minutes of the trace each second). A job on several instances replays the trace's "
+        "node counts as its capacity.",
+    )
     local_notice_format: Literal["aws", "azure", "gcp"] = Field(
         "aws", description="Which cloud's metadata protocol the emulator speaks."
     )

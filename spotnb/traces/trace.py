@@ -140,6 +140,19 @@ class Trace:
                     events[full] += 1
         return [e / x if x > 0 else 0.0 for e, x in zip(events, exposure, strict=True)]
 
+    def scaled(self, speed: float) -> Trace:
+        """The same trace played `speed` times faster (the local market's `local_trace_speed`)."""
+        if speed == 1.0:
+            return self
+        from dataclasses import replace
+
+        return replace(
+            self,
+            times=tuple(t / speed for t in self.times),
+            span=self.span / speed,
+            lifetimes=tuple((x / speed, seen) for x, seen in self.lifetimes) if self.lifetimes else None,
+        )
+
     # -- processes -------------------------------------------------------------------------
     def process(self, offset: float = 0.0) -> TraceReplay:
         """Replay this trace (cycling) as the preemption process of one instance."""

@@ -33,6 +33,7 @@ from spotnb.providers.base import (
     Price,
     Provider,
 )
+from spotnb.providers.local.capacity import NodeCounts
 from spotnb.providers.local.injector import Injector
 from spotnb.providers.local.metadata import MetadataEmulator
 from spotnb.signing import KEY_ENV
@@ -58,6 +59,7 @@ class LocalProvider(Provider):
         self.notice_format = config.local_notice_format
         self.grace = config.local_notice_grace()
         self.schedule = list(config.local_schedule or [])
+        self.nodes = self._node_counts()
         self.process = self._process()
         self.t0: float | None = None
         self._procs: dict[str, subprocess.Popen] = {}
@@ -68,6 +70,7 @@ class LocalProvider(Provider):
         self._tmp: str | None = None
         self._lighthouse: subprocess.Popen | None = None
         self._lighthouse_addr: str | None = None
+        self._watcher: threading.Thread | None = None
 
     @property
     def tmp(self) -> str:
@@ -80,12 +83,23 @@ class LocalProvider(Provider):
                 self._tmp = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-")
             return self._tmp
 
+    def _node_counts(self) -> NodeCounts | None:
+        """A job on several instances replays a trace as node counts (`capacity.py`)."""
+        cfg = self.config
+        if not cfg.local_trace or cfg.instances <= 1:
+            return None
+        from spotnb.traces import load_trace
+
+        return NodeCounts(load_trace(cfg.local_trace), cfg.instances, cfg.local_trace_speed)
+
     def _process(self) -> PreemptionProcess:
         cfg = self.config
+        if self.nodes is not None:
+            return Never()  # the node-count watcher kills, not a per-instance draw
         if cfg.local_trace:
-            from spotnb.traces import trace_process  # the policy/simulator issue's loaders
+            from spotnb.traces import load_trace  # the policy/simulator issue's loaders
 
-            return trace_process(cfg.local_trace)
+            return load_trace(cfg.local_trace).scaled(cfg.local_trace_speed).process()
         if cfg.local_mttp:
             return Exponential(cfg.local_mttp)
         return Never()
@@ -125,6 +139,8 @@ class LocalProvider(Provider):
             raise CapacityError(
                 f"InsufficientInstanceCapacity: the local market has no {spec.instance_type} right now"
             )
+        if self.nodes is not None:
+            self._check_capacity()
         with self._lock:  # several instances of one job launch at once: one emulator
             if self.emulator is None:
                 self.emulator = MetadataEmulator()
@@ -168,6 +184,9 @@ class LocalProvider(Provider):
         with self._lock:
             if self.t0 is None:
                 self.t0 = now
+            if self.nodes is not None and self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch_nodes, name="spotnb-nodes", daemon=True)
+                self._watcher.start()
         injector = self._schedule_kill(instance_id, proc, beacon, now, spec.slot)
         self._injectors[instance_id] = injector
         return Instance(
@@ -213,6 +232,45 @@ class LocalProvider(Provider):
         injector = Injector(proc, beacon, kill_at=kill_at, grace=self.grace, trigger=trigger, notify=notify)
         holder["inj"] = injector
         return injector
+
+    # -- a trace replayed as node counts (jobs on several instances) -------------------------
+    def _market_time(self) -> float:
+        return time.time() - (self.t0 if self.t0 is not None else time.time())
+
+    def _live(self) -> list[str]:
+        """The job's instances still running, oldest first."""
+        return [
+            i
+            for i, p in self._procs.items()
+            if p.poll() is None
+            and i not in self._terminated
+            and self._injectors.get(i) is not None
+            and self._injectors[i].kill is None
+        ]
+
+    def _check_capacity(self) -> None:
+        assert self.nodes is not None
+        t = self._market_time()
+        cap = self.nodes.capacity(t)
+        with self._lock:
+            live = len(self._live())
+        if live >= cap:
+            raise CapacityError(
+                f"InsufficientInstanceCapacity: trace {self.nodes.trace.name!r} has room for {cap} "
+                f"of the job's instances at trace time {self.nodes.trace_time(t):.0f} s ({live} live)"
+            )
+
+    def _watch_nodes(self) -> None:
+        """Kill the newest instances while the job has more than the trace's count allows."""
+        assert self.nodes is not None
+        while not self._closing.wait(0.1):  # the market's clock: a trace is a function of time
+            cap = self.nodes.capacity(self._market_time())
+            with self._lock:
+                live = self._live()
+            for instance_id in live[cap:][::-1]:
+                injector = self._injectors.get(instance_id)
+                if injector is not None:
+                    injector.kill_now("preempted")
 
     def coordinator(self, job_id: str, min_replicas: int) -> str:
         """torchft's lighthouse as a process of this market (like the metadata server), so it
