@@ -83,3 +83,22 @@ def spotnb_fit_teacher(ctx: Any, steps: int = 200, step_sleep: float = 0.0) -> d
     with torch.no_grad():
         held_out = torch.nn.functional.cross_entropy(model(x), y).item()
     return {"held_out_loss": held_out}
+
+
+def spotnb_fit_share(ctx: Any, steps: int = 400, step_time: float = 0.06) -> dict[str, int]:
+    """benchmarks/bench_fleet_validation.py: the simulator's model of a step made real — the
+    global batch takes `step_time` on one replica, so each of k replicas spends step_time / k."""
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt = ctx.replicate(model, opt)
+    ctx.track(model=model, optimizer=opt)
+    for step in ctx.steps(steps):
+        x = torch.ones(4, 16) * (step % 5)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(loss=loss.item())
+        time.sleep(step_time / ctx.replicas)
+    return {"step": ctx.step_index}

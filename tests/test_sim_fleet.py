@@ -25,7 +25,9 @@ def test_one_instance_loses_the_job_at_every_preemption_several_rarely() -> None
     sc = Scenario(steps=20_000, step_time=0.5, save_time=2, alloc_time=60, prep_time=120, mttp=1800)
     one = [simulate_fleet(sc, 1, random.Random(i)) for i in range(10)]
     four = [simulate_fleet(sc, 4, random.Random(i)) for i in range(10)]
-    assert all(r.group_losses == r.preemptions for r in one)
+    # every preemption of the one running instance loses the job (one of a replacement still
+    # starting does not: it had nothing to lose)
+    assert all(0 < r.group_losses <= r.preemptions for r in one)
     assert sum(r.group_losses for r in one) > 20
     assert sum(r.group_losses for r in four) <= 2
     assert sum(r.recompute for r in four) < sum(r.recompute for r in one) / 10

@@ -49,8 +49,10 @@ log = logging.getLogger("spotnb.elastic")
 COLLECTIVE_TIMEOUT = timedelta(seconds=float(os.environ.get("SPOTNB_COLLECTIVE_TIMEOUT", "30")))
 #: Longest a replica waits for a quorum (below `min_instances` it waits for a replacement).
 QUORUM_RETRIES = 600
-#: Longest a cold-starting replica waits for all its peers before training with fewer.
-COLD_START_WAIT = float(os.environ.get("SPOTNB_COLD_START_WAIT", "30"))
+#: Longest a cold-starting replica waits for all its peers before training with fewer: long
+#: enough for instances launched together to start a little apart, short enough that a peer
+#: preempted while starting (its replacement comes later and heals) does not hold the rest.
+COLD_START_WAIT = float(os.environ.get("SPOTNB_COLD_START_WAIT", "5"))
 QUORUM_TIMEOUT = timedelta(seconds=float(os.environ.get("SPOTNB_QUORUM_TIMEOUT", "3600")))
 
 

@@ -95,14 +95,15 @@ def simulate_fleet(
     # real markets reclaim capacity from all instances of a zone at once) and its own draws
     procs = [process.fresh() for _ in range(instances)]
     rngs = [random.Random(rng.random()) for _ in range(instances)]
-    up = [True] * instances
-    events: list[tuple[float, int, str]] = []
+    up = [True] * instances  # training in the group
+    gen = [0] * instances  # the slot's current instance: events of an earlier one are stale
+    events: list[tuple[float, int, str, int]] = []
 
     def next_kill(now: float, slot: int) -> float:
         return procs[slot].next_preemption(now, rngs[slot])
 
     for k in range(instances):
-        heapq.heappush(events, (next_kill(0.0, k), k, "kill"))
+        heapq.heappush(events, (next_kill(0.0, k), k, "kill", 0))
     t, done, last_ckpt_step, last_ckpt_t = 0.0, 0.0, 0.0, 0.0
     billed = [0.0] * instances  # when each slot's current instance started billing
     cost = recompute = 0.0
@@ -112,6 +113,7 @@ def simulate_fleet(
     next_sample = 0.0
     total = float(scenario.steps)
     price = scenario.spot_price / 3600.0
+    alloc = mean_of(scenario.alloc_time)
     while done < total:
         live = sum(up)
         rate = live / (step1 + live * sync_time) if live >= min_instances else 0.0
@@ -134,31 +136,38 @@ def simulate_fleet(
             t += save  # the save blocks the step
             last_ckpt_step, last_ckpt_t = done, t
             continue
-        _, k, what = heapq.heappop(events)
+        _, k, what, g = heapq.heappop(events)
+        if g != gen[k]:
+            continue  # an event of an instance that is gone
         if what == "kill":
+            # an instance is exposed from its allocation on: a replacement can be preempted
+            # while it starts, before it ever trains
             preemptions += 1
-            up[k] = False
             cost += (t - billed[k]) * price
-            if sum(up) == 0:  # the whole group is gone: back to the store's checkpoint
-                losses += 1
-                lost_steps = done - last_ckpt_step
-                recompute += lost_steps * step1 / instances
-                done = last_ckpt_step
-            elif rate > 0:  # the survivors redo the step in flight after a short pause
-                done = max(last_ckpt_step, done - 1.0)
-                recompute += 1.0 / rate + pause
-                t += pause
-            heapq.heappush(events, (t + mean_of(scenario.alloc_time), k, "billed"))
-            heapq.heappush(events, (t + replace, k, "join"))
+            gen[k] += 1
+            if up[k]:
+                up[k] = False
+                if sum(up) == 0:  # the whole group is gone: back to the store's checkpoint
+                    losses += 1
+                    lost_steps = done - last_ckpt_step
+                    recompute += lost_steps * step1 / instances
+                    done = last_ckpt_step
+                elif rate > 0:  # the survivors redo the step in flight after a short pause
+                    done = max(last_ckpt_step, done - 1.0)
+                    recompute += 1.0 / rate + pause
+                    t += pause
+            billed[k] = math.inf  # not billing until the replacement is allocated
+            heapq.heappush(events, (t + alloc, k, "billed", gen[k]))
         elif what == "billed":
             billed[k] = t
+            heapq.heappush(events, (t + (replace - alloc), k, "join", gen[k]))
+            heapq.heappush(events, (next_kill(t, k), k, "kill", gen[k]))
         else:  # join
             up[k] = True
             if sum(up) == 1:  # a cold start restores from the store
                 last_ckpt_t = t
-            heapq.heappush(events, (next_kill(t, k), k, "kill"))
     for k in range(instances):
-        if up[k]:
+        if math.isfinite(billed[k]):
             cost += (t - billed[k]) * price
     return FleetResult(instances, t, cost, recompute, losses, preemptions, liveput)
 
