@@ -12,10 +12,12 @@ The model is what `spotnb.fleet` and `spotnb.runtime.elastic` do:
   parallel; `sync_time` is the all-reduce). A kill without notice costs the survivors the step
   in flight and `pause` seconds (the lighthouse's detection; measured by
   benchmarks/bench_elastic.py); a notice costs nothing (the replica leaves after its step).
-* Below `min_instances` live replicas nobody trains. When none is live the job restores from
-  the store: the work since the last store checkpoint is redone. Store checkpoints are taken
-  every `save_every` steps if set, else at Daly's interval for the *group* MTTP
-  (`spotnb.policy.group`), each blocking the step for `save_time`.
+* After the whole group was lost, the first replacement back waits up to `cold_wait` seconds
+  for the others before it restores from the store and trains (`runtime.elastic`'s
+  `COLD_START_WAIT`). Below `min_instances` live replicas nobody trains. When none is live
+  the job restores from the store: the work since the last store checkpoint is redone.
+  Store checkpoints are taken every `save_every` steps if set, else at Daly's interval for
+  the *group* MTTP (`spotnb.policy.group`), each blocking the step for `save_time`.
 
 Time is wall time; cost is instance-seconds at the spot price. `liveput` samples the steps
 per second over time.
@@ -71,6 +73,7 @@ def simulate_fleet(
     join_time: float = 0.1,
     sync_time: float = 0.0,
     pause: float = 0.25,
+    cold_wait: float = 5.0,
     sample_every: float | None = None,
 ) -> FleetResult:
     """One run of `scenario` on `instances` instances (see the module docstring)."""
@@ -114,6 +117,16 @@ def simulate_fleet(
     total = float(scenario.steps)
     price = scenario.spot_price / 3600.0
     alloc = mean_of(scenario.alloc_time)
+    waiting: set[int] = set()  # cold-starting instances waiting for their peers (runtime.elastic)
+
+    def release() -> None:
+        nonlocal last_ckpt_t
+        if waiting:
+            for j in waiting:
+                up[j] = True
+            waiting.clear()
+            last_ckpt_t = t
+
     while done < total:
         live = sum(up)
         rate = live / (step1 + live * sync_time) if live >= min_instances else 0.0
@@ -137,6 +150,9 @@ def simulate_fleet(
             last_ckpt_step, last_ckpt_t = done, t
             continue
         _, k, what, g = heapq.heappop(events)
+        if what == "cold_end":
+            release()
+            continue
         if g != gen[k]:
             continue  # an event of an instance that is gone
         if what == "kill":
@@ -145,6 +161,7 @@ def simulate_fleet(
             preemptions += 1
             cost += (t - billed[k]) * price
             gen[k] += 1
+            waiting.discard(k)
             if up[k]:
                 up[k] = False
                 if sum(up) == 0:  # the whole group is gone: back to the store's checkpoint
@@ -162,10 +179,14 @@ def simulate_fleet(
             billed[k] = t
             heapq.heappush(events, (t + (replace - alloc), k, "join", gen[k]))
             heapq.heappush(events, (next_kill(t, k), k, "kill", gen[k]))
-        else:  # join
+        elif any(up):  # join live peers: healed from one of them
             up[k] = True
-            if sum(up) == 1:  # a cold start restores from the store
-                last_ckpt_t = t
+        else:  # a cold start restores from the store, after waiting for its peers a moment
+            if not waiting:
+                heapq.heappush(events, (t + cold_wait, -1, "cold_end", 0))
+            waiting.add(k)
+            if len(waiting) == instances:
+                release()
     for k in range(instances):
         if math.isfinite(billed[k]):
             cost += (t - billed[k]) * price
