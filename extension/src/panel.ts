@@ -79,7 +79,7 @@ function card(job: IJobRow): string {
   const bar =
     frac === null
       ? ''
-      : `<div class="spotnb-progress" title="${(frac * 100).toFixed(1)}%">` +
+      : `<div class="spotnb-bar" title="${(frac * 100).toFixed(1)}%">` +
         `<div style="width:${(frac * 100).toFixed(1)}%"></div></div>`;
   const orphan = job.orphaned
     ? '<div class="spotnb-row-note">its controller (the kernel that started it) is gone; ' +
