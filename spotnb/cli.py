@@ -75,6 +75,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     if job.status == JobStatus.LOST:
         print(f"lost: {job.state.status_reason}")
     print(job.breakdown().table())
+    from spotnb.widget.text import savings_text
+
+    print(savings_text(job.state))
     return 0
 
 

@@ -15,6 +15,7 @@ from spotnb.errors import JobFailed, JobStopped, SpotnbError
 from spotnb.events import EventReader, EventSink
 from spotnb.ledger import Breakdown
 from spotnb.protocol import TERMINAL, Event, JobStatus, as_metric
+from spotnb.savings import describe_savings
 from spotnb.state import JobState
 from spotnb.store import Store
 from spotnb.supervise import ensure_controller
@@ -345,6 +346,7 @@ class Job:
 
     def _repr_html_(self) -> str:
         b = self.breakdown()
+        sv = describe_savings(b.spot_cost, b.on_demand_cost, str(self.status), b.compute)
         rows = "".join(
             f"<tr><td>{c}</td><td>{getattr(b, c):.1f} s</td></tr>"
             for c in ("compute", "recompute", "save", "alloc", "prep", "other")
@@ -353,8 +355,8 @@ class Job:
             f"<div class='spotnb-job'><b>{html.escape(self.name)}</b> "
             f"<code>{html.escape(self.id)}</code> — <b>{html.escape(self.status)}</b><br>"
             f"step {b.step}{'/' + str(b.total_steps) if b.total_steps else ''}, "
-            f"{b.preemptions} preemption(s), spot ${b.spot_cost:.4f} vs on-demand "
-            f"${b.on_demand_cost:.4f} ({b.savings:.0%} saved)"
+            f"{b.preemptions} preemption(s), spot ${b.spot_cost:.4f}: "
+            f"{html.escape(sv.text)} ({html.escape(sv.baseline)})"
             f"<table>{rows}<tr><td>total</td><td>{b.total:.1f} s</td></tr></table></div>"
         )
 

@@ -70,8 +70,9 @@ class Breakdown:
             f"steps {self.step}" + (f"/{self.total_steps}" if self.total_steps else "")
         )
         lines.append(
-            f"spot cost ${self.spot_cost:.4f}  vs on-demand ${self.on_demand_cost:.4f}  "
-            f"(savings {self.savings:.1%})"
+            f"spot cost ${self.spot_cost:.4f}  vs on-demand ${self.on_demand_cost:.4f} for the same "
+            f"{self.compute / 60:.1f} min of training"
+            + (f"  ({self.savings:.0%} less)" if self.savings >= 0 else f"  ({-self.savings:.0%} more)")
         )
         return "\n".join(lines)
 

@@ -13,6 +13,7 @@ plotly nor ipywidgets, and nothing that runs on the instance.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import time
@@ -23,12 +24,15 @@ from typing import Any
 from spotnb import protocol as ev
 from spotnb.ledger import Breakdown, Span, compute_breakdown
 from spotnb.protocol import Event, JobStatus, Outcome, as_metric, from_json
+from spotnb.savings import describe_savings
 
 log = logging.getLogger("spotnb.state")
 
 __all__ = ["Series", "Incarnation", "JobState", "FEED_KINDS", "MAX_POINTS", "describe_kill"]
 
 MAX_POINTS = 1500  # per plotted trace; beyond this buckets double in width
+PACE_WINDOW = 30.0  # seconds of progress reports the steps/s and the ETA are measured over
+PACE_POINTS = 120
 #: kinds the event feed shows (and any kind this spotnb does not know: a newer writer's)
 FEED_KINDS = frozenset(
     {
@@ -211,6 +215,7 @@ class JobState:
         self.step = 0
         self.total: int | None = None
         self.step_time: float | None = None
+        self._pace: collections.deque[tuple[float, int]] = collections.deque(maxlen=PACE_POINTS)
         self.last_metrics: dict[str, float] = {}
         self.error: ev.Error | None = None
         self.result_step: int | None = None
@@ -291,6 +296,7 @@ class JobState:
                 inc.progress = e
                 inc.kinds.add(kind)
             self.step = max(self.step, e.step)
+            self._pace.append((e.t, self.step))
             self.total = e.total or self.total
             if e.step_time:
                 self.step_time = e.step_time
@@ -505,7 +511,22 @@ class JobState:
         b.spot_price, b.on_demand_price = self.spot_price, self.on_demand_price
         return b
 
-    def cost(self, b: Breakdown | None = None) -> dict[str, float | None]:
+    def pace(self) -> tuple[float | None, float | None]:
+        """(steps per second over the last `PACE_WINDOW` seconds of reports, seconds to the end
+        at that rate), as tqdm shows them: the job's progress in wall time, so preemptions,
+        restarts and saves slow it down as they do the user's wait. None while unknown."""
+        if len(self._pace) < 2:
+            return None, None
+        t_end, s_end = self._pace[-1]
+        t0, s0 = next(((t, st) for t, st in self._pace if t_end - t <= PACE_WINDOW), self._pace[0])
+        if t_end - t0 <= 0 or s_end <= s0:
+            return None, None
+        rate = (s_end - s0) / (t_end - t0)
+        total = self.total
+        eta = max(0.0, (int(total) - self.step) / rate) if total and not self.done else None
+        return rate, eta
+
+    def cost(self, b: Breakdown | None = None) -> dict[str, Any]:
         """Spent so far, on-demand equivalent, savings and the projected total at the current rate."""
         b = b or self.breakdown()
         projected: float | None = None
@@ -515,10 +536,14 @@ class JobState:
         elif total and self.step_time and b.spot_price is not None:
             remaining = max(0, int(total) - int(b.step))
             projected = b.spot_cost + remaining * self.step_time * b.spot_price / 3600.0
+        sv = describe_savings(b.spot_cost, b.on_demand_cost, str(self.status), b.compute)
         return {
             "spot": b.spot_cost,
             "on_demand": b.on_demand_cost,
-            "savings": b.savings,
+            "savings": sv.fraction,  # None while withheld (spotnb.savings), and for a failed job
+            "savings_text": sv.text,
+            "savings_tone": sv.tone,
+            "savings_baseline": sv.baseline,
             "projected": projected,
             "spot_price": b.spot_price,
             "on_demand_price": b.on_demand_price,

@@ -196,7 +196,7 @@ def _drive(page: Any, lab: dict[str, Any]) -> None:
                 text: c.innerText};
     }""")
     assert 0 < cost["spot"] < cost["onDemand"], cost
-    assert "saved" in cost["text"]
+    assert "less than on demand" in cost["text"] and "on demand for the same" in cost["text"]
     final = page.evaluate(_LOSS_POINTS)
     assert final >= grown > first > 0
     assert page.evaluate(_PREEMPT_MARKERS) >= 2

@@ -188,7 +188,7 @@ def test_view_shows_metrics_markers_cost_and_status(sent: list[Any], clock: Fake
     assert len(_trace(view, "loss").x) == 600 and len(_trace(view, "loss (recomputed)").x) == 50
     assert list(_trace(view, "preempted").x) == [449, 449, None]
     assert "data-status='succeeded'" in view.info.value
-    assert "data-spot='0.000" in view.info.value and "saved" in view.info.value
+    assert "data-spot='0.000" in view.info.value and "less than on demand" in view.info.value
     assert view.stop_button.disabled
     updates = [d for _, _, d in sent if d and d.get("method") == "update"]
     assert any("_py2js_update" in d["state"] for d in updates)
@@ -279,7 +279,7 @@ def test_text_view_prints_the_story() -> None:
     assert "allocated local-0001" in text and "PREEMPTED" in text and "relaunched" in text
     assert "[####" in text and "loss" in text
     last = text.strip().splitlines()[-1]
-    assert "succeeded" in last and "600/600" in last and "saved" in last
+    assert "succeeded" in last and "600/600" in last and "less than on demand" in last
 
 
 def test_job_widget_falls_back_to_text_outside_a_kernel(capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,7 +20,10 @@ export interface IJobRow {
   on_demand_cost: number;
   burn_rate: number;
   saved: number;
-  savings: number;
+  savings: number | null; // withheld (null) until it means something; none for a failed job
+  savings_text: string;
+  savings_tone: 'good' | 'bad' | 'none';
+  savings_baseline: string;
   age: number;
   active: boolean;
   orphaned: boolean;
@@ -92,7 +95,10 @@ export interface IJobDetail {
   cost?: {
     spot: number;
     on_demand: number;
-    savings: number;
+    savings: number | null;
+    savings_text: string;
+    savings_tone: 'good' | 'bad' | 'none';
+    savings_baseline: string;
     projected: number | null;
     spot_price: number | null;
     on_demand_price: number | null;

@@ -281,10 +281,10 @@ export class JobView extends Panel {
         c?.on_demand_price ? `at ${rate(c.on_demand_price)}` : ''
       ) +
       card(
-        'spotnb-cost-saved',
-        'Saved',
-        money(Math.max(0, (c?.on_demand ?? 0) - (c?.spot ?? 0))),
-        percent(c?.savings ?? job.savings)
+        `spotnb-cost-saved spotnb-tone-${c?.savings_tone ?? job.savings_tone}`,
+        'Against on demand',
+        c?.savings_text ?? job.savings_text,
+        c?.savings_baseline ?? job.savings_baseline
       ) +
       card(
         'spotnb-cost-projected',

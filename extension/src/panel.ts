@@ -1,7 +1,7 @@
 import { Widget } from '@lumino/widgets';
 
 import { IJobList, IJobRow } from './api';
-import { age, esc, money, percent, progress } from './format';
+import { age, esc, money, progress } from './format';
 import { JobsModel } from './model';
 
 /** The "Spot jobs" side panel: one card per job, running jobs first, refreshed by the model. */
@@ -97,8 +97,8 @@ function card(job: IJobRow): string {
     '<div class="spotnb-row-cost">' +
     `<span title="preemptions">⚡ ${job.preemptions}</span>` +
     `<span title="spent on spot instances" class="spotnb-row-spent">${esc(money(job.spot_cost))} spent</span>` +
-    `<span title="saved against on-demand" class="spotnb-row-saved">${esc(money(job.saved))} saved` +
-    `${job.on_demand_cost > 0 ? ` (${esc(percent(job.savings))})` : ''}</span>` +
+    `<span title="${esc(job.savings_baseline)}" class="spotnb-row-saved" data-tone="${esc(job.savings_tone)}">` +
+    `${esc(job.savings_text)}</span>` +
     '</div>' +
     orphan +
     '</li>'

@@ -9,6 +9,7 @@ it returns are already downsampled.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -18,7 +19,9 @@ from typing import Any
 
 from spotnb.events import EventReader, json_safe
 from spotnb.jobdb import JobDB
+from spotnb.prices import lookup_price
 from spotnb.protocol import TERMINAL, Event, JobStatus
+from spotnb.savings import describe_savings
 from spotnb.state import Incarnation, JobState
 from spotnb.store import Store
 from spotnb.widget.text import event_text
@@ -66,16 +69,34 @@ def _row(r: dict[str, Any], now: float, db: JobDB | None = None) -> dict[str, An
     # a job still marked active whose controller is gone (its kernel died) is not being
     # driven (nor billed through spotnb) any more; say so instead of counting it as running
     orphaned = status in ACTIVE and db is not None and _controller_gone(db, r, now)
+    sv = describe_savings(spot, on_demand, status, _useful_s(r, on_demand))
     return {
         **r,
         "status": status,
         "active": status in ACTIVE and not orphaned,
         "orphaned": orphaned,
-        "saved": max(0.0, on_demand - spot),
-        "savings": (1.0 - spot / on_demand) if on_demand > 0 else 0.0,
+        # the one definition of savings (spotnb.savings): withheld (None) until it means
+        # something, none for a failed job; the money saved counts only where it is shown
+        "saved": max(0.0, on_demand - spot) if sv.fraction is not None else 0.0,
+        "savings": sv.fraction,
+        "savings_text": sv.text,
+        "savings_tone": sv.tone,
+        "savings_baseline": sv.baseline,
         "age": max(0.0, now - float(r.get("created") or now)),
         "burn_rate": float(r.get("burn_rate") or 0.0) if status in ACTIVE and not orphaned else 0.0,
     }
+
+
+def _useful_s(r: dict[str, Any], on_demand_cost: float) -> float:
+    """Seconds of useful compute behind a job DB row: its on-demand cost is exactly that time
+    at the on-demand price (`spotnb.ledger`), and the row keeps the cost, not the time."""
+    price = lookup_price(str(r.get("instance_type") or ""))
+    hourly = price.on_demand if price else 0.0
+    if hourly > 0:
+        return on_demand_cost / hourly * 3600.0
+    # a price the table does not know (the job set its own): the row cannot say how long;
+    # any on-demand cost at all means training happened, so the figure is not withheld
+    return math.inf if on_demand_cost > 0 else 0.0
 
 
 def _sort_key(row: dict[str, Any]) -> tuple[int, float]:

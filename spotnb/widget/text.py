@@ -19,7 +19,7 @@ from spotnb.protocol import Event
 from spotnb.state import JobState, describe_kill
 from spotnb.widget.figures import format_bytes
 
-__all__ = ["TextView", "event_text", "event_line", "progress_line"]
+__all__ = ["TextView", "event_text", "event_line", "progress_line", "pace_text", "savings_text"]
 
 
 def event_text(e: Event | Mapping[str, Any]) -> str:
@@ -114,6 +114,28 @@ def event_line(e: Event | Mapping[str, Any]) -> str | None:
     return text + (f"\n{tb}" if tb else "")
 
 
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def pace_text(state: JobState) -> str:
+    """ "12.3 steps/s · ETA 1:23" (tqdm's figures), or "" while unknown."""
+    rate, eta = state.pace()
+    if rate is None:
+        return ""
+    speed = f"{rate:.3g} steps/s" if rate >= 1 else f"{1 / rate:.3g} s/step"
+    return speed + (f" · ETA {_clock(eta)}" if eta is not None else "")
+
+
+def savings_text(state: JobState) -> str:
+    """The savings sentence every view shows, with its baseline (`spotnb.savings`)."""
+    cost = state.cost()
+    return f"spot ${cost['spot']:.4f}: {cost['savings_text']} ({cost['savings_baseline']})"
+
+
 def progress_line(state: JobState, width: int = 20) -> str:
     """`[#####.....] 150/300 50% loss 0.0123 | running | 2 preemptions | spot $0.0003 (-70%)`."""
     b = state.breakdown()
@@ -127,11 +149,9 @@ def progress_line(state: JobState, width: int = 20) -> str:
         bar = f"step {step}"
     metrics = " ".join(f"{k} {v:.4g}" for k, v in list(state.last_metrics.items())[:3])
     cost = state.cost(b)
-    money = f"spot ${cost['spot']:.4f} vs on-demand ${cost['on_demand']:.4f}"
-    if cost["on_demand"]:
-        money += f" ({cost['savings']:.0%} saved)"
+    money = f"spot ${cost['spot']:.4f}: {cost['savings_text']}"
     live = f"{state.live_replicas} replicas training" if state.live_replicas is not None else ""
-    parts = [bar, metrics, state.status, live, f"{b.preemptions} preemption(s)", money]
+    parts = [bar, pace_text(state), metrics, state.status, live, f"{b.preemptions} preemption(s)", money]
     return " | ".join(p for p in parts if p)
 
 

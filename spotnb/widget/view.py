@@ -29,7 +29,7 @@ from spotnb import logs, palette
 from spotnb.protocol import Event, JobStatus, JobWarning
 from spotnb.state import JobState
 from spotnb.widget.figures import breakdown_traces, metric_traces, timeline_traces
-from spotnb.widget.text import event_text
+from spotnb.widget.text import event_text, pace_text
 
 __all__ = ["JobView", "MessageBudget", "JobWidget", "render_info_html"]
 
@@ -165,7 +165,9 @@ def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> 
     frac = min(1.0, step / total) if total else 0.0
     last = ", ".join(f"{k} {v:.4g}" for k, v in list(state.last_metrics.items())[:3])
     proj = cost["projected"]
-    sav = cost["savings"] or 0.0
+    tone = {"good": palette.GOOD, "bad": palette.BAD}.get(cost["savings_tone"], "#666")
+    pace = pace_text(state)
+    savings = "" if cost["savings"] is None else f"{cost['savings']:.4f}"
     price = ""
     if cost["spot_price"] is not None:
         price = (
@@ -187,15 +189,16 @@ def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> 
         f"<div style='min-width:260px;flex:1'>"
         f"<div><b>{name}</b> <code style='color:#666'>{_esc(job_id)}</code> {badge}</div>"
         f"{progress}<div class='spotnb-progress' data-step='{step}' data-total='{total or ''}'>"
-        f"step {step}{'/' + str(total) if total else ''} · {b.preemptions} preemption(s) · "
-        f"{b.incarnations} instance(s)"
+        f"step {step}{'/' + str(total) if total else ''}{' · ' + pace if pace else ''} · "
+        f"{b.preemptions} preemption(s) · {b.incarnations} instance(s)"
         f"{f' · {state.live_replicas} training now' if state.live_replicas is not None else ''}"
         f"{' · ' + _esc(last) if last else ''}</div></div>"
         f"<div class='spotnb-cost' data-spot='{cost['spot']:.8f}' data-on-demand='{cost['on_demand']:.8f}'"
-        f" data-savings='{sav:.4f}' style='min-width:260px'>"
-        f"<div style='font-size:18px'><b>${cost['spot']:.4f}</b> spot "
-        f"<span style='color:#666'>vs ${cost['on_demand']:.4f} on demand</span></div>"
-        f"<div><b style='color:{palette.GOOD if sav >= 0 else palette.BAD}'>{sav:.0%} saved</b>"
+        f" data-savings='{savings}' style='min-width:260px'>"
+        f"<div style='font-size:18px'><b>${cost['spot']:.4f}</b> spot</div>"
+        f"<div class='spotnb-savings' data-tone='{cost['savings_tone']}'>"
+        f"<b style='color:{tone}'>{_esc(cost['savings_text'])}</b></div>"
+        f"<div style='color:#666;font-size:11px'>{_esc(cost['savings_baseline'])}"
         f"{f' · projected total ${proj:.4f}' if proj is not None else ''}</div>{price}</div>"
         f"</div>"
     )

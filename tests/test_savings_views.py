@@ -1,0 +1,70 @@
+"""Savings are defined once (`spotnb.savings`) and every view says the same: the widget, the
+lab panel's API (job list and job view), the text view and the CLI."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+
+import pytest
+
+import spotnb as spot
+from spotnb.jobdb import JobDB
+from spotnb.savings import MIN_USEFUL_S, describe_savings
+from spotnb.server.data import JobViews, list_payload
+from spotnb.widget.text import progress_line
+from spotnb.widget.view import render_info_html
+from tests.core import jobfns
+
+
+@pytest.mark.parametrize(
+    "spot_cost, on_demand, status, useful, fraction, text, tone",
+    [
+        (0.3, 1.0, "succeeded", 600, 0.7, "70% less than on demand", "good"),
+        (2.0, 1.0, "succeeded", 600, -1.0, "100% more than on demand", "bad"),  # never green
+        (0.3, 1.0, "running", MIN_USEFUL_S - 1, None, "savings shown after 1 min of training", "none"),
+        (0.3, 1.0, "running", MIN_USEFUL_S, 0.7, "70% less than on demand", "good"),
+        (0.3, 1.0, "failed", 600, None, "no savings figure: the job failed", "none"),
+        (0.0, 0.0, "succeeded", 0, None, "savings shown after 1 min of training", "none"),
+    ],
+)
+def test_the_definition(
+    spot_cost: float,
+    on_demand: float,
+    status: str,
+    useful: float,
+    fraction: float | None,
+    text: str,
+    tone: str,
+) -> None:
+    sv = describe_savings(spot_cost, on_demand, status, useful)
+    assert sv.fraction == (pytest.approx(fraction) if fraction is not None else None)
+    assert (sv.text, sv.tone) == (text, tone)
+    assert "on demand for the same" in sv.baseline  # the baseline is always stated
+
+
+def test_every_view_says_the_same_for_one_job() -> None:
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=60),
+        spot.Config(local_alloc_delay=0.1, ship_modules=["tests.core.jobfns"]),
+    )
+    job.result(timeout=120)
+    cost = job.state.cost()
+    text = cost["savings_text"]
+    assert cost["savings"] is not None and text.endswith("than on demand")  # a finished job: final figure
+    # the widget
+    assert text in render_info_html(job.state, job.id)
+    # the text view
+    assert text in progress_line(job.state)
+    # the panel's job list and job view
+    row = next(r for r in list_payload(JobDB())["jobs"] if r["id"] == job.id)
+    assert row["savings_text"] == text and row["savings"] == pytest.approx(cost["savings"], abs=0.005)
+    detail = JobViews().detail(job.id, figures=False)
+    assert detail is not None and detail["cost"]["savings_text"] == text
+    # the CLI
+    out = subprocess.run(
+        [sys.executable, "-m", "spotnb.cli", "show", job.id], capture_output=True, text=True, env=os.environ
+    )
+    assert out.returncode == 0 and text in out.stdout, out.stderr
