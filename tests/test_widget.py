@@ -302,3 +302,15 @@ def test_import_spotnb_stays_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_failed_job_says_its_error_first_and_once() -> None:
+    from spotnb.widget.view import render_info_html
+
+    st = JobState()
+    st.feed_events(events_of(steps=100, preempt_at=(), fail_at=40))
+    html = render_info_html(st, "job-1")
+    assert "RuntimeError: RuntimeError" not in html
+    assert html.count("<b>RuntimeError: boom</b>") == 1
+    assert html.index("RuntimeError: boom") < html.index("spotnb-feed")  # above the feed
+    assert st.cost()["savings"] is None and "no savings figure" in html  # a failed job saved nothing

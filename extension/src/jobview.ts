@@ -116,6 +116,7 @@ export class JobView extends Panel {
       '<button class="jp-mod-styled jp-mod-warn spotnb-stop" disabled>Stop</button></div>' +
       '<div class="spotnb-jobview-meta"></div>' +
       '<div class="spotnb-jobview-error" hidden></div>' +
+      '<div class="spotnb-jobview-failure"></div>' +
       '<div class="spotnb-cards"></div>';
     this._head.node
       .querySelector('.spotnb-stop')!
@@ -309,7 +310,9 @@ export class JobView extends Panel {
       this._slots.timeline.draw(d.figures?.timeline, () => timelineHtml(d)),
       this._slots.breakdown.draw(d.figures?.breakdown, () => breakdownSvg(b))
     ]);
-    this._tail.node.innerHTML = failureHtml(d) + breakdownTable(b) + eventsHtml(d);
+    // a failed job's error comes first, above the charts, and once
+    this._head.node.querySelector('.spotnb-jobview-failure')!.innerHTML = failureHtml(d);
+    this._tail.node.innerHTML = breakdownTable(b) + eventsHtml(d);
   }
 
   private _head: Widget;
@@ -411,9 +414,10 @@ function failureHtml(d: IJobDetail): string {
   if (!f) {
     return '';
   }
+  // the agent's message already starts with the exception's type ("ValueError: ...")
+  const title = f.message.startsWith(`${f.exc_type}:`) ? f.message : `${f.exc_type}: ${f.message}`;
   return (
-    `<div class="spotnb-failure"><b>${esc(f.exc_type)}: ${esc(f.message)}</b>` +
-    `<pre>${esc(f.traceback)}</pre></div>`
+    `<div class="spotnb-failure"><b>${esc(title)}</b>` + `<pre>${esc(f.traceback)}</pre></div>`
   );
 }
 

@@ -82,7 +82,7 @@ def synthetic_events(
                     ev(
                         "error",
                         inc,
-                        message="boom",
+                        message="RuntimeError: boom",  # as the agent writes it
                         exc_type="RuntimeError",
                         traceback='Traceback (most recent call last):\n  File "fit", line 1\n'
                         "RuntimeError: boom\n",

@@ -19,7 +19,21 @@ from spotnb.protocol import Event
 from spotnb.state import JobState, describe_kill
 from spotnb.widget.figures import format_bytes
 
-__all__ = ["TextView", "event_text", "event_line", "progress_line", "pace_text", "savings_text"]
+__all__ = [
+    "TextView",
+    "error_title",
+    "event_text",
+    "event_line",
+    "progress_line",
+    "pace_text",
+    "savings_text",
+]
+
+
+def error_title(exc_type: object, message: object) -> str:
+    """ "ValueError: bad input", once: the agent's message already starts with the type."""
+    kind, text = str(exc_type or "Error"), str(message or "")
+    return text if text.startswith(f"{kind}:") else f"{kind}: {text}"
 
 
 def event_text(e: Event | Mapping[str, Any]) -> str:
@@ -63,7 +77,7 @@ def event_text(e: Event | Mapping[str, Any]) -> str:
     if kind in ("checkpoint_failed", "checkpoint_invalid"):
         return f"{who}{kind.replace('_', ' ')}: {e.get('error') or e.get('reason') or ''}"
     if kind == "error":
-        return f"{who}ERROR {e.get('exc_type')}: {e.get('message')}"
+        return f"{who}ERROR {error_title(e.get('exc_type'), e.get('message'))}"
     if kind == "done":
         return f"{who}done at step {e.get('step')}"
     if kind == "stopped":

@@ -29,7 +29,7 @@ from spotnb import logs, palette
 from spotnb.protocol import Event, JobStatus, JobWarning
 from spotnb.state import JobState
 from spotnb.widget.figures import breakdown_traces, metric_traces, timeline_traces
-from spotnb.widget.text import event_text, pace_text
+from spotnb.widget.text import error_title, event_text, pace_text
 
 __all__ = ["JobView", "MessageBudget", "JobWidget", "render_info_html"]
 
@@ -217,14 +217,14 @@ def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> 
     if state.error is not None:
         tb = (
             f"<details open class='spotnb-traceback'><summary style='color:#c62828'><b>"
-            f"{_esc(state.error.exc_type)}: {_esc(state.error.message)}</b></summary>"
+            f"{_esc(error_title(state.error.exc_type, state.error.message))}</b></summary>"
             f"<pre style='background:#fff5f5;color:#b71c1c;font-size:11px;overflow:auto;"
             f"max-height:300px'>{_esc(state.error.traceback)}</pre></details>"
         )
     legend = " ".join(f"<span style='color:{c}'>■</span> {label}" for c, label in palette.CATEGORIES.values())
     return (
         f"<div class='spotnb-job-info' style='font-family:sans-serif;font-size:13px'>{head}"
-        f"{feed}{tb}<div style='font-size:11px;color:#666;margin-top:4px'>{legend}</div></div>"
+        f"{tb}{feed}<div style='font-size:11px;color:#666;margin-top:4px'>{legend}</div></div>"
     )
 
 
