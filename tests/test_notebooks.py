@@ -35,6 +35,45 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
         if o.get("output_type") == "error"
     ]
     assert not errors
+    figures = [
+        o["data"]["application/vnd.plotly.v1+json"]
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if "application/vnd.plotly.v1+json" in o.get("data", {})
+    ]
+    problems = [p for fig in figures for p in _annotation_problems(fig)]
+    assert not problems, problems
+
+
+def _annotation_problems(fig: dict) -> list[str]:
+    """Annotations placed outside the data they label. Plotly takes an annotation's x on a log
+    axis as log10(x) (a vline's label at x=12 on a log axis lands at 10^12), so check in the
+    axis's own units, with a margin of the data's span."""
+    import math
+
+    layout, out = fig.get("layout", {}), []
+    for ann in layout.get("annotations", []):
+        ref = ann.get("xref", "x")
+        if not isinstance(ann.get("x"), (int, float)) or not ref.startswith("x") or "domain" in ref:
+            continue
+        axis = layout.get("xaxis" + ref[1:], {})
+        xs = [
+            float(v)
+            for t in fig.get("data", [])
+            if t.get("xaxis", "x") == ref
+            for v in (t.get("x") or [])
+            if isinstance(v, (int, float))
+        ]
+        if axis.get("type") == "log":
+            xs = [math.log10(v) for v in xs if v > 0]
+        if not xs:
+            continue
+        lo, hi = min(xs), max(xs)
+        margin = max(hi - lo, 1.0)
+        if not lo - margin <= ann["x"] <= hi + margin:
+            out.append(f"annotation {ann.get('text')!r} at x={ann['x']} outside [{lo:.3g}, {hi:.3g}] ({ref})")
+    return out
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])

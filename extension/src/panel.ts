@@ -1,7 +1,7 @@
 import { Widget } from '@lumino/widgets';
 
 import { IJobList, IJobRow } from './api';
-import { age, esc, money, progress } from './format';
+import { age, clock, esc, money, progress } from './format';
 import { JobsModel } from './model';
 
 /** The "Spot jobs" side panel: one card per job, running jobs first, refreshed by the model. */
@@ -92,7 +92,8 @@ function card(job: IJobRow): string {
     `<span class="spotnb-row-name">${esc(job.name || job.id)}</span>` +
     `<span class="spotnb-badge" data-status="${esc(job.status)}">${esc(status)}</span></div>` +
     `<div class="spotnb-row-meta">${job.name ? `<code>${esc(job.id)}</code> · ` : ''}` +
-    `${esc(job.provider)} · ${esc(job.instance_type)} · ${esc(age(job.age))}</div>` +
+    `${esc(job.provider)} · ${esc(job.instance_type)} · started ${esc(clock(job.created))} ` +
+    `(${esc(age(job.age))})</div>` +
     `<div class="spotnb-row-progress"><span>step ${esc(progress(job.step, job.total_steps))}</span>${bar}</div>` +
     '<div class="spotnb-row-cost">' +
     `<span title="preemptions">⚡ ${job.preemptions}</span>` +
