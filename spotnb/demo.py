@@ -70,7 +70,13 @@ def run_demo(steps: int = 1500, step_delay: float = 0.01, out: Any = sys.stdout)
         provider="local",
         instance_type="g4dn.xlarge",
         save_every=250,
-        local_schedule=[4.0, 7.0, {"step": steps * 2 // 3, "phase": "step"}],
+        # by step, not by clock: a notice that came while an instance was still starting
+        # would leave nothing to save, and the story would not be the one told
+        local_schedule=[
+            {"step": steps // 6, "notice": True},
+            {"step": steps // 3, "notice": True},
+            {"step": steps * 2 // 3, "phase": "step"},
+        ],
         local_grace=2.5,
         notice_poll=0.2,
         checkpoint="hedged",

@@ -254,6 +254,13 @@ class Job:
         with self._lock:
             return self.state.breakdown()
 
+    def cost(self) -> dict[str, Any]:
+        """Spent so far, its on-demand equivalent, the projected total and the savings, said
+        as every view says them (`spotnb.savings`): `savings` is None while withheld (before a
+        minute of training) and for a failed job; `savings_text` is the sentence."""
+        with self._lock:
+            return self.state.cost()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the job ends; False on timeout."""
         return self._finished.wait(timeout)
