@@ -370,6 +370,17 @@ class Config(_GenericConfig, LocalSettings, AWSSettings, AzureSettings, GCPSetti
     of providers registered by other packages): see `Config.model_fields` or `help(spot.Config)`.
     """
 
+    def __repr_args__(self) -> Any:
+        """Only what was set or differs from its default: the other ~60 fields (every other
+        cloud's, all None) say nothing about this job. `model_dump()` has them all."""
+        for name, field in type(self).model_fields.items():
+            value = getattr(self, name)
+            if name in self.model_fields_set or value != field.get_default(call_default_factory=True):
+                yield name, value
+
+    def __str__(self) -> str:
+        return repr(self)
+
 
 def _compose(base: type[Config]) -> type[Config]:
     """`Config` with the settings of providers other packages registered (their fields and

@@ -87,3 +87,11 @@ def test_refused_before_anything_is_launched(tmp_path, monkeypatch) -> None:
     with pytest.raises(ConfigError, match="Config.store"):
         spot.train(lambda ctx: None, spot.Config(store="rel/store"))
     assert not (tmp_path / "rel").exists()
+
+
+def test_a_config_shows_what_was_set_not_every_clouds_fields() -> None:
+    config = spot.Config(instances=2, local_mttp="2m")
+    shown = repr(config)
+    assert shown == "Config(local_mttp=120.0, instances=2)" and str(config) == shown
+    assert "azure_" not in repr(spot.Config()) and repr(spot.Config()) == "Config()"
+    assert "gcp_project" in config.model_dump()  # everything is still there

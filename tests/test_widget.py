@@ -314,3 +314,22 @@ def test_a_failed_job_says_its_error_first_and_once() -> None:
     assert html.count("<b>RuntimeError: boom</b>") == 1
     assert html.index("RuntimeError: boom") < html.index("spotnb-feed")  # above the feed
     assert st.cost()["savings"] is None and "no savings figure" in html  # a failed job saved nothing
+
+
+def test_the_metrics_panel_says_it_waits_then_draws_and_the_bar_is_labelled(
+    sent: list[Any], clock: FakeClock
+) -> None:
+    from spotnb.widget.view import WAITING, JobView
+
+    events = events_of(steps=300, preempt_at=())
+    before = [e for e in events if e["kind"] not in ("metrics", "progress")]
+    job = EventsJob(before[:3])
+    view = JobView(job, autostart=False, clock=clock)
+    waiting = next(a for a in view.figure.layout.annotations if a.name == WAITING)
+    assert waiting.visible is not False and not view.figure.layout.yaxis.showticklabels
+    view = JobView(EventsJob(events), autostart=False, clock=clock)
+    view.flush(force=True)
+    waiting = next(a for a in view.figure.layout.annotations if a.name == WAITING)
+    assert waiting.visible is False and view.figure.layout.yaxis.showticklabels
+    labels = [t.text[0] for t in view.figure.data if t.type == "bar" and t.text and t.text[0]]
+    assert any(label.startswith("compute") and "%" in label for label in labels)

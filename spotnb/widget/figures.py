@@ -303,6 +303,10 @@ def breakdown_traces(b: Breakdown) -> list[Trace]:
                     "base": [base],
                     "hovertemplate": f"{label}: %{{x:.1f}} s ({share:.0%})<extra></extra>",
                     "marker": {"color": CATEGORY_COLORS[cat]},
+                    # labelled on the bar where there is room (plotly hides text that does not fit)
+                    "text": [f"{label} {val:.0f} s ({share:.0%})" if share >= 0.08 else ""],
+                    "textposition": "inside",
+                    "insidetextanchor": "middle",
                     "width": 0.6,
                     "showlegend": False,
                 },

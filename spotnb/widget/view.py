@@ -93,6 +93,10 @@ class _Counted:
         super()._send(msg, buffers=buffers)  # type: ignore[misc]
 
 
+#: the name of the metrics panel's "waiting for the first step" annotation
+WAITING = "spotnb-waiting"
+
+
 class _Figure(_Counted, go.FigureWidget):
     pass
 
@@ -268,6 +272,7 @@ class JobView:
         self.cpu_s = 0.0  # CPU seconds spent drawing (flusher thread)
         self.fold_cpu_s = 0.0  # CPU seconds spent folding events (caller's thread)
         self.figure_flushes = 0
+        self._waiting = True  # no metric point drawn yet
         self._build()
         self._log_handler: logs.JobLogHandler | None = None
         if job is not None:
@@ -299,6 +304,18 @@ class JobView:
             uirevision="spotnb",
         )
         fig.update_yaxes(range=[0, 1], visible=False, fixedrange=True, row=1, col=1, secondary_y=True)
+        # before the first step the metrics panel says so, instead of empty ticks at 0.2/0.4
+        fig.add_annotation(
+            name=WAITING,
+            text="waiting for the first step",
+            xref="x domain",
+            yref="y domain",
+            x=0.5,
+            y=0.5,
+            showarrow=False,
+            font={"color": "#757575", "size": 14},
+        )
+        fig.update_yaxes(showticklabels=False, row=1, col=1, secondary_y=False)
         fig.update_xaxes(title_text="step", row=1, col=1)
         fig.update_yaxes(autorange="reversed", row=2, col=1)
         fig.update_yaxes(showticklabels=False, fixedrange=True, range=[-0.5, 0.5], row=3, col=1)
@@ -490,6 +507,15 @@ class JobView:
                     if changed:  # plotly validates what it is given: give it only news
                         fig.data[index[key]].update(_arrays(changed))
                         self._last_specs[key] = spec
+        if (
+            self._waiting
+            and any(k.startswith("m:") and len(spec.get("x") or ()) for k, spec in self._last_specs.items())
+            or any(k.startswith("m:") and len(spec.get("x") or ()) for k, spec, _, _ in adds)
+        ):
+            self._waiting = False  # the first step is in: the metrics panel draws it
+            with fig.batch_update():
+                fig.update_annotations(visible=False, selector={"name": WAITING})
+                fig.update_yaxes(showticklabels=True, row=1, col=1, secondary_y=False)
         for key, spec, _, _ in adds:
             self._last_specs[key] = {k: v for k, v in spec.items() if k != "type"}
         if adds:
