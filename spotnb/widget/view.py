@@ -507,10 +507,9 @@ class JobView:
                     if changed:  # plotly validates what it is given: give it only news
                         fig.data[index[key]].update(_arrays(changed))
                         self._last_specs[key] = spec
-        if (
-            self._waiting
-            and any(k.startswith("m:") and len(spec.get("x") or ()) for k, spec in self._last_specs.items())
-            or any(k.startswith("m:") and len(spec.get("x") or ()) for k, spec, _, _ in adds)
+        drawn = any(k.startswith("m:") and len(spec.get("x") or ()) for k, spec in self._last_specs.items())
+        if self._waiting and (
+            drawn or any(k.startswith("m:") and len(spec.get("x") or ()) for k, spec, _, _ in adds)
         ):
             self._waiting = False  # the first step is in: the metrics panel draws it
             with fig.batch_update():
