@@ -534,14 +534,7 @@ class Controller:
             instance = self.provider.reclaim(record.to_json())
             if instance is not None and n == last:
                 return last, instance, None
-            orphan = instance or Instance(
-                id=record["instance_id"],
-                provider=self.provider.name,
-                region=record.get("region"),
-                instance_type=record.get("instance_type", ""),
-                launched_at=record.get("launched_at", record["t"]),
-                info=dict(record.get("info") or {}),
-            )
+            orphan = instance or self._orphan(record)
             result = self._classify(n, orphan, InstanceStatus(InstanceState.TERMINATED))
             if result.reason in (Outcome.LOST, Outcome.STOPPED):
                 result = _Outcome(Outcome.LOST, detail={"why": "its controller died"})
@@ -827,6 +820,18 @@ class Controller:
 
         threading.Thread(target=run, name=f"spotnb-prealloc-{n}", daemon=True).start()
         return fut
+
+    def _orphan(self, record: Any) -> Instance:
+        """An instance known only from its `launched`/`allocated` record (the provider cannot
+        reclaim it): enough to terminate it and close its incarnation."""
+        return Instance(
+            id=record["instance_id"],
+            provider=self.provider.name,
+            region=record.get("region"),
+            instance_type=record.get("instance_type", ""),
+            launched_at=record.get("launched_at", record["t"]),
+            info=dict(record.get("info") or {}),
+        )
 
     def _classify(self, n: int, instance: Instance, status: Any) -> _Outcome:
         inc = self.job.state.incs.get(n)

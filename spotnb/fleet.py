@@ -309,14 +309,7 @@ class FleetController(Controller):
             if n in ended:
                 continue
             instance = self.provider.reclaim(record.to_json())
-            orphan = instance or Instance(
-                id=record["instance_id"],
-                provider=self.provider.name,
-                region=record.get("region"),
-                instance_type=record.get("instance_type", ""),
-                launched_at=record.get("launched_at", record["t"]),
-                info=dict(record.get("info") or {}),
-            )
+            orphan = instance or self._orphan(record)
             self._finish_incarnation(n, orphan, _Outcome(Outcome.LOST, detail={"why": "its controller died"}))
         self.preemptions = sum(e["kind"] == "preempted" for e in events)
 
