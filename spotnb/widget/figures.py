@@ -278,7 +278,39 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
                 },
             )
         )
+    out.append(("tl:replicas", _replica_lane(state, t0, now) if lanes else _replica_lane(None, t0, now)))
     return out
+
+
+#: the timeline lane that shows how many replicas trained, over time (jobs on several instances)
+REPLICA_LANE = "replicas training"
+
+
+def _replica_lane(state: JobState | None, t0: float, now: float) -> dict[str, Any]:
+    """The number of replicas in the quorum over time, as a labelled step line in its own lane
+    above the instances' (empty for a one-instance job, so the widget's traces stay the same)."""
+    xs: list[Any] = []
+    texts: list[str] = []
+    if state is not None:
+        for t, count in state.replica_counts:
+            xs.append(t - t0)
+            texts.append(str(count))
+        if xs:
+            xs.append(max(xs[-1], now - t0))
+            texts.append("")
+    return {
+        "type": "scatter",
+        "mode": "lines+markers+text",
+        "name": REPLICA_LANE,
+        "x": xs,
+        "y": [REPLICA_LANE] * len(xs),
+        "text": texts,
+        "textposition": "top center",
+        "line": {"color": palette.MARKS["checkpoint"], "width": 1, "shape": "hv"},
+        "marker": {"size": 5, "color": palette.MARKS["checkpoint"]},
+        "hovertemplate": "%{text} replicas from %{x:.1f} s<extra></extra>",
+        "showlegend": False,
+    }
 
 
 def breakdown_traces(b: Breakdown) -> list[Trace]:

@@ -15,6 +15,7 @@ import pytest
 
 import spotnb as spot
 from spotnb.errors import ConfigError
+from spotnb.widget.figures import REPLICA_LANE
 from tests.core import jobfns
 
 SHIP = ["tests.core.jobfns"]
@@ -148,6 +149,9 @@ def test_replicas_log_their_index_and_the_job_draws_replica_0() -> None:
     b = job.breakdown()
     lanes = {e["slot"] for e in _by(job, "allocating")}
     assert lanes == {0, 1, 2}
+    # the timeline has a lane saying how many replicas trained, over time
+    lane = next(t for t in job.plot()["timeline"].data if t.name == REPLICA_LANE)
+    assert "3" in lane.text
     # instance-seconds: three lanes of the job's wall time, split into categories that add up
     assert b.total == pytest.approx(
         sum(getattr(b, c) for c in ("compute", "recompute", "save", "alloc", "prep", "other"))
