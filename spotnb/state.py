@@ -14,6 +14,7 @@ plotly nor ipywidgets, and nothing that runs on the instance.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 import time
@@ -317,6 +318,12 @@ class JobState:
                 self._inc(n).kinds.add(kind)
             return
         if kind in FEED_KINDS or isinstance(e, ev.UnknownEvent):
+            known = self.incs.get(n) if n else None
+            if isinstance(e, ev.Ready) and known is not None and known.allocated is not None:
+                # one preparation time for every view: the ledger's and the timeline's, from
+                # the instance's allocation (billing) to its first step, not the agent's own
+                # count from its process start (which leaves out the boot)
+                e = dataclasses.replace(e, prep_s=max(0.0, t - known.allocated))
             self.feed.append(e)
             v["info"] += 1
         if isinstance(e, ev.Submitted):

@@ -333,3 +333,18 @@ def test_the_metrics_panel_says_it_waits_then_draws_and_the_bar_is_labelled(
     assert waiting.visible is False and view.figure.layout.yaxis.showticklabels
     labels = [t.text[0] for t in view.figure.data if t.type == "bar" and t.text and t.text[0]]
     assert any(label.startswith("compute") and "%" in label for label in labels)
+
+
+def test_preparation_is_one_number_in_the_feed_and_the_timeline() -> None:
+    from spotnb.widget.figures import timeline_traces
+    from spotnb.widget.text import event_text
+
+    st = JobState()
+    st.feed_events(events_of(steps=200, preempt_at=()))
+    inc = st.incs[1]
+    ready = next(e for e in st.feed if e.kind == "ready")
+    prep = inc.ready - inc.allocated
+    assert ready.prep_s == pytest.approx(prep)
+    assert f"after {prep:.1f} s prep" in event_text(ready)
+    bars = dict(timeline_traces(st))["tl:prep"]
+    assert sum(bars["x"]) == pytest.approx(prep)  # the timeline draws the same preparation
