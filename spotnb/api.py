@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import secrets
 import sys
@@ -22,6 +21,7 @@ from spotnb.files import FilesError, collect, upload
 from spotnb.fleet import make_controller
 from spotnb.job import Job
 from spotnb.jobdb import JobDB
+from spotnb.plan_view import DryRun
 from spotnb.protocol import TERMINAL, JobStatus
 from spotnb.providers import get_provider_class, registry
 from spotnb.providers.base import LaunchSpec
@@ -267,13 +267,24 @@ def train(
     """
     config = _merge(config, overrides)
     if dry_run:
-        plan = dry_run_plan(fn, config)
-        print(json.dumps(plan, indent=2, default=str))
+        plan = DryRun(dry_run_plan(fn, config), config.instance_type)
+        if not _in_kernel():  # a notebook displays the returned plan; a terminal reads it here
+            print(plan.text())
         return plan  # type: ignore[return-value]
     provider, payload, files = _prepare(fn, config)
     job = _submit(payload, config, files, detach)
     _drive(job, config, provider, detach)
     return job
+
+
+def _in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel (where a returned object is displayed)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def _drive(job: Job, config: Config, provider: Any, detach: bool) -> None:
