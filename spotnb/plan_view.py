@@ -100,6 +100,9 @@ def summary_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+_TH = "text-align:left;vertical-align:top;padding-right:1em;white-space:nowrap"
+
+
 class Plan(dict):
     """The dry-run plan: a dict that shows itself as a summary (see the module docstring)."""
 
@@ -120,7 +123,7 @@ class Plan(dict):
 
     def _repr_html_(self) -> str:
         rows = "".join(
-            f"<tr><th style='text-align:left;vertical-align:top;padding-right:1em'>{html.escape(k)}</th>"
+            f"<tr><th style='{_TH}'>{html.escape(k)}</th>"
             f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
             for k, v in summary_rows(self)
         )
