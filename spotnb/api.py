@@ -21,7 +21,7 @@ from spotnb.files import FilesError, collect, upload
 from spotnb.fleet import make_controller
 from spotnb.job import Job
 from spotnb.jobdb import JobDB
-from spotnb.plan_view import DryRun
+from spotnb.plan_view import Plan
 from spotnb.protocol import TERMINAL, JobStatus
 from spotnb.providers import get_provider_class, registry
 from spotnb.providers.base import LaunchSpec
@@ -169,7 +169,7 @@ def _prepare(fn: Any, config: Config) -> tuple[Any, bytes, list[dict[str, Any]]]
     return provider, payload, files
 
 
-def dry_run_plan(fn: Any, config: Config) -> dict[str, Any]:
+def dry_run_plan(fn: Any, config: Config) -> Plan:
     """The provider's exact requests for the first incarnation, sending nothing. The job key
     does not exist yet: the plan shows where it would go, never a key."""
     provider, _, _ = _prepare(fn, config)
@@ -200,6 +200,8 @@ def dry_run_plan(fn: Any, config: Config) -> dict[str, Any]:
         plan.setdefault("provider", config.provider)
         plan["unsupported"] = {f.value: why for f, why in provider.unsupported.items()}
         plan["providers"] = sorted(registry())
+        plan.setdefault("instance_type", config.instance_type)
+        return Plan(plan)
     return plan
 
 
@@ -267,24 +269,13 @@ def train(
     """
     config = _merge(config, overrides)
     if dry_run:
-        plan = DryRun(dry_run_plan(fn, config), config.instance_type)
-        if not _in_kernel():  # a notebook displays the returned plan; a terminal reads it here
-            print(plan.text())
-        return plan  # type: ignore[return-value]
+        # A Plan shows itself as a readable summary (HTML in a notebook, text in a terminal);
+        # printing the whole JSON here made the notebook show every request twice.
+        return dry_run_plan(fn, config)  # type: ignore[return-value]
     provider, payload, files = _prepare(fn, config)
     job = _submit(payload, config, files, detach)
     _drive(job, config, provider, detach)
     return job
-
-
-def _in_kernel() -> bool:
-    """Whether this runs in a Jupyter kernel (where a returned object is displayed)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def _drive(job: Job, config: Config, provider: Any, detach: bool) -> None:

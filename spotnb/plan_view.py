@@ -1,102 +1,140 @@
-"""A dry run's plan, readable: `spot.train(fn, config, dry_run=True)` returns a `DryRun`.
+"""A dry run's plan, readable once.
 
-It is the provider's plan (a dict: the exact requests, the boot script, ...) with two faces: in
-a notebook an HTML summary (where, what type, what it costs and how old that price is, the
-calls in order, what the boot script does) with the raw requests and the script behind
-disclosures; in a terminal the same summary as text. The raw JSON is never printed twice.
+`spot.train(..., dry_run=True)` used to print the whole request as ~180 lines of JSON (the boot
+script escaped into one string) and the notebook then printed the script again. A `Plan` is
+still the same dict (code that reads `plan["requests"]` keeps working), but it shows itself as a
+short summary: what would be launched, where, at what price (with the price's source and age,
+since the built-in table is approximate), the disk, what the boot script does, and which API
+calls would be made. The raw request sits behind a `<details>` disclosure in HTML and is one
+`json.dumps(plan)` away in a terminal.
 """
 
 from __future__ import annotations
 
+import datetime
 import html
 import json
 from typing import Any
 
-from spotnb.prices import lookup_price
+from spotnb.prices import lookup_price, table_date
 
-__all__ = ["DryRun"]
+__all__ = ["Plan", "summary_rows"]
 
-_WHERE = ("provider", "region", "zone", "zones", "zone_order", "project", "resource_group", "location")
+#: What every boot script does, in order (spotnb.providers.bootstrap); said in words so the
+#: user does not have to read bash to know what runs on the VM.
+_BOOT_STEPS = (
+    "finds a Python on the image",
+    "installs the same spotnb version and the job's requirements",
+    "reports a `bootstrap` event to the store",
+    "runs the spotnb agent, which trains and checkpoints",
+    "powers off when the agent exits (the instance terminates itself)",
+)
 
 
-class DryRun(dict[str, Any]):
-    """The plan of a dry run (a dict, as before), displayed readably. Nothing was launched."""
+def _find(obj: Any, keys: tuple[str, ...]) -> Any:
+    """The first value under any of `keys`, anywhere in a nested request body: the clouds
+    name the same thing differently (VolumeSize, diskSizeGb, disk_size_gb)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k in keys and not isinstance(v, (dict, list)):
+                return v
+        for v in obj.values():
+            found = _find(v, keys)
+            if found is not None:
+                return found
+    elif isinstance(obj, list):
+        for v in obj:
+            found = _find(v, keys)
+            if found is not None:
+                return found
+    return None
 
-    def __init__(self, plan: dict[str, Any], instance_type: str) -> None:
-        super().__init__(plan)
-        self.instance_type = instance_type
 
-    # -- the parts of the summary ----------------------------------------------------------
-    def _where(self) -> list[tuple[str, str]]:
-        rows = [(k.replace("_", " "), _short(self[k])) for k in _WHERE if self.get(k) not in (None, "", [])]
-        rows.append(("instance type", self.instance_type))
-        price = lookup_price(self.instance_type, str(self.get("provider") or "") or None)
+def _age(day: str) -> str:
+    """How old the price table is, in days: a stale table is the usual reason a figure is off."""
+    try:
+        days = (datetime.date.today() - datetime.date.fromisoformat(day)).days
+    except ValueError:
+        return f"dated {day}"
+    return f"{days} day(s) old" if days > 0 else "dated today"
+
+
+def summary_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) rows shared by the HTML and the text form, so both say the same."""
+    rows: list[tuple[str, str]] = [("provider", str(plan.get("provider", "?")))]
+    names = ("InstanceType", "machineType", "vm_size")
+    itype = plan.get("instance_type") or _find(plan.get("requests"), names)
+    if itype:
+        itype = str(itype).rsplit("/", 1)[-1]
+        rows.append(("instance type", itype))
+    where = " / ".join(str(plan[k]) for k in ("region", "zone") if plan.get(k))
+    if where:
+        rows.append(("region / zone", where))
+    if plan.get("resource_group"):
+        rows.append(("resource group", str(plan["resource_group"])))
+    if itype:
+        price = lookup_price(itype, plan.get("provider"))
         if price is not None:
             rows.append(
                 (
                     "price",
-                    f"${price.spot:.3f}/h spot vs ${price.on_demand:.3f}/h on demand — approximate: "
-                    f"{price.source}; the live spot price is read at launch",
+                    f"~${price.spot:.3f}/h spot, ${price.on_demand:.3f}/h on demand "
+                    f"(approximate: {price.source}, {_age(table_date())}; spot prices move hourly)",
                 )
             )
-        return rows
+    cap = _find(plan.get("requests"), ("MaxPrice", "maxPrice", "max_price"))
+    if cap not in (None, "", -1, "-1"):
+        rows.append(("max price", f"${float(cap):.3f}/h"))
+    disk = _find(plan.get("requests"), ("VolumeSize", "diskSizeGb", "disk_size_gb", "disk_size_gi_b"))
+    rows.append(("disk", f"{disk} GB" if disk is not None else "the image's default boot disk"))
+    if plan.get("bootstrap"):
+        rows.append(("boot script", "; ".join(_BOOT_STEPS)))
+    calls = [
+        str(r.get("api", "?")) + (f" ({r['when']})" if r.get("when") else "")
+        for r in plan.get("requests", [])
+    ]
+    if calls:
+        rows.append(("API calls", "; ".join(calls)))
+    if plan.get("unsupported"):
+        rows.append(("not on this cloud", "; ".join(plan["unsupported"])))
+    return rows
 
-    def _calls(self) -> list[tuple[str, str]]:
-        out = []
-        for r in self.get("requests") or []:
-            out.append((str(r.get("api", "?")), str(r.get("when", ""))))
-        term = self.get("terminate")
-        if isinstance(term, dict) and term.get("api"):
-            out.append((str(term["api"]), "when the job ends"))
-        return out
 
-    def _boot(self) -> list[str]:
-        """What the boot script does: its comment lines, which say it step by step."""
-        script = str(self.get("bootstrap") or "")
-        said = [ln.strip().lstrip("#").strip() for ln in script.splitlines() if ln.strip().startswith("# ")]
-        said = [s for s in said if not s.startswith("shellcheck")][:12]
-        runs = next((ln.strip() for ln in script.splitlines() if "spotnb.runtime.agent" in ln), None)
-        return said + ([f"runs: {runs}"] if runs else [])
+_TH = "text-align:left;vertical-align:top;padding-right:1em;white-space:nowrap"
 
-    # -- the two faces ----------------------------------------------------------------------
+
+class Plan(dict):
+    """The dry-run plan: a dict that shows itself as a summary (see the module docstring)."""
+
     def text(self) -> str:
-        lines = ["dry run: nothing was launched"]
-        lines += [f"  {k:<14} {v}" for k, v in self._where()]
-        lines.append("  calls, in order:")
-        lines += [f"    {api}" + (f"  ({when})" if when else "") for api, when in self._calls()]
-        boot = self._boot()
-        if boot:
-            lines.append(f"  boot script ({len(str(self['bootstrap']).splitlines())} lines):")
-            lines += [f"    - {b}" for b in boot]
-        for what, why in (self.get("unsupported") or {}).items():
-            lines.append(f"  not here: {what}: {why}")
-        lines.append("  (plan['requests'] has the exact request bodies, plan['bootstrap'] the script)")
+        """The summary for a terminal: label: value lines."""
+        rows = summary_rows(self)
+        width = max(len(k) for k, _ in rows)
+        lines = [f"spotnb dry run: nothing was sent. {len(self.get('requests', []))} request(s) planned."]
+        lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+        lines.append("  (the raw requests: json.dumps(plan, indent=2); the boot script: plan['bootstrap'])")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.text()
 
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.text())
+
     def _repr_html_(self) -> str:
-        esc = html.escape
-        where = "".join(
-            f"<tr><th style='text-align:left'>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in self._where()
+        rows = "".join(
+            f"<tr><th style='{_TH}'>{html.escape(k)}</th>"
+            f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
+            for k, v in summary_rows(self)
         )
-        calls = "".join(
-            f"<li><code>{esc(api)}</code>" + (f" <span style=color:#666>({esc(when)})</span>" if when else "")
-            for api, when in self._calls()
-        )
-        boot = "".join(f"<li>{esc(b)}</li>" for b in self._boot())
-        raw = json.dumps({k: v for k, v in self.items() if k != "bootstrap"}, indent=2, default=str)
-        script = str(self.get("bootstrap") or "")
+        raw = {k: v for k, v in self.items() if k != "bootstrap"}
         return (
-            "<div class='spotnb-dry-run'><b>Dry run: nothing was launched</b>"
-            f"<table>{where}</table><div>Calls, in order:<ol>{calls}</ol></div>"
-            + (f"<div>The boot script:<ul>{boot}</ul></div>" if boot else "")
-            + f"<details><summary>raw requests (JSON)</summary><pre>{esc(raw)}</pre></details>"
-            f"<details><summary>boot script</summary><pre>{esc(script)}</pre></details>"
+            "<div class='spotnb-plan'>"
+            f"<b>spotnb dry run</b>: nothing was sent; {len(self.get('requests', []))} request(s) planned."
+            f"<table>{rows}</table>"
+            "<details><summary>raw requests (JSON)</summary><pre>"
+            f"{html.escape(json.dumps(raw, indent=2, default=str))}</pre></details>"
+            "<details><summary>boot script</summary><pre>"
+            f"{html.escape(str(self.get('bootstrap', '')))}</pre></details>"
             "</div>"
         )
-
-
-def _short(v: Any) -> str:
-    return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)

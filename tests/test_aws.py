@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import boto3
 import pytest
@@ -14,6 +15,7 @@ import pytest
 import spotnb as spot
 from spotnb.errors import CapacityError, ConfigError
 from spotnb.jobdb import JobDB
+from spotnb.prices import lookup_price
 from spotnb.providers import get_provider_class
 from spotnb.providers.aws import DEFAULT_IMAGE, SECURITY_GROUP, AWSProvider, split_zone
 from spotnb.providers.base import Feature, InstanceState, LaunchSpec
@@ -200,6 +202,9 @@ def test_validate_rejects_local_store() -> None:
 
 
 def test_dry_run_sends_nothing(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A dry run sends nothing and prints nothing: the returned plan shows itself, once, as a
+    readable summary (price with its age, boot script in words) with the raw requests behind a
+    disclosure, instead of ~180 lines of JSON followed by the same script again."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # any request would fail
     monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
 
@@ -213,8 +218,23 @@ def test_dry_run_sends_nothing(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
     assert apis[0] == "ec2.create_security_group" and apis[-1] == "ec2.run_instances"
     run = plan["requests"][-1]["body"]
     assert run["ImageId"] == DEFAULT_IMAGE and "Placement" not in run
-    out = capsys.readouterr().out
-    assert "ec2.run_instances" in out and "spotnb.runtime.agent" in out
+    assert capsys.readouterr().out == ""
+    text, page = str(plan), plan._repr_html_()
+    assert "ec2.run_instances" in text and "approximate" in text and "old" in text
+    assert "\\n" not in text and len(text.splitlines()) < 20
+    assert page.count("<details>") == 2 and "spotnb.runtime.agent" in page
+    assert page.index("<details>") > page.index("ec2.run_instances")  # summary first, raw behind it
+
+
+def test_dry_run_states_price_source_and_age() -> None:
+    def fit(ctx):
+        return 1
+
+    cfg = spot.Config(provider="aws", store="s3://b/jobs", instance_type="g4dn.xlarge", region="us-east-1")
+    price = next(line for line in str(spot.train(fit, cfg, dry_run=True)).splitlines() if "price" in line)
+    listed = lookup_price("g4dn.xlarge", "aws")
+    assert listed is not None and f"${listed.on_demand:.3f}/h on demand" in price
+    assert "approximate" in price and re.search(r"\d+ day\(s\) old|dated today", price)
 
 
 def test_gc_terminates_orphans(provider: AWSProvider, s3_store_url: str) -> None:

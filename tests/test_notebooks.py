@@ -44,6 +44,24 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     ]
     problems = [p for fig in figures for p in _annotation_problems(fig)]
     assert not problems, problems
+    if path.name.startswith("02"):
+        # the policy charts: labelled bars whose labels are not clipped, axes titled with units
+        for fig in figures:
+            texts = [t for t in fig.get("data", []) if t.get("text")]
+            assert all(t.get("cliponaxis") is False for t in texts), [t.get("name") for t in texts]
+            layout = fig.get("layout", {})
+            title = (layout.get("yaxis", {}).get("title") or {}).get("text", "")
+            assert "(" in title and ")" in title, f"y axis without a unit: {title!r}"
+        assert sum(1 for fig in figures for t in fig.get("data", []) if t.get("mode") == "text") >= 3
+    if path.name.startswith("03"):
+        # the dry run is shown once, readably: a summary with the raw requests behind a
+        # disclosure, not ~180 lines of escaped JSON followed by the boot script again
+        outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+        pages = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+        assert any("<details>" in p and "ec2.run_instances" in p for p in pages)
+        streams = [o.get("text", "") for o in outputs if o.get("output_type") == "stream"]
+        assert all(len(t.splitlines()) < 40 for t in streams), [len(t.splitlines()) for t in streams]
+        assert any("approximate" in t and "dated" in t for t in streams)
 
 
 def _annotation_problems(fig: dict) -> list[str]:
