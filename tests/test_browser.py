@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -63,8 +64,19 @@ def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
         json.dumps({"fetchNews": "false", "checkForUpdates": False})
     )
     port, token = _free_port(), os.urandom(12).hex()
+    # this checkout's own build of the extension (`cd extension && npm run build` writes it to
+    # spotnb/labextension) comes first on the labextensions path, so the test checks the
+    # extension of the code under test, not whatever copy is installed in sys.prefix
+    jupyter_path = [os.environ.get("JUPYTER_PATH", "")]
+    build = ROOT / "spotnb" / "labextension"
+    if (build / "package.json").exists():
+        share = tmp_path / "jupyter-share"
+        (share / "labextensions").mkdir(parents=True)
+        (share / "labextensions" / "spotnb").symlink_to(build, target_is_directory=True)
+        jupyter_path.insert(0, str(share))
     env = {
         **os.environ,
+        "JUPYTER_PATH": os.pathsep.join(filter(None, jupyter_path)),
         "SPOTNB_FAST": "1",
         "SPOTNB_HOME": str(tmp_path / "spotnb-home"),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -195,15 +207,81 @@ def _drive(page: Any, lab: dict[str, Any]) -> None:
         return {spot: parseFloat(c.dataset.spot), onDemand: parseFloat(c.dataset.onDemand),
                 text: c.innerText};
     }""")
-    assert 0 < cost["spot"] < cost["onDemand"], cost
-    assert "less than on demand" in cost["text"] and "on demand for the same" in cost["text"]
+    # whether spot came out cheaper depends on how long preparation took on this machine (a
+    # 0.1 min job); what must hold is that the sentence says what the numbers say, with its baseline
+    assert cost["spot"] > 0 and cost["onDemand"] > 0, cost
+    cheaper = cost["spot"] < cost["onDemand"]
+    assert ("less than on demand" if cheaper else "more than on demand") in cost["text"], cost
+    assert "on demand for the same" in cost["text"], cost
     final = page.evaluate(_LOSS_POINTS)
     assert final >= grown > first > 0
     assert page.evaluate(_PREEMPT_MARKERS) >= 2
 
+    # the widget's progress line is readable: the extension's stylesheet must not reach into
+    # notebook outputs (its 6 px `.spotnb-progress` bar once hid this line as a grey strip)
+    progress = page.evaluate("""() => {
+        const p = document.querySelector('.spotnb-job-widget .spotnb-progress');
+        if (!p) return null;
+        const r = p.getBoundingClientRect(); const cs = getComputedStyle(p);
+        return {text: p.innerText, height: r.height, visibility: cs.visibility,
+                display: cs.display};
+    }""")
+    assert progress is not None, "the widget has no .spotnb-progress line"
+    assert "step" in progress["text"], progress
+    assert progress["height"] > 6 and progress["visibility"] == "visible", progress
+    assert progress["display"] != "none", progress
+
+    # the figure fills the output area (not ~650 px of 1,100)
+    widths = page.evaluate("""() => {
+        const w = document.querySelector('.spotnb-job-widget');
+        const out = w && w.closest('.jp-OutputArea-output');
+        // the drawn figure (plotly's svg), not its container div: the div stretches to the
+        // output while a fixed-width layout draws a narrow figure inside it
+        const fig = w && w.querySelector('.js-plotly-plot svg.main-svg');
+        return {out: out ? out.getBoundingClientRect().width : 0,
+                fig: fig ? fig.getBoundingClientRect().width : 0};
+    }""")
+    print(f"widget figure width {widths['fig']:.0f} px of output {widths['out']:.0f} px")
+
+    out_dir = Path(os.environ.get("SPOTNB_SCREENSHOTS") or lab["tmp"])
+    out_dir.mkdir(parents=True, exist_ok=True)
     widget = page.locator(".spotnb-job-widget").first
     widget.scroll_into_view_if_needed()
-    shot = lab["tmp"] / "quickstart-widget.png"
+    shot = out_dir / "quickstart-widget.png"
     widget.screenshot(path=str(shot))
-    page.screenshot(path=str(lab["tmp"] / "quickstart-page.png"))
+    page.screenshot(path=str(out_dir / "quickstart-page.png"))
     print(f"screenshot: {shot}  (loss points {first} -> {grown} -> {final}, cost {cost})")
+
+    # the Spot jobs panel lists the job with the same savings sentence the widget shows
+    page.evaluate("() => window.jupyterapp.commands.execute('spotnb:show-panel')")
+    page.wait_for_function("() => !!document.querySelector('.spotnb-panel .spotnb-job-row')", timeout=30_000)
+    panel = page.locator(".spotnb-panel").first
+    panel.screenshot(path=str(out_dir / "panel.png"))
+    row_saved = page.evaluate("() => document.querySelector('.spotnb-panel .spotnb-row-saved').innerText")
+    print(f"screenshot: {out_dir / 'panel.png'}  (panel savings {row_saved!r})")
+    # the panel says the same as the widget (one definition: spotnb.savings)
+    assert row_saved.strip() and row_saved.strip() in cost["text"], (row_saved, cost)
+
+    # the job view: readable event sentences, no raw key=value records
+    page.locator(".spotnb-panel .spotnb-job-row").first.click()
+    page.wait_for_function(
+        "() => document.querySelectorAll('.spotnb-jobview .spotnb-events tr').length > 2",
+        timeout=30_000,
+    )
+    view = page.locator(".spotnb-jobview").first
+    view.screenshot(path=str(out_dir / "jobview.png"))
+    events = page.evaluate("() => document.querySelector('.spotnb-jobview .spotnb-events').innerText")
+    raw = re.findall(r"\b[a-z_]+=\S+", events)
+    assert not raw, f"raw key=value records in the job view's events: {raw[:5]}"
+    print(f"screenshot: {out_dir / 'jobview.png'}")
+
+    # checked last so the screenshots above exist whatever it says. The responsive figure is
+    # another part of issue 15 (spotnb/widget/); until it lands this reports as XFAIL with the
+    # measured widths rather than passing or failing the checks above. Once the figure fills the
+    # output the test passes; replace the xfail with a plain assert then.
+    assert widths["out"] > 0 and widths["fig"] > 0, widths
+    if widths["fig"] < 0.9 * widths["out"]:
+        pytest.xfail(
+            f"FIGURE-WIDTH (issue 15, widget part not merged): the widget's figure is drawn "
+            f"{widths['fig']:.0f} px wide in a {widths['out']:.0f} px output (< 90%)"
+        )

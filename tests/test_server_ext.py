@@ -334,3 +334,35 @@ def test_a_live_job_through_the_api_then_stop_it(
     finally:
         if not job.done:
             job.stop(timeout=60)
+
+
+def failing_fit(ctx: Any) -> float:
+    for step in ctx.steps(20):
+        ctx.log(loss=1.0)
+        if step == 5:
+            raise ValueError("learning rate too high")
+    return 0.0
+
+
+def test_a_failed_job_shows_its_error_once_and_no_savings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job view leads with the error; a failed job claims no savings (issue 15)."""
+    from spotnb.errors import JobFailed
+
+    monkeypatch.chdir(tmp_path)
+    job = spot.train(failing_fit, spot.Config(notice_poll=0.1, ship_modules=[__name__]))
+    with pytest.raises(JobFailed):
+        job.result(timeout=120)
+    views = JobViews()
+    d = views.detail(job.id)
+    assert d is not None and d["status"] == "failed"
+    f = d["failure"]
+    assert f["exc_type"] == "ValueError" and "learning rate too high" in f["message"]
+    # the view prints exc_type only when the message lacks it: never "ValueError: ValueError: …"
+    assert "ValueError: ValueError" not in f["message"]
+    assert d["job"]["savings"] is None and d["job"]["savings_tone"] == "none"
+    assert "%" not in d["job"]["savings_text"]
+    # the panel's row says the same
+    row = next(r for r in views.jobs()["jobs"] if r["id"] == job.id)
+    assert row["savings"] is None and row["savings_tone"] == "none"
