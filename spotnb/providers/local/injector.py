@@ -80,6 +80,13 @@ class Injector:
         self.proc.wait()
         return self.kill
 
+    def _signal(self, sig: int) -> bool:
+        try:
+            os.killpg(self.proc.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
     def _run(self) -> None:
         if self.trigger is not None:
             return self._watch_trigger()
@@ -105,8 +112,16 @@ class Injector:
             step, phase = read_beacon(self.beacon_path)
             if step >= target and (phases is None or phase in phases):
                 if not self.trigger.get("notice"):
-                    self.kill_now()
-                    return
+                    # freeze the process, then look again: on a busy machine this thread may run
+                    # late, and a kill meant for a phase must not land after the phase has ended
+                    if not self._signal(signal.SIGSTOP):
+                        return
+                    step, phase = read_beacon(self.beacon_path)
+                    if phases is None or phase in phases:
+                        self.kill_now()
+                        return
+                    self._signal(signal.SIGCONT)  # it moved on: wait for the phase again
+                    continue
                 self.kill_at = time.time() + self.grace
                 self.trigger = None
                 return self._run()  # the timed path: notice now, kill at kill_at
