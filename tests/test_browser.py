@@ -231,8 +231,8 @@ def _drive(page: Any, lab: dict[str, Any]) -> None:
     assert progress["height"] > 6 and progress["visibility"] == "visible", progress
     assert progress["display"] != "none", progress
 
-    # the figure fills the output area (not ~650 px of 1,100)
-    widths = page.evaluate("""() => {
+    # the figure fills the output area (plotly's widget alone draws 700 px whatever the width)
+    measure = """() => {
         const w = document.querySelector('.spotnb-job-widget');
         const out = w && w.closest('.jp-OutputArea-output');
         // the drawn figure (plotly's svg), not its container div: the div stretches to the
@@ -240,7 +240,10 @@ def _drive(page: Any, lab: dict[str, Any]) -> None:
         const fig = w && w.querySelector('.js-plotly-plot svg.main-svg');
         return {out: out ? out.getBoundingClientRect().width : 0,
                 fig: fig ? fig.getBoundingClientRect().width : 0};
-    }""")
+    }"""
+    fills = f"() => {{ const m = ({measure})(); return m.out > 0 && m.fig >= 0.9 * m.out; }}"
+    page.wait_for_function(fills, timeout=30_000)
+    widths = page.evaluate(measure)
     print(f"widget figure width {widths['fig']:.0f} px of output {widths['out']:.0f} px")
 
     out_dir = Path(os.environ.get("SPOTNB_SCREENSHOTS") or lab["tmp"])
@@ -251,6 +254,16 @@ def _drive(page: Any, lab: dict[str, Any]) -> None:
     widget.screenshot(path=str(shot))
     page.screenshot(path=str(out_dir / "quickstart-page.png"))
     print(f"screenshot: {shot}  (loss points {first} -> {grown} -> {final}, cost {cost})")
+
+    # and follows the window when it narrows (a live chart, not a 700 px picture)
+    page.set_viewport_size({"width": 1000, "height": 1900})
+    page.wait_for_function(
+        f"() => {{ const m = ({measure})(); return m.out < {widths['out']} && m.fig >= 0.9 * m.out"
+        f" && m.fig <= m.out + 1; }}",
+        timeout=30_000,
+    )
+    narrow = page.evaluate(measure)
+    print(f"after narrowing the window: figure {narrow['fig']:.0f} px of output {narrow['out']:.0f} px")
 
     # the Spot jobs panel lists the job with the same savings sentence the widget shows
     page.evaluate("() => window.jupyterapp.commands.execute('spotnb:show-panel')")
@@ -274,14 +287,3 @@ def _drive(page: Any, lab: dict[str, Any]) -> None:
     raw = re.findall(r"\b[a-z_]+=\S+", events)
     assert not raw, f"raw key=value records in the job view's events: {raw[:5]}"
     print(f"screenshot: {out_dir / 'jobview.png'}")
-
-    # checked last so the screenshots above exist whatever it says. The responsive figure is
-    # another part of issue 15 (spotnb/widget/); until it lands this reports as XFAIL with the
-    # measured widths rather than passing or failing the checks above. Once the figure fills the
-    # output the test passes; replace the xfail with a plain assert then.
-    assert widths["out"] > 0 and widths["fig"] > 0, widths
-    if widths["fig"] < 0.9 * widths["out"]:
-        pytest.xfail(
-            f"FIGURE-WIDTH (issue 15, widget part not merged): the widget's figure is drawn "
-            f"{widths['fig']:.0f} px wide in a {widths['out']:.0f} px output (< 90%)"
-        )

@@ -23,6 +23,7 @@ __all__ = [
     "COLORS",
     "CATEGORY_COLORS",
     "format_bytes",
+    "UNIFORM_TEXT",
 ]
 
 PANELS = ("metrics", "timeline", "breakdown")
@@ -31,6 +32,8 @@ CATEGORY_COLORS = {key: color for key, (color, _label) in palette.CATEGORIES.ite
 PREEMPT_COLOR = palette.MARKS["preempt"]
 RESUME_COLOR = palette.MARKS["resume"]
 Trace = tuple[str, dict[str, Any]]
+#: labels on bars are one size or absent: one that does not fit is hidden, not shrunk to a smudge
+UNIFORM_TEXT = {"mode": "hide", "minsize": 10}
 
 
 def format_bytes(n: float | None) -> str:
@@ -176,7 +179,10 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
     lanes = len({inc.slot for inc in state.incs.values()}) > 1
 
     def lane(inc: Incarnation) -> str:
-        return f"instance {inc.slot}" if lanes else _inc_label(inc)
+        # short: the axis labels set the left margin of every panel (the hover has the rest)
+        if lanes:
+            return f"instance {inc.slot}"
+        return f"#{inc.n} {inc.instance_type}" if inc.instance_type else f"#{inc.n}"
 
     def seg(cat: str, inc: Incarnation, a: float | None, b: float | None, what: str) -> None:
         if a is None or b is None or b <= a:
@@ -335,9 +341,11 @@ def breakdown_traces(b: Breakdown) -> list[Trace]:
                     "base": [base],
                     "hovertemplate": f"{label}: %{{x:.1f}} s ({share:.0%})<extra></extra>",
                     "marker": {"color": CATEGORY_COLORS[cat]},
-                    # labelled on the bar where there is room (plotly hides text that does not fit)
+                    # labelled on the bar where there is room: the layout's `uniformtext` hides
+                    # a label that would have to shrink or turn to fit, rather than print it tiny
                     "text": [f"{label} {val:.0f} s ({share:.0%})" if share >= 0.08 else ""],
                     "textposition": "inside",
+                    "textangle": 0,
                     "insidetextanchor": "middle",
                     "width": 0.6,
                     "showlegend": False,
@@ -355,6 +363,7 @@ def _layout(panel: str, state: JobState) -> dict[str, Any]:
         "margin": {"l": 60, "r": 20, "t": 60, "b": 40},
         "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"},
         "barmode": "overlay",
+        "uniformtext": UNIFORM_TEXT,
     }
     if panel == "metrics":
         return {

@@ -28,7 +28,8 @@ from plotly.subplots import make_subplots
 from spotnb import logs, palette
 from spotnb.protocol import Event, JobStatus, JobWarning
 from spotnb.state import JobState
-from spotnb.widget.figures import breakdown_traces, metric_traces, timeline_traces
+from spotnb.widget.figures import UNIFORM_TEXT, breakdown_traces, metric_traces, timeline_traces
+from spotnb.widget.responsive import RESPONSIVE_CONFIG, responsive_esm
 from spotnb.widget.text import error_title, event_text, pace_text
 
 __all__ = ["JobView", "MessageBudget", "JobWidget", "render_info_html"]
@@ -98,7 +99,9 @@ WAITING = "spotnb-waiting"
 
 
 class _Figure(_Counted, go.FigureWidget):
-    pass
+    """Fills the output's width and follows it (spotnb.widget.responsive says why)."""
+
+    _esm = responsive_esm()
 
 
 class _HTML(_Counted, widgets.HTML):
@@ -299,6 +302,7 @@ class JobView:
             template="plotly_white",
             height=720,
             barmode="overlay",
+            uniformtext=UNIFORM_TEXT,
             margin={"l": 70, "r": 20, "t": 70, "b": 30},
             legend={"orientation": "h", "x": 0.0, "y": 1.04, "yanchor": "bottom"},
             uirevision="spotnb",
@@ -316,7 +320,6 @@ class JobView:
             font={"color": "#757575", "size": 14},
         )
         fig.update_yaxes(showticklabels=False, row=1, col=1, secondary_y=False)
-        fig.update_xaxes(title_text="step", row=1, col=1)
         fig.update_yaxes(autorange="reversed", row=2, col=1)
         fig.update_yaxes(showticklabels=False, fixedrange=True, range=[-0.5, 0.5], row=3, col=1)
         # the fixed traces are part of the initial state (no messages); metrics are added later
@@ -335,6 +338,7 @@ class JobView:
                 self._keys.append(key)
                 self._last_specs[key] = {k: v for k, v in spec.items() if k != "type"}
         self.figure = _Figure(fig)
+        self.figure._config = {**self.figure._config, **RESPONSIVE_CONFIG}
         self.figure._spotnb_budget = self.budget
         self.info = _HTML(value=render_info_html(self.state, self.job_id))
         self.info._spotnb_budget = self.budget
