@@ -106,8 +106,13 @@ def test_top_level_await_in_a_jupyter_kernel(tmp_path: Path) -> None:
     try:
         code = textwrap.dedent("""
             import asyncio, spotnb as spot
+            import time
             def fit(ctx):
-                return sum(step for step in ctx.steps(20))
+                total = 0
+                for step in ctx.steps(20):
+                    time.sleep(0.02)  # work inside the step, so the kill aimed at it finds it there
+                    total += step
+                return total
             job = spot.train(fit, spot.Config(local_schedule=[{"step": 8, "phase": "step"}]))
             kinds = [e.kind async for e in job.stream()]
             result = await job
