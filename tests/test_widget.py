@@ -352,3 +352,19 @@ def test_preparation_is_one_number_in_the_feed_and_the_timeline() -> None:
     assert f"after {prep:.1f} s prep" in event_text(ready)
     bars = dict(timeline_traces(st))["tl:prep"]
     assert sum(bars["x"]) == pytest.approx(prep)  # the timeline draws the same preparation
+
+
+def test_the_figure_module_wraps_plotlys_render_or_leaves_an_unknown_bundle_alone() -> None:
+    """The widget's figure ships plotly's own front-end module with a refitting `render` (the
+    browser test checks the widths); a plotly release with another export line gets its module
+    back unchanged rather than a broken one."""
+    from spotnb.widget.responsive import ResponsiveFigureWidget, _plotly_esm, wrap_render
+
+    stock = _plotly_esm()
+    wrapped = ResponsiveFigureWidget._esm
+    assert wrapped != stock and "ResizeObserver(" in wrapped and "_responsiveChartHandler()" in wrapped
+    # exactly one default export remains, and plotly's named exports are kept
+    assert wrapped.count("export default") == 1 and "as FigureView" in wrapped
+    assert ResponsiveFigureWidget()._config["responsive"] is True
+    changed = stock.replace(" as FigureView,", " as PlotView,")
+    assert wrap_render(changed) == changed

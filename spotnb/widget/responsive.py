@@ -20,15 +20,14 @@ import functools
 import logging
 import pathlib
 import re
+from typing import Any
 
 import plotly.basewidget
+import plotly.graph_objects as go
 
-__all__ = ["RESPONSIVE_CONFIG", "responsive_esm"]
+__all__ = ["ResponsiveFigureWidget", "wrap_render"]
 
 log = logging.getLogger("spotnb.widget")
-
-#: plotly's config for a figure that follows its container (installs the handler we call)
-RESPONSIVE_CONFIG = {"responsive": True}
 
 # the bundle's last line exports the model, the view and the anywidget factory
 _EXPORT = re.compile(
@@ -70,14 +69,30 @@ export default () => {
 """
 
 
-@functools.cache
-def responsive_esm() -> str:
-    """plotly's FigureWidget module with the refitting `render` (see the module docstring)."""
-    esm = plotly.basewidget.BaseFigureWidget._esm  # anywidget holds the file's contents
-    source = esm.read_text() if isinstance(esm, pathlib.Path) else str(esm)
+def wrap_render(source: str) -> str:
+    """plotly's widget module `source` with the refitting `render`; unchanged when its export
+    line is not the one this was written against."""
     matches = list(_EXPORT.finditer(source))
     if not matches:
         log.debug("plotly's widget bundle has no recognised export line: figures keep 700 px")
         return source
     last = matches[-1]
     return source[: last.start()] + _WRAPPER % last.groupdict() + source[last.end() :]
+
+
+@functools.cache
+def _plotly_esm() -> str:
+    esm = plotly.basewidget.BaseFigureWidget._esm  # anywidget holds the file's contents
+    return esm.read_text() if isinstance(esm, pathlib.Path) else str(esm)
+
+
+class ResponsiveFigureWidget(go.FigureWidget):
+    """A `go.FigureWidget` as wide as its output, redrawn when the output's width changes."""
+
+    _esm = wrap_render(_plotly_esm())
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # plotly's responsive handler is what the wrapped `render` calls
+        config: dict[str, Any] = dict(self._config)  # type: ignore[has-type]
+        self._config = {**config, "responsive": True}

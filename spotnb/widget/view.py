@@ -22,14 +22,13 @@ from typing import Any
 
 import ipywidgets as widgets
 import numpy as np
-import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from spotnb import logs, palette
 from spotnb.protocol import Event, JobStatus, JobWarning
 from spotnb.state import JobState
 from spotnb.widget.figures import UNIFORM_TEXT, breakdown_traces, metric_traces, timeline_traces
-from spotnb.widget.responsive import RESPONSIVE_CONFIG, responsive_esm
+from spotnb.widget.responsive import ResponsiveFigureWidget
 from spotnb.widget.text import error_title, event_text, pace_text
 
 __all__ = ["JobView", "MessageBudget", "JobWidget", "render_info_html"]
@@ -98,10 +97,8 @@ class _Counted:
 WAITING = "spotnb-waiting"
 
 
-class _Figure(_Counted, go.FigureWidget):
-    """Fills the output's width and follows it (spotnb.widget.responsive says why)."""
-
-    _esm = responsive_esm()
+class _Figure(_Counted, ResponsiveFigureWidget):
+    pass
 
 
 class _HTML(_Counted, widgets.HTML):
@@ -338,7 +335,6 @@ class JobView:
                 self._keys.append(key)
                 self._last_specs[key] = {k: v for k, v in spec.items() if k != "type"}
         self.figure = _Figure(fig)
-        self.figure._config = {**self.figure._config, **RESPONSIVE_CONFIG}
         self.figure._spotnb_budget = self.budget
         self.info = _HTML(value=render_info_html(self.state, self.job_id))
         self.info._spotnb_budget = self.budget
