@@ -84,7 +84,7 @@ class Series:
     curve rather than an aliased one. Width doubles (adjacent buckets merge) when full, so the
     cost per point is O(1) amortised and memory stays O(max_points)."""
 
-    __slots__ = ("width", "max_points", "_ids", "_sx", "_sy", "_n", "version", "count")
+    __slots__ = ("width", "max_points", "_ids", "_sx", "_sy", "_st", "_n", "version", "count")
 
     def __init__(self, max_points: int = MAX_POINTS) -> None:
         self.width = 1
@@ -92,11 +92,12 @@ class Series:
         self._ids: list[int] = []
         self._sx: list[float] = []
         self._sy: list[float] = []
+        self._st: list[float] = []  # sums of wall times (for a wall-time x-axis)
         self._n: list[int] = []
         self.version = 0
         self.count = 0  # raw points seen
 
-    def add(self, step: int, value: float) -> None:
+    def add(self, step: int, value: float, t: float = 0.0) -> None:
         if not math.isfinite(value):
             return
         self.count += 1
@@ -105,11 +106,13 @@ class Series:
         if self._ids and self._ids[-1] == b:
             self._sx[-1] += step
             self._sy[-1] += value
+            self._st[-1] += t
             self._n[-1] += 1
             return
         self._ids.append(b)
         self._sx.append(float(step))
         self._sy.append(value)
+        self._st.append(t)
         self._n.append(1)
         if len(self._ids) > self.max_points:
             self._halve()
@@ -119,19 +122,22 @@ class Series:
         ids: list[int] = []
         sx: list[float] = []
         sy: list[float] = []
+        st: list[float] = []
         n: list[int] = []
-        for b, x, y, c in zip(self._ids, self._sx, self._sy, self._n, strict=True):
+        for b, x, y, t, c in zip(self._ids, self._sx, self._sy, self._st, self._n, strict=True):
             nb = b // 2
             if ids and ids[-1] == nb:
                 sx[-1] += x
                 sy[-1] += y
+                st[-1] += t
                 n[-1] += c
             else:
                 ids.append(nb)
                 sx.append(x)
                 sy.append(y)
+                st.append(t)
                 n.append(c)
-        self._ids, self._sx, self._sy, self._n = ids, sx, sy, n
+        self._ids, self._sx, self._sy, self._st, self._n = ids, sx, sy, st, n
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -140,6 +146,10 @@ class Series:
         """Bucket means: (steps, values), ready to plot."""
         xs = [x / c for x, c in zip(self._sx, self._n, strict=True)]
         return xs, [y / c for y, c in zip(self._sy, self._n, strict=True)]
+
+    def times(self) -> list[float]:
+        """Bucket means of the wall times the points were logged at (epoch seconds)."""
+        return [t / c for t, c in zip(self._st, self._n, strict=True)]
 
 
 @dataclass
@@ -209,8 +219,9 @@ class JobState:
         # recomputed steps: one segment per (metric, incarnation), drawn with gaps between them
         self.redo: dict[str, dict[int, Series]] = {}
         self.incs: dict[int, Incarnation] = {}
-        self.preempt_marks: list[tuple[int, str]] = []  # (step, hover text)
-        self.resume_marks: list[tuple[int, str]] = []
+        # (step, hover text, wall time): drawn at the step, or at the time on a wall-time axis
+        self.preempt_marks: list[tuple[int, str, float]] = []
+        self.resume_marks: list[tuple[int, str, float]] = []
         self.checkpoints: list[ev.Checkpoint] = []
         self.feed: list[Event] = []
         self.step = 0
@@ -389,6 +400,7 @@ class JobState:
                         f"#{n} resumed from step {step}<br>{e.save_kind or '?'} checkpoint "
                         f"#{e.seq}, restore {e.restore_s or 0.0:.2f} s"
                     ),
+                    t,
                 )
             )
             v["metrics"] += 1
@@ -418,7 +430,7 @@ class JobState:
                 f"after {e.lifetime_s:.1f} s",
             ]
             bits.append(describe_kill(e))
-            self.preempt_marks.append((max(inc.reached, 0), "<br>".join(bits)))
+            self.preempt_marks.append((max(inc.reached, 0), "<br>".join(bits), t))
             v["metrics"] += 1
             v["breakdown"] += 1
         elif isinstance(e, ev.Exited):
@@ -457,6 +469,8 @@ class JobState:
                 new_t = row.get("t") or e.t
             if step > top:
                 top = step
+            rt = row.get("t")
+            rt = float(rt) if isinstance(rt, (int, float)) and not isinstance(rt, bool) else e.t
             for key, value in row.items():
                 if key == "step" or key == "t" or key == "replica":
                     continue
@@ -471,13 +485,13 @@ class JobState:
                     s = per.get(n)
                     if s is None:
                         s = per[n] = Series(self.max_points // 4)
-                    s.add(step, value)
+                    s.add(step, value, rt)
                 else:
                     s = self.first.get(key)
                     if s is None:
                         s = self.first[key] = Series(self.max_points)
                         self.metric_names.append(key)
-                    s.add(step, value)
+                    s.add(step, value, rt)
         inc.new_work_t = new_t
         self._reach(inc, top)
         self.versions["metrics"] += 1

@@ -287,3 +287,49 @@ def _drive(page: Any, lab: dict[str, Any]) -> None:
     raw = re.findall(r"\b[a-z_]+=\S+", events)
     assert not raw, f"raw key=value records in the job view's events: {raw[:5]}"
     print(f"screenshot: {out_dir / 'jobview.png'}")
+
+    # a failed job's view puts its error first, once, above the charts, in the first screen
+    failed_id = _run_a_failing_job(lab)
+    page.evaluate(f"() => window.jupyterapp.commands.execute('spotnb:open-job', {{id: '{failed_id}'}})")
+    scope = f".spotnb-jobview[data-job-id='{failed_id}']"
+    page.wait_for_function(
+        f'() => !!document.querySelector("{scope} .spotnb-failure") && !!document.querySelector('
+        f'"{scope} .spotnb-figures .js-plotly-plot, {scope} .spotnb-figures svg")',
+        timeout=30_000,
+    )
+    where = page.evaluate(
+        f"""() => {{
+        const v = document.querySelector("{scope}");
+        const f = v.querySelector('.spotnb-failure'), figs = v.querySelector('.spotnb-figures');
+        const box = v.getBoundingClientRect();
+        return {{failure: f.getBoundingClientRect().top - box.top,
+                 figures: figs.getBoundingClientRect().top - box.top,
+                 height: box.height, title: f.querySelector('b').innerText}};
+    }}"""
+    )
+    page.locator(scope).first.screenshot(path=str(out_dir / "jobview-failed.png"))
+    print(f"screenshot: {out_dir / 'jobview-failed.png'}  ({where})")
+    assert where["failure"] < where["figures"] and where["failure"] < where["height"] / 2, where
+    assert where["title"] == "ValueError: bad batch at step 5", where  # once, not "ValueError: ValueError"
+
+
+def _run_a_failing_job(lab: dict[str, Any]) -> str:
+    """A job whose function raises at step 5, run on the local market in the lab's spotnb home
+    (a separate process, as another notebook would); returns its id."""
+    code = (
+        "import spotnb as spot\n"
+        "from tests.core import jobfns\n"
+        "job = spot.train(jobfns.fails_at, spot.Config(ship_modules=['tests.core.jobfns'], name='fails'))\n"
+        "try:\n    job.result(timeout=120)\nexcept spot.JobFailed:\n    print(job.id)\n"
+    )
+    env = {
+        **os.environ,
+        "SPOTNB_FAST": "1",
+        "SPOTNB_HOME": str(lab["tmp"] / "spotnb-home"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr[-2000:]
+    return out.stdout.strip().splitlines()[-1]

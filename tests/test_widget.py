@@ -166,7 +166,7 @@ def test_static_figures_have_the_three_panels() -> None:
     figs = static_figures(EventsJob(events_of(steps=600, preempt_at=(450,))))
     assert set(figs) == {"metrics", "timeline", "breakdown"}
     names = {t.name for t in figs["metrics"].data}
-    assert {"loss", "loss (recomputed)", "preempted", "resumed"} <= names
+    assert {"loss", "loss (recomputed)", "recomputed steps", "preempted", "resumed"} <= names
     tl = {t.name: t for t in figs["timeline"].data}
     assert len(tl["compute"].y) == 2 and len(tl["recompute"].y) == 1 and len(tl["kill"].x) == 1
     bd = {t.name: t.x[0] for t in figs["breakdown"].data}
@@ -319,7 +319,8 @@ def test_a_failed_job_says_its_error_first_and_once() -> None:
 def test_the_metrics_panel_says_it_waits_then_draws_and_the_bar_is_labelled(
     sent: list[Any], clock: FakeClock
 ) -> None:
-    from spotnb.widget.view import WAITING, JobView
+    from spotnb.widget.figures import WAITING
+    from spotnb.widget.view import JobView
 
     events = events_of(steps=300, preempt_at=())
     before = [e for e in events if e["kind"] not in ("metrics", "progress")]
@@ -329,10 +330,91 @@ def test_the_metrics_panel_says_it_waits_then_draws_and_the_bar_is_labelled(
     assert waiting.visible is not False and not view.figure.layout.yaxis.showticklabels
     view = JobView(EventsJob(events), autostart=False, clock=clock)
     view.flush(force=True)
-    waiting = next(a for a in view.figure.layout.annotations if a.name == WAITING)
-    assert waiting.visible is False and view.figure.layout.yaxis.showticklabels
+    assert not [a for a in view.figure.layout.annotations if a.name == WAITING and a.visible is not False]
+    assert view.figure.layout.yaxis.showticklabels
     labels = [t.text[0] for t in view.figure.data if t.type == "bar" and t.text and t.text[0]]
     assert any(label.startswith("compute") and "%" in label for label in labels)
+
+
+def _two_metric_events() -> list[dict[str, Any]]:
+    """A job that logs a cross-entropy above 1 and an accuracy in [0, 1], preempted once."""
+    events = events_of(steps=300, preempt_at=(200,))
+    for e in events:
+        for row in e.get("rows") or ():
+            row["accuracy"] = min(1.0, row["step"] / 300)
+            row["loss"] = 2.5 - row["step"] / 300
+    return events
+
+
+def test_each_metric_has_its_own_panel_and_axis(sent: list[Any], clock: FakeClock) -> None:
+    """A cross-entropy above 1 must not flatten an accuracy: one y-axis per metric, stacked
+    on the shared step axis, named after its metric, in the live widget and the static figure."""
+    from spotnb.widget import static_figures
+    from spotnb.widget.view import JobView
+
+    view = JobView(EventsJob(_two_metric_events()), autostart=False, clock=clock)
+    view.flush(force=True)
+    fig = view.figure
+    loss, acc = _trace(view, "loss"), _trace(view, "accuracy")
+    assert loss.yaxis != acc.yaxis and loss.xaxis == acc.xaxis == "x"
+    layout = fig.layout
+    loss_axis, acc_axis = (layout[f"yaxis{t.yaxis[1:]}"] for t in (loss, acc))
+    assert loss_axis.title.text == "loss" and acc_axis.title.text == "accuracy"
+    assert acc_axis.domain[1] < loss_axis.domain[0]  # stacked, not overlaid: loss on top, accuracy below
+    assert layout.xaxis.anchor == acc.yaxis  # the step ticks under the bottom panel
+    # every panel (loss, lr, accuracy) gets the preemption mark, on its own hidden axis
+    marks = [t for t in fig.data if t.legendgroup == "preempt"]
+    assert len(marks) == len(view.state.metric_names) == 3 and all(len(t.x) == 3 for t in marks)
+    assert sum(bool(t.showlegend) for t in marks) == 1  # one legend entry
+    static = static_figures(EventsJob(_two_metric_events()))["metrics"]
+    assert {t.yaxis for t in static.data if t.name in ("loss", "accuracy")} == {loss.yaxis, acc.yaxis}
+
+
+def test_metrics_past_the_fourth_share_the_last_panel_with_a_legend() -> None:
+    from spotnb.widget.figures import MAX_PANELS, metric_panels, metric_traces
+
+    st = JobState()
+    st.metric_names = [f"m{i}" for i in range(6)]
+    assert metric_panels(st) == [["m0"], ["m1"], ["m2"], ["m3", "m4", "m5"]] and MAX_PANELS == 4
+    st = JobState()
+    st.feed_events(events_of(steps=50, preempt_at=()))
+    shown = {spec["name"]: spec["showlegend"] for key, spec in metric_traces(st) if key.startswith("m:")}
+    assert shown == {"loss": False, "lr": False}  # alone in its panel: the axis title names it
+
+
+def test_the_user_can_smooth_the_lines_and_plot_them_by_wall_time(sent: list[Any], clock: FakeClock) -> None:
+    """TensorBoard's two view options, above the figure: smoothing (the raw line fades behind
+    a debiased moving average) and a wall-time x-axis (the timeline's seconds since submission)."""
+    from spotnb.widget.figures import smooth
+    from spotnb.widget.view import JobView
+
+    assert smooth([1.0, 1.0, 1.0], 0.9) == pytest.approx([1.0, 1.0, 1.0])  # debiased: no pull to 0
+    noisy = [float(i % 2) for i in range(200)]
+    assert max(smooth(noisy, 0.9)[50:]) - min(smooth(noisy, 0.9)[50:]) < 0.2
+    view = JobView(EventsJob(_two_metric_events()), autostart=False, clock=clock)
+    view.flush(force=True)
+    steps = list(_trace(view, "loss").x)
+    assert not list(_trace(view, "loss (smoothed)").x)
+    view.smoothing_control.value = 0.8
+    view.x_axis_control.value = "time"
+    clock.now += 5
+    view.flush(force=True)
+    raw, smoothed = _trace(view, "loss"), _trace(view, "loss (smoothed)")
+    assert raw.opacity < 1 and list(smoothed.x) == list(raw.x) and len(smoothed.y) == len(raw.y)
+    assert list(smoothed.y) != list(raw.y)
+    t0 = view.state.job_start
+    times = list(raw.x)
+    assert times != steps and all(0 <= t <= view.state.now() - t0 for t in times)
+    assert times == sorted(times)
+    kill_t = view.state.preempt_marks[0][2] - t0
+    assert list(_trace(view, "preempted").x)[:2] == [kill_t, kill_t]
+    assert view.figure.layout.xaxis.title.text == "" and any(
+        "seconds since submission" in (a.text or "") for a in view.figure.layout.annotations
+    )
+    view.x_axis_control.value = "step"
+    clock.now += 5
+    view.flush(force=True)
+    assert list(_trace(view, "loss").x) == steps
 
 
 def test_preparation_is_one_number_in_the_feed_and_the_timeline() -> None:
@@ -368,3 +450,13 @@ def test_the_figure_module_wraps_plotlys_render_or_leaves_an_unknown_bundle_alon
     assert ResponsiveFigureWidget()._config["responsive"] is True
     changed = stock.replace(" as FigureView,", " as PlotView,")
     assert wrap_render(changed) == changed
+
+
+def test_a_metrics_figure_without_metrics_says_so_instead_of_empty_axes() -> None:
+    from spotnb.widget.figures import static_figures_from_state
+
+    st = JobState()
+    st.feed_events(events_of(steps=300, preempt_at=())[:3])  # launched, no step logged yet
+    fig = static_figures_from_state(st)["metrics"]
+    assert [a.text for a in fig.layout.annotations] == ["no metrics logged yet"]
+    assert fig.layout.xaxis.visible is False and fig.layout.yaxis.visible is False

@@ -16,6 +16,18 @@ from spotnb.state import Incarnation, JobState, describe_kill
 
 __all__ = [
     "metric_traces",
+    "metric_axes",
+    "metric_panels",
+    "smooth",
+    "layout_key",
+    "MAX_PANELS",
+    "VALUE_AXES",
+    "MARK_AXES",
+    "X_AXES",
+    "live_layout",
+    "LIVE_TITLES",
+    "WAITING",
+    "waiting_for_first_step",
     "timeline_traces",
     "breakdown_traces",
     "static_figures_from_state",
@@ -45,26 +57,83 @@ def format_bytes(n: float | None) -> str:
     return f"{n:.1f} GB"
 
 
-def _vlines(marks: list[tuple[int, str]]) -> tuple[list[Any], list[Any], list[Any]]:
+#: one panel per metric, stacked on a shared x-axis (TensorBoard's and W&B's one chart per
+#: metric: a cross-entropy above 1 must not flatten an accuracy); past MAX_PANELS metrics the
+#: last panel holds the rest, with a legend
+MAX_PANELS = 4
+#: the y-axes of the metric panels (top to bottom) and the hidden [0, 1] axes the preemption /
+#: resume marks are drawn on, one per panel; `y2`/`y3` are the live figure's timeline/breakdown
+VALUE_AXES = ("y", "y4", "y5", "y6")
+MARK_AXES = ("y7", "y8", "y9", "y10")
+#: the metrics' x-axis: the step, or the wall time since submission (the timeline's axis)
+X_AXES = {"step": "step", "time": "seconds since submission"}
+
+
+def _span(lo: float, hi: float) -> list[float]:
+    """A layout domain, clamped to [0, 1] (sums of fractions stray by 1e-17, which plotly refuses)."""
+    return [round(min(1.0, max(0.0, lo)), 6), round(min(1.0, max(0.0, hi)), 6)]
+
+
+def layout_key(ref: str) -> str:
+    """A trace's axis reference ("y4") → its layout key ("yaxis4")."""
+    return f"{ref[0]}axis{ref[1:]}"
+
+
+def metric_panels(state: JobState) -> list[list[str]]:
+    """The metrics of each panel, top to bottom (one empty panel before the first metric)."""
+    names = state.metric_names
+    if len(names) <= MAX_PANELS:
+        return [[n] for n in names] or [[]]
+    return [[n] for n in names[: MAX_PANELS - 1]] + [names[MAX_PANELS - 1 :]]
+
+
+def smooth(ys: list[float], weight: float) -> list[float]:
+    """TensorBoard's smoothing: an exponential moving average, debiased so the first points
+    are not pulled towards zero. `weight` 0 returns the values, 0.99 a very flat line."""
+    out: list[float] = []
+    last = 0.0
+    for n, v in enumerate(ys, 1):
+        last = last * weight + (1 - weight) * v
+        out.append(last / (1 - weight**n))
+    return out
+
+
+def _vlines(marks: list[tuple[float, str]]) -> tuple[list[Any], list[Any], list[Any]]:
     """Vertical segments on the [0, 1] marker axis, as one trace (None breaks the line)."""
     xs: list[Any] = []
     ys: list[Any] = []
     text: list[Any] = []
-    for step, hover in marks:
-        xs += [step, step, None]
+    for x, hover in marks:
+        xs += [x, x, None]
         ys += [0.0, 1.0, None]
         text += [hover, hover, None]
     return xs, ys, text
 
 
-def metric_traces(state: JobState) -> list[Trace]:
-    """One line per metric (first-time steps), the same metric's recomputed steps as a dotted,
-    marked line, and preemption / resume markers as vertical lines on a hidden [0, 1] axis."""
+def metric_traces(state: JobState, x_axis: str = "step", smoothing: float = 0.0) -> list[Trace]:
+    """Per metric: its line (first-time steps), a smoothed line when `smoothing` > 0 (the raw
+    one then fades, as in TensorBoard), the recomputed steps as a dotted, marked line; per
+    panel: preemption / resume marks as vertical lines on a hidden [0, 1] axis.
+
+    `x_axis` "step" or "time" (seconds since submission, so the metrics line up with the
+    instance timeline)."""
+    t0 = state.job_start or 0.0
+    by_time = x_axis == "time"
+
+    def xs(s: Any) -> tuple[list[float], list[float]]:
+        x, y = s.xy()
+        return ([t - t0 for t in s.times()] if by_time else x), y
+
+    x_hover = "%{x:.1f} s" if by_time else "step %{x:.0f}"
+    panels = metric_panels(state)
     out: list[Trace] = []
     for i, name in enumerate(state.metric_names):
+        panel = min(i, MAX_PANELS - 1)
+        shared = len(panels[panel]) > 1  # the last panel of many: a legend tells its lines apart
+        axes = {"xaxis": "x", "yaxis": VALUE_AXES[panel]}
         color = COLORS[i % len(COLORS)]
-        s = state.first[name]
-        x, y = s.xy()
+        x, y = xs(state.first[name])
+        smoothed = smoothing > 0 and len(y) > 1
         out.append(
             (
                 f"m:{name}",
@@ -73,17 +142,39 @@ def metric_traces(state: JobState) -> list[Trace]:
                     "mode": "lines",
                     "name": name,
                     "legendgroup": name,
+                    "showlegend": shared,
+                    **axes,
                     "x": x,
                     "y": y,
+                    "opacity": 0.3 if smoothed else 1.0,
                     "line": {"color": color, "width": 1.6},
-                    "hovertemplate": f"{name} %{{y:.4g}}<br>step %{{x:.0f}}<extra></extra>",
+                    "hovertemplate": f"{name} %{{y:.4g}}<br>{x_hover}<extra></extra>",
+                },
+            )
+        )
+        out.append(
+            (
+                f"s:{name}",
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "name": f"{name} (smoothed)",
+                    "legendgroup": name,
+                    "showlegend": False,
+                    **axes,
+                    "x": x if smoothed else [],
+                    "y": smooth(y, smoothing) if smoothed else [],
+                    "line": {"color": color, "width": 2},
+                    "hovertemplate": (
+                        f"{name} %{{y:.4g}} (smoothed {smoothing:.2f})<br>{x_hover}<extra></extra>"
+                    ),
                 },
             )
         )
         rx: list[Any] = []
         ry: list[Any] = []
         for _, seg in sorted(state.redo.get(name, {}).items()):
-            sx, sy = seg.xy()
+            sx, sy = xs(seg)
             if rx:
                 rx.append(None)
                 ry.append(None)
@@ -96,53 +187,100 @@ def metric_traces(state: JobState) -> list[Trace]:
                     "type": "scatter",
                     "mode": "lines+markers",
                     "name": f"{name} (recomputed)",
-                    "legendgroup": name,
+                    "legendgroup": "redo",
+                    "showlegend": False,  # one legend entry for all metrics: below
+                    **axes,
                     "x": rx,
                     "y": ry,
                     "visible": True if rx else "legendonly",
                     "line": {"color": palette.MARKS["redo"], "width": 1.4, "dash": "dot"},
                     "marker": {"size": 4, "color": palette.MARKS["redo"], "symbol": "circle-open"},
-                    "hovertemplate": f"{name} %{{y:.4g}} (recomputed)<br>step %{{x:.0f}}<extra></extra>",
+                    "hovertemplate": f"{name} %{{y:.4g}} (recomputed)<br>{x_hover}<extra></extra>",
                 },
             )
         )
-    px, py, pt = _vlines(state.preempt_marks)
+
     out.append(
         (
-            "preempt",
+            "redo",  # the legend entry of every metric's recomputed steps (no data of its own)
             {
                 "type": "scatter",
-                "mode": "lines",
-                "name": "preempted",
-                "x": px,
-                "y": py,
-                "yaxis": "y2",
-                "text": pt,
-                "hovertemplate": "%{text}<extra></extra>",
-                "line": {"color": PREEMPT_COLOR, "width": 2, "dash": "dash"},
-                "visible": True if px else "legendonly",
+                "mode": "lines+markers",
+                "name": "recomputed steps",
+                "legendgroup": "redo",
+                "xaxis": "x",
+                "yaxis": "y",
+                "x": [None],  # one empty point: plotly leaves a trace without data out of the legend
+                "y": [None],
+                "hoverinfo": "skip",
+                "line": {"color": palette.MARKS["redo"], "width": 1.4, "dash": "dot"},
+                "marker": {"size": 4, "color": palette.MARKS["redo"], "symbol": "circle-open"},
+                "visible": True if any(state.redo.values()) else "legendonly",
             },
         )
     )
-    rx2, ry2, rt = _vlines(state.resume_marks)
-    out.append(
-        (
-            "resume",
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "name": "resumed",
-                "x": rx2,
-                "y": ry2,
-                "yaxis": "y2",
-                "text": rt,
-                "hovertemplate": "%{text}<extra></extra>",
-                "line": {"color": RESUME_COLOR, "width": 1.5, "dash": "dot"},
-                "visible": True if rx2 else "legendonly",
-            },
-        )
-    )
+
+    def at(marks: list[tuple[int, str, float]]) -> list[tuple[float, str]]:
+        return [((t - t0) if by_time else step, hover) for step, hover, t in marks]
+
+    px, py, pt = _vlines(at(state.preempt_marks))
+    rx2, ry2, rt = _vlines(at(state.resume_marks))
+    for panel in range(len(panels)):
+        suffix = f":{panel}" if panel else ""
+        for key, name, (mx, my, mt), line in (
+            ("preempt", "preempted", (px, py, pt), {"color": PREEMPT_COLOR, "width": 2, "dash": "dash"}),
+            ("resume", "resumed", (rx2, ry2, rt), {"color": RESUME_COLOR, "width": 1.5, "dash": "dot"}),
+        ):
+            out.append(
+                (
+                    key + suffix,
+                    {
+                        "type": "scatter",
+                        "mode": "lines",
+                        "name": name,
+                        "legendgroup": key,
+                        "showlegend": panel == 0,
+                        "xaxis": "x",
+                        "yaxis": MARK_AXES[panel],
+                        "x": mx,
+                        "y": my,
+                        "text": mt,
+                        "hovertemplate": "%{text}<extra></extra>",
+                        "line": line,
+                        "visible": True if mx else "legendonly",
+                    },
+                )
+            )
     return out
+
+
+def metric_axes(state: JobState, domain: tuple[float, float], x_axis: str, gap: float) -> dict[str, Any]:
+    """Layout of the metric panels stacked in `domain` (paper fraction), `gap` apart: each
+    panel's y-axis titled with its metric, its hidden marker axis, and the shared x-axis drawn
+    under the bottom panel."""
+    panels = metric_panels(state)
+    n = len(panels)
+    lo, hi = domain
+    h = (hi - lo - gap * (n - 1)) / n
+    layout: dict[str, Any] = {}
+    for k in range(MAX_PANELS):
+        # every panel's axes exist from the first draw (the live figure then only changes
+        # them): an unused one is hidden over the first panel, where it draws nothing
+        top = hi - min(k, n) * (h + gap) if k < n else hi
+        layout[layout_key(VALUE_AXES[k])] = {
+            "domain": _span(max(lo, top - h), top),
+            "anchor": "x",
+            "visible": k < n,
+            "title": {"text": ", ".join(panels[k]) if k < n else "", "standoff": 4},
+        }
+        layout[layout_key(MARK_AXES[k])] = {
+            "overlaying": VALUE_AXES[k],
+            "range": [0, 1],
+            "visible": False,
+            "fixedrange": True,
+        }
+    layout["xaxis"] = {"anchor": VALUE_AXES[n - 1], "domain": [0, 1], "title": {"text": X_AXES[x_axis]}}
+    return layout
 
 
 def _inc_label(inc: Incarnation) -> str:
@@ -356,36 +494,141 @@ def breakdown_traces(b: Breakdown) -> list[Trace]:
     return out
 
 
+#: the live figure's rows, in pixels: metric panels (one, or each of several), instance
+#: timeline, breakdown; the gaps between rows hold the rows' titles
+_ONE_PANEL_PX, _PANEL_PX, _PANEL_GAP_PX = 260, 150, 22
+_TIMELINE_PX, _BREAKDOWN_PX, _ROW_GAP_PX = 150, 90, 62
+_MARGIN = {"l": 70, "r": 20, "t": 70, "b": 30}
+WAITING = "spotnb-waiting"
+#: the live figure's row titles (annotations named so they can be found and updated)
+LIVE_TITLES = {
+    "metrics": "metrics by {x}",
+    "timeline": "instances (seconds since submission)",
+    "breakdown": "where the time went (s)",
+}
+
+
+def live_layout(state: JobState, x_axis: str = "step") -> dict[str, Any]:
+    """The live widget's one figure: the metric panels on top, then the instance timeline
+    (axes x2/y2), then the breakdown bar (x3/y3). Rows are sized in pixels, so a new metric
+    panel makes the figure taller instead of squeezing the others."""
+    n = len(metric_panels(state))
+    metrics_px = _ONE_PANEL_PX if n == 1 else (_PANEL_PX if n == 2 else 130) * n + _PANEL_GAP_PX * (n - 1)
+    rows_px = [metrics_px, _TIMELINE_PX, _BREAKDOWN_PX]
+    plot_px = sum(rows_px) + 2 * _ROW_GAP_PX
+    height = plot_px + _MARGIN["t"] + _MARGIN["b"]
+    domains: list[tuple[float, float]] = []
+    top = 1.0
+    for px in rows_px:
+        domains.append((top - px / plot_px, top))
+        top -= (px + _ROW_GAP_PX) / plot_px
+    layout: dict[str, Any] = {
+        "template": "plotly_white",
+        "height": height,
+        "barmode": "overlay",
+        "uniformtext": UNIFORM_TEXT,
+        "margin": _MARGIN,
+        "legend": {"orientation": "h", "x": 0.0, "y": 1.0, "yanchor": "bottom"},
+        "uirevision": "spotnb",
+        **metric_axes(state, domains[0], x_axis, gap=_PANEL_GAP_PX / plot_px),
+        "xaxis2": {"anchor": "y2", "domain": [0, 1]},
+        "yaxis2": {"anchor": "x2", "domain": _span(*domains[1]), "autorange": "reversed"},
+        "xaxis3": {"anchor": "y3", "domain": [0, 1]},
+        "yaxis3": {
+            "anchor": "x3",
+            "domain": _span(*domains[2]),
+            "showticklabels": False,
+            "fixedrange": True,
+            "range": [-0.5, 0.5],
+        },
+    }
+    layout["xaxis"]["title"] = {"text": ""}  # the row title names the x-axis
+    layout["annotations"] = [
+        {
+            "name": f"title:{row}",
+            "text": text.format(x=X_AXES[x_axis] if x_axis != "step" else "step"),
+            "xref": "paper",
+            "yref": "paper",
+            "x": 0.5,
+            "y": domains[i][1],
+            "yanchor": "bottom",
+            "yshift": 4 if i else 22,  # the first row's legend sits between it and its title
+            "showarrow": False,
+            "font": {"size": 16},
+        }
+        for i, (row, text) in enumerate(LIVE_TITLES.items())
+    ]
+    if waiting_for_first_step(state):  # say so, instead of an empty panel with ticks at 0.2/0.4
+        layout["yaxis"]["showticklabels"] = False
+        layout["annotations"].append(
+            {
+                "name": WAITING,
+                "text": "waiting for the first step",
+                "xref": "x domain",
+                "yref": "y domain",
+                "x": 0.5,
+                "y": 0.5,
+                "showarrow": False,
+                "font": {"color": "#757575", "size": 14},
+            }
+        )
+    else:
+        layout["yaxis"]["showticklabels"] = True
+    return layout
+
+
+def waiting_for_first_step(state: JobState) -> bool:
+    """No metric point yet: the metrics panel has nothing to draw."""
+    return not any(len(s) for s in state.first.values())
+
+
 def _layout(panel: str, state: JobState) -> dict[str, Any]:
-    # the legend sits above the plot, right-aligned: below it, it covers the x-axis title
+    # the title on top, then the legend, then the plot: a legend beside the title covers it
+    # when the view is narrow and the legend wraps (the job view), one below the plot covers
+    # the x-axis title. The timeline's and breakdown's legends take two rows in a narrow view.
+    top = 70 if panel == "metrics" else 105
     common: dict[str, Any] = {
         "template": "plotly_white",
-        "margin": {"l": 60, "r": 20, "t": 60, "b": 40},
-        "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"},
+        "margin": {"l": 60, "r": 20, "t": top, "b": 40},
+        "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0, "xanchor": "left"},
         "barmode": "overlay",
         "uniformtext": UNIFORM_TEXT,
     }
+    title = {"yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 10}, "x": 0.02}
     if panel == "metrics":
-        return {
+        n = len(metric_panels(state))
+        layout = {
             **common,
-            "title": {"text": "metrics by step"},
-            "height": 380,
-            "xaxis": {"title": {"text": "step"}},
-            "yaxis": {"title": {"text": ", ".join(state.metric_names) or "value"}},
-            "yaxis2": {"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True},
+            "title": {**title, "text": "metrics"},
+            "height": 380 if n == 1 else 120 + 150 * n,
+            **metric_axes(state, (0.0, 1.0), "step", gap=0.08 if n > 1 else 0.0),
         }
+        if waiting_for_first_step(state):  # say so, rather than draw empty axes from -1 to 6
+            layout["xaxis"]["visible"] = layout["yaxis"]["visible"] = False
+            layout["annotations"] = [
+                {
+                    "text": "no metrics logged yet" if not state.done else "no metrics were logged",
+                    "xref": "paper",
+                    "yref": "paper",
+                    "x": 0.5,
+                    "y": 0.5,
+                    "showarrow": False,
+                    "font": {"color": "#757575", "size": 14},
+                }
+            ]
+        return layout
     if panel == "timeline":
         return {
             **common,
-            "title": {"text": "instances"},
-            "height": 140 + 40 * max(1, len(state.incs)),
+            "title": {**title, "text": "instances"},
+            "height": 185 + 40 * max(1, len(state.incs)),
             "xaxis": {"title": {"text": "seconds since submission"}},
             "yaxis": {"autorange": "reversed"},
         }
     return {
         **common,
-        "title": {"text": "where the time went (s)"},
-        "height": 220,
+        "title": {**title, "text": "where the time went (s)"},
+        "height": 265,
         "xaxis": {"title": {"text": "seconds"}},
         "yaxis": {"showticklabels": False, "range": [-0.5, 0.5]},
     }

@@ -22,12 +22,19 @@ from typing import Any
 
 import ipywidgets as widgets
 import numpy as np
-from plotly.subplots import make_subplots
+import plotly.graph_objects as go
 
 from spotnb import logs, palette
 from spotnb.protocol import Event, JobStatus, JobWarning
 from spotnb.state import JobState
-from spotnb.widget.figures import UNIFORM_TEXT, breakdown_traces, metric_traces, timeline_traces
+from spotnb.widget.figures import (
+    breakdown_traces,
+    live_layout,
+    metric_panels,
+    metric_traces,
+    timeline_traces,
+    waiting_for_first_step,
+)
 from spotnb.widget.responsive import ResponsiveFigureWidget
 from spotnb.widget.text import error_title, event_text, pace_text
 
@@ -93,8 +100,8 @@ class _Counted:
         super()._send(msg, buffers=buffers)  # type: ignore[misc]
 
 
-#: the name of the metrics panel's "waiting for the first step" annotation
-WAITING = "spotnb-waiting"
+#: the live layout's keys that never change after the first draw
+_FIXED_LAYOUT = frozenset({"template", "barmode", "uniformtext", "margin", "legend", "uirevision"})
 
 
 class _Figure(_Counted, ResponsiveFigureWidget):
@@ -272,7 +279,9 @@ class JobView:
         self.cpu_s = 0.0  # CPU seconds spent drawing (flusher thread)
         self.fold_cpu_s = 0.0  # CPU seconds spent folding events (caller's thread)
         self.figure_flushes = 0
-        self._waiting = True  # no metric point drawn yet
+        self.x_axis = "step"  # or "time": the metrics' x-axis (the user's choice, above the figure)
+        self.smoothing = 0.0  # TensorBoard-style EMA weight of the metric lines
+        self._view_version = 0  # bumped when the user changes the two above
         self._build()
         self._log_handler: logs.JobLogHandler | None = None
         if job is not None:
@@ -283,55 +292,18 @@ class JobView:
 
     # -- widgets -------------------------------------------------------------------------------
     def _build(self) -> None:
-        fig = make_subplots(
-            rows=3,
-            cols=1,
-            row_heights=[0.52, 0.3, 0.18],
-            vertical_spacing=0.1,
-            specs=[[{"secondary_y": True}], [{}], [{}]],
-            subplot_titles=(
-                "metrics by step",
-                "instances (seconds since submission)",
-                "where the time went (s)",
-            ),
-        )
-        fig.update_layout(
-            template="plotly_white",
-            height=720,
-            barmode="overlay",
-            uniformtext=UNIFORM_TEXT,
-            margin={"l": 70, "r": 20, "t": 70, "b": 30},
-            legend={"orientation": "h", "x": 0.0, "y": 1.04, "yanchor": "bottom"},
-            uirevision="spotnb",
-        )
-        fig.update_yaxes(range=[0, 1], visible=False, fixedrange=True, row=1, col=1, secondary_y=True)
-        # before the first step the metrics panel says so, instead of empty ticks at 0.2/0.4
-        fig.add_annotation(
-            name=WAITING,
-            text="waiting for the first step",
-            xref="x domain",
-            yref="y domain",
-            x=0.5,
-            y=0.5,
-            showarrow=False,
-            font={"color": "#757575", "size": 14},
-        )
-        fig.update_yaxes(showticklabels=False, row=1, col=1, secondary_y=False)
-        fig.update_yaxes(autorange="reversed", row=2, col=1)
-        fig.update_yaxes(showticklabels=False, fixedrange=True, range=[-0.5, 0.5], row=3, col=1)
         # the fixed traces are part of the initial state (no messages); metrics are added later
         empty = JobState()
+        self._layout_sig = self._layout_signature(empty)
+        fig = go.Figure(layout=live_layout(empty, self.x_axis))
         initial = {
             "metrics": metric_traces(empty),
             "timeline": timeline_traces(empty, now=0.0),
             "breakdown": breakdown_traces(empty.breakdown(now=0.0)),
         }
         for panel, traces in initial.items():
-            for key, spec, row, secondary in self._placed(panel, traces):
-                if row == 1:
-                    fig.add_trace(spec, row=row, col=1, secondary_y=secondary)
-                else:
-                    fig.add_trace(spec, row=row, col=1)
+            for key, spec in self._placed(panel, traces):
+                fig.add_trace(spec)
                 self._keys.append(key)
                 self._last_specs[key] = {k: v for k, v in spec.items() if k != "type"}
         self.figure = _Figure(fig)
@@ -352,9 +324,42 @@ class JobView:
             layout=widgets.Layout(justify_content="space-between", width="100%"),
         )
         self.info.layout = widgets.Layout(flex="1 1 auto")
-        self.box = JobWidget([header, self.figure])
+        self.x_axis_control = widgets.ToggleButtons(
+            options=[("step", "step"), ("time", "time")],
+            value=self.x_axis,
+            description="x-axis",
+            tooltips=["metrics by step", "metrics by seconds since submission (the timeline's axis)"],
+            style={"button_width": "60px", "description_width": "50px"},
+        )
+        self.smoothing_control = widgets.FloatSlider(
+            value=self.smoothing,
+            min=0.0,
+            max=0.99,
+            step=0.01,
+            description="smoothing",
+            readout_format=".2f",
+            continuous_update=False,
+            style={"description_width": "70px"},
+        )
+        self.x_axis_control.observe(self._on_view_option, names="value")
+        self.smoothing_control.observe(self._on_view_option, names="value")
+        self.smoothing_control.layout.margin = "0 0 0 24px"
+        controls = widgets.HBox([self.x_axis_control, self.smoothing_control])
+        self.box = JobWidget([header, controls, self.figure])
         self.box.view = self
         self.box.add_class("spotnb-job-widget")
+
+    def _on_view_option(self, _change: Any) -> None:
+        """The user chose another x-axis or smoothing: redraw the metrics at the next flush."""
+        with self._lock:
+            self.x_axis = self.x_axis_control.value
+            self.smoothing = float(self.smoothing_control.value)
+            self._view_version += 1
+        self._wake.set()
+
+    def _layout_signature(self, state: JobState) -> tuple[Any, ...]:
+        """What the figure's layout depends on: a change re-sends it (one message)."""
+        return (tuple(map(tuple, metric_panels(state))), self.x_axis, waiting_for_first_step(state))
 
     def _on_stop(self, _button: Any) -> None:
         self.stop_button.disabled = True
@@ -426,7 +431,10 @@ class JobView:
             html_value = render_info_html(st, self.job_id)
             now = self.clock()
             sent = self._sent_versions
-            metrics_changed = versions["metrics"] != sent.get("metrics")
+            versions["view"] = self._view_version
+            metrics_changed = versions["metrics"] != sent.get("metrics") or versions["view"] != sent.get(
+                "view"
+            )
             fig_changed = (
                 metrics_changed
                 or versions["timeline"] != sent.get("timeline")
@@ -435,15 +443,20 @@ class JobView:
             )  # a running job's bars grow with the clock
             fig_due = force or done or now - self._last_figure >= self.figure_interval
             panels: dict[str, list[tuple[str, dict[str, Any]]] | None] | None = None
+            layout: dict[str, Any] | None = None
             adds_only = False
             if fig_due and fig_changed and (force or self.budget.allows(cost)):
+                signature = self._layout_signature(st)
+                if signature != self._layout_sig:  # a new panel, another x-axis, the first step
+                    layout, self._layout_sig = live_layout(st, self.x_axis), signature
+                metrics = metric_traces(st, self.x_axis, self.smoothing) if metrics_changed else None
                 known = set(self._keys)
-                if any(f"m:{m}" not in known for m in st.metric_names):
+                if metrics is not None and any(k not in known for k, _ in metrics):
                     # a new metric: one add_traces now (it carries its data), the rest next turn
-                    panels, adds_only = {"metrics": metric_traces(st)}, True
+                    panels, adds_only = {"metrics": metrics}, True
                 else:
                     panels = {
-                        "metrics": metric_traces(st) if metrics_changed else None,
+                        "metrics": metrics,
                         "timeline": timeline_traces(st),
                         "breakdown": breakdown_traces(st.breakdown()),
                     }
@@ -454,6 +467,13 @@ class JobView:
             self._last_html = html_value
             self._last_html_t = now
         pending_figure = fig_changed
+        if layout is not None:
+            # before traces that use a new panel's axes; whole axis objects, one relayout
+            # (plotly.js refuses an update that sets a new axis and its domain together);
+            # `autosize` said again, or plotly.js drops it with the new height and the figure
+            # stops following the output's width
+            changes = {k: v for k, v in layout.items() if k not in _FIXED_LAYOUT}
+            self.figure.plotly_relayout({**changes, "autosize": True})
         if panels is not None:
             self._apply(panels, adds_only)
             self._last_figure = now
@@ -473,31 +493,33 @@ class JobView:
             self._wake.set()  # come back after the pause: there is more to send
         return False
 
-    _ROWS = {"metrics": 1, "timeline": 2, "breakdown": 3}
+    #: the live figure's axes of each panel's traces (the metric traces name their own panel)
+    _AXES = {"timeline": ("x2", "y2"), "breakdown": ("x3", "y3")}
 
     def _placed(
         self, panel: str, traces: list[tuple[str, dict[str, Any]]]
-    ) -> list[tuple[str, dict[str, Any], int, bool]]:
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """The traces with the axes of their row in the live figure."""
         out = []
         for key, spec in traces:
             spec = dict(spec)
-            spec.pop("xaxis", None)
-            secondary = spec.pop("yaxis", None) == "y2"
-            out.append((key, spec, self._ROWS[panel], secondary))
+            if panel in self._AXES:
+                spec["xaxis"], spec["yaxis"] = self._AXES[panel]
+            out.append((key, spec))
         return out
 
     def _apply(self, panels: dict[str, Any], adds_only: bool = False) -> None:
         """One `batch_update` for every changed trace, or one `add_traces` for new metrics."""
         fig = self.figure
-        adds: list[tuple[str, dict[str, Any], int, bool]] = []
+        adds: list[tuple[str, dict[str, Any]]] = []
         index = {k: i for i, k in enumerate(self._keys)}
         with fig.batch_update():
             for panel, traces in panels.items():
                 if traces is None:
                     continue
-                for key, spec, row, secondary in self._placed(panel, traces):
+                for key, spec in self._placed(panel, traces):
                     if key not in index:
-                        adds.append((key, spec, row, secondary))
+                        adds.append((key, spec))
                         continue
                     if adds_only:
                         continue
@@ -507,24 +529,11 @@ class JobView:
                     if changed:  # plotly validates what it is given: give it only news
                         fig.data[index[key]].update(_arrays(changed))
                         self._last_specs[key] = spec
-        drawn = any(k.startswith("m:") and len(spec.get("x") or ()) for k, spec in self._last_specs.items())
-        if self._waiting and (
-            drawn or any(k.startswith("m:") and len(spec.get("x") or ()) for k, spec, _, _ in adds)
-        ):
-            self._waiting = False  # the first step is in: the metrics panel draws it
-            with fig.batch_update():
-                fig.update_annotations(visible=False, selector={"name": WAITING})
-                fig.update_yaxes(showticklabels=True, row=1, col=1, secondary_y=False)
-        for key, spec, _, _ in adds:
+        for key, spec in adds:
             self._last_specs[key] = {k: v for k, v in spec.items() if k != "type"}
         if adds:
-            fig.add_traces(
-                [a[1] for a in adds],
-                rows=[a[2] for a in adds],
-                cols=[1] * len(adds),
-                secondary_ys=[a[3] for a in adds],
-            )
-            self._keys.extend(a[0] for a in adds)
+            fig.add_traces([spec for _, spec in adds])
+            self._keys.extend(key for key, _ in adds)
 
     def close(self) -> None:
         self.detach()
