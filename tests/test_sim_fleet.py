@@ -68,3 +68,36 @@ def test_plan_cli(tmp_path) -> None:
         text=True,
     )
     assert bad.returncode == 2 and "--instances" in bad.stderr
+    bad_sync = subprocess.run(
+        [sys.executable, "-m", "spotnb.cli", "plan", "--scenario", str(path), "--sync", "ddp,fast"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad_sync.returncode == 2 and "--sync" in bad_sync.stderr and "local_sgd:K" in bad_sync.stderr
+
+
+def test_plan_ranks_sync_strategies_behind_a_slow_link() -> None:
+    """SPOTNIK's trade in the planner: an all-reduce as long as a step makes ddp pay it every
+    step; local SGD pays it every K steps, and `auto` finds that out by itself. With one
+    instance there is nothing to synchronise: one row."""
+    sc = Scenario(steps=4000, step_time=1.0, alloc_time=60, prep_time=60, mttp=7200, spot_price=1.0)
+    rows = plan_instances(sc, [1, 4], runs=4, sync_time=1.0, syncs=("ddp", "local_sgd:16", "auto"))
+    by = {(r["instances"], r["sync"]): r for r in rows}
+    assert set(by) == {(1, "ddp"), (4, "ddp"), (4, "local_sgd:16"), (4, "auto")}
+    assert by[(4, "local_sgd:16")]["wall_s"] < by[(4, "ddp")]["wall_s"] / 2
+    assert by[(4, "auto")]["wall_s"] < by[(4, "ddp")]["wall_s"] / 2
+    assert rows[0]["sync"] != "ddp"  # best first: a strategy that synchronises less
+    # a cheap link: auto stays with ddp and they are the same runs
+    cheap = plan_instances(sc, [4], runs=3, sync_time=0.01, syncs=("ddp", "auto"))
+    assert cheap[0]["wall_s"] == pytest.approx(cheap[1]["wall_s"])
+
+
+def test_a_kill_undoes_the_window_in_flight_so_long_windows_lose_more() -> None:
+    """Without notice, a failed synchronisation undoes the whole window in flight (the
+    runtime restores the window's snapshot): the recompute grows with K."""
+    sc = Scenario(steps=20_000, step_time=0.2, save_time=5, alloc_time=10, prep_time=10, mttp=300)
+    recompute = {
+        sync: sum(simulate_fleet(sc, 3, random.Random(i), sync=sync).recompute for i in range(6))
+        for sync in ("ddp", "local_sgd:8", "local_sgd:512")
+    }
+    assert recompute["ddp"] < recompute["local_sgd:8"] < recompute["local_sgd:512"], recompute

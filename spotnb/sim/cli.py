@@ -96,7 +96,14 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--scenario", required=True, help="scenario file (YAML or JSON)")
     p.add_argument("--instances", default="1,2,4,8", help="instance counts to compare (default 1,2,4,8)")
-    p.add_argument("--sync-time", type=float, default=0.0, help="all-reduce seconds per step (default 0)")
+    p.add_argument(
+        "--sync-time", type=float, default=0.0, help="seconds of one all-reduce of the model (default 0)"
+    )
+    p.add_argument(
+        "--sync",
+        default="ddp,auto",
+        help="sync strategies to compare, e.g. ddp,local_sgd:16,diloco:16,auto (default ddp,auto)",
+    )
     p.add_argument("--join-time", type=float, default=0.1, help="peer state transfer seconds (default 0.1)")
     p.add_argument("--runs", type=int, default=50, help="independent runs per count (default 50)")
     p.add_argument("--seed", type=int, default=0)
@@ -109,6 +116,7 @@ def run_plan(args: argparse.Namespace) -> int:
     """Execute `spotnb plan`; returns the exit code."""
     from spotnb.sim.fleet import plan_instances
     from spotnb.sim.scenario import Scenario
+    from spotnb.sync import parse_sync
 
     try:
         scenario = Scenario.load(args.scenario)
@@ -117,11 +125,18 @@ def run_plan(args: argparse.Namespace) -> int:
             raise ValueError(f"--instances: give counts between 1 and 64, e.g. 1,2,4; got {args.instances!r}")
         if args.runs < 1:
             raise ValueError("--runs must be positive")
+        syncs = tuple(x.strip() for x in str(args.sync).split(",") if x.strip())
+        for sync in syncs or ("",):
+            try:
+                parse_sync(sync)
+            except ValueError as exc:
+                raise ValueError(f"--sync: {exc}") from None
         rows = plan_instances(
             scenario,
             counts,
             runs=args.runs,
             seed=args.seed,
+            syncs=syncs,
             sync_time=args.sync_time,
             join_time=args.join_time,
         )
@@ -132,12 +147,26 @@ def run_plan(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"{scenario.name or args.scenario}: {scenario.steps} steps, {args.runs} runs per count; best first")
-    heads = (("instances", 9), ("hours", 8), ("± sd", 7), ("cost $", 9), ("steps/$", 10), ("recompute s", 12))
+    heads = (
+        ("instances", 9),
+        ("sync", 13),
+        ("hours", 8),
+        ("± sd", 7),
+        ("cost $", 9),
+        ("steps/$", 10),
+        ("recompute s", 12),
+    )
     print(" ".join(f"{h:>{w}}" for h, w in heads) + f" {'losses':>7}")
     for r in rows:
         print(
-            f"{r['instances']:>9} {r['wall_s'] / 3600:8.2f} {r['wall_sd'] / 3600:7.2f} {r['cost']:9.2f} "
-            f"{r['steps_per_dollar']:10.0f} {r['recompute_s']:12.1f} {r['group_losses']:7.2f}"
+            f"{r['instances']:>9} {r['sync']:>13} {r['wall_s'] / 3600:8.2f} {r['wall_sd'] / 3600:7.2f} "
+            f"{r['cost']:9.2f} {r['steps_per_dollar']:10.0f} {r['recompute_s']:12.1f} "
+            f"{r['group_losses']:7.2f}"
+        )
+    if any(r["sync"] != "ddp" for r in rows):
+        print(
+            "note: local_sgd / diloco / auto synchronise less often; how many more steps they need "
+            "for the same loss is not simulated (measure it: python benchmarks/bench_sync.py)"
         )
     return 0
 

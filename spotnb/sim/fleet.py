@@ -8,10 +8,16 @@ The model is what `spotnb.fleet` and `spotnb.runtime.elastic` do:
   what traces of real markets show); a preempted slot is refilled after `alloc_time` +
   `prep_time` + `join_time` (the replacement's allocation, start and state transfer from a
   peer) and billed from allocation on.
-* With k live replicas a step of the global batch takes `step_time / k + sync_time` (data
-  parallel; `sync_time` is the all-reduce). A kill without notice costs the survivors the step
-  in flight and `pause` seconds (the lighthouse's detection; measured by
-  benchmarks/bench_elastic.py); a notice costs nothing (the replica leaves after its step).
+* With k live replicas a step of the global batch takes `step_time / k + sync_time / K` (data
+  parallel; `sync_time` is one all-reduce of the model, K the steps between synchronisations
+  of `sync`: 1 for ddp, K for `local_sgd:K` / `diloco:K`, and for `auto` what
+  `spotnb.sync.choose_sync` picks from the all-reduce's share of a step with k replicas).
+  A kill without notice costs the survivors `pause` seconds (the lighthouse's detection;
+  measured by benchmarks/bench_elastic.py) and the work the failed synchronisation undoes: the
+  step in flight in ddp, the window in flight with K > 1 (`runtime.elastic` restores the
+  window's snapshot). A notice costs nothing (the replica leaves after its step).
+  What the simulator does not know is how many more steps local SGD / DiLoCo need for the same
+  loss (benchmarks/bench_sync.py measures it on a model): `spotnb plan` says so.
 * After the whole group was lost, the first replacement back waits up to `cold_wait` seconds
   for the others before it restores from the store and trains (`runtime.elastic`'s
   `COLD_START_WAIT`). Below `min_instances` live replicas nobody trains. When none is live
@@ -35,6 +41,7 @@ from typing import Any
 from spotnb.policy.group import group_mttp
 from spotnb.policy.intervals import daly_interval
 from spotnb.sim.scenario import Scenario, mean_of
+from spotnb.sync import SAMPLES, choose_sync, parse_sync
 
 __all__ = ["FleetResult", "simulate_fleet", "plan_instances"]
 
@@ -72,6 +79,7 @@ def simulate_fleet(
     min_instances: int = 1,
     join_time: float = 0.1,
     sync_time: float = 0.0,
+    sync: str = "ddp",
     pause: float = 0.25,
     cold_wait: float = 5.0,
     sample_every: float | None = None,
@@ -79,6 +87,7 @@ def simulate_fleet(
     """One run of `scenario` on `instances` instances (see the module docstring)."""
     if instances < 1 or min_instances < 1 or min_instances > instances:
         raise ValueError(f"need 1 <= min_instances <= instances, got {min_instances}, {instances}")
+    window = _windows(parse_sync(sync), scenario.mean_step_time, sync_time)
     process = scenario.process()
     step1 = scenario.mean_step_time
     replace = mean_of(scenario.alloc_time) + mean_of(scenario.prep_time) + join_time
@@ -86,14 +95,14 @@ def simulate_fleet(
     gm = group_mttp(float(mttp), instances, replace) if math.isfinite(mttp) else math.inf
     save = mean_of(scenario.save_time)
     if scenario.save_every:
-        save_every_s = scenario.save_every * (step1 / instances + sync_time)
+        save_every_s = scenario.save_every * (step1 / instances + sync_time / window(instances))
     elif math.isfinite(gm):
         save_every_s = daly_interval(save, gm, replace)
     else:
         save_every_s = math.inf
     # a save that costs nothing would be taken continuously (Daly's interval is 0): take it at
     # most once per step of the full group, which is what the runtime can do
-    save_every_s = max(save_every_s, step1 / instances + sync_time)
+    save_every_s = max(save_every_s, step1 / instances + sync_time / window(instances))
     # each slot its own copy of the process (a trace replays the same waves in every slot:
     # real markets reclaim capacity from all instances of a zone at once) and its own draws
     procs = [process.fresh() for _ in range(instances)]
@@ -129,7 +138,8 @@ def simulate_fleet(
 
     while done < total:
         live = sum(up)
-        rate = live / (step1 + live * sync_time) if live >= min_instances else 0.0
+        every = window(live)
+        rate = live / (step1 + live * sync_time / every) if live >= min_instances else 0.0
         t_next = events[0][0] if events else math.inf
         # time to finish, and the next store checkpoint while training
         t_finish = t + (total - done) / rate if rate > 0 else math.inf
@@ -169,9 +179,12 @@ def simulate_fleet(
                     lost_steps = done - last_ckpt_step
                     recompute += lost_steps * step1 / instances
                     done = last_ckpt_step
-                elif rate > 0:  # the survivors redo the step in flight after a short pause
-                    done = max(last_ckpt_step, done - 1.0)
-                    recompute += 1.0 / rate + pause
+                elif rate > 0:  # the survivors undo the step (window) in flight, after a pause
+                    # (their own snapshot of the window's start, whatever the store holds)
+                    lost = min(done, 1.0 if every == 1 else done % every)
+                    done -= lost
+                    last_ckpt_step = min(last_ckpt_step, done)
+                    recompute += lost / rate + pause
                     t += pause
             billed[k] = math.inf  # not billing until the replacement is allocated
             heapq.heappush(events, (t + alloc, k, "billed", gen[k]))
@@ -193,26 +206,52 @@ def simulate_fleet(
     return FleetResult(instances, t, cost, recompute, losses, preemptions, liveput)
 
 
+def _windows(spec: Any, step_time: float, sync_time: float) -> Any:
+    """live replicas → steps between synchronisations (K) under `spec`; `auto` decides as the
+    runtime does, from one step's compute (the global batch split k ways) and one all-reduce."""
+
+    def every(live: int) -> int:
+        if spec.kind != "auto":
+            return int(spec.every)
+        samples = [(step_time / max(live, 1), sync_time)] * SAMPLES
+        mode, k = choose_sync("ddp", 1, samples)
+        return 1 if mode == "ddp" else k
+
+    return every
+
+
 def plan_instances(
-    scenario: Scenario, counts: list[int], runs: int = 20, seed: int = 0, **kw: Any
+    scenario: Scenario,
+    counts: list[int],
+    runs: int = 20,
+    seed: int = 0,
+    syncs: tuple[str, ...] = ("ddp",),
+    **kw: Any,
 ) -> list[dict[str, Any]]:
-    """Mean wall time, cost and progress per dollar for each instance count, best first (by
-    steps per dollar, then time). Parcae's question: how many instances to rent."""
+    """Mean wall time, cost and progress per dollar for each instance count and sync strategy,
+    best first (by steps per dollar, then time). Parcae's question: how many instances to
+    rent; SPOTNIK's: how often to synchronise them. The same seeds for every combination."""
     rows = []
     for n in counts:
-        results = [simulate_fleet(scenario, n, random.Random(seed * 1000 + i), **kw) for i in range(runs)]
-        wall = statistics.mean(r.wall for r in results)
-        cost = statistics.mean(r.cost for r in results)
-        rows.append(
-            {
-                "instances": n,
-                "wall_s": wall,
-                "wall_sd": statistics.pstdev(r.wall for r in results),
-                "cost": cost,
-                "steps_per_dollar": scenario.steps / cost if cost > 0 else math.inf,
-                "recompute_s": statistics.mean(r.recompute for r in results),
-                "group_losses": statistics.mean(r.group_losses for r in results),
-                "preemptions": statistics.mean(r.preemptions for r in results),
-            }
-        )
+        for sync in dict.fromkeys(syncs if n > 1 else ("ddp",)):  # one instance: nothing to sync
+            rows.append(_plan_row(scenario, n, sync, runs, seed, **kw))
     return sorted(rows, key=lambda r: (-r["steps_per_dollar"], r["wall_s"]))
+
+
+def _plan_row(scenario: Scenario, n: int, sync: str, runs: int, seed: int, **kw: Any) -> dict[str, Any]:
+    results = [
+        simulate_fleet(scenario, n, random.Random(seed * 1000 + i), sync=sync, **kw) for i in range(runs)
+    ]
+    wall = statistics.mean(r.wall for r in results)
+    cost = statistics.mean(r.cost for r in results)
+    return {
+        "instances": n,
+        "sync": sync,
+        "wall_s": wall,
+        "wall_sd": statistics.pstdev(r.wall for r in results),
+        "cost": cost,
+        "steps_per_dollar": scenario.steps / cost if cost > 0 else math.inf,
+        "recompute_s": statistics.mean(r.recompute for r in results),
+        "group_losses": statistics.mean(r.group_losses for r in results),
+        "preemptions": statistics.mean(r.preemptions for r in results),
+    }
