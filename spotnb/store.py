@@ -7,6 +7,7 @@ Layout under the store root (see ARCHITECTURE.md, "The parts"):
                                                   cannot append, so each writer rewrites its
                                                   current bounded segment, then starts a new one)
     jobs/<id>/ckpt/<seq>/...  + MANIFEST.json    state; a checkpoint exists once its manifest does
+    jobs/<id>/ckpt/blobs/<sha256>                files the script backed up, by content
     jobs/<id>/result.pkl                         fn's return value
 
 Every write is atomic: a reader sees the old object or the new one, never half of one.

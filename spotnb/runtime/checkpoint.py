@@ -6,6 +6,11 @@ background thread) serialises the copy to a local spool file and uploads it in c
 hashing as it goes. Phase 3 writes `MANIFEST.json` (sizes and sha256 of every file, step,
 kind) last: a checkpoint exists only once its manifest does. Restore takes the newest
 checkpoint whose files verify and falls back to the one before.
+
+Files the script backs up (`ctx.backup(path)`, a file or a whole folder such as a Hugging Face
+`checkpoint-500/`) are stored by content, once: `<root>/blobs/<sha256>`, listed in each manifest
+that needs them. A file unchanged since an earlier checkpoint (a frozen base model, a tokenizer)
+is not uploaded again; pruning deletes a blob when the last checkpoint that listed it goes.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from spotnb.store import Store
 __all__ = ["Checkpointer", "Snapshot", "Manifest", "SaveCancelled", "InvalidManifest", "CHUNK"]
 
 CHUNK = 4 * 1024 * 1024
+#: the folder of backed-up files, by content, beside the numbered checkpoint folders
+BLOBS = "blobs"
 _PERSISTENT = ("periodic", "final")
 
 
@@ -56,6 +63,8 @@ class Snapshot:
     nbytes: int
     files: list[tuple[str, str]] = field(default_factory=list)  # (spooled local copy, manifest name)
     dests: dict[str, str] = field(default_factory=dict)  # manifest name -> restore path
+    hashes: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (sha256, size)
+    dirs: dict[str, str] = field(default_factory=dict)  # manifest name prefix -> folder restored
 
 
 @dataclass
@@ -70,6 +79,14 @@ class Manifest:
     upload_s: float = 0.0
     nbytes: int = 0  # "bytes" in MANIFEST.json
     dests: dict[str, str] = field(default_factory=dict)
+    #: folders backed up whole: name prefix -> path. Restore makes each folder what it was
+    #: (files written after the checkpoint go), so a trainer resuming from "the newest
+    #: checkpoint folder in it" finds the one that was committed
+    dirs: dict[str, str] = field(default_factory=dict)
+
+    def blobs(self) -> set[str]:
+        """The sha256 of every backed-up file this checkpoint lists by content."""
+        return {meta["sha256"] for meta in self.files.values() if meta.get("blob")}
 
     def to_json(self, key: bytes | None = None, job_id: str = "") -> bytes:
         """The manifest as written; with a key, signed (it holds every file's sha256, so the
@@ -131,6 +148,11 @@ class Manifest:
             isinstance(k, str) and k in files and isinstance(v, str) and v for k, v in dests.items()
         ):
             raise InvalidManifest("MANIFEST.json dests must map listed files to paths")
+        dirs = doc.get("dirs", {})
+        if not isinstance(dirs, dict) or not all(
+            _safe_name(k) and isinstance(v, str) and v for k, v in dirs.items()
+        ):
+            raise InvalidManifest("MANIFEST.json dirs must map name prefixes to folders")
         fields = set(cls.__dataclass_fields__)
         values = {k: v for k, v in doc.items() if k in fields}
         values["kind"] = SaveKind(doc["kind"]) if doc["kind"] in _SAVE_KINDS else doc["kind"]
@@ -149,6 +171,41 @@ def _manifest_name(seq: int | str) -> str:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _copy_hashing(src: str, dest: str) -> tuple[str, int]:
+    """Copy `src` to `dest`; its sha256 and size, from the one read."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(src, "rb") as fin, open(dest, "wb") as fout:
+        while chunk := fin.read(CHUNK):
+            digest.update(chunk)
+            fout.write(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def _restore_dir(folder: str, files: dict[str, str]) -> None:
+    """Make `folder` hold exactly `files` (verified local copy -> path inside it): built beside
+    it, then swapped in, so a kill leaves either the old folder or the restored one whole."""
+    folder = os.path.abspath(folder)
+    parent = os.path.dirname(folder)
+    os.makedirs(parent, exist_ok=True)
+    fresh = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.restore-", dir=parent)
+    for local, dest in files.items():
+        rel = os.path.relpath(os.path.abspath(dest), folder)
+        target = os.path.join(fresh, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(local, target)
+    old = None
+    if os.path.lexists(folder):
+        old = f"{fresh}.old"
+        os.replace(folder, old)
+    os.replace(fresh, folder)
+    if old is not None and os.path.isdir(old):
+        shutil.rmtree(old, ignore_errors=True)
+    elif old is not None:
+        os.unlink(old)
 
 
 def _safe_name(name: Any) -> bool:
@@ -312,9 +369,16 @@ class Checkpointer:
 
     # -- phase 1 -------------------------------------------------------------------------
     def snapshot(
-        self, state: Any, step: int, kind: SaveKind, files: list[tuple[str, str]] | None = None
+        self,
+        state: Any,
+        step: int,
+        kind: SaveKind,
+        files: list[tuple[str, str]] | None = None,
+        dirs: dict[str, str] | None = None,
     ) -> Snapshot:
-        """Copy `state` (nested dicts/lists of tensors and plain values) into CPU memory."""
+        """Copy `state` (nested dicts/lists of tensors and plain values) into CPU memory, and
+        the script's `files` ((path, manifest name); `dirs`: folders backed up whole) to the
+        spool, hashing them."""
         self.beacon.set_snapshot(True)
         t0 = time.perf_counter()
         with self._cv:
@@ -327,14 +391,15 @@ class Checkpointer:
             torch.cuda.synchronize()
         spooled: list[tuple[str, str]] = []
         dests: dict[str, str] = {}
+        hashes: dict[str, tuple[str, int]] = {}
         for src, name in files or []:
             local = os.path.join(self.spool, f"user-{uuid.uuid4().hex[:8]}")
-            shutil.copyfile(src, local)
+            hashes[name] = _copy_hashing(src, local)  # the upload then knows if the store has it
             spooled.append((local, name))
             dests[name] = src
         dt = time.perf_counter() - t0
         self.beacon.set_snapshot(False)
-        snap = Snapshot(copied, step, kind, dt, _nbytes(copied), spooled, dests)
+        snap = Snapshot(copied, step, kind, dt, _nbytes(copied), spooled, dests, hashes, dict(dirs or {}))
         snap._pool = pool  # type: ignore[attr-defined]
         self.snapshot_ema, self.snapshot_var = _ewm(self.snapshot_ema, self.snapshot_var, dt)
         return snap
@@ -456,13 +521,13 @@ class Checkpointer:
             self._release(snap)
             files: dict[str, dict[str, Any]] = {}
             self.beacon.set_phase(Phase.UPLOAD)
-            for local, name in [(spool, "state.pt"), *snap.files]:
-                known = hashed.digest() if local == spool else None
-                files[name] = self._upload(local, f"{folder}/{name}", known)
+            files["state.pt"] = self._upload(spool, f"{folder}/state.pt", hashed.digest())
+            for local, name in snap.files:
+                files[name] = self._upload_blob(local, *snap.hashes[name])
                 if os.path.exists(local):
                     os.unlink(local)
             upload_s = time.perf_counter() - t0
-            total = sum(f["size"] for f in files.values())
+            total = sum(f["size"] for f in files.values() if not f.get("reused"))
             manifest = Manifest(
                 seq=seq,
                 step=snap.step,
@@ -474,6 +539,7 @@ class Checkpointer:
                 upload_s=upload_s,
                 nbytes=total,
                 dests=snap.dests,
+                dirs=snap.dirs,
             )
             if self.before_commit is not None:
                 # what the run logged up to this step becomes durable no later than the state:
@@ -508,6 +574,18 @@ class Checkpointer:
         self.beacon.set_phase(Phase.IDLE)
         self._prune(manifest)
         return manifest
+
+    def _upload_blob(self, local: str, sha256: str, size: int) -> dict[str, Any]:
+        """A backed-up file, stored by content: not uploaded again when the store has it (an
+        earlier checkpoint's copy, checked by size; restore checks its hash)."""
+        path = f"{self.root}/{BLOBS}/{sha256}"
+        try:
+            if self.store.exists(path) and self.store.fs.size(path) == size:
+                return {"size": size, "sha256": sha256, "blob": True, "reused": True}
+        except OSError:
+            pass  # cannot tell: upload it
+        meta = self._upload(local, path, {"size": size, "sha256": sha256})
+        return {**meta, "blob": True}
 
     def _upload(self, local: str, dest: str, known: dict[str, Any] | None = None) -> dict[str, Any]:
         """Copy a spooled file to the store in chunks, hashing as it goes (throttled if asked).
@@ -598,6 +676,7 @@ class Checkpointer:
             self.emit(ev.JobWarning(message=f"checkpoint pruning failed: {exc!r}"))
             return
         manifests = [m for _, m in scan if isinstance(m, Manifest)]
+        gone: set[str] = set()
         keep = {m.seq for m in manifests[:2]}
         keep |= {m.seq for m in [m for m in manifests if m.kind in _PERSISTENT][: self.keep_last]}
         for seq, found in scan:
@@ -618,6 +697,21 @@ class Checkpointer:
                 self._delete(seq)
             except Exception as exc:  # noqa: BLE001 - the next save prunes again
                 self.emit(ev.JobWarning(message=f"checkpoint pruning could not delete {seq}: {exc!r}"))
+                continue
+            if isinstance(found, Manifest):
+                gone |= found.blobs()
+        # a blob goes with the last checkpoint that listed it (only blobs of checkpoints just
+        # deleted: one a save of another writer has uploaded but not committed yet stays)
+        kept = set().union(
+            *(m.blobs() for _, m in scan if isinstance(m, Manifest) and m.seq in keep | {newest.seq})
+        )
+        for sha in sorted(gone - kept):
+            try:
+                self.store.rm(f"{self.root}/{BLOBS}/{sha}")
+            except Exception as exc:  # noqa: BLE001 - the next prune does not see it again: say so
+                self.emit(
+                    ev.JobWarning(message=f"checkpoint pruning could not delete blob {sha[:12]}: {exc!r}")
+                )
 
     def _delete(self, seq: int) -> None:
         folder = f"{self.root}/{seq:08d}"
@@ -647,11 +741,18 @@ class Checkpointer:
         paths: dict[str, str] = {}
         try:
             for name, meta in manifest.files.items():
-                paths[name] = self._fetch_verified(f"{folder}/{name}", meta)
+                where = f"{self.root}/{BLOBS}/{meta['sha256']}" if meta.get("blob") else f"{folder}/{name}"
+                paths[name] = self._fetch_verified(where, meta)
             state = torch.load(paths["state.pt"], map_location="cpu", weights_only=False)
+            in_dirs = {n for n in manifest.dests if any(n.startswith(p + "/") for p in manifest.dirs)}
             for name, dest in manifest.dests.items():
-                os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
-                shutil.copyfile(paths[name], dest)
+                if name not in in_dirs:
+                    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+                    shutil.copyfile(paths[name], dest)
+            for prefix, folder_path in manifest.dirs.items():
+                _restore_dir(
+                    folder_path, {paths[n]: manifest.dests[n] for n in in_dirs if n.startswith(prefix + "/")}
+                )
         except Exception as exc:  # noqa: BLE001 - any damage means: take the previous checkpoint
             self.emit(ev.CheckpointInvalid(seq=manifest.seq, step=manifest.step, reason=str(exc)))
             return None

@@ -397,13 +397,15 @@ class Context:
         self._save(SaveKind(kind), wait=wait)
 
     def backup(self, *paths: str, wait: bool | None = None) -> None:
-        """Upload files the script wrote (with the step and RNG state) as one checkpoint; on
-        restore they are put back at the same paths. Waits for the upload after a notice."""
+        """Upload files or whole folders the script wrote (with the step and RNG state) as one
+        checkpoint; on restore they are put back at the same paths, and a folder is made what
+        it was (files written into it after the checkpoint go). Files an earlier checkpoint
+        already holds are not uploaded again. Waits for the upload after a notice."""
         kind = self._save_due or SaveKind.MANUAL
         if self._in_loop:  # since the last step ended, the script was writing its checkpoint
             self._save_s += time.perf_counter() - self._t_last
-        files = [(p, f"files/{i}-{os.path.basename(p)}") for i, p in enumerate(paths)]
-        self._save(kind, files=files, wait=bool(wait) or kind == SaveKind.EMERGENCY)
+        files, dirs = _backup_files(paths)
+        self._save(kind, files=files, dirs=dirs, wait=bool(wait) or kind == SaveKind.EMERGENCY)
         if kind == SaveKind.EMERGENCY:
             self._evacuate_after_save()
         self._save_due = None
@@ -533,7 +535,13 @@ class Context:
             self._acknowledge()
         raise Evacuate()
 
-    def _save(self, kind: SaveKind, wait: bool = False, files: list[tuple[str, str]] | None = None) -> None:
+    def _save(
+        self,
+        kind: SaveKind,
+        wait: bool = False,
+        files: list[tuple[str, str]] | None = None,
+        dirs: dict[str, str] | None = None,
+    ) -> None:
         if self._rep is not None and self._rep.replica != 0:
             # one replica writes the store's checkpoints (all hold the same state); the others
             # keep the same plan, so whoever is replica 0 next saves on time
@@ -547,7 +555,7 @@ class Context:
             "user": self.state,
             "objects": {name: obj.state_dict() for name, obj in self._tracked.items()},
         }
-        snap = self._ckpt.snapshot(state, self._step, kind, files=files)
+        snap = self._ckpt.snapshot(state, self._step, kind, files=files, dirs=dirs)
         self._last_save_step = self._step
         self._replan()  # before the hand-off: once the writer thread runs, it competes for the GIL
         if wait:
@@ -621,3 +629,26 @@ def _tensors(obj: Any) -> Iterator[torch.Tensor]:
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             yield from _tensors(v)
+
+
+def _backup_files(paths: tuple[str, ...]) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """`ctx.backup`'s paths as (file, manifest name) pairs, a folder's files (recursively, in
+    a stable order; symbolic links to folders are not followed) under one name prefix, and
+    {prefix: folder} for the folders. A path that does not exist is a clear error."""
+    files: list[tuple[str, str]] = []
+    dirs: dict[str, str] = {}
+    for i, path in enumerate(paths):
+        prefix = f"files/{i}-{os.path.basename(os.path.normpath(path)) or 'root'}"
+        if os.path.isdir(path):
+            dirs[prefix] = path
+            for top, subdirs, names in os.walk(path):
+                subdirs.sort()
+                for name in sorted(names):
+                    full = os.path.join(top, name)
+                    if os.path.isfile(full):  # named by number: any file name is a safe one
+                        files.append((full, f"{prefix}/{len(files):06d}"))
+        elif os.path.isfile(path):
+            files.append((path, prefix))
+        else:
+            raise FileNotFoundError(f"ctx.backup({path!r}): no such file or folder (cwd {os.getcwd()})")
+    return files, dirs

@@ -151,3 +151,36 @@ def misuse_replicate(ctx: Any, mistake: str) -> None:
         ctx.track(model=model)
         for _ in ctx.steps(3):
             model(torch.ones(1, 2)).sum().backward()
+
+
+def folder_trainer(ctx: Any, steps: int = 60, out: str = "out", base_bytes: int = 1 << 20) -> dict[str, Any]:
+    """A trainer that keeps its own checkpoint folder, as Hugging Face's Trainer does:
+    `out/base.bin` (frozen weights, written once), `out/checkpoint-<step>/state.txt` (a running
+    total) and `out/latest`; it resumes from the newest `checkpoint-*` it finds in `out`, and
+    backs the whole folder up with `ctx.backup(out)` when spotnb says a save is due."""
+    import os
+    import shutil
+
+    total = 0
+    if ctx.restore() is None:  # nothing committed yet: start afresh, as on a new instance
+        shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out, exist_ok=True)
+    base = os.path.join(out, "base.bin")
+    if not os.path.exists(base):
+        with open(base, "wb") as f:
+            f.write(bytes(range(256)) * (base_bytes // 256))
+    found = sorted((int(n.split("-")[1]), n) for n in os.listdir(out) if n.startswith("checkpoint-"))
+    resumed_from = found[-1][0] if found else 0
+    if found:
+        total = int(Path(out, found[-1][1], "state.txt").read_text())
+    while ctx.step_index < steps:
+        with ctx.step() as i:
+            total += i
+            time.sleep(0.01)
+        if ctx.should_save():
+            folder = os.path.join(out, f"checkpoint-{ctx.step_index}")
+            os.makedirs(folder, exist_ok=True)
+            Path(folder, "state.txt").write_text(str(total))
+            Path(out, "latest").write_text(str(ctx.step_index))
+            ctx.backup(out)
+    return {"total": total, "resumed_from": resumed_from, "folders": sorted(os.listdir(out))}
