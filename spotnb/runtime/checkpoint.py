@@ -383,7 +383,14 @@ class Checkpointer:
         t0 = time.perf_counter()
         with self._cv:
             pool = next((p for p in self._pools if not p.in_use), None)
-            if pool is None:  # both buffers still queued for upload: use fresh memory
+            if pool is None and self._pending is not None and "_pool" in self._pending.__dict__:
+                # one save uploading, one queued behind it: this snapshot supersedes the queued
+                # one at submit anyway, so it takes its buffers now rather than a third copy
+                # of the state (fresh memory costs page faults on the training thread)
+                superseded, self._pending = self._pending, None
+                pool = superseded.__dict__.pop("_pool")
+                self._discard(superseded)
+            if pool is None:  # both buffers taken, neither by a queued save: use fresh memory
                 pool = _BufferPool()
             pool.in_use = True
         copied = pool.copy(state)
@@ -409,14 +416,7 @@ class Checkpointer:
         """Queue for background upload. A newer snapshot replaces one not started yet."""
         with self._cv:
             if self._pending is not None:
-                self._release(self._pending)
-                self.emit(
-                    ev.CheckpointSkipped(
-                        step=self._pending.step,
-                        save_kind=self._pending.kind,
-                        reason="superseded by a newer snapshot before its upload began",
-                    )
-                )
+                self._discard(self._pending)
             self._pending = snap
             self._cv.notify_all()
 
@@ -459,6 +459,21 @@ class Checkpointer:
             self._closed = True
             self._cv.notify_all()
         shutil.rmtree(self.spool, ignore_errors=True)
+
+    def _discard(self, snap: Snapshot) -> None:
+        """A queued snapshot a newer one supersedes: its buffers back, its spooled files gone,
+        and the event that says so."""
+        self._release(snap)
+        for local, _ in snap.files:
+            if os.path.exists(local):
+                os.unlink(local)
+        self.emit(
+            ev.CheckpointSkipped(
+                step=snap.step,
+                save_kind=snap.kind,
+                reason="superseded by a newer snapshot before its upload began",
+            )
+        )
 
     def _release(self, snap: Snapshot) -> None:
         """Give the snapshot's buffers back, exactly once: a second release could free a pool

@@ -84,3 +84,44 @@ def test_background_saves_do_not_reuse_a_buffer_still_queued(ckpt) -> None:
     assert c.wait(30)
     _, restored = c.load_latest()
     assert restored["objects"]["w"].sum().item() == 0.0
+
+
+def test_a_save_behind_a_queued_one_takes_its_buffers_not_a_third_copy(store_url, monkeypatch) -> None:
+    """Saves asked for faster than the writer serialises them: one being written, one waiting,
+    and the next supersedes the waiting one — in its buffers, so the state is never held three
+    times in RAM (and the training thread never page-faults a fresh copy in)."""
+    import threading
+
+    from spotnb.runtime import checkpoint
+    from spotnb.store import Store
+    from tests.core.helpers import Recorder
+
+    writing, release = threading.Event(), threading.Event()
+    real_save = torch.save
+
+    def slow_save(obj, f, *a, **kw):  # the writer thread, serialising the first snapshot
+        writing.set()
+        release.wait(30)
+        return real_save(obj, f, *a, **kw)
+
+    monkeypatch.setattr(checkpoint.torch, "save", slow_save)
+    rec = Recorder()
+    c = checkpoint.Checkpointer(Store(store_url), "job", 1, rec)
+    try:
+        c.submit(c.snapshot(_state(10), 10, "periodic"))
+        assert writing.wait(30)
+        queued = c.snapshot(_state(20), 20, "periodic")
+        c.submit(queued)
+        queued_pool = id(queued._pool)
+        newest = c.snapshot(_state(30), 30, "periodic")
+        assert id(newest._pool) == queued_pool  # the queued save's buffers, not fresh memory
+        assert [e["step"] for e in rec.kinds("checkpoint_skipped")] == [20]
+        c.submit(newest)
+        release.set()
+        assert c.wait(30)
+        assert [m.step for m in c.list_manifests()] == [30, 10]
+        _, state = c.load_latest()
+        assert torch.equal(state["objects"]["w"], torch.full((64, 64), 30.0))
+    finally:
+        release.set()
+        c.close()

@@ -1,0 +1,277 @@
+"""spotnb's checkpoints next to PyTorch's own (issue 11), in one run, on the same model, machine
+and disk, rounds interleaved. Prints; asserts nothing.
+
+    python benchmarks/bench_checkpoint.py                 # 200 MB of parameters
+    python benchmarks/bench_checkpoint.py --mb 200,2000   # and 2 GB (needs ~8 GB RAM, slow)
+
+For each way of saving — **torch.save** (synchronous, the baseline everyone has),
+**DCP async_save** (`torch.distributed.checkpoint`, staging to CPU then writing in a thread)
+and **spotnb** (`ctx.save`: a snapshot into reused buffers, then a background writer) — it
+prints:
+
+* the training thread's stall per save (median), and that stall ÷ a plain RAM copy of the state;
+* throughput with a save every 10 steps ÷ throughput without saves (the step is a real
+  forward/backward/SGD step of the same model);
+* peak extra host memory during the saving run (resident set size above the run's start,
+  sampled every 5 ms);
+* bytes written per save, and how many of the saves asked for were committed (spotnb drops a
+  queued save that a newer one supersedes; the others block until theirs is written).
+
+Goal (issue 11): spotnb's stall ≤ DCP async_save's and its throughput ratio ≥ DCP's at every
+size, peak extra memory ≤ the snapshot budget (not built yet: spotnb holds one copy of the state
+in RAM, and two while a save waits behind another).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench_core import _Never, make_context, make_model  # noqa: E402
+
+from spotnb.store import Store  # noqa: E402
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRss:
+    """Highest resident set size seen while inside the block, minus the size at its start."""
+
+    def __enter__(self) -> PeakRss:
+        self.base = self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+
+    @property
+    def extra(self) -> int:
+        return self.peak - self.base
+
+
+def _size(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+class Saver:
+    """One way of saving: `save(step)` is what the training thread calls; `finish()` waits for
+    everything in flight; `written` is the bytes of the last complete save."""
+
+    name = ""
+
+    def __init__(self, model: torch.nn.Module, folder: str) -> None:
+        self.model, self.folder = model, folder
+        self.written = 0
+        self.asked = 0
+
+    @property
+    def committed(self) -> int:
+        return self.asked
+
+    def save(self, step: int) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.finish()
+
+
+class TorchSave(Saver):
+    name = "torch.save"
+
+    def save(self, step: int) -> None:
+        path = os.path.join(self.folder, f"{step}.pt")
+        torch.save(self.model.state_dict(), path)
+        self.written = os.path.getsize(path)
+        os.unlink(path)
+
+
+class DcpAsync(Saver):
+    name = "DCP async_save"
+
+    def __init__(self, model: torch.nn.Module, folder: str) -> None:
+        super().__init__(model, folder)
+        self.future: Any = None
+        self.path = ""
+
+    def save(self, step: int) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        self.finish()  # DCP's own rule: one async save in flight
+        self.path = os.path.join(self.folder, f"dcp-{step}")
+        self.future = dcp.async_save({"model": self.model.state_dict()}, checkpoint_id=self.path)
+
+    def finish(self) -> None:
+        if self.future is not None:
+            self.future.result()
+            self.future = None
+            self.written = _size(self.path)
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+class Spotnb(Saver):
+    name = "spotnb"
+
+    def __init__(self, model: torch.nn.Module, folder: str) -> None:
+        super().__init__(model, folder)
+        self.ctx, self.ckpt = make_context(Store(folder), _Never())
+        self.ctx.track(model=model)
+        self.ctx.restore()
+
+    def save(self, step: int) -> None:
+        self.ctx.save("periodic")
+
+    @property
+    def committed(self) -> int:
+        return len(self.ckpt.committed)
+
+    def finish(self) -> None:
+        self.ckpt.wait()
+        self.written = self.ckpt.last_bytes
+
+    def close(self) -> None:
+        self.finish()
+        self.ckpt.close()
+
+
+SAVERS: tuple[type[Saver], ...] = (TorchSave, DcpAsync, Spotnb)
+
+
+def stalls(model: torch.nn.Module, rounds: int) -> dict[str, float]:
+    """Median seconds the caller is blocked per save, each saver's save after a warm-up one,
+    interleaved with a plain clone of the state (the floor: one RAM copy)."""
+    sd = model.state_dict()
+    out: dict[str, list[float]] = {"RAM copy": []}
+    folders = {cls: tempfile.mkdtemp(prefix="spotnb-bench-ckpt-") for cls in SAVERS}
+    savers = [cls(model, folders[cls]) for cls in SAVERS]
+    for s in savers:
+        s.save(0)
+        s.finish()
+    for r in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        {k: v.clone() for k, v in sd.items()}
+        out["RAM copy"].append(time.perf_counter() - t0)
+        for s in savers:
+            t0 = time.perf_counter()
+            s.save(r)
+            out.setdefault(s.name, []).append(time.perf_counter() - t0)
+            s.finish()  # the next save does not wait behind this one
+    for s in savers:
+        s.close()
+    for f in folders.values():
+        shutil.rmtree(f, ignore_errors=True)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def run_training(
+    model: torch.nn.Module, steps: int, make: Callable[[str], Saver] | None
+) -> tuple[float, int, int, str]:
+    """Steps per second of `steps` SGD steps with a save every 10 (none if `make` is None),
+    waiting for the last save; peak extra RSS; bytes of a save."""
+    x = torch.randn(32, model[0].in_features)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    folder = tempfile.mkdtemp(prefix="spotnb-bench-ckpt-")
+    saver = make(folder) if make is not None else None
+    with PeakRss() as mem:
+        t0 = time.perf_counter()
+        for step in range(1, steps + 1):
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if saver is not None and step % 10 == 0:
+                saver.save(step)
+                saver.asked += 1
+        if saver is not None:
+            saver.finish()
+        dt = time.perf_counter() - t0
+    written = saver.written if saver is not None else 0
+    done = f"{saver.committed}/{saver.asked}" if saver is not None else ""
+    if saver is not None:
+        saver.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    return steps / dt, mem.extra, written, done
+
+
+def bench(mb: int, steps: int, rounds: int) -> None:
+    model = make_model(mb)
+    nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    print(f"\n== {nbytes / 1e6:.0f} MB of parameters, {os.cpu_count()} cores ==")
+    stall = stalls(model, rounds)
+    run_training(model, 10, None)  # warm-up
+    base: list[float] = []
+    rates: dict[str, list[float]] = {cls.name: [] for cls in SAVERS}
+    peaks: dict[str, int] = {cls.name: 0 for cls in SAVERS}
+    written: dict[str, int] = {}
+    done: dict[str, str] = {}
+    for _ in range(2):  # interleaved, so drift in machine speed hits every saver alike
+        base.append(run_training(model, steps, None)[0])
+        for cls in SAVERS:
+            rate, peak, nbytes_written, committed = run_training(model, steps, lambda f, c=cls: c(model, f))
+            rates[cls.name].append(rate)
+            peaks[cls.name] = max(peaks[cls.name], peak)
+            written[cls.name], done[cls.name] = nbytes_written, committed
+    b = statistics.median(base)
+    copy = stall["RAM copy"]
+    print(f"no saves: {b:.2f} steps/s; one RAM copy of the state: {copy * 1e3:.0f} ms")
+    print(
+        f"{'':16}{'stall/save':>12}{'÷ RAM copy':>12}{'throughput':>12}{'peak extra':>12}{'bytes':>10}"
+        f"{'committed':>11}"
+    )
+    for cls in SAVERS:
+        n = cls.name
+        print(
+            f"{n:16}{stall[n] * 1e3:10.0f}ms{stall[n] / copy:12.2f}{statistics.median(rates[n]) / b:12.3f}"
+            f"{peaks[n] / 1e6:10.0f}MB{written.get(n, 0) / 1e6:8.0f}MB{done.get(n, ''):>11}"
+        )
+    s, d = "spotnb", "DCP async_save"
+    verdict_stall = "≤" if stall[s] <= stall[d] else ">"
+    verdict_rate = "≥" if statistics.median(rates[s]) >= statistics.median(rates[d]) else "<"
+    print(f"spotnb stall {verdict_stall} DCP's; spotnb throughput ratio {verdict_rate} DCP's")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mb", default="200", help="state sizes in MB, comma separated (default 200)")
+    parser.add_argument("--steps", type=int, default=100, help="training steps per run (default 100)")
+    parser.add_argument("--rounds", type=int, default=5, help="stall measurements per saver (default 5)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    for mb in (int(x) for x in args.mb.split(",")):
+        bench(mb, args.steps, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
