@@ -380,6 +380,25 @@ def test_metrics_past_the_fourth_share_the_last_panel_with_a_legend() -> None:
     st.feed_events(events_of(steps=50, preempt_at=()))
     shown = {spec["name"]: spec["showlegend"] for key, spec in metric_traces(st) if key.startswith("m:")}
     assert shown == {"loss": False, "lr": False}  # alone in its panel: the axis title names it
+    many = JobState()
+    many.feed_events(events_of(steps=20, preempt_at=()))
+    for row in (r for e in events_of(steps=20, preempt_at=()) for r in e.get("rows") or ()):
+        many.feed_events(
+            [
+                {
+                    "kind": "metrics",
+                    "t": row["t"],
+                    "incarnation": 1,
+                    "rows": [{**row, **{f"m{i}": i for i in range(50)}}],
+                }
+            ]
+        )
+    traces = dict(metric_traces(many))
+    assert not any(traces[f"m:m{i}"]["showlegend"] for i in range(50))  # 49 entries would bury it
+    from spotnb.widget.figures import metric_axes
+
+    title = metric_axes(many, (0.0, 1.0), "step", 0.05)["yaxis6"]["title"]["text"]
+    assert title.endswith("+46 more") and len(title) < 40
 
 
 def test_the_user_can_smooth_the_lines_and_plot_them_by_wall_time(sent: list[Any], clock: FakeClock) -> None:

@@ -61,6 +61,8 @@ def format_bytes(n: float | None) -> str:
 #: metric: a cross-entropy above 1 must not flatten an accuracy); past MAX_PANELS metrics the
 #: last panel holds the rest, with a legend
 MAX_PANELS = 4
+#: the shared last panel has a legend up to this many metrics, and only hover beyond
+MAX_LEGEND = 6
 #: the y-axes of the metric panels (top to bottom) and the hidden [0, 1] axes the preemption /
 #: resume marks are drawn on, one per panel; `y2`/`y3` are the live figure's timeline/breakdown
 VALUE_AXES = ("y", "y4", "y5", "y6")
@@ -129,7 +131,9 @@ def metric_traces(state: JobState, x_axis: str = "step", smoothing: float = 0.0)
     out: list[Trace] = []
     for i, name in enumerate(state.metric_names):
         panel = min(i, MAX_PANELS - 1)
-        shared = len(panels[panel]) > 1  # the last panel of many: a legend tells its lines apart
+        # the last panel of many: a legend tells its lines apart (hover alone past a handful,
+        # or the legend would bury the figure)
+        shared = 1 < len(panels[panel]) <= MAX_LEGEND
         axes = {"xaxis": "x", "yaxis": VALUE_AXES[panel]}
         color = COLORS[i % len(COLORS)]
         x, y = xs(state.first[name])
@@ -254,6 +258,13 @@ def metric_traces(state: JobState, x_axis: str = "step", smoothing: float = 0.0)
     return out
 
 
+def _panel_title(names: list[str]) -> str:
+    """A panel's y-axis title: its metrics, the first three of many."""
+    if len(names) <= 3:
+        return ", ".join(names)
+    return f"{', '.join(names[:3])} +{len(names) - 3} more"
+
+
 def metric_axes(state: JobState, domain: tuple[float, float], x_axis: str, gap: float) -> dict[str, Any]:
     """Layout of the metric panels stacked in `domain` (paper fraction), `gap` apart: each
     panel's y-axis titled with its metric, its hidden marker axis, and the shared x-axis drawn
@@ -271,7 +282,7 @@ def metric_axes(state: JobState, domain: tuple[float, float], x_axis: str, gap: 
             "domain": _span(max(lo, top - h), top),
             "anchor": "x",
             "visible": k < n,
-            "title": {"text": ", ".join(panels[k]) if k < n else "", "standoff": 4},
+            "title": {"text": _panel_title(panels[k]) if k < n else "", "standoff": 4},
         }
         layout[layout_key(MARK_AXES[k])] = {
             "overlaying": VALUE_AXES[k],
