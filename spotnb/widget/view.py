@@ -327,9 +327,8 @@ class JobView:
         self.x_axis_control = widgets.ToggleButtons(
             options=[("step", "step"), ("time", "time")],
             value=self.x_axis,
-            description="x-axis",
             tooltips=["metrics by step", "metrics by seconds since submission (the timeline's axis)"],
-            style={"button_width": "60px", "description_width": "50px"},
+            style={"button_width": "60px"},
         )
         self.smoothing_control = widgets.FloatSlider(
             value=self.smoothing,
@@ -344,7 +343,11 @@ class JobView:
         self.x_axis_control.observe(self._on_view_option, names="value")
         self.smoothing_control.observe(self._on_view_option, names="value")
         self.smoothing_control.layout.margin = "0 0 0 24px"
-        controls = widgets.HBox([self.x_axis_control, self.smoothing_control])
+        # a label of its own: ToggleButtons' description wraps above its buttons in an HBox
+        controls = widgets.HBox(
+            [widgets.Label("x-axis"), self.x_axis_control, self.smoothing_control],
+            layout=widgets.Layout(align_items="center"),
+        )
         self.box = JobWidget([header, controls, self.figure])
         self.box.view = self
         self.box.add_class("spotnb-job-widget")
