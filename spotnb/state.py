@@ -84,15 +84,17 @@ class Series:
     curve rather than an aliased one. Width doubles (adjacent buckets merge) when full, so the
     cost per point is O(1) amortised and memory stays O(max_points)."""
 
-    __slots__ = ("width", "max_points", "_ids", "_sx", "_sy", "_st", "_n", "version", "count")
+    __slots__ = ("width", "max_points", "_ids", "_sx", "_my", "_mt", "_n", "version", "count")
 
     def __init__(self, max_points: int = MAX_POINTS) -> None:
         self.width = 1
         self.max_points = max_points
         self._ids: list[int] = []
-        self._sx: list[float] = []
-        self._sy: list[float] = []
-        self._st: list[float] = []  # sums of wall times (for a wall-time x-axis)
+        self._sx: list[float] = []  # sums of steps (exact: steps are below 2**53)
+        # means, not sums, of values and wall times: two finite values near the float maximum
+        # overflow a sum, never a mean
+        self._my: list[float] = []
+        self._mt: list[float] = []
         self._n: list[int] = []
         self.version = 0
         self.count = 0  # raw points seen
@@ -104,15 +106,16 @@ class Series:
         self.version += 1
         b = step // self.width
         if self._ids and self._ids[-1] == b:
+            n = self._n[-1] + 1
             self._sx[-1] += step
-            self._sy[-1] += value
-            self._st[-1] += t
-            self._n[-1] += 1
+            self._my[-1] = _mean(self._my[-1], n - 1, value, 1)
+            self._mt[-1] = _mean(self._mt[-1], n - 1, t, 1)
+            self._n[-1] = n
             return
         self._ids.append(b)
         self._sx.append(float(step))
-        self._sy.append(value)
-        self._st.append(t)
+        self._my.append(value)
+        self._mt.append(t)
         self._n.append(1)
         if len(self._ids) > self.max_points:
             self._halve()
@@ -121,35 +124,57 @@ class Series:
         self.width *= 2
         ids: list[int] = []
         sx: list[float] = []
-        sy: list[float] = []
-        st: list[float] = []
+        my: list[float] = []
+        mt: list[float] = []
         n: list[int] = []
-        for b, x, y, t, c in zip(self._ids, self._sx, self._sy, self._st, self._n, strict=True):
+        for b, x, y, t, c in zip(self._ids, self._sx, self._my, self._mt, self._n, strict=True):
             nb = b // 2
             if ids and ids[-1] == nb:
                 sx[-1] += x
-                sy[-1] += y
-                st[-1] += t
+                my[-1] = _mean(my[-1], n[-1], y, c)
+                mt[-1] = _mean(mt[-1], n[-1], t, c)
                 n[-1] += c
             else:
                 ids.append(nb)
                 sx.append(x)
-                sy.append(y)
-                st.append(t)
+                my.append(y)
+                mt.append(t)
                 n.append(c)
-        self._ids, self._sx, self._sy, self._st, self._n = ids, sx, sy, st, n
+        self._ids, self._sx, self._my, self._mt, self._n = ids, sx, my, mt, n
 
     def __len__(self) -> int:
         return len(self._ids)
 
     def xy(self) -> tuple[list[float], list[float]]:
         """Bucket means: (steps, values), ready to plot."""
-        xs = [x / c for x, c in zip(self._sx, self._n, strict=True)]
-        return xs, [y / c for y, c in zip(self._sy, self._n, strict=True)]
+        return [x / c for x, c in zip(self._sx, self._n, strict=True)], list(self._my)
 
     def times(self) -> list[float]:
         """Bucket means of the wall times the points were logged at (epoch seconds)."""
-        return [t / c for t, c in zip(self._st, self._n, strict=True)]
+        return list(self._mt)
+
+
+def _mean(a: float, na: int, b: float, nb: int) -> float:
+    """The mean of `na` values averaging `a` and `nb` averaging `b`, without a sum that can
+    overflow."""
+    n = na + nb
+    return a * (na / n) + b * (nb / n)
+
+
+def _seconds(value: Any, default: float) -> float:
+    """A row's wall time as a finite float, else `default` (the event's time)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            f = float(value)
+        except OverflowError:
+            return default
+        if math.isfinite(f):
+            return f
+    return default
+
+
+#: steps beyond this are not steps (a float no longer holds them exactly)
+MAX_STEP = 2**53
 
 
 @dataclass
@@ -455,7 +480,7 @@ class JobState:
         last = self.last_metrics
         for row in rows:
             step = row.get("step") if isinstance(row, dict) else None
-            if not isinstance(step, int) or isinstance(step, bool):
+            if not isinstance(step, int) or isinstance(step, bool) or not -MAX_STEP < step < MAX_STEP:
                 continue
             replica = row.get("replica")
             if replica is not None:  # several instances: replica 0 draws the job's series
@@ -465,12 +490,11 @@ class JobState:
                 self._replica_top = max(self._replica_top, step)
             else:
                 redo = step <= boundary
+            rt = _seconds(row.get("t"), e.t)
             if not redo and new_t is None:
-                new_t = row.get("t") or e.t
+                new_t = rt
             if step > top:
                 top = step
-            rt = row.get("t")
-            rt = float(rt) if isinstance(rt, (int, float)) and not isinstance(rt, bool) else e.t
             for key, value in row.items():
                 if key == "step" or key == "t" or key == "replica":
                     continue

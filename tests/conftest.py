@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.widget_helpers import FakeClock
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -23,3 +27,23 @@ def spotnb_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def store_url(tmp_path: Path) -> str:
     return (tmp_path / "store").as_uri()
+
+
+# -- the widget tests' recording comm (tests/widget_helpers.py) ----------------------------------
+@pytest.fixture
+def clock() -> FakeClock:
+    from tests.widget_helpers import FakeClock
+
+    return FakeClock()
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> list[tuple[float, str, dict[str, Any]]]:
+    """Every comm message widgets send during the test: (clock, comm id, data)."""
+    import comm
+
+    from tests.widget_helpers import RecordingComm
+
+    log: list[tuple[float, str, dict[str, Any]]] = []
+    monkeypatch.setattr(comm, "create_comm", lambda **kw: RecordingComm(clock, log, **kw))
+    return log

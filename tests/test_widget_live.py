@@ -13,7 +13,7 @@ import pytest
 
 import spotnb as spot
 from spotnb.job import Job
-from tests.test_widget import RecordingComm
+from tests.widget_helpers import RecordingComm
 
 pytestmark = pytest.mark.slow
 

@@ -92,9 +92,14 @@ def metric_panels(state: JobState) -> list[list[str]]:
 def smooth(ys: list[float], weight: float) -> list[float]:
     """TensorBoard's smoothing: an exponential moving average, debiased so the first points
     are not pulled towards zero. `weight` 0 returns the values, 0.99 a very flat line."""
+    weight = min(max(weight, 0.0), 1.0)
     out: list[float] = []
     last = 0.0
     for n, v in enumerate(ys, 1):
+        if weight == 1.0:  # the limit of the debiased average: the mean so far
+            last += (v - last) / n
+            out.append(last)
+            continue
         last = last * weight + (1 - weight) * v
         out.append(last / (1 - weight**n))
     return out
@@ -119,7 +124,9 @@ def metric_traces(state: JobState, x_axis: str = "step", smoothing: float = 0.0)
 
     `x_axis` "step" or "time" (seconds since submission, so the metrics line up with the
     instance timeline)."""
-    t0 = state.job_start or 0.0
+    t0 = state.job_start
+    if t0 is None:  # rows of a log that began mid-job: its first logged time is 0
+        t0 = min((s.times()[0] for s in state.first.values() if len(s)), default=0.0)
     by_time = x_axis == "time"
 
     def xs(s: Any) -> tuple[list[float], list[float]]:
@@ -152,7 +159,7 @@ def metric_traces(state: JobState, x_axis: str = "step", smoothing: float = 0.0)
                     "y": y,
                     "opacity": 0.3 if smoothed else 1.0,
                     "line": {"color": color, "width": 1.6},
-                    "hovertemplate": f"{name} %{{y:.4g}}<br>{x_hover}<extra></extra>",
+                    "hovertemplate": f"%{{fullData.name}} %{{y:.4g}}<br>{x_hover}<extra></extra>",
                 },
             )
         )
@@ -169,9 +176,7 @@ def metric_traces(state: JobState, x_axis: str = "step", smoothing: float = 0.0)
                     "x": x if smoothed else [],
                     "y": smooth(y, smoothing) if smoothed else [],
                     "line": {"color": color, "width": 2},
-                    "hovertemplate": (
-                        f"{name} %{{y:.4g}} (smoothed {smoothing:.2f})<br>{x_hover}<extra></extra>"
-                    ),
+                    "hovertemplate": f"%{{fullData.name}} %{{y:.4g}}<br>{x_hover}<extra></extra>",
                 },
             )
         )
@@ -199,7 +204,7 @@ def metric_traces(state: JobState, x_axis: str = "step", smoothing: float = 0.0)
                     "visible": True if rx else "legendonly",
                     "line": {"color": palette.MARKS["redo"], "width": 1.4, "dash": "dot"},
                     "marker": {"size": 4, "color": palette.MARKS["redo"], "symbol": "circle-open"},
-                    "hovertemplate": f"{name} %{{y:.4g}} (recomputed)<br>{x_hover}<extra></extra>",
+                    "hovertemplate": f"%{{fullData.name}} %{{y:.4g}}<br>{x_hover}<extra></extra>",
                 },
             )
         )
@@ -258,11 +263,16 @@ def metric_traces(state: JobState, x_axis: str = "step", smoothing: float = 0.0)
     return out
 
 
+#: a metric's name in an axis title is cut to this many characters (the hover has it whole)
+TITLE_CHARS = 40
+
+
 def _panel_title(names: list[str]) -> str:
     """A panel's y-axis title: its metrics, the first three of many."""
+    cut = [n if len(n) <= TITLE_CHARS else n[: TITLE_CHARS - 1] + "…" for n in names[:3]]
     if len(names) <= 3:
-        return ", ".join(names)
-    return f"{', '.join(names[:3])} +{len(names) - 3} more"
+        return ", ".join(cut)
+    return f"{', '.join(cut)} +{len(names) - 3} more"
 
 
 def metric_axes(state: JobState, domain: tuple[float, float], x_axis: str, gap: float) -> dict[str, Any]:

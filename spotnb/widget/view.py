@@ -122,8 +122,19 @@ class JobWidget(widgets.VBox):
     view: JobView
 
     def close(self) -> None:
+        """Close every widget of the box, not only the box: each holds a comm in the kernel
+        and a model in the front end."""
         self.view.detach()
-        super().close()
+        pending: list[widgets.Widget] = [self]
+        while pending:
+            w = pending.pop()
+            pending.extend(getattr(w, "children", ()))
+            pending.extend(
+                x
+                for x in (getattr(w, "layout", None), getattr(w, "style", None))
+                if isinstance(x, widgets.Widget)
+            )
+            widgets.Widget.close(w)
 
 
 def _arrays(spec: dict[str, Any]) -> dict[str, Any]:
@@ -282,6 +293,7 @@ class JobView:
         self.x_axis = "step"  # or "time": the metrics' x-axis (the user's choice, above the figure)
         self.smoothing = 0.0  # TensorBoard-style EMA weight of the metric lines
         self._view_version = 0  # bumped when the user changes the two above
+        self._flusher_done = False  # the final state is shown and the flusher thread returned
         self._build()
         self._log_handler: logs.JobLogHandler | None = None
         if job is not None:
@@ -353,11 +365,16 @@ class JobView:
         self.box.add_class("spotnb-job-widget")
 
     def _on_view_option(self, _change: Any) -> None:
-        """The user chose another x-axis or smoothing: redraw the metrics at the next flush."""
+        """The user chose another x-axis or smoothing: redraw the metrics at the next flush, or
+        now when the job has ended and its flusher is done (a finished run is where one reads
+        curves)."""
         with self._lock:
             self.x_axis = self.x_axis_control.value
             self.smoothing = float(self.smoothing_control.value)
             self._view_version += 1
+            idle = self._flusher_done
+        if idle and not self._closed.is_set():
+            self.flush(force=True)
         self._wake.set()
 
     def _layout_signature(self, state: JobState) -> tuple[Any, ...]:
@@ -420,6 +437,10 @@ class JobView:
                 finished = False
             self.cpu_s += time.thread_time() - c0
             if finished:
+                with self._lock:  # an option changed since the flush: draw it first
+                    if self._sent_versions.get("view") != self._view_version:
+                        continue
+                    self._flusher_done = True
                 self._stop_logs()
                 return
             self._closed.wait(self.interval)
