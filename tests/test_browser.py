@@ -267,7 +267,12 @@ def _drive(page: Any, lab: dict[str, Any]) -> None:
 
     # the Spot jobs panel lists the job with the same savings sentence the widget shows
     page.evaluate("() => window.jupyterapp.commands.execute('spotnb:show-panel')")
-    page.wait_for_function("() => !!document.querySelector('.spotnb-panel .spotnb-job-row')", timeout=30_000)
+    # the panel polls the server: a first draw may predate the job's end (its row then says
+    # "running" and withholds the figure, as it should); wait for the row of the ended job
+    page.wait_for_function(
+        "() => !!document.querySelector('.spotnb-panel .spotnb-job-row[data-status=\"succeeded\"]')",
+        timeout=30_000,
+    )
     panel = page.locator(".spotnb-panel").first
     panel.screenshot(path=str(out_dir / "panel.png"))
     row_saved = page.evaluate("() => document.querySelector('.spotnb-panel .spotnb-row-saved').innerText")
