@@ -174,6 +174,7 @@ class Context:
             return model, optimizer
         self._rep = Replication(self._elastic, self.job_id, self._peer_state, self._load_peer_state)
         self._tracked[SYNC_KEY] = self._rep.sync  # checkpointed and sent to peers with the rest
+        self._rep.buffers = [b for b in model.buffers() if b.is_floating_point()]
         return model, ReplicatedOptimizer(optimizer, self._rep)
 
     def _peer_state(self) -> dict[str, Any]:

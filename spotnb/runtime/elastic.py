@@ -167,6 +167,7 @@ class Replication:
         self.sync = SyncState(elastic.sync)
         self.link_delay = float(os.environ.get(LINK_DELAY_ENV) or 0.0)
         self.params: list[torch.Tensor] = []  # set by ReplicatedOptimizer
+        self.buffers: list[torch.Tensor] = []  # the model's float buffers, set by ctx.replicate
         self.local = 0  # steps trained in the current window
         self._window_start: dict[str, Any] | None = None  # the state to return to if it fails
         self._start_params: list[torch.Tensor] = []
@@ -322,8 +323,9 @@ class Replication:
         t0 = time.perf_counter()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         stats = torch.zeros(2, dtype=torch.float64)
+        flat = None
         if grads:
-            flat = torch.cat([g.reshape(-1) for g in grads])
+            flat = torch.cat([g.reshape(-1) for g in grads] + self._buffer_parts(grads[0].dtype))
             stats = self._allreduce(flat)
             offset = 0
             for p, g in zip(params, grads, strict=True):
@@ -335,12 +337,29 @@ class Replication:
                     p.grad.copy_(chunk)
                 offset += n
         ok = bool(self.manager.should_commit())
+        if ok and flat is not None:
+            self._take_buffers(flat[offset:])
         self._sample(stats, t0)
         self._ddp_ok = ok
         self.committed_this_step = True
         self._t_compute = time.perf_counter()
         self._compute_s = 0.0
         return ok
+
+    def _buffer_parts(self, dtype: torch.dtype) -> list[torch.Tensor]:
+        """The model's floating-point buffers (BatchNorm's running statistics), flat, to be
+        averaged with the payload: each replica's forward passes saw only its share of the
+        batch, so without this the replicas' statistics drift apart (PyTorch's DDP broadcasts
+        rank 0's instead; an average keeps every replica's data in them)."""
+        return [b.detach().reshape(-1).to(dtype) for b in self.buffers]
+
+    def _take_buffers(self, averaged: torch.Tensor) -> None:
+        offset = 0
+        with torch.no_grad():
+            for b in self.buffers:
+                n = b.numel()
+                b.copy_(averaged[offset : offset + n].view_as(b))
+                offset += n
 
     def local_step(self) -> None:
         """Windowed modes: the user's optimizer stepped locally (nothing leaves the replica)."""
@@ -353,15 +372,15 @@ class Replication:
         t0 = time.perf_counter()
         params = self.params
         if self.sync.mode == "diloco":
-            flat = torch.cat(
-                [(s - p.detach()).reshape(-1) for s, p in zip(self._start_params, params, strict=True)]
-            )
+            parts = [(s - p.detach()).reshape(-1) for s, p in zip(self._start_params, params, strict=True)]
         else:
-            flat = torch.cat([p.detach().reshape(-1) for p in params])
+            parts = [p.detach().reshape(-1) for p in params]
+        flat = torch.cat(parts + self._buffer_parts(parts[0].dtype if parts else torch.float32))
         stats = self._allreduce(flat)
         ok = bool(self.manager.should_commit())
         self._sample(stats, t0)
         if ok:
+            self._take_buffers(flat[sum(p.numel() for p in params) :])
             offset = 0
             outer = self.sync.outer_optimizer(params) if self.sync.mode == "diloco" else None
             with torch.no_grad():

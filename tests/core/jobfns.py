@@ -113,6 +113,34 @@ def exact_dp(ctx: Any, steps: int = 60, step_delay: float = 0.02, width: int = 8
     return {"weights": weights, "step": ctx.step_index}
 
 
+def batchnorm_dp(ctx: Any, steps: int = 30) -> dict[str, Any]:
+    """A model with BatchNorm on several instances: each replica's forward passes see only its
+    share of the batch (shifted per replica, so the shares' statistics differ), which moves its
+    running statistics its own way. Each replica logs a checksum of its buffers (`buffers`)
+    and of its weights (`final`) at the end."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt = ctx.replicate(model, opt)
+    ctx.track(model=model, optimizer=opt)
+    for step in ctx.steps(steps):
+        g = torch.Generator().manual_seed(step * 100 + ctx.replica)
+        x = torch.randn(16, 4, generator=g) + float(ctx.replica)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(loss=float(loss.item()))
+    bn = model[1]
+    buffers = float((bn.running_mean * torch.arange(1, 9)).sum() + bn.running_var.sum())
+    weights = sum(float(p.double().sum()) for p in model.parameters())
+    ctx.log(buffers=buffers, final=weights)
+    return {"buffers": buffers}
+
+
 def exact_dp_slow_result(ctx: Any, steps: int, linger: float) -> dict[str, Any]:
     """`exact_dp`, but replica 0 takes `linger` seconds to return: a kill then lands after the
     last commit and before the job's result is written."""

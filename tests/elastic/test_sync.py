@@ -52,6 +52,21 @@ def test_local_sgd_redoes_a_window_a_kill_broke_and_applies_it_once() -> None:
     assert b.recompute > 0  # the broken window's work is counted as lost, not as compute
 
 
+@pytest.mark.parametrize("sync", ["ddp", "local_sgd:5"])
+def test_batchnorm_statistics_agree_across_replicas(sync: str) -> None:
+    """Each replica normalises only its share of the batch; the running statistics a model
+    evaluates with must still be the same on every replica at the end (averaged with the
+    gradients each step, or with the weights at each window's end), or the model a job
+    returns depends on which replica wrote it."""
+    job = spot.train(functools.partial(jobfns.batchnorm_dp, steps=30), _config(instances=2, sync=sync))
+    job.result(timeout=240)
+    rows = _rows(job)
+    buffers = {n: r["buffers"] for n, rs in rows.items() for r in rs if "buffers" in r}
+    assert len(buffers) == 2
+    assert len(set(buffers.values())) == 1, f"the replicas' BatchNorm statistics differ: {buffers}"
+    assert len(set(_finals(job).values())) == 1
+
+
 def test_diloco_replicas_agree_and_a_noticed_replica_finishes_its_window_first() -> None:
     steps, every = 64, 8
     job = spot.train(
