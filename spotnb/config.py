@@ -79,7 +79,12 @@ class _GenericConfig(BaseModel):
     keep_last: int = Field(2, ge=1, description="Periodic checkpoints kept.")
     max_preemptions: int | None = Field(None, ge=0, description="Stop after this many preemptions.")
     max_retries: int = Field(0, ge=0, description="Relaunches after a user error (default 0).")
-    max_cost: float | None = Field(None, gt=0, description="Stop when the spot spend reaches this ($).")
+    max_cost: float | None = Field(
+        None,
+        gt=0,
+        description="Stop when the job's spend reaches this ($): its spot instances, plus the "
+        "on-demand coordinator of a job on several instances on a cloud.",
+    )
     max_wait: Duration | None = Field(
         None, gt=0, description="Stop when no spot capacity was found for this long (None: keep asking)."
     )

@@ -213,10 +213,14 @@ class Controller:
             step=b.step,
             total_steps=b.total_steps,
             preemptions=b.preemptions,
-            spot_cost=b.spot_cost,
+            # the job's whole spend (a cloud coordinator included): the panel's "spent" and
+            # savings read this column, and must agree with the job's own views
+            spot_cost=b.total_cost,
             on_demand_cost=b.on_demand_cost,
             heartbeat=time.time(),
-            burn_rate=(b.spot_price or 0.0) if self.job.status in ("running", "restoring") else 0.0,
+            burn_rate=((b.spot_price or 0.0) + (b.coordinator_price or 0.0))
+            if self.job.status in ("running", "restoring")
+            else 0.0,
         )
 
     def _stop_requested(self) -> bool:
@@ -416,7 +420,7 @@ class Controller:
                 return False
             if not self._progressing(n, pre):
                 return False
-        cost = self.job.breakdown().spot_cost
+        cost = self.job.breakdown().total_cost  # a coordinator's spend counts too
         if self.config.max_cost is not None and cost >= self.config.max_cost:
             self._cancel_pre(pre)
             self._stop_reason = f"max_cost=${self.config.max_cost} reached (spent ${cost:.4f})"

@@ -233,7 +233,7 @@ class FleetController(Controller):
             if limit is not None and self.preemptions > limit:
                 self._stop_reason = f"max_preemptions={limit} reached"
                 return JobStatus.STOPPED
-            cost = self.job.breakdown().spot_cost
+            cost = self.job.breakdown().total_cost  # the coordinator's on-demand spend too
             if self.config.max_cost is not None and cost >= self.config.max_cost:
                 self._stop_reason = f"max_cost=${self.config.max_cost} reached (spent ${cost:.4f})"
                 return JobStatus.STOPPED

@@ -345,7 +345,7 @@ class Job:
         prog = f"step {b.step}" + (f"/{b.total_steps}" if b.total_steps else "")
         return (
             f"{self.name} [{self.status}] {prog}, {b.preemptions} preemption(s), "
-            f"spot ${b.spot_cost:.4f} vs on-demand ${b.on_demand_cost:.4f}"
+            f"{_spent(b)} vs on-demand ${b.on_demand_cost:.4f}"
         )
 
     def __repr__(self) -> str:
@@ -353,7 +353,7 @@ class Job:
 
     def _repr_html_(self) -> str:
         b = self.breakdown()
-        sv = describe_savings(b.spot_cost, b.on_demand_cost, str(self.status), b.compute)
+        sv = describe_savings(b.total_cost, b.on_demand_cost, str(self.status), b.compute)
         rows = "".join(
             f"<tr><td>{c}</td><td>{getattr(b, c):.1f} s</td></tr>"
             for c in ("compute", "recompute", "save", "alloc", "prep", "other")
@@ -362,7 +362,7 @@ class Job:
             f"<div class='spotnb-job'><b>{html.escape(self.name)}</b> "
             f"<code>{html.escape(self.id)}</code> — <b>{html.escape(self.status)}</b><br>"
             f"step {b.step}{'/' + str(b.total_steps) if b.total_steps else ''}, "
-            f"{b.preemptions} preemption(s), spot ${b.spot_cost:.4f}: "
+            f"{b.preemptions} preemption(s), {html.escape(_spent(b))}: "
             f"{html.escape(sv.text)} ({html.escape(sv.baseline)})"
             f"<table>{rows}<tr><td>total</td><td>{b.total:.1f} s</td></tr></table></div>"
         )
@@ -398,3 +398,14 @@ class Job:
         from spotnb.widget import static_figures
 
         return static_figures(self)
+
+
+def _spent(b: Breakdown) -> str:
+    """What the job spent, as the job's one-line views say it: the spot instances, plus the
+    on-demand coordinator of a job on several instances on a cloud on its own line."""
+    if b.coordinator_price is None:
+        return f"spot ${b.spot_cost:.4f}"
+    return (
+        f"spent ${b.total_cost:.4f} (spot ${b.spot_cost:.4f} + "
+        f"coordinator ${b.coordinator_cost:.4f} on demand)"
+    )

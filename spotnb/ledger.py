@@ -14,6 +14,12 @@ instance (`Span.slot`): its figures are instance-seconds, and the total is lanes
   alloc: waiting for an instance; other: gaps (backoff after capacity errors, the end).
 - spot cost: each instance's running time (allocation to end) at its spot price.
 - on-demand cost: the job's compute time at the on-demand price of the same instance type.
+- coordinator cost: a job on several instances on a cloud also pays for a small on-demand
+  coordinator (torchft's lighthouse, which must outlive every spot instance). It is its own
+  line (`Overhead`, from the coordinator's start to its end at its on-demand price): not spot
+  compute, not in the on-demand baseline of the training work (an on-demand run of the same
+  work would not need it), but in `total_cost`, the job's whole spend, which the savings are
+  measured from, so the figure the user reads includes what the job really cost.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Any
 
 from spotnb.protocol import Progress
 
-__all__ = ["Breakdown", "Span", "compute_breakdown", "CATEGORIES"]
+__all__ = ["Breakdown", "Span", "Overhead", "compute_breakdown", "coordinator_overheads", "CATEGORIES"]
 
 CATEGORIES = ("compute", "recompute", "save", "alloc", "prep", "other")
 _PRIORITY = {"running": 3, "prep": 2, "alloc": 1}
@@ -48,14 +54,22 @@ class Breakdown:
     on_demand_cost: float = 0.0
     spot_price: float | None = None
     on_demand_price: float | None = None
+    coordinator_cost: float = 0.0  # the on-demand coordinator of a job on several instances
+    coordinator_price: float | None = None  # its $/h (None: the job has no coordinator)
+
+    @property
+    def total_cost(self) -> float:
+        """Everything the job spent: its spot instances plus its coordinator (an overhead)."""
+        return self.spot_cost + self.coordinator_cost
 
     @property
     def savings(self) -> float:
-        """Fraction saved against on-demand (0.7 = 70 % cheaper); 0 before any compute."""
-        return 1.0 - self.spot_cost / self.on_demand_cost if self.on_demand_cost > 0 else 0.0
+        """Fraction saved against on-demand (0.7 = 70 % cheaper), from the job's whole spend
+        (`total_cost`, coordinator included); 0 before any compute."""
+        return 1.0 - self.total_cost / self.on_demand_cost if self.on_demand_cost > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "savings": self.savings}
+        return {**asdict(self), "total_cost": self.total_cost, "savings": self.savings}
 
     def table(self) -> str:
         """A plain-text table for terminals and logs."""
@@ -69,8 +83,14 @@ class Breakdown:
             f"preemptions {self.preemptions}, instances {self.incarnations}, "
             f"steps {self.step}" + (f"/{self.total_steps}" if self.total_steps else "")
         )
+        if self.coordinator_price is not None:
+            lines.append(
+                f"coordinator ${self.coordinator_cost:.4f} (on demand, ${self.coordinator_price:.4f}/h; "
+                f"spot instances ${self.spot_cost:.4f})"
+            )
+        spent = "total" if self.coordinator_price is not None else "spot cost"
         lines.append(
-            f"spot cost ${self.spot_cost:.4f}  vs on-demand ${self.on_demand_cost:.4f} for the same "
+            f"{spent} ${self.total_cost:.4f}  vs on-demand ${self.on_demand_cost:.4f} for the same "
             f"{self.compute / 60:.1f} min of training"
             + (f"  ({self.savings:.0%} less)" if self.savings >= 0 else f"  ({-self.savings:.0%} more)")
         )
@@ -81,7 +101,13 @@ class Breakdown:
             "Breakdown("
             + ", ".join(f"{c}={getattr(self, c):.2f}" for c in CATEGORIES)
             + f", total={self.total:.2f}, preemptions={self.preemptions}, "
-            f"spot_cost={self.spot_cost:.4f}, on_demand_cost={self.on_demand_cost:.4f})"
+            f"spot_cost={self.spot_cost:.4f}, on_demand_cost={self.on_demand_cost:.4f}"
+            + (
+                f", coordinator_cost={self.coordinator_cost:.4f}"
+                if self.coordinator_price is not None
+                else ""
+            )
+            + ")"
         )
 
 
@@ -103,17 +129,52 @@ class Span:
     slot: int = 0  # the lane: one per instance of a job on several instances
 
 
+@dataclass(frozen=True)
+class Overhead:
+    """A machine the job pays for that trains nothing (today: the on-demand coordinator of a
+    job on several instances), billed from `start` to `end` (None: to the job's end) at
+    `price` $/h. It takes no lane and no category: it is money, not instance-seconds."""
+
+    name: str
+    start: float
+    end: float | None
+    price: float
+
+
+def coordinator_overheads(infos: Iterable[dict[str, Any]]) -> list[Overhead]:
+    """The coordinators named in the instances' `info` (a cloud provider records there which
+    coordinator each instance trained with: `{"coordinator": {"id", "started", "price"}}`), one
+    `Overhead` each. A coordinator replaced by a newer one (it died) is billed until the newer
+    one started; the newest until the job's end."""
+    seen: dict[str, tuple[float, float]] = {}
+    for info in infos:
+        c = (info or {}).get("coordinator")
+        if isinstance(c, dict) and c.get("id") and c.get("started") is not None:
+            seen[str(c["id"])] = (float(c["started"]), float(c.get("price") or 0.0))
+    ordered = sorted(seen.items(), key=lambda kv: kv[1][0])
+    return [
+        Overhead("coordinator", started, ordered[k + 1][1][0] if k + 1 < len(ordered) else None, price)
+        for k, (_, (started, price)) in enumerate(ordered)
+    ]
+
+
 def compute_breakdown(
-    spans: Iterable[Span], start: float | None, end: float | None, now: float | None = None
+    spans: Iterable[Span],
+    start: float | None,
+    end: float | None,
+    now: float | None = None,
+    overheads: Iterable[Overhead] = (),
 ) -> Breakdown:
     """Split the wall time from `start` (first submission or allocation) to `end` (the job's
-    last end, None while it runs: then `now`) into the categories, and price it."""
+    last end, None while it runs: then `now`) into the categories, and price it; `overheads`
+    (the coordinator) are priced on their own line."""
     out = Breakdown()
     incs = {s.n: s for s in spans}
     if start is None:
         return out
     now = time.time() if now is None else now
     stop = end if end is not None else now
+    _price_overheads(out, overheads, stop)
     intervals: list[tuple[float, float, str, int]] = []
     for n, inc in incs.items():
         inc_end = inc.end if inc.end is not None else stop
@@ -156,6 +217,15 @@ def compute_breakdown(
     out.total = max(0.0, stop - start) * len(lanes)
     out.other += max(0.0, out.total - sum(getattr(out, k) for k in CATEGORIES))
     return out
+
+
+def _price_overheads(out: Breakdown, overheads: Iterable[Overhead], stop: float) -> None:
+    """Add each overhead's billed time (its start to its end, or `stop`) at its on-demand price
+    to the coordinator line; never to the spot cost or the on-demand baseline."""
+    for item in overheads:
+        billed = max(0.0, min(item.end if item.end is not None else stop, stop) - item.start)
+        out.coordinator_cost += billed / 3600.0 * item.price
+        out.coordinator_price = item.price
 
 
 def _sweep(

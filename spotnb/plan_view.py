@@ -82,6 +82,7 @@ def summary_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
                     f"(approximate: {price.source}, {_age(table_date())}; spot prices move hourly)",
                 )
             )
+    rows.extend(_fleet_rows(plan))
     cap = _find(plan.get("requests"), ("MaxPrice", "maxPrice", "max_price"))
     if cap not in (None, "", -1, "-1"):
         rows.append(("max price", f"${float(cap):.3f}/h"))
@@ -97,6 +98,34 @@ def summary_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("API calls", "; ".join(calls)))
     if plan.get("unsupported"):
         rows.append(("not on this cloud", "; ".join(plan["unsupported"])))
+    return rows
+
+
+def _fleet_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
+    """A job on several instances: how many, and its coordinator with its own hourly price (an
+    on-demand machine for the whole job, billed beside the spot instances, so the user sees
+    what it adds before anything is launched)."""
+    rows: list[tuple[str, str]] = []
+    count = int(plan.get("instances") or 1)
+    if count > 1:
+        rows.append(("instances", f"{count} spot instances training together (elastic data parallel)"))
+    coordinator = plan.get("coordinator")
+    if not isinstance(coordinator, dict):
+        return rows
+    price = coordinator.get("price_on_demand")
+    cost = (
+        f"${float(price):.4f}/h on demand for the whole job ({coordinator.get('price_source', '')})"
+        if price is not None
+        else f"price unknown ({coordinator.get('price_source', '')})"
+    )
+    rows.append(
+        (
+            "coordinator",
+            f"{coordinator.get('instance_type', '?')}, {cost}: its own line in the cost, not spot "
+            f"compute; torchft's lighthouse at {coordinator.get('address', '?')}; "
+            f"{coordinator.get('ports', '')}; {coordinator.get('ends', '')}",
+        )
+    )
     return rows
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spotnb import protocol as ev
-from spotnb.ledger import Breakdown, Span, compute_breakdown
+from spotnb.ledger import Breakdown, Span, compute_breakdown, coordinator_overheads
 from spotnb.protocol import Event, JobStatus, Outcome, as_metric, from_json
 from spotnb.savings import describe_savings
 
@@ -59,6 +59,11 @@ FEED_KINDS = frozenset(
     }
 )
 _SILENT = frozenset({"heartbeat", "segment"})
+
+
+def _merged_info(known: dict[str, Any], new: Any) -> dict[str, Any]:
+    """An instance's `info` with a later event's added (a corrupt one, not a dict, is ignored)."""
+    return {**known, **new} if isinstance(new, Mapping) else known
 
 
 def describe_kill(e: Event | Mapping[str, Any]) -> str:
@@ -209,6 +214,9 @@ class Incarnation:
     evacuating: float | None = None
     slot: int = 0  # which of the job's instances (lane) it filled
     replicas: int | None = None  # the size of its latest quorum (jobs on several instances)
+    # what the provider recorded of the instance (`launched`/`allocated` events); on a cloud,
+    # a job on several instances names its coordinator there (the ledger's coordinator line)
+    info: dict[str, Any] = field(default_factory=dict)
 
     def span(self) -> Span:
         return Span(
@@ -388,7 +396,9 @@ class JobState:
         v["timeline"] += 1
         if self.job_start is None:
             self.job_start = t
-        if isinstance(e, ev.Allocating):
+        if isinstance(e, ev.Launched):
+            inc.info = _merged_info(inc.info, e.info)
+        elif isinstance(e, ev.Allocating):
             inc.slot = e.slot
             if inc.asked is None:
                 inc.asked = t
@@ -401,6 +411,7 @@ class JobState:
             inc.instance_id = e.instance_id
             inc.region = e.region
             inc.instance_type = e.instance_type
+            inc.info = _merged_info(inc.info, e.info)
             inc.spot_price = self.spot_price = e.spot_price or 0.0
             inc.on_demand_price = self.on_demand_price = e.on_demand_price or 0.0
             inc.alloc_s = e.alloc_s
@@ -549,7 +560,11 @@ class JobState:
         if now is None:
             now = self.last_t if self.done and self.last_t is not None else time.time()
         b = compute_breakdown(
-            [inc.span() for inc in self.incs.values()], self.ledger_start, self.ended_at, now
+            [inc.span() for inc in self.incs.values()],
+            self.ledger_start,
+            self.ended_at,
+            now,
+            overheads=coordinator_overheads(inc.info for inc in self.incs.values()),
         )
         b.preemptions = self.preemptions
         b.step, b.total_steps = self.step, self.total
@@ -572,23 +587,36 @@ class JobState:
         return rate, eta
 
     def cost(self, b: Breakdown | None = None) -> dict[str, Any]:
-        """Spent so far, on-demand equivalent, savings and the projected total at the current rate."""
+        """Spent so far, on-demand equivalent, savings and the projected total at the current
+        rate. `spot` is the spot instances' spend; `coordinator` the on-demand coordinator's
+        of a job on several instances on a cloud (0.0 without one); `total` both, which the
+        savings and the projection are measured from."""
         b = b or self.breakdown()
         projected: float | None = None
         total = b.total_steps or self.total
         if self.done:
-            projected = b.spot_cost
+            projected = b.total_cost
         elif total and self.step_time and b.spot_price is not None:
-            remaining = max(0, int(total) - int(b.step))
-            projected = b.spot_cost + remaining * self.step_time * b.spot_price / 3600.0
-        sv = describe_savings(b.spot_cost, b.on_demand_cost, str(self.status), b.compute)
+            remaining_s = max(0, int(total) - int(b.step)) * self.step_time
+            hourly = b.spot_price + (b.coordinator_price or 0.0)
+            projected = b.total_cost + remaining_s * hourly / 3600.0
+        sv = describe_savings(b.total_cost, b.on_demand_cost, str(self.status), b.compute)
+        baseline = sv.baseline
+        if b.coordinator_price is not None:
+            baseline += (
+                f"; spent ${b.total_cost:.4f}: spot instances ${b.spot_cost:.4f} + "
+                f"coordinator ${b.coordinator_cost:.4f} (on demand)"
+            )
         return {
             "spot": b.spot_cost,
+            "coordinator": b.coordinator_cost,
+            "coordinator_price": b.coordinator_price,
+            "total": b.total_cost,
             "on_demand": b.on_demand_cost,
             "savings": sv.fraction,  # None while withheld (spotnb.savings), and for a failed job
             "savings_text": sv.text,
             "savings_tone": sv.tone,
-            "savings_baseline": sv.baseline,
+            "savings_baseline": baseline,
             "projected": projected,
             "spot_price": b.spot_price,
             "on_demand_price": b.on_demand_price,

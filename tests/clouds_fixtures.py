@@ -262,7 +262,7 @@ class FaultProxy:
         from urllib.parse import parse_qs, urlsplit
 
         self.upstream = urlsplit(upstream)
-        self.rules: dict[tuple[str, str], tuple[int, str]] = {}
+        self.rules: dict[tuple[str, str], tuple[int, str, str | None]] = {}
         self.hits: list[tuple[str, str]] = []
         proxy = self
 
@@ -278,9 +278,9 @@ class FaultProxy:
                 region = scope.group(1) if scope else ""
                 action = parse_qs(body.decode(errors="replace")).get("Action", [""])[0]
                 rule = proxy.rules.get((action, region))
-                if rule is not None:
+                if rule is not None and (rule[2] is None or rule[2] in body.decode(errors="replace")):
                     proxy.hits.append((action, region))
-                    status, code = rule
+                    status, code, _ = rule
                     doc = (
                         f'<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error>'
                         f"<Code>{code}</Code><Message>injected by the test: no capacity for "
@@ -315,9 +315,16 @@ class FaultProxy:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def fail(
-        self, action: str, region: str, code: str = "InsufficientInstanceCapacity", status: int = 500
+        self,
+        action: str,
+        region: str,
+        code: str = "InsufficientInstanceCapacity",
+        status: int = 500,
+        when: str | None = None,
     ) -> None:
-        self.rules[(action, region)] = (status, code)
+        """Answer `action` in `region` with `code`; with `when`, only requests whose body holds
+        that text (e.g. "InstanceMarketOptions": the spot launches, not an on-demand one)."""
+        self.rules[(action, region)] = (status, code, when)
 
     def close(self) -> None:
         self.server.shutdown()

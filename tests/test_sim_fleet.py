@@ -21,6 +21,15 @@ def test_without_preemptions_time_and_cost_follow_from_the_step_time() -> None:
         assert r.preemptions == r.group_losses == 0 and r.recompute == 0
 
 
+def test_a_cloud_coordinator_is_billed_for_the_whole_run_of_several_instances_only() -> None:
+    sc = Scenario(steps=1000, step_time=0.8, spot_price=3.6)
+    for n in (1, 4):
+        plain = simulate_fleet(sc, n, random.Random(1))
+        billed = simulate_fleet(sc, n, random.Random(1), coordinator_price=0.0208)
+        extra = plain.wall * 0.0208 / 3600 if n > 1 else 0.0
+        assert billed.cost == pytest.approx(plain.cost + extra) and billed.wall == plain.wall
+
+
 def test_one_instance_loses_the_job_at_every_preemption_several_rarely() -> None:
     sc = Scenario(steps=20_000, step_time=0.5, save_time=2, alloc_time=60, prep_time=120, mttp=1800)
     one = [simulate_fleet(sc, 1, random.Random(i)) for i in range(10)]

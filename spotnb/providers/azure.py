@@ -195,8 +195,8 @@ class AzureProvider(Provider):
 
     name = "azure"
     unsupported: ClassVar[dict[Feature, str]] = {
-        Feature.ELASTIC: "the small on-demand coordinator instance that hosts torchft's lighthouse "
-        "(and opens the training ports between the job's instances) is not built for this cloud yet",
+        Feature.ELASTIC: "spotnb has no coordinator on Azure yet (torchft's lighthouse on a small "
+        "on-demand VM, with a network security group that opens the training ports to the job's VMs only)",
         Feature.REBALANCE_HINT: "Azure Scheduled Events give no early rebalance recommendation",
     }
 

@@ -133,7 +133,8 @@ class Provider(ABC):
             why = self.unsupported.get(Feature.ELASTIC, "it has no coordinator (Provider.coordinator)")
             raise ConfigError(
                 f"Config.instances: {self.config.instances} instances are not available on "
-                f"provider={self.name!r}: {why}. Use provider='local', or instances=1"
+                f"provider={self.name!r}: {why}. Use instances=1, or a provider that has a "
+                "coordinator (provider='local' or 'aws')"
             )
         self._validate()
 
@@ -148,8 +149,11 @@ class Provider(ABC):
 
     def coordinator(self, job_id: str, min_replicas: int) -> str:
         """Start (or find) the job's coordinator: torchft's lighthouse, which must outlive any
-        one spot instance. Returns the address the instances reach it at ("host:port").
-        Providers that support `Feature.ELASTIC` implement it; it is idempotent per job."""
+        one spot instance. Returns the address the instances reach it at
+        ("http://host:port"), the same at every call: the fleet controller calls it every loop
+        so that a coordinator that died is started again, and hands the address to every
+        replica once. Providers that support `Feature.ELASTIC` implement it; it is idempotent
+        per job, and the provider ends the coordinator in `close` (a cloud one costs money)."""
         raise NotImplementedError(f"provider {self.name!r} has no coordinator for several instances")
 
     def launch(self, spec: LaunchSpec) -> Instance:

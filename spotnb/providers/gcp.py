@@ -211,8 +211,8 @@ class GCPProvider(Provider):
 
     name = "gcp"
     unsupported: ClassVar[dict[Feature, str]] = {
-        Feature.ELASTIC: "the small on-demand coordinator instance that hosts torchft's lighthouse "
-        "(and opens the training ports between the job's instances) is not built for this cloud yet",
+        Feature.ELASTIC: "spotnb has no coordinator on GCP yet (torchft's lighthouse on a small "
+        "on-demand VM, with a firewall rule that opens the training ports to the job's VMs only)",
         Feature.NOTICE_ACK: "GCE has no way to acknowledge a preemption notice",
         Feature.REBALANCE_HINT: "GCE gives no early rebalance recommendation",
     }

@@ -19,11 +19,24 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:
     from spotnb.providers.base import Provider
 
-__all__ = ["ProviderSettings", "ProviderInfo", "NOTICE_GRACE", "no_bool"]
+__all__ = [
+    "ProviderSettings",
+    "ProviderInfo",
+    "NOTICE_GRACE",
+    "LIGHTHOUSE_PORT",
+    "COORDINATOR_IDLE_MINUTES",
+    "no_bool",
+]
 
 #: Seconds between a cloud's preemption notice and the kill (ARCHITECTURE.md, "Cloud notices": EC2's
 #: two-minute warning, Azure Scheduled Events' 30 s minimum, GCP's 30 s ACPI soft-off).
 NOTICE_GRACE = {"aws": 120.0, "azure": 30.0, "gcp": 30.0}
+#: The port a cloud coordinator's lighthouse listens on (fixed, so a replaced coordinator at the
+#: same address serves the replicas that already know it); each cloud's `*_coordinator_port`.
+LIGHTHOUSE_PORT = 29510
+#: Minutes without any replica after which a cloud coordinator powers itself off (a guard
+#: against a leak when no controller is left to end it); each cloud's `*_coordinator_idle_minutes`.
+COORDINATOR_IDLE_MINUTES = 60
 
 
 class ProviderSettings(BaseModel):

@@ -105,6 +105,13 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="sync strategies to compare, e.g. ddp,local_sgd:16,diloco:16,auto (default ddp,auto)",
     )
     p.add_argument("--join-time", type=float, default=0.1, help="peer state transfer seconds (default 0.1)")
+    p.add_argument(
+        "--coordinator-price",
+        type=float,
+        default=0.0,
+        help="$/h of the on-demand coordinator a cloud job on several instances pays for the whole "
+        "run (AWS t3.small: 0.0208; default 0, the local market's)",
+    )
     p.add_argument("--runs", type=int, default=50, help="independent runs per count (default 50)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -125,6 +132,8 @@ def run_plan(args: argparse.Namespace) -> int:
             raise ValueError(f"--instances: give counts between 1 and 64, e.g. 1,2,4; got {args.instances!r}")
         if args.runs < 1:
             raise ValueError("--runs must be positive")
+        if not args.coordinator_price >= 0:
+            raise ValueError("--coordinator-price: give $/h, 0 or more")
         syncs = tuple(x.strip() for x in str(args.sync).split(",") if x.strip())
         for sync in syncs or ("",):
             try:
@@ -139,6 +148,7 @@ def run_plan(args: argparse.Namespace) -> int:
             syncs=syncs,
             sync_time=args.sync_time,
             join_time=args.join_time,
+            coordinator_price=args.coordinator_price,
         )
     except (OSError, ValueError) as exc:
         print(f"spotnb plan: error: {exc}", file=sys.stderr)

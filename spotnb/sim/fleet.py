@@ -25,8 +25,9 @@ The model is what `spotnb.fleet` and `spotnb.runtime.elastic` do:
   Store checkpoints are taken every `save_every` steps if set, else at Daly's interval for
   the *group* MTTP (`spotnb.policy.group`), each blocking the step for `save_time`.
 
-Time is wall time; cost is instance-seconds at the spot price. `liveput` samples the steps
-per second over time.
+Time is wall time; cost is instance-seconds at the spot price, plus, for several instances on
+a cloud, the on-demand coordinator for the whole run (`coordinator_price`). `liveput` samples
+the steps per second over time.
 """
 
 from __future__ import annotations
@@ -83,8 +84,11 @@ def simulate_fleet(
     pause: float = 0.25,
     cold_wait: float = 5.0,
     sample_every: float | None = None,
+    coordinator_price: float = 0.0,
 ) -> FleetResult:
-    """One run of `scenario` on `instances` instances (see the module docstring)."""
+    """One run of `scenario` on `instances` instances (see the module docstring).
+    `coordinator_price`: $/h of the on-demand coordinator that a job on several instances pays
+    for the whole run on a cloud (0: the local market's lighthouse, free)."""
     if instances < 1 or min_instances < 1 or min_instances > instances:
         raise ValueError(f"need 1 <= min_instances <= instances, got {min_instances}, {instances}")
     window = _windows(parse_sync(sync), scenario.mean_step_time, sync_time)
@@ -203,6 +207,8 @@ def simulate_fleet(
     for k in range(instances):
         if math.isfinite(billed[k]):
             cost += (t - billed[k]) * price
+    if instances > 1:
+        cost += t * coordinator_price / 3600.0
     return FleetResult(instances, t, cost, recompute, losses, preemptions, liveput)
 
 

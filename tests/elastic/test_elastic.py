@@ -181,8 +181,8 @@ def test_bad_fleet_settings_are_refused_before_anything_launches(fields: dict, w
 
 
 def test_a_cloud_without_a_coordinator_refuses_several_instances() -> None:
-    config = spot.Config(provider="aws", instances=2, region="us-east-1")
-    with pytest.raises(ConfigError, match="instances: 2 instances are not available on provider='aws'"):
+    config = spot.Config(provider="gcp", instances=2, region="us-central1")
+    with pytest.raises(ConfigError, match="instances: 2 instances are not available on provider='gcp'"):
         spot.train(jobfns.exact_dp, config, dry_run=True)
 
 
