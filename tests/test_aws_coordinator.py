@@ -451,6 +451,11 @@ def test_the_job_state_bills_the_coordinator_its_instances_recorded() -> None:
     job = Job("20261125-000000-c00rd1", Store("memory://coordinator-ledger"))
     job._ingest(events)
     assert "coordinator $" in job.summary() and "spent $" in job.summary()
+    from spotnb.widget.view import render_info_html
+
+    # the widget's headline is the whole spend, not the spot instances' alone
+    assert f"<b>${b.total_cost:.4f}</b> spent" in render_info_html(state, job.id)
+    assert f"<b>${plain.breakdown().spot_cost:.4f}</b> spot" in render_info_html(plain, job.id)
 
 
 def _answers(port: int) -> bool:

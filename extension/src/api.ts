@@ -94,6 +94,11 @@ export interface IJobDetail {
   breakdown?: IBreakdown;
   cost?: {
     spot: number;
+    /** the on-demand coordinator of a job on several instances on a cloud (0 without one) */
+    coordinator?: number;
+    coordinator_price?: number | null;
+    /** spot + coordinator: what the savings are measured from */
+    total?: number;
     on_demand: number;
     savings: number | null;
     savings_text: string;

@@ -275,6 +275,14 @@ export class JobView extends Panel {
         money(c?.spot ?? job.spot_cost),
         c?.spot_price ? `at ${rate(c.spot_price)}` : ''
       ) +
+      (c?.coordinator_price
+        ? card(
+            'spotnb-cost-coordinator',
+            'Coordinator (on demand)',
+            money(c.coordinator ?? 0),
+            `at ${rate(c.coordinator_price)}; total ${money(c.total ?? c.spot)}`
+          )
+        : '') +
       card(
         'spotnb-cost-ondemand',
         'On-demand equivalent',

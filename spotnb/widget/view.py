@@ -187,6 +187,13 @@ def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> 
     frac = min(1.0, step / total) if total else 0.0
     last = ", ".join(f"{k} {v:.4g}" for k, v in list(state.last_metrics.items())[:3])
     proj = cost["projected"]
+    # a job with an on-demand coordinator (several instances on a cloud) spent more than its
+    # spot instances: the headline says the whole spend, the line below splits it
+    headline = (
+        f"<div style='font-size:18px'><b>${cost['spot']:.4f}</b> spot</div>"
+        if cost.get("coordinator_price") is None
+        else f"<div style='font-size:18px'><b>${cost['total']:.4f}</b> spent</div>"
+    )
     tone = {"good": palette.GOOD, "bad": palette.BAD}.get(cost["savings_tone"], "#666")
     pace = pace_text(state)
     savings = "" if cost["savings"] is None else f"{cost['savings']:.4f}"
@@ -217,7 +224,7 @@ def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> 
         f"{' · ' + _esc(last) if last else ''}</div></div>"
         f"<div class='spotnb-cost' data-spot='{cost['spot']:.8f}' data-on-demand='{cost['on_demand']:.8f}'"
         f" data-savings='{savings}' style='min-width:260px'>"
-        f"<div style='font-size:18px'><b>${cost['spot']:.4f}</b> spot</div>"
+        f"{headline}"
         f"<div class='spotnb-savings' data-tone='{cost['savings_tone']}'>"
         f"<b style='color:{tone}'>{_esc(cost['savings_text'])}</b></div>"
         f"<div style='color:#666;font-size:11px'>{_esc(cost['savings_baseline'])}"
