@@ -29,6 +29,8 @@ writes the store's checkpoints, the group loss rate the policies use).
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import logging
 import os
 import socket
@@ -41,7 +43,7 @@ import torch
 
 from spotnb.sync import SyncSpec, choose_sync
 
-__all__ = ["Replication", "ReplicatedOptimizer", "Elastic", "SyncState"]
+__all__ = ["Replication", "ReplicatedOptimizer", "Elastic", "SyncState", "Communicators"]
 
 log = logging.getLogger("spotnb.elastic")
 
@@ -114,6 +116,76 @@ class SyncState:
         return self.outer
 
 
+class Communicators:
+    """Stands between torchft's `Manager` and its client (`Manager._client`) so the quorum id
+    the Manager sees names one process group for good, even across a lighthouse restart.
+
+    The Manager rebuilds its process group only when the quorum id changes, and names the new
+    group's rendezvous after it (`<first member's store>/torchft/<id>`). A restarted lighthouse
+    numbers quorums from 1 again, so a number can come back with the same members: a replica
+    whose last quorum before the restart was "2" keeps its old group when the new lighthouse's
+    "2" comes, while the peers that went through the new "1" build a new group under the old
+    name, and the all-reduce hangs until the collective timeout (issue 9).
+
+    So each replica tells its peers, inside its reconfigure handle (which the lighthouse hands
+    to every member unchanged), which group it holds; the id passed on to the Manager is:
+
+    - the group every member holds, if they all hold the same one and it was built for this
+      lighthouse quorum number and these members (nothing to rebuild);
+    - otherwise a new id, a hash of the lighthouse's number and every member's handle.
+
+    Every member computes the same answer from the same quorum. A new id is never one used
+    before on a member's store: the handles hash in the groups the members hold, each of which
+    was new when built, so the chain never returns to an earlier link. A commit failure still
+    rebuilds the group: the lighthouse then bumps its number, which is part of the test."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.held = -1  # the group this replica's process group was last (re)built for
+        self._built_for: tuple[int, tuple[str, ...]] = (-1, ())  # (lighthouse number, members)
+        self.lighthouse_quorum_id = -1  # the lighthouse's own number, for events and logs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def _quorum(self, *, reconfigure_handle: str, **kwargs: Any) -> Any:
+        """torchft's `ManagerClient._quorum`, with the handle tagged and the id replaced."""
+        handle = json.dumps({**json.loads(reconfigure_handle), "holds": self.held})
+        result = self._client._quorum(reconfigure_handle=handle, **kwargs)
+        return _Renumbered(result, self.communicator(int(result.quorum_id), list(result.reconfigure_handles)))
+
+    def communicator(self, quorum_id: int, handles: list[str]) -> int:
+        """The id of the process group this quorum trains in (see the class docstring)."""
+        peers = [json.loads(h) for h in handles]
+        members = tuple(str(p["id"]) for p in peers)
+        self.lighthouse_quorum_id = quorum_id
+        holds = {p.get("holds") for p in peers}
+        if self.held >= 0 and holds == {self.held} and self._built_for == (quorum_id, members):
+            return self.held
+        digest = hashlib.sha256(json.dumps([quorum_id, handles]).encode()).digest()
+        new = int.from_bytes(digest[:8], "big") >> 1  # a positive int64: torch's uuid field
+        if self.held >= 0:
+            log.info(
+                "lighthouse quorum %d: process group %x -> %x (members hold %s)",
+                quorum_id,
+                self.held,
+                new,
+                sorted(f"{h:x}" if isinstance(h, int) and h >= 0 else "none" for h in holds),
+            )
+        self.held, self._built_for = new, (quorum_id, members)
+        return new
+
+
+class _Renumbered:
+    """torchft's `QuorumResult` with another `quorum_id` (its fields are read-only)."""
+
+    def __init__(self, result: Any, quorum_id: int) -> None:
+        self._result, self.quorum_id = result, quorum_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._result, name)
+
+
 class Replication:
     """This replica's membership: the torchft Manager, its process group and its own store.
 
@@ -158,9 +230,12 @@ class Replication:
             # it again at the same address): keep asking instead of hanging on a lost request
             quorum_retries=QUORUM_RETRIES,
         )
+        # quorum ids that survive a lighthouse restart (the Manager has no hook for it)
+        self.communicators = Communicators(self.manager._client)
+        self.manager._client = self.communicators
         self.replica: int = 0
         self.replicas: int = 1
-        self.quorum_id = -1
+        self.group_id = -1  # the process group of the last Quorum event (`Communicators`)
         self.committed_this_step: bool | None = None  # None: the optimizer was not stepped
         self.failed_steps = 0
         self._ddp_ok = False
@@ -182,6 +257,11 @@ class Replication:
     def step(self) -> int:
         """The group's committed step (what a recovering peer receives with the state)."""
         return self.sync.step
+
+    @property
+    def lighthouse_quorum_id(self) -> int:
+        """The lighthouse's number for the last quorum (restarts from 1 with the lighthouse)."""
+        return self.communicators.lighthouse_quorum_id
 
     @property
     def windowed(self) -> bool:
@@ -221,15 +301,15 @@ class Replication:
         self.replicas = max(1, self.manager.num_participants())
         self.replica = rank if rank is not None else 0
         healed = self.manager.current_step() != before and before >= 0 and self.manager._healing is False
-        quorum_id = self.manager._quorum_id
-        if quorum_id == self.quorum_id and not healed:
+        group = self.manager._quorum_id  # the process group's id (`Communicators`)
+        if group == self.group_id and not healed:
             return None
-        self.quorum_id = quorum_id
+        self.group_id = group
         return {
             "step": self.step,
             "replicas": self.replicas,
             "replica": rank,
-            "quorum_id": quorum_id,
+            "quorum_id": self.lighthouse_quorum_id,
             "healed": healed,
             "heal_s": wait_s if healed else None,
             "wait_s": wait_s,

@@ -4,7 +4,9 @@ of live replicas every step (`python -m spotnb.runtime.lighthouse --min-replicas
 It must outlive any one spot instance, so it never runs on one: the local market runs it as a
 process of the market (beside the metadata server), a cloud as a small on-demand instance.
 It prints `LIGHTHOUSE <address>` once it listens and serves until its stdin closes (the market
-that started it died or closed) or it is killed.
+that started it died or closed) or it is killed. One started again after a death, at the same
+address, numbers its quorums from 1 again: the replicas do not take a number for a process
+group across that (`spotnb.runtime.elastic.Communicators`).
 """
 
 from __future__ import annotations
