@@ -126,7 +126,7 @@ class Provider(ABC):
         if (
             isinstance(self.config.regions, list)
             and len(self.config.regions) > 1
-            and Feature.MULTI_REGION in self.unsupported
+            and not self.supports(Feature.MULTI_REGION)
         ):
             raise ConfigError(f"Config.regions: {self.unsupported[Feature.MULTI_REGION]}")
         if self.config.instances > 1 and not self.supports(Feature.ELASTIC):

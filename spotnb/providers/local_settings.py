@@ -5,6 +5,7 @@ Fields carry the `local_` prefix; `spot.Config` inherits them (see `spotnb.provi
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
@@ -12,7 +13,34 @@ from pydantic import Field, field_validator
 from spotnb.durations import DAY, Duration, Range, bounded, duration_range, is_int, lifetime, parse_duration
 from spotnb.providers.info import NOTICE_GRACE, ProviderSettings, no_bool
 
-__all__ = ["LocalSettings"]
+__all__ = ["LocalSettings", "MAX_ZONES"]
+
+#: zones the local market emulates at most (each has its own price and preemption draw)
+MAX_ZONES = 16
+_ZONE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def _price_schedule(zone: str, price: Any) -> list[tuple[float, float]] | None:
+    """A zone's price as [(seconds since submission, $/h)], from a number or pairs."""
+    if price is None:
+        return None
+    if isinstance(price, (int, float)) and not isinstance(price, bool):
+        price = [[0, price]]
+    if not isinstance(price, (list, tuple)) or not price:
+        raise ValueError(f"zone {zone!r}: price is $/h (a number) or [[time, $/h], ...]")
+    out: list[tuple[float, float]] = []
+    for pair in price:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError(f"zone {zone!r}: each price entry is [time since submission, $/h], got {pair!r}")
+        at, p = parse_duration(pair[0]), pair[1]
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1000:
+            raise ValueError(f"zone {zone!r}: a price of {p!r}; give $/h from 0 to 1000")
+        if out and at <= out[-1][0]:
+            raise ValueError(f"zone {zone!r}: price times must increase ({pair[0]!r} after {out[-1][0]:g} s)")
+        out.append((at, float(p)))
+    if out[0][0] != 0:
+        raise ValueError(f"zone {zone!r}: the first price must be at time 0 (the price at submission)")
+    return out
 
 
 class LocalSettings(ProviderSettings):
@@ -60,6 +88,14 @@ class LocalSettings(ProviderSettings):
         "latency to every all-reduce of the k-th instance (e.g. a replacement in another region).",
     )
     local_seed: int | None = Field(None, description="Seed of the local market's random draws.")
+    local_regions: dict[str, dict[str, Any]] | None = Field(
+        None,
+        description="Emulated zones, each with its own spot price and preemptions: {name: "
+        "{'price': $/h or [[time since submission, $/h], ...], 'mttp': duration}}, e.g. "
+        "{'zone-a': {'price': 0.10}, 'zone-b': {'price': [[0, 0.30], ['15s', 0.02]], 'mttp': '10m'}}. "
+        "The zone is the instance's region; Config.region / regions (or 'cheapest') choose "
+        "among them. Without a price a zone uses the price table's; without an mttp, local_mttp.",
+    )
 
     @field_validator("local_seed", mode="before")
     @classmethod
@@ -149,6 +185,45 @@ class LocalSettings(ProviderSettings):
                 out.append({"after": lifetime(item)})
         return out
 
+    @field_validator("local_regions", mode="before")
+    @classmethod
+    def _local_regions(cls, v: Any) -> dict[str, dict[str, Any]] | None:
+        if v is None:
+            return None
+        if not isinstance(v, dict) or not v:
+            raise ValueError("give {zone name: {'price': ..., 'mttp': ...}}, e.g. {'zone-a': {'price': 0.1}}")
+        if len(v) > MAX_ZONES:
+            raise ValueError(f"{len(v)} zones; the local market emulates up to {MAX_ZONES}")
+        out: dict[str, dict[str, Any]] = {}
+        for name, zone in v.items():
+            if not isinstance(name, str) or not _ZONE_NAME.fullmatch(name):
+                raise ValueError(f"zone {name!r}: a name of letters, digits, '-', '_' or '.' (up to 63)")
+            if not isinstance(zone, dict):
+                raise ValueError(f"zone {name!r}: give {{'price': ..., 'mttp': ...}}, got {zone!r}")
+            bad = set(zone) - {"price", "mttp"}
+            if bad:
+                raise ValueError(f"zone {name!r}: the keys are price and mttp; got {sorted(bad)}")
+            mttp = zone.get("mttp")
+            if mttp is not None:
+                mttp = parse_duration(mttp)
+                if mttp <= 0:
+                    raise ValueError(f"zone {name!r}: mttp must be positive (or left out)")
+                bounded(mttp, 0.0, 30 * DAY, "leave mttp out for no random preemptions")
+            out[name] = {"price": _price_schedule(name, zone.get("price")), "mttp": mttp}
+        return out
+
+    def local_zone_price(self, zone: str, t: float) -> float | None:
+        """The spot price ($/h) of `zone` at `t` seconds of the market (None: the table's)."""
+        schedule = (self.local_regions or {}).get(zone, {}).get("price")
+        if not schedule:
+            return None
+        price = schedule[0][1]
+        for at, p in schedule:
+            if at > t:
+                break
+            price = p
+        return float(price)
+
     def local_notice_grace(self) -> float:
         """Notice lead time of the local market: `local_grace`, else that of the cloud whose
         notice format it speaks."""
@@ -164,6 +239,25 @@ class LocalSettings(ProviderSettings):
                 f"local_link_delay names instance {max(links)}, but the job has "
                 f"instances={config.instances} (numbered 0 to {config.instances - 1}; slow links "
                 "need several instances)"
+            )
+        zones = config.local_regions or {}
+        if zones and config.price_spot is not None:
+            raise ValueError(
+                "price_spot and local_regions both set a spot price: give the zones' prices in "
+                "local_regions, or remove local_regions"
+            )
+        named = [config.region] if config.region else config.regions
+        if zones and isinstance(named, list):
+            unknown = [r for r in named if r not in zones]
+            if unknown:
+                raise ValueError(
+                    f"region(s) {unknown} are not zones of local_regions; the local market's zones "
+                    f"are {sorted(zones)}"
+                )
+        elif not zones and isinstance(named, list) and set(named) - {"local"}:
+            raise ValueError(
+                f"region {named!r}: the local market has one region, 'local', unless local_regions "
+                "defines zones (e.g. local_regions={'zone-a': {'price': 0.1}, 'zone-b': {'price': 0.05}})"
             )
         if config.price_spot is None or config.price_on_demand is None:
             from spotnb.prices import lookup_price
@@ -181,6 +275,9 @@ class LocalSettings(ProviderSettings):
         (plus ~2 s of process start) are the priors."""
         lo, hi = config.local_alloc_delay
         priors = {"prior_restart": (lo + hi) / 2 + 2.0}
-        if config.local_mttp:
+        zone = (config.local_regions or {}).get(config.region or "", {})
+        if zone.get("mttp"):  # a job pinned to a zone: that zone's lifetime
+            priors["prior_mttp"] = zone["mttp"]
+        elif config.local_mttp:
             priors["prior_mttp"] = config.local_mttp
         return priors

@@ -48,7 +48,8 @@ class LocalProvider(Provider):
     boot_timeout = 120.0  # a process start and `import torch`
     unsupported: ClassVar[dict[Feature, str]] = {
         Feature.MEMORY_STORE: "local instances are separate processes and cannot see it",
-        Feature.MULTI_REGION: "the local market has a single region ('local')",
+        Feature.MULTI_REGION: "the local market has a single region ('local') unless "
+        "Config.local_regions defines zones",
         Feature.CLEANUP: "local instances are processes of their controller and end with it",
     }
 
@@ -71,6 +72,19 @@ class LocalProvider(Provider):
         self._lighthouse: subprocess.Popen | None = None
         self._lighthouse_addr: str | None = None
         self._watcher: threading.Thread | None = None
+
+    def supports(self, feature: Feature) -> bool:
+        if feature == Feature.MULTI_REGION and self.config.local_regions:
+            return True  # emulated zones, each with its own price and preemptions
+        return super().supports(feature)
+
+    def _zone(self, region: str | None) -> str:
+        """The zone an instance asked for `region` runs in: the region itself when zones are
+        defined (the first zone when none was asked for), else the one region, 'local'."""
+        zones = self.config.local_regions
+        if not zones:
+            return "local"
+        return region if region in zones else next(iter(zones))
 
     @property
     def tmp(self) -> str:
@@ -187,12 +201,13 @@ class LocalProvider(Provider):
             if self.nodes is not None and self._watcher is None:
                 self._watcher = threading.Thread(target=self._watch_nodes, name="spotnb-nodes", daemon=True)
                 self._watcher.start()
-        injector = self._schedule_kill(instance_id, proc, beacon, now, spec.slot)
+        zone = self._zone(spec.region)
+        injector = self._schedule_kill(instance_id, proc, beacon, now, spec.slot, zone)
         self._injectors[instance_id] = injector
         return Instance(
             id=instance_id,
             provider="local",
-            region="local",
+            region=zone,
             instance_type=spec.instance_type,
             launched_at=now,
             info={
@@ -206,7 +221,13 @@ class LocalProvider(Provider):
         )
 
     def _schedule_kill(
-        self, instance_id: str, proc: subprocess.Popen, beacon: str, now: float, slot: int = 0
+        self,
+        instance_id: str,
+        proc: subprocess.Popen,
+        beacon: str,
+        now: float,
+        slot: int = 0,
+        zone: str = "local",
     ) -> Injector:
         assert self.emulator is not None and self.t0 is not None
         trigger, kill_at = None, math.inf
@@ -221,7 +242,9 @@ class LocalProvider(Provider):
             else:
                 kill_at = now + entry["after"]
         elif not self.config.local_schedule:
-            kill_at = self.t0 + self.process.next_preemption(now - self.t0, self.rng)
+            zone_mttp = (self.config.local_regions or {}).get(zone, {}).get("mttp")
+            process = Exponential(zone_mttp) if zone_mttp else self.process
+            kill_at = self.t0 + process.next_preemption(now - self.t0, self.rng)
         holder: dict[str, Injector] = {}
         self.emulator.register(instance_id, on_ack=lambda: holder["inj"].kill_now("acknowledged"))
         emulator = self.emulator
@@ -376,10 +399,26 @@ class LocalProvider(Provider):
         return None
 
     def _prices(self, instance_type: str, regions: list[str] | None) -> dict[str, Price]:
+        """The table's price, or each zone's (`local_regions`) at this moment of the market
+        (seconds since its first launch: a zone's price schedule runs from submission)."""
         price = lookup_price(instance_type)
-        if price is None:
-            return {}
-        return {"local": Price(price.spot, price.on_demand, price.source + ", local market")}
+        zones = self.config.local_regions
+        if not zones:
+            if price is None:
+                return {}
+            return {"local": Price(price.spot, price.on_demand, price.source + ", local market")}
+        t = self._market_time()
+        out: dict[str, Price] = {}
+        for zone in zones:
+            if regions and zone not in regions:
+                continue
+            spot = self.config.local_zone_price(zone, t)
+            if spot is not None:
+                od = price.on_demand if price is not None else 0.0
+                out[zone] = Price(spot, od, f"local market zone {zone}, its price at {t:.0f} s")
+            elif price is not None:
+                out[zone] = Price(price.spot, price.on_demand, f"{price.source}, local market zone {zone}")
+        return out
 
     def close(self) -> None:
         with self._lock:

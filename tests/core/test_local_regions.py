@@ -1,0 +1,87 @@
+"""The local market's emulated zones (`Config.local_regions`, issue 10): each zone has its own
+spot price (a constant or a schedule over the job's time) and its own preemptions, so where a
+job runs, and where it goes after a preemption, can be tried on one machine with real
+processes. The zone is the instance's region in the events and the ledger."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+
+import spotnb as spot
+from spotnb.errors import ConfigError
+from tests.core import jobfns
+
+SHIP = ["tests.core.jobfns"]
+
+
+def _allocated(job: spot.Job) -> list[dict[str, Any]]:
+    return [e for e in job.events if e["kind"] == "allocated"]
+
+
+def test_the_cheapest_zone_now_is_chosen_and_a_relaunch_goes_where_it_is_cheapest_then() -> None:
+    """zone-a costs $0.10/h throughout; zone-b $0.30/h at first and $0.02/h from 0.5 s on.
+    With regions="cheapest" the first instance starts in zone-a; the relaunch after the
+    preemption at step 30 (seconds later: the instance had to start Python and torch first)
+    goes to zone-b, and each instance is billed at its zone's price."""
+    zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["500ms", 0.02]]}}
+    job = spot.train(
+        functools.partial(jobfns.seeded_mlp, steps=60, width=32),
+        spot.Config(
+            ship_modules=SHIP,
+            local_regions=zones,
+            regions="cheapest",
+            local_schedule=[{"step": 30}],
+            local_alloc_delay=0.1,
+        ),
+    )
+    job.result(timeout=180)
+    first, second = _allocated(job)
+    assert (first["region"], first["spot_price"]) == ("zone-a", pytest.approx(0.10))
+    assert (second["region"], second["spot_price"]) == ("zone-b", pytest.approx(0.02))
+    spans = {inc.n: inc for inc in job.state.incs.values()}
+    assert spans[1].region == "zone-a" and spans[2].region == "zone-b"
+    b = job.breakdown()
+    assert b.spot_price == pytest.approx(0.02)  # the latest instance's
+    # billed per instance at its own price: more than all at $0.02, less than all at $0.10
+    run = {n: (inc.end or 0.0) - (inc.asked or 0.0) for n, inc in spans.items()}
+    assert b.spot_cost == pytest.approx((run[1] * 0.10 + run[2] * 0.02) / 3600, rel=0.05)
+
+
+def test_a_zone_with_its_own_mttp_draws_its_own_preemptions() -> None:
+    """A zone's mttp sets the preemption draw of the instances launched there (recorded in
+    their info as `kill_at`); a zone without one falls back to local_mttp (here none)."""
+    zones = {"calm": {"price": 0.05}, "stormy": {"price": 0.01, "mttp": "1h"}}
+    for region, drawn in (("calm", False), ("stormy", True)):
+        job = spot.train(
+            functools.partial(jobfns.slow_steps, steps=3, step_time=0.0),
+            spot.Config(ship_modules=SHIP, local_regions=zones, region=region, local_seed=7),
+        )
+        job.result(timeout=120)
+        (allocated,) = _allocated(job)
+        assert allocated["region"] == region
+        assert (allocated["info"]["kill_at"] is not None) is drawn
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"local_regions": {"bad zone!": {"price": 0.1}}}, "letters, digits"),
+        ({"local_regions": {"z": {"price": -1}}}, "from 0 to 1000"),
+        ({"local_regions": {"z": {"price": [[0, 0.3], ["10s", 0.2], ["5s", 0.1]]}}}, "must increase"),
+        ({"local_regions": {"z": {"price": [["10s", 0.2]]}}}, "at time 0"),
+        ({"local_regions": {"z": {"price": 0.1, "cost": 1}}}, "price and mttp"),
+        ({"local_regions": {"z": {"mttp": "0s"}}}, "mttp must be positive"),
+        ({"local_regions": {"z": {"price": 0.1}}, "region": "zone-x"}, "not zones of local_regions"),
+        ({"local_regions": {"z": {"price": 0.1}}, "price_spot": 0.2}, "local_regions both"),
+        ({"regions": ["local", "us-east-1"]}, "unless local_regions"),
+        ({"local_regions": {f"z{i}": {} for i in range(17)}}, "up to 16"),
+    ],
+)
+def test_bad_zones_are_refused_before_anything_launches(fields: dict[str, Any], words: str) -> None:
+    with pytest.raises((ConfigError, ValueError)) as info:
+        spot.train(jobfns.slow_steps, spot.Config(ship_modules=SHIP, **fields))
+    assert words in str(info.value)
+    assert "local_regions" in str(info.value) or "region" in str(info.value)
