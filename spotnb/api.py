@@ -196,13 +196,39 @@ def dry_run_plan(fn: Any, config: Config) -> Plan:
         spotnb_version=_version(),
     )
     plan = provider.plan_launch(spec)
+    if isinstance(plan, dict) and (regions == "cheapest" or len(regions) > 1):
+        plan["placement"] = _placement_rows(provider, config, regions)
     if isinstance(plan, dict):  # what this provider cannot do, and which others there are
         plan.setdefault("provider", config.provider)
-        plan["unsupported"] = {f.value: why for f, why in provider.unsupported.items()}
+        plan["unsupported"] = {
+            f.value: why for f, why in provider.unsupported.items() if not provider.supports(f)
+        }
         plan["providers"] = sorted(registry())
         plan.setdefault("instance_type", config.instance_type)
         return Plan(plan)
     return plan
+
+
+def _placement_rows(provider: Any, config: Config, regions: list[str] | str) -> list[dict[str, Any]]:
+    """The candidate zones ranked as the controller would rank them at the first launch
+    (`spotnb.placement`: expected cost of an hour of training there, from this machine's job
+    DB and the prices now); with a list of regions the list's order is what is tried, and the
+    ranking is shown for information."""
+    from spotnb.placement import rank_zones
+    from spotnb.providers import provider_info
+
+    try:
+        prices = provider.prices(config.instance_type, None if regions == "cheapest" else list(regions))
+    except Exception as exc:  # noqa: BLE001 - a dry run shows what it could not learn
+        return [{"zone": "?", "text": f"prices unavailable: {exc}"}]
+    settings = provider_info(provider.name).settings
+    db = JobDB()
+    markets = {}
+    for zone in prices:
+        stats = db.market(provider.name, zone, config.instance_type, **settings.market_priors(config, zone))
+        markets[zone] = (stats.mttp, stats.restart)
+    ranked = rank_zones({z: p.spot for z, p in prices.items()}, markets)
+    return [{"zone": z.zone, "cost": z.cost, "hours": z.hours, "text": z.describe()} for z in ranked]
 
 
 def _open_store(url: str) -> Any:

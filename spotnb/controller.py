@@ -26,6 +26,7 @@ from spotnb.errors import CapacityError
 from spotnb.events import EventReader, EventWriter
 from spotnb.job import Job
 from spotnb.jobdb import JobDB
+from spotnb.placement import ZoneEstimate, rank_zones
 from spotnb.policy import Observation, resolve_policy
 from spotnb.protocol import TERMINAL, Event, JobStatus, Outcome
 from spotnb.providers import provider_info
@@ -757,8 +758,38 @@ class Controller:
         regions = self.config.candidate_regions()
         if regions == "cheapest":
             prices = self.provider.prices(self.config.instance_type, None)
-            return [r for r, _ in sorted(prices.items(), key=lambda kv: kv[1].spot)] or [None]
+            if not prices:
+                return [None]
+            ranked = self._placement({r: p.spot for r, p in prices.items()})
+            log.debug(
+                "job %s: zones by expected cost: %s",
+                self.job.id,
+                "; ".join(f"{z.zone}: {z.describe()}" for z in ranked),
+            )
+            return [z.zone for z in ranked]
         return list(regions) or [None]
+
+    def _placement(self, prices: dict[str, float]) -> list[ZoneEstimate]:
+        """The zones by the expected cost of the job's remaining work there (`spotnb.placement`):
+        each zone's market from the job DB, this job's recent trouble there as a penalty."""
+        settings = provider_info(self.provider.name).settings
+        markets = {}
+        for zone in prices:
+            priors = settings.market_priors(self.config, zone)
+            stats = self.db.market(self.provider.name, zone, self.config.instance_type, **priors)
+            markets[zone] = (stats.mttp, stats.restart)
+        st = self.job.state
+        work = None
+        if st.total and st.step_time:
+            work = max(0, int(st.total) - max(0, int(st.step))) * st.step_time
+        trouble: dict[str, list[float]] = {}
+        for inc in st.incs.values():
+            if inc.preempted and inc.region and inc.end is not None:
+                trouble.setdefault(inc.region, []).append(inc.end)
+        for e in self.job.events:
+            if e.get("kind") == "alloc_failed" and e.get("region"):
+                trouble.setdefault(str(e["region"]), []).append(float(e.get("t") or 0.0))
+        return rank_zones(prices, markets, work_s=work, trouble=trouble, now=time.time())
 
     def _watch(self, n: int, instance: Instance) -> tuple[_Outcome, Future | None]:
         pre: Future | None = None

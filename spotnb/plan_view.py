@@ -74,7 +74,10 @@ def summary_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("resource group", str(plan["resource_group"])))
     if itype:
         price = lookup_price(itype, plan.get("provider"))
-        if price is not None:
+        if price is not None and plan.get("placement"):
+            spot_by_zone = f"${price.on_demand:.3f}/h on demand ({price.source}); spot: by zone, below"
+            rows.append(("price", spot_by_zone))
+        elif price is not None:
             rows.append(
                 (
                     "price",
@@ -83,6 +86,9 @@ def summary_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
                 )
             )
     rows.extend(_fleet_rows(plan))
+    for i, zone in enumerate(plan.get("placement") or []):
+        label = "zones by expected cost" if i == 0 else ""
+        rows.append((label, f"{i + 1}. {zone.get('zone', '?')}: {zone.get('text', '')}"))
     cap = _find(plan.get("requests"), ("MaxPrice", "maxPrice", "max_price"))
     if cap not in (None, "", -1, "-1"):
         rows.append(("max price", f"${float(cap):.3f}/h"))

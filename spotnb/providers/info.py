@@ -53,9 +53,10 @@ class ProviderSettings(BaseModel):
         `config.provider` is this provider, after every field validated)."""
 
     @classmethod
-    def market_priors(cls, config: Any) -> dict[str, float]:
+    def market_priors(cls, config: Any, zone: str | None = None) -> dict[str, float]:
         """Prior mean time to preemption (`prior_mttp`) and restart time (`prior_restart`),
-        seconds, before the job DB has measured this market; {} for spotnb's defaults."""
+        seconds, before the job DB has measured this market (`zone`: one of the job's
+        candidate regions, else the job's own); {} for spotnb's defaults."""
         return {}
 
 

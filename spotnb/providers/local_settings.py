@@ -270,14 +270,14 @@ class LocalSettings(ProviderSettings):
                 )
 
     @classmethod
-    def market_priors(cls, config: Any) -> dict[str, float]:
+    def market_priors(cls, config: Any, zone: str | None = None) -> dict[str, float]:
         """The market is configured, not measured: its own mean lifetime and allocation delay
         (plus ~2 s of process start) are the priors."""
         lo, hi = config.local_alloc_delay
         priors = {"prior_restart": (lo + hi) / 2 + 2.0}
-        zone = (config.local_regions or {}).get(config.region or "", {})
-        if zone.get("mttp"):  # a job pinned to a zone: that zone's lifetime
-            priors["prior_mttp"] = zone["mttp"]
+        known = (config.local_regions or {}).get(zone or config.region or "", {})
+        if known.get("mttp"):  # an emulated zone's own lifetime
+            priors["prior_mttp"] = known["mttp"]
         elif config.local_mttp:
             priors["prior_mttp"] = config.local_mttp
         return priors

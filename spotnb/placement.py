@@ -1,0 +1,103 @@
+"""Where to run: zones ranked by the expected cost of the job's remaining work, not by price.
+
+A zone's spot price is only half of what a run there costs: a zone that preempts often makes
+the job save more often, lose work at each preemption and restart. With the checkpoint model
+of ARCHITECTURE.md ("The checkpoint model"), saving every τ = Daly's interval, the expected
+wall time of W seconds of work in a zone with mean time to preemption M and restart time R is
+`policy.intervals.expected_total(W, τ, δ, M, R)`; its expected cost is that time at the zone's
+spot price. The cheapest zone is the one with the lowest expected cost, so a zone at half the
+price with ten times the preemptions can lose (`rank_zones`).
+
+A zone where this job was just preempted, or where an allocation just failed for lack of
+capacity, is penalised (SkyPilot's EAGER_NEXT_REGION): each such event in the last minutes
+counts as extra hazard, the zone's MTTP divided by 1 + Σ exp(−age / `PENALTY_DECAY`), so
+right after a preemption the zone looks as if it preempted twice as often, and the penalty
+fades over ~`PENALTY_DECAY` seconds as the market recovers.
+
+Used by the controller for `regions="cheapest"` (at every allocation, so a relaunch goes to
+the zone that is best then) and by the dry run (the ranked table with each term).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from spotnb.policy.intervals import daly_interval, expected_total
+
+__all__ = ["PENALTY_DECAY", "NOMINAL_WORK", "ZoneEstimate", "rank_zones", "penalty"]
+
+#: seconds over which a preemption or capacity failure in a zone stops counting against it
+PENALTY_DECAY = 600.0
+#: the work a ranking assumes when the job's remaining work is not known yet (first launch):
+#: an hour; the ranking barely depends on it (expected time is nearly linear in the work)
+NOMINAL_WORK = 3600.0
+#: the save time a ranking assumes before any save was measured
+NOMINAL_SAVE = 10.0
+
+
+@dataclass(frozen=True)
+class ZoneEstimate:
+    """One zone's terms: its price, its market, the penalty, and what the work would cost."""
+
+    zone: str
+    spot: float  # $/h now
+    mttp: float  # seconds, from the job DB (shrunk toward the prior), before the penalty
+    restart: float  # seconds: allocation + preparation
+    penalty: float  # >= 1: how many times its hazard counts (recent trouble there)
+    hours: float  # expected wall hours of the work there, saves, lost work and restarts included
+    cost: float  # expected $ of the work there
+
+    def describe(self) -> str:
+        """One line for the dry run and the log."""
+        extra = f", penalty ×{self.penalty:.2f} (recent trouble)" if self.penalty > 1.005 else ""
+        return (
+            f"${self.spot:.3f}/h × {self.hours:.2f} h expected (MTTP {_duration(self.mttp)}, "
+            f"restart {_duration(self.restart)}{extra}) = ${self.cost:.4f}"
+        )
+
+
+def penalty(trouble: Iterable[float], now: float, decay: float = PENALTY_DECAY) -> float:
+    """1 + Σ exp(−age/decay) over the times of recent preemptions / capacity failures; an
+    event older than five decays (under 1 %) no longer counts, so the zone ties again."""
+    return 1.0 + sum(math.exp(-max(0.0, now - t) / decay) for t in trouble if now - t < 5 * decay)
+
+
+def rank_zones(
+    prices: Mapping[str, float],
+    markets: Mapping[str, tuple[float, float]],
+    *,
+    work_s: float | None = None,
+    save_s: float | None = None,
+    trouble: Mapping[str, Iterable[float]] | None = None,
+    now: float = 0.0,
+) -> list[ZoneEstimate]:
+    """`prices`: zone → spot $/h; `markets`: zone → (MTTP, restart) seconds; `trouble`: zone →
+    times of this job's recent preemptions and capacity failures there. Cheapest expected
+    cost first; ties keep the order of `prices` (the user's order)."""
+    work = work_s if work_s and work_s > 0 else NOMINAL_WORK
+    delta = save_s if save_s is not None and save_s >= 0 else NOMINAL_SAVE
+    out: list[ZoneEstimate] = []
+    for zone, spot in prices.items():
+        mttp, restart = markets[zone]
+        p = penalty((trouble or {}).get(zone, ()), now)
+        effective = mttp / p
+        if math.isinf(effective):  # a market that never preempts: the work and one start
+            wall = work + restart
+        else:
+            tau = max(daly_interval(delta, effective, restart), 1e-3)
+            wall = expected_total(work, tau, delta, effective, restart) + restart  # + the first start
+        out.append(ZoneEstimate(zone, spot, mttp, restart, p, wall / 3600.0, spot * wall / 3600.0))
+    order = {zone: i for i, zone in enumerate(prices)}
+    return sorted(out, key=lambda z: (z.cost, order[z.zone]))
+
+
+def _duration(seconds: float) -> str:
+    if math.isinf(seconds):
+        return "∞"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.1f} s"
