@@ -60,6 +60,17 @@ class AmbiguousJobId(SpotnbError, LookupError):
         self.prefix, self.matches = prefix, matches
 
 
+def in_region(zone: str | None, region: str) -> bool:
+    """Whether an instance recorded in `zone` ran in `region`: the same name, or a zone of it
+    (AWS records zones, `us-east-1b`, and GCP `us-central1-a`, while a user names regions)."""
+    if zone is None:
+        return False
+    if zone == region:
+        return True
+    rest = zone[len(region) :] if zone.startswith(region) else ""
+    return rest[:1] == "-" or (len(rest) == 1 and rest.isalpha() and rest.islower())
+
+
 class MarketStats:
     """MTTP and R for one market, with a documented prior when there is no history."""
 
@@ -246,12 +257,14 @@ class JobDB:
         the prior so one early preemption does not swing the policy. R: mean of allocation +
         preparation, also with the prior as one observation."""
         rows = self._exec(
-            "SELECT allocated, ready, ended, end_reason, requested FROM incarnations "
-            "WHERE provider=? AND instance_type=? AND (region IS ? OR ? IS NULL)",
-            (provider, instance_type, region, region),
+            "SELECT allocated, ready, ended, end_reason, requested, region FROM incarnations "
+            "WHERE provider=? AND instance_type=? AND (? IS NULL OR substr(region, 1, length(?)) = ?)",
+            (provider, instance_type, region, region, region),
         )
         exposure, events, restarts = 0.0, 0, []
         for r in rows:
+            if region is not None and not in_region(r["region"], region):
+                continue
             if r["allocated"] and r["ended"]:
                 exposure += max(0.0, r["ended"] - r["allocated"])
                 events += r["end_reason"] == "preempted"

@@ -75,3 +75,21 @@ def test_the_dry_run_shows_the_zones_ranked_with_their_terms(spotnb_home: Any) -
     text = str(plan)
     assert "zones by expected cost" in text and "MTTP 2 min" in text and "$0.050/h" in text
     assert "several regions" not in text  # zones are supported: not listed as missing
+
+
+def test_a_region_s_market_counts_the_instances_of_its_zones(spotnb_home: Any) -> None:
+    """AWS records zones (us-east-1b), GCP zones (us-central1-a), users name regions: the
+    market of a region is measured over its zones, and only its zones."""
+    from spotnb.jobdb import JobDB, in_region
+
+    db = JobDB()
+    db.add_job("j", name=None, provider="aws", region=None, instance_type="g4dn.xlarge", store="file:///s")
+    for n, zone in enumerate(["us-east-1b", "us-east-1c", "us-east-10a", "eu-west-1a"], 1):
+        db.record_incarnation(
+            "j", n, provider="aws", instance_type="g4dn.xlarge", region=zone,
+            requested=0.0, allocated=10.0, ready=20.0, ended=1000.0, end_reason="preempted",
+        )  # fmt: skip
+    stats = db.market("aws", "us-east-1", "g4dn.xlarge")
+    assert stats.preemptions == 2 and stats.exposure == pytest.approx(2 * 990.0)
+    assert db.market("aws", "us-east-1b", "g4dn.xlarge").preemptions == 1
+    assert in_region("us-central1-a", "us-central1") and not in_region("us-central10", "us-central1")
