@@ -304,6 +304,10 @@ def metric_axes(state: JobState, domain: tuple[float, float], x_axis: str, gap: 
     return layout
 
 
+def _short(text: str, limit: int = 16) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _inc_label(inc: Incarnation) -> str:
     bits = [f"#{inc.n}", inc.instance_id or "…"]
     where = ", ".join(b for b in (inc.region, inc.instance_type) if b)
@@ -337,11 +341,16 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
     # a job on several instances: one lane per instance slot, its incarnations one after another
     lanes = len({inc.slot for inc in state.incs.values()}) > 1
 
+    # a job that moved between zones (regions="cheapest", local_regions): the lane names the
+    # zone, which is then what differs between instances; else the instance type
+    moved = len({inc.region for inc in state.incs.values() if inc.region}) > 1
+
     def lane(inc: Incarnation) -> str:
         # short: the axis labels set the left margin of every panel (the hover has the rest)
         if lanes:
             return f"instance {inc.slot}"
-        return f"#{inc.n} {inc.instance_type}" if inc.instance_type else f"#{inc.n}"
+        what = inc.region if moved else inc.instance_type
+        return f"#{inc.n} {_short(what)}" if what else f"#{inc.n}"
 
     def seg(cat: str, inc: Incarnation, a: float | None, b: float | None, what: str) -> None:
         if a is None or b is None or b <= a:

@@ -85,3 +85,22 @@ def test_bad_zones_are_refused_before_anything_launches(fields: dict[str, Any], 
         spot.train(jobfns.slow_steps, spot.Config(ship_modules=SHIP, **fields))
     assert words in str(info.value)
     assert "local_regions" in str(info.value) or "region" in str(info.value)
+
+
+def test_the_timeline_names_the_zone_of_each_instance_once_the_job_moved() -> None:
+    """The lanes of a job that ran in two zones say where each instance ran (the instance
+    type, the same for all, is in the hover); a job in one zone keeps the type."""
+    from spotnb.protocol import from_json
+    from spotnb.state import JobState
+    from spotnb.widget.figures import timeline_traces
+    from spotnb.widget.synthetic import synthetic_events
+
+    events = [e for batch in synthetic_events(steps=100, preempt_at=(50,)) for e in batch]
+    lanes = {y for _, t in timeline_traces(JobState.from_events(events)) for y in t.get("y") or []}
+    assert any("g4dn" in str(y) for y in lanes)
+    for e in events:
+        if e["kind"] in ("allocated", "launched"):
+            e["region"] = "zone-a" if e["incarnation"] == 1 else "zone-b"
+    st = JobState.from_events([from_json(e) if isinstance(e, dict) else e for e in events])
+    lanes = {str(y) for _, t in timeline_traces(st) for y in t.get("y") or []}
+    assert {"#1 zone-a", "#2 zone-b"} <= lanes
