@@ -260,3 +260,35 @@ def test_gc_terminates_orphans(provider: AWSProvider, s3_store_url: str) -> None
     assert provider.describe(insts[live.job_id]).state == InstanceState.RUNNING
     assert sorted(gc("aws", cfg, all_unknown=True)) == [insts[foreign.job_id].id]
     provider.terminate(insts[live.job_id])
+
+
+def test_cheapest_asks_every_region_that_offers_the_type_and_caches_the_prices(s3_store_url: str) -> None:
+    """regions="cheapest": the candidates come from the API (the account's regions, kept when
+    they offer the type), not a list in spotnb; the prices are cached on disk and say their
+    age (moto's EC2 over HTTP)."""
+    import json
+
+    from spotnb.home import spotnb_home
+
+    p = AWSProvider(spot.Config(provider="aws", store=s3_store_url, regions="cheapest"))
+    prices = p.prices("g4dn.xlarge")
+    regions = {split_zone(z)[0] for z in prices}
+    assert len(regions) > 3 and "eu-west-1" in regions  # beyond the three regions spotnb once listed
+    assert all(split_zone(z)[1] for z in prices)  # keyed by availability zone
+    assert all("fetched just now" in price.source for price in prices.values())
+    (entry,) = [f for f in (spotnb_home() / "cache").glob("aws-spot-g4dn.xlarge-*.json")]
+    data = json.loads(entry.read_text())
+    data["fetched"] -= 300  # as if fetched five minutes ago: the next ask reads the cache
+    entry.write_text(json.dumps(data))
+    again = p.prices("g4dn.xlarge")
+    assert again.keys() == prices.keys()
+    assert all("fetched 5 min ago" in price.source for price in again.values())
+    data["fetched"] -= 3600  # older than the TTL: asked again
+    entry.write_text(json.dumps(data))
+    assert all("fetched just now" in price.source for price in p.prices("g4dn.xlarge").values())
+
+
+def test_cheapest_with_a_type_no_region_offers_says_so(s3_store_url: str) -> None:
+    p = AWSProvider(spot.Config(provider="aws", store=s3_store_url, regions="cheapest"))
+    with pytest.raises(ConfigError, match="no AWS region .* offers 'g9zz.nonexistent'"):
+        p.prices("g9zz.nonexistent")
