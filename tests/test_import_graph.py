@@ -148,10 +148,12 @@ def test_runtime_imports_nothing_from_the_notebook_side() -> None:
 
 
 def test_import_spotnb_stays_light() -> None:
-    """`import spotnb` loads no cloud SDK, no torch, no plotly/ipywidgets."""
+    """`import spotnb` (and `spotnb.forecast`) loads no cloud SDK, no torch, no plotly/ipywidgets,
+    no statsmodels/pandas."""
     code = (
-        "import sys, spotnb; heavy = [m for m in ('boto3', 'azure', 'google.cloud', 'torch', "
-        "'plotly', 'ipywidgets') if m in sys.modules]; print(','.join(heavy))"
+        "import sys, spotnb, spotnb.forecast; heavy = [m for m in ('boto3', 'azure', 'google.cloud', "
+        "'torch', 'plotly', 'ipywidgets', 'statsmodels', 'pandas') if m in sys.modules]; "
+        "print(','.join(heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"import spotnb pulled in {out.stdout.strip()}"

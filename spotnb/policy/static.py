@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from spotnb.policy.base import BatchPlan, Observation, Plan, Policy, SaveKind, steps_for
 from spotnb.policy.intervals import daly_interval
@@ -96,24 +97,47 @@ class Adaptive(Policy):
 
     name = "adaptive"
 
+    def __init__(self, hazard: Callable[[Observation], float] | None = None) -> None:
+        #: optional rate per second replacing `obs.mttp` (e.g. `spotnb.forecast.forecast_hazard`)
+        self.hazard = hazard
+
+    def market_mttp(self, obs: Observation) -> float:
+        if self.hazard is None:
+            return obs.mttp
+        rate = self.hazard(obs)
+        return 1.0 / rate if rate > 0 else math.inf
+
     def next_save(self, obs: Observation, last_save_step: int) -> Plan | None:
         periodic = periodic_plan(obs, last_save_step)
         if self.emergency_expected(obs):
             return periodic
-        tau = daly_interval(snapshot_estimate(obs), obs.mttp, obs.restart_time)
+        mttp = self.market_mttp(obs)
+        if math.isinf(mttp):
+            return periodic
+        tau = daly_interval(snapshot_estimate(obs), mttp, obs.restart_time)
         insurance = Plan(last_save_step + steps_for(tau, obs.step_time), SaveKind.INSURANCE)
         if periodic is None or insurance.step < periodic.step:
             return insurance
         return periodic
 
     def stationary_until(self, obs: Observation) -> int:
-        return 0 if obs.save_every else _FOREVER  # periodic saves align to multiples
+        if obs.save_every or self.hazard is not None:  # periodic saves align to multiples
+            return 0
+        return _FOREVER
 
     def batch_plan(self, obs: Observation) -> BatchPlan | None:
         rules = self._notice_rules(obs, Adaptive)
-        if rules is None or obs.save_every or self._overrides(Adaptive, "next_save", "emergency_expected"):
+        if (
+            rules is None
+            or obs.save_every
+            or self.hazard is not None
+            or self._overrides(Adaptive, "next_save", "emergency_expected", "market_mttp")
+        ):
             return None
         if self.emergency_expected(obs):
             return BatchPlan(None, SaveKind.INSURANCE, _FOREVER, *rules)
         tau = daly_interval(snapshot_estimate(obs), obs.mttp, obs.restart_time)
         return BatchPlan(steps_for(tau, obs.step_time), SaveKind.INSURANCE, _FOREVER, *rules)
+
+    def __repr__(self) -> str:
+        return f"Adaptive(hazard={self.hazard!r})" if self.hazard is not None else "Adaptive()"
