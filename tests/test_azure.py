@@ -325,3 +325,46 @@ def test_dry_run() -> None:
 
 def test_list_tagged(provider: AzureProvider) -> None:
     assert [(i.id, job) for i, job in provider.list_tagged()] == [("spotnb-x-1", "x")]
+
+
+def test_retail_prices_over_http_every_page_linux_meters_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The public Retail Prices API, served over real HTTP from pages in its documented shape
+    (tests/fixtures/azure_retail): both pages are read (NextPageLink), Windows and Low Priority
+    meters are not Linux spot prices, and the result is cached on disk with its age."""
+    import http.server
+    import json
+    import threading
+    from pathlib import Path
+
+    from spotnb.providers import azure
+
+    pages = Path(__file__).parent / "fixtures" / "azure_retail"
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            asked.append(self.path)
+            page = json.loads((pages / ("page2.json" if "page=2" in self.path else "page1.json")).read_text())
+            if page.get("NextPageLink"):
+                page["NextPageLink"] = f"http://127.0.0.1:{server.server_port}/prices?page=2"
+            body = json.dumps(page).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(azure, "_RETAIL_API", f"http://127.0.0.1:{server.server_port}/prices")
+        price = azure._retail_price("Standard_NC4as_T4_v3", "eastus")
+        assert (price.spot, price.on_demand) == (0.1578, 0.526)
+        assert price.source == "Azure Retail Prices API (fetched just now)"
+        assert len(asked) == 2 and "armSkuName" in asked[0] and "meterRegion" in asked[0]
+        again = azure._retail_price("Standard_NC4as_T4_v3", "eastus")
+        assert again == price and len(asked) == 2  # from the cache
+    finally:
+        server.shutdown()

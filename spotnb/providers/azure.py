@@ -74,7 +74,11 @@ CAPACITY_CODES = frozenset(
         "AllocationFailedSpotCapacity",
     }
 )
-_RETAIL_API = "https://prices.azure.com/api/retail/prices"
+#: the public Retail Prices API (no credentials); the environment may point elsewhere (tests
+#: serve recorded responses, a proxy may mirror it)
+_RETAIL_API = os.environ.get("SPOTNB_AZURE_RETAIL_API", "https://prices.azure.com/api/retail/prices")
+#: seconds a location's fetched prices are reused (spotnb.price_cache)
+RETAIL_TTL = 600.0
 
 
 def vm_name(spec: LaunchSpec) -> str:
@@ -486,18 +490,33 @@ class AzureProvider(Provider):
 
 
 def _retail_price(instance_type: str, location: str, timeout: float = 5.0) -> Price:
-    query = (
-        f"armRegionName eq '{location}' and armSkuName eq '{instance_type}' "
-        "and priceType eq 'Consumption' and serviceName eq 'Virtual Machines'"
-    )
-    url = f"{_RETAIL_API}?$filter={urllib.parse.quote(query)}"
-    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - public API
-        items = json.load(resp)["Items"]
-    linux = [
-        i
-        for i in items
-        if "Windows" not in i.get("productName", "") and "Low Priority" not in i.get("skuName", "")
-    ]
-    spot = min(i["retailPrice"] for i in linux if "Spot" in i["skuName"])
-    on_demand = min(i["retailPrice"] for i in linux if "Spot" not in i["skuName"])
-    return Price(spot, on_demand, "Azure Retail Prices API")
+    """Spot and on-demand Linux $/h of `instance_type` in `location` from the Retail Prices
+    API (its primary meters, every page), cached on disk for `RETAIL_TTL`; raises OSError /
+    ValueError / KeyError when it cannot be read (the caller falls back to the table)."""
+    from spotnb.price_cache import cached, describe_age
+
+    def fetch() -> list[float]:
+        query = (
+            f"armRegionName eq '{location}' and armSkuName eq '{instance_type}' "
+            "and priceType eq 'Consumption' and serviceName eq 'Virtual Machines'"
+        )
+        url: str | None = f"{_RETAIL_API}?$filter={urllib.parse.quote(query)}&meterRegion='primary'"
+        items: list[dict[str, Any]] = []
+        for _ in range(10):  # a handful of items per SKU and location; pages of 100
+            if not url:
+                break
+            with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - public API
+                page = json.load(resp)
+            items += page["Items"]
+            url = page.get("NextPageLink")
+        linux = [
+            i
+            for i in items
+            if "Windows" not in i.get("productName", "") and "Low Priority" not in i.get("skuName", "")
+        ]
+        spot = min(float(i["retailPrice"]) for i in linux if "Spot" in i["skuName"])
+        on_demand = min(float(i["retailPrice"]) for i in linux if "Spot" not in i["skuName"])
+        return [spot, on_demand]
+
+    (spot, on_demand), age = cached(f"azure-retail-{instance_type}-{location}", RETAIL_TTL, fetch)
+    return Price(spot, on_demand, f"Azure Retail Prices API ({describe_age(age)})")
