@@ -60,15 +60,23 @@ class AmbiguousJobId(SpotnbError, LookupError):
         self.prefix, self.matches = prefix, matches
 
 
-def in_region(zone: str | None, region: str) -> bool:
-    """Whether an instance recorded in `zone` ran in `region`: the same name, or a zone of it
-    (AWS records zones, `us-east-1b`, and GCP `us-central1-a`, while a user names regions)."""
+def in_region(zone: str | None, region: str, provider: str = "aws") -> bool:
+    """Whether an instance recorded in `zone` ran in `region`: the same name, or on AWS and GCP,
+    which record zones while a user names regions, one of its zones by the cloud's naming
+    (`us-east-1` + one letter; `us-central1` + `-` + one letter). Elsewhere (Azure, the local
+    market's emulated zones) only the same name: `east-2` is not a zone of `east`."""
     if zone is None:
         return False
     if zone == region:
         return True
-    rest = zone[len(region) :] if zone.startswith(region) else ""
-    return rest[:1] == "-" or (len(rest) == 1 and rest.isalpha() and rest.islower())
+    if not zone.startswith(region):
+        return False
+    rest = zone[len(region) :]
+    if provider == "aws":
+        return len(rest) == 1 and "a" <= rest <= "z"
+    if provider == "gcp":
+        return len(rest) == 2 and rest[0] == "-" and "a" <= rest[1] <= "z"
+    return False
 
 
 class MarketStats:
@@ -263,7 +271,7 @@ class JobDB:
         )
         exposure, events, restarts = 0.0, 0, []
         for r in rows:
-            if region is not None and not in_region(r["region"], region):
+            if region is not None and not in_region(r["region"], region, provider):
                 continue
             if r["allocated"] and r["ended"]:
                 exposure += max(0.0, r["ended"] - r["allocated"])

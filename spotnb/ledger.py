@@ -24,6 +24,7 @@ instance (`Span.slot`): its figures are instance-seconds, and the total is lanes
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -141,6 +142,21 @@ class Overhead:
     price: float
 
 
+#: an hourly price above this is not a machine's (the same bound as the local zones' prices)
+MAX_HOURLY = 1000.0
+
+
+def _number(value: Any) -> float | None:
+    """A finite float, or None (text, bool, NaN, inf, too big)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        f = float(value)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
 def coordinator_overheads(infos: Iterable[dict[str, Any]]) -> list[Overhead]:
     """The coordinators named in the instances' `info` (a cloud provider records there which
     coordinator each instance trained with: `{"coordinator": {"id", "started", "price"}}`), one
@@ -148,9 +164,15 @@ def coordinator_overheads(infos: Iterable[dict[str, Any]]) -> list[Overhead]:
     one started; the newest until the job's end."""
     seen: dict[str, tuple[float, float]] = {}
     for info in infos:
-        c = (info or {}).get("coordinator")
-        if isinstance(c, dict) and c.get("id") and c.get("started") is not None:
-            seen[str(c["id"])] = (float(c["started"]), float(c.get("price") or 0.0))
+        c = info.get("coordinator") if isinstance(info, dict) else None
+        if not isinstance(c, dict) or not c.get("id"):
+            continue
+        started, price = _number(c.get("started")), _number(c.get("price", 0.0))
+        # an event from a corrupt or foreign writer: a coordinator without a readable start or
+        # an hourly price of a real machine is not billed (rather than breaking every view)
+        if started is None or price is None or not 0.0 <= price < MAX_HOURLY:
+            continue
+        seen[str(c["id"])] = (started, price)
     ordered = sorted(seen.items(), key=lambda kv: kv[1][0])
     return [
         Overhead("coordinator", started, ordered[k + 1][1][0] if k + 1 < len(ordered) else None, price)

@@ -92,4 +92,7 @@ def test_a_region_s_market_counts_the_instances_of_its_zones(spotnb_home: Any) -
     stats = db.market("aws", "us-east-1", "g4dn.xlarge")
     assert stats.preemptions == 2 and stats.exposure == pytest.approx(2 * 990.0)
     assert db.market("aws", "us-east-1b", "g4dn.xlarge").preemptions == 1
-    assert in_region("us-central1-a", "us-central1") and not in_region("us-central10", "us-central1")
+    assert in_region("us-central1-a", "us-central1", "gcp") and not in_region(
+        "us-central10", "us-central1", "gcp"
+    )
+    assert not in_region("east-2", "east", "local") and not in_region("ab", "a", "local")
