@@ -1,8 +1,8 @@
-"""Attacks on what was built today: emulated zones (local_regions), placement by expected cost,
-the job DB's per-region market, the coordinator's line in the ledger.
+"""Hostile input for emulated zones (local_regions), placement by expected cost, the job DB's
+per-region market and the coordinator's line in the ledger (issues 9 and 10).
 
-The first tests fail today because of a real defect; the ones under "guards" pass and keep
-important behaviour."""
+The tests above "guards" each began as a failing test for a defect an attack found; the ones
+under "guards" held from the start and keep important behaviour."""
 
 from __future__ import annotations
 
