@@ -97,7 +97,7 @@ def test_a_coordinator_with_a_text_start_does_not_break_every_view() -> None:
     state = JobState.from_events(
         _coordinator_job({"id": "i-coord", "started": "2026-11-25T08:00Z", "price": 0.0208})
     )
-    b = state.breakdown()  # raises today
+    b = state.breakdown()  # raised ValueError before the fix
     assert b.spot_cost > 0
     state.cost(b)
 
@@ -120,7 +120,7 @@ def test_a_negative_or_infinite_coordinator_price_is_not_billed_as_such() -> Non
         assert math.isfinite(b.coordinator_cost) and b.coordinator_cost >= 0, (price, b.coordinator_cost)
 
 
-# -- guards (pass today) -------------------------------------------------------------------------
+# -- guards (held from the start) --------------------------------------------------------------------
 def test_zones_survive_the_spec_s_json_round_trip() -> None:
     """The controller rebuilds the Config from the spec's JSON: schedules become lists of
     lists, durations numbers; validating them again must give the same zones."""
