@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates constraints.txt: the exact version of every Python package that
-# `pip install -e '.[test,aws,azure,gcp,elastic,forecast,dev]'` brings in (plus uv, which setup.sh installs with),
+# `pip install -e '.[test,aws,azure,gcp,elastic,forecast,hf,dev]'` brings in (plus uv, which setup.sh installs with),
 # resolved from scratch by `uv pip compile` (seconds; pip's own resolver took 12-30+ minutes
 # here). setup.sh then installs these pins without resolving anything. Run it after changing a
 # dependency in pyproject.toml, or to move to newer releases; commit the result once
