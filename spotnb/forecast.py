@@ -95,19 +95,7 @@ def bin_trace(trace: Trace, width: float = 600.0) -> Binned:
     so the bins' totals are exactly `trace.removals` and `trace.exposure`."""
     if not width > 0:
         raise ValueError(f"width must be positive, got {width}")
-    n = max(1, math.ceil(trace.span / width))
-    events = [0] * n
-    exposure = [0.0] * n
-    for i, c in enumerate(trace.counts):
-        a = trace.times[i]
-        b = trace.times[i + 1] if i + 1 < len(trace.times) else trace.span
-        if trace.removed[i]:
-            events[min(n - 1, max(0, int(a // width)))] += trace.removed[i]
-        while a < b and c:
-            k = min(n - 1, max(0, int(a // width)))
-            edge = b if k == n - 1 else min(b, (k + 1) * width)
-            exposure[k] += c * (edge - a)
-            a = edge
+    events, exposure = trace.binned(width)
     return Binned(float(width), tuple(events), tuple(exposure))
 
 

@@ -394,12 +394,11 @@ def test_a_coordinator_that_fails_half_way_leaves_no_network(
     assert _job_group(job) is None and _coordinators(job) == []
 
 
-def test_the_job_state_bills_the_coordinator_its_instances_recorded() -> None:
-    """What every view reads (JobState: job.breakdown(), job.cost(), the widget, the panel's
-    row): the coordinator named in the instances' `launched` events is its own line, and the
-    savings, the projection and the one-line summary are measured from the total."""
-    coordinator = {"id": "i-coord", "instance_type": "t3.small", "started": 10.0, "price": 0.0208}
-    events: list[ev.Event] = [
+def coordinator_job_events(coordinator: Any) -> list[ev.Event]:
+    """A one-hour, one-instance AWS job whose instance recorded `coordinator` in its info, in its
+    `launched` and `allocated` events, as the provider writes it (also fed hostile values by
+    tests/test_zones_and_costs_hostile.py)."""
+    return [
         ev.Submitted(t=0.0, name="fit", provider="aws", instance_type="g4dn.xlarge", config={}),
         ev.Allocating(t=0.0, incarnation=1, region="us-east-1", attempt=1),
         ev.Launched(
@@ -426,6 +425,14 @@ def test_the_job_state_bills_the_coordinator_its_instances_recorded() -> None:
         ev.Progress(t=3660.0, incarnation=1, step=100, total=100, compute_s=3540.0),
         ev.Status(t=3660.0, status=JobStatus.SUCCEEDED),
     ]
+
+
+def test_the_job_state_bills_the_coordinator_its_instances_recorded() -> None:
+    """What every view reads (JobState: job.breakdown(), job.cost(), the widget, the panel's
+    row): the coordinator named in the instances' `launched` events is its own line, and the
+    savings, the projection and the one-line summary are measured from the total."""
+    coordinator = {"id": "i-coord", "instance_type": "t3.small", "started": 10.0, "price": 0.0208}
+    events = coordinator_job_events(coordinator)
     state = JobState.from_events(events)
     b = state.breakdown()
     assert b.coordinator_cost == pytest.approx(0.0208 * 3650 / 3600)

@@ -13,35 +13,11 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb import protocol as ev
 from spotnb.ledger import compute_breakdown, coordinator_overheads
 from spotnb.placement import rank_zones
-from spotnb.protocol import JobStatus
 from spotnb.state import JobState
 from tests.core import jobfns
-
-
-def _coordinator_job(coordinator: dict[str, Any]) -> list[ev.Event]:
-    """A one-instance AWS job whose instance recorded `coordinator` in its info (the shape of
-    tests/test_aws_coordinator.py)."""
-    return [
-        ev.Submitted(t=0.0, name="fit", provider="aws", instance_type="g4dn.xlarge", config={}),
-        ev.Allocating(t=0.0, incarnation=1, region="us-east-1", attempt=1),
-        ev.Allocated(
-            t=60.0,
-            incarnation=1,
-            instance_id="i-1",
-            region="us-east-1b",
-            instance_type="g4dn.xlarge",
-            alloc_s=60.0,
-            info={"aws_region": "us-east-1", "incarnation": 1, "coordinator": coordinator},
-            spot_price=0.158,
-            on_demand_price=0.526,
-        ),
-        ev.Ready(t=120.0, incarnation=1, prep_s=60.0, step=0),
-        ev.Progress(t=3660.0, incarnation=1, step=100, total=100, compute_s=3540.0),
-        ev.Status(t=3660.0, status=JobStatus.SUCCEEDED),
-    ]
+from tests.test_aws_coordinator import coordinator_job_events
 
 
 # -- defects -------------------------------------------------------------------------------------
@@ -95,7 +71,7 @@ def test_a_coordinator_with_a_text_start_does_not_break_every_view() -> None:
     own spot instances are perfectly readable. The bad coordinator should be skipped (or
     counted as unreadable), like a bad row of metrics."""
     state = JobState.from_events(
-        _coordinator_job({"id": "i-coord", "started": "2026-11-25T08:00Z", "price": 0.0208})
+        coordinator_job_events({"id": "i-coord", "started": "2026-11-25T08:00Z", "price": 0.0208})
     )
     b = state.breakdown()  # raised ValueError before the fix
     assert b.spot_cost > 0
@@ -105,7 +81,9 @@ def test_a_coordinator_with_a_text_start_does_not_break_every_view() -> None:
 def test_a_coordinator_with_a_text_price_does_not_break_every_view() -> None:
     """Same with `price: "0.0208/h"` (or any text): ValueError from float() in
     coordinator_overheads, so job.cost() and the widget raise."""
-    state = JobState.from_events(_coordinator_job({"id": "i-coord", "started": 10.0, "price": "0.0208/h"}))
+    state = JobState.from_events(
+        coordinator_job_events({"id": "i-coord", "started": 10.0, "price": "0.0208/h"})
+    )
     state.cost(state.breakdown())
 
 

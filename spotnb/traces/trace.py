@@ -102,11 +102,12 @@ class Trace:
         done = [life for life, seen in self.lifetimes if seen]
         return sum(done) / len(done) if done else None
 
-    def hazard_by_time(self, bin_s: float = 3600.0) -> list[float]:
-        """Preemption rate per instance (1/s) in consecutive `bin_s` windows of the trace:
-        removals in the window / exposure in the window (0 when nothing was alive)."""
-        if bin_s <= 0:
-            raise ValueError("bin_s must be positive")
+    def binned(self, bin_s: float) -> tuple[list[int], list[float]]:
+        """(removals, exposure in instance-seconds) in consecutive `bin_s` windows. Removals at
+        a change point count in the window of that time; the live count after it is exposure
+        until the next change, so the totals are exactly `removals` and `exposure`."""
+        if not bin_s > 0:
+            raise ValueError(f"bin_s must be positive, got {bin_s}")
         n = max(1, math.ceil(self.span / bin_s))
         exposure = [0.0] * n
         events = [0] * n
@@ -114,12 +115,18 @@ class Trace:
             a = self.times[i]
             b = self.times[i + 1] if i + 1 < len(self.times) else self.span
             if self.removed[i]:
-                events[min(n - 1, int(a // bin_s))] += self.removed[i]
+                events[min(n - 1, max(0, int(a // bin_s)))] += self.removed[i]
             while a < b and c:
-                k = min(n - 1, int(a // bin_s))
+                k = min(n - 1, max(0, int(a // bin_s)))
                 edge = b if k == n - 1 else min(b, (k + 1) * bin_s)
                 exposure[k] += c * (edge - a)
                 a = edge
+        return events, exposure
+
+    def hazard_by_time(self, bin_s: float = 3600.0) -> list[float]:
+        """Preemption rate per instance (1/s) in consecutive `bin_s` windows of the trace:
+        removals in the window / exposure in the window (0 when nothing was alive)."""
+        events, exposure = self.binned(bin_s)
         return [e / x if x > 0 else 0.0 for e, x in zip(events, exposure, strict=True)]
 
     def hazard_by_age(self, bin_s: float = 1800.0) -> list[float] | None:
