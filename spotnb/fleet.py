@@ -247,11 +247,17 @@ class FleetController(Controller):
         last quorum end by themselves within moments; one still running `AFTER_DONE_GRACE`
         seconds after the first `done` (a replacement that found no peers and trains alone
         from the store) is ended too: nothing it computes is needed."""
-        late = self._succeeded_at is not None and time.time() - self._succeeded_at > AFTER_DONE_GRACE
+        since = time.time() - self._succeeded_at if self._succeeded_at is not None else 0.0
         for slot in self.slots:
             cancel = getattr(slot.pending, "cancel_event", None)
             if cancel is not None:
                 cancel.set()
+            # a replica that trained the last step is finishing, only slower on a busy machine:
+            # it gets ten times the grace before it too is ended (it may hang in a shutdown)
+            inc = self.job.state.incs.get(slot.n)
+            total = self.job.state.total
+            finishing = inc is not None and bool(total) and inc.reached >= int(total or 0) - 1
+            late = since > AFTER_DONE_GRACE * (10 if finishing else 1)
             if slot.instance is not None and slot.reported_end is None and (not slot.ready or late):
                 self._finish_incarnation(slot.n, slot.instance, _Outcome(Outcome.NOT_NEEDED))
                 slot.instance = None
