@@ -80,6 +80,24 @@ class Injector:
         self.proc.wait()
         return self.kill
 
+    def _wait_stopped(self, timeout: float = 1.0) -> None:
+        """Until every thread of the process is stopped (a SIGSTOP takes effect when the kernel
+        next handles the target, which on another core may be after `kill()` returned: until
+        then its writer thread can still move the beacon on)."""
+        deadline = time.monotonic() + timeout
+        task_dir = f"/proc/{self.proc.pid}/task"
+        while time.monotonic() < deadline:
+            try:
+                states = []
+                for tid in os.listdir(task_dir):
+                    with open(f"{task_dir}/{tid}/stat", encoding="ascii", errors="replace") as f:
+                        states.append(f.read().rsplit(")", 1)[-1].split()[0])
+            except OSError:
+                return  # gone, or no /proc here: nothing more to wait for
+            if all(state in ("T", "t", "Z", "X") for state in states):
+                return
+            time.sleep(0.0002)
+
     def _signal(self, sig: int) -> bool:
         try:
             os.killpg(self.proc.pid, sig)
@@ -116,6 +134,7 @@ class Injector:
                     # late, and a kill meant for a phase must not land after the phase has ended
                     if not self._signal(signal.SIGSTOP):
                         return
+                    self._wait_stopped()  # kill() returns before the other core has stopped it
                     step, phase = read_beacon(self.beacon_path)
                     if phases is None or phase in phases:
                         self.kill_now()
