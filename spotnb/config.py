@@ -67,6 +67,12 @@ class _GenericConfig(BaseModel):
     regions: list[str] | Literal["cheapest"] | None = Field(
         None, description="Candidate regions in order, or 'cheapest' to order them by spot price."
     )
+    migrate: Literal["never", "on-interrupt", "best-price"] = Field(
+        "on-interrupt",
+        description="Where a job goes next: 'on-interrupt' relaunches a preempted job in the zone "
+        "that is best then; 'never' relaunches it where it ran; 'best-price' also moves a running "
+        "job when another zone's expected saving over the remaining work exceeds the cost of the move.",
+    )
     store: str | None = Field(
         None, description="fsspec URL for specs, events and checkpoints (default file://$SPOTNB_HOME/store)."
     )
@@ -283,6 +289,7 @@ class _GenericConfig(BaseModel):
         self._check_instances()
         if self.region is not None and self.regions is not None:
             raise ValueError("give region (one) or regions (candidates), not both")
+        self._check_migrate()
         registry()[self.provider].settings.check_config(self)
         return self
 
@@ -311,6 +318,22 @@ class _GenericConfig(BaseModel):
             raise ValueError(
                 f"instances={self.instances} trains with torchft, which is not installed here: "
                 "pip install 'spotnb[elastic]' (or instances=1)"
+            )
+
+    def _check_migrate(self) -> None:
+        if self.migrate != "best-price":
+            return
+        if not (self.regions == "cheapest" or (isinstance(self.regions, list) and len(set(self.regions)) > 1)):
+            raise ValueError(
+                "migrate='best-price' moves a running job to a cheaper zone, but there is only one "
+                "zone to run in: set regions='cheapest' or regions=[...] with several zones, or "
+                "migrate='on-interrupt'"
+            )
+        if self.instances > 1:
+            raise ValueError(
+                "migrate='best-price' moves jobs on one instance; a job on several instances "
+                f"(instances={self.instances}) is not moved yet: use migrate='on-interrupt' (its "
+                "replacements go to the best zone then)"
             )
 
     @property

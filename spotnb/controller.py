@@ -26,6 +26,7 @@ from spotnb.errors import CapacityError
 from spotnb.events import EventReader, EventWriter
 from spotnb.job import Job
 from spotnb.jobdb import JobDB
+from spotnb.migration import best_move
 from spotnb.placement import ZoneEstimate, rank_zones
 from spotnb.policy import Observation, resolve_policy
 from spotnb.protocol import TERMINAL, Event, JobStatus, Outcome
@@ -54,6 +55,9 @@ if os.environ.get("SPOTNB_FLUSH_BACKOFF_SCALE"):  # tests: the same ride, shorte
     FLUSH_BACKOFF = tuple(w * float(os.environ["SPOTNB_FLUSH_BACKOFF_SCALE"]) for w in FLUSH_BACKOFF)
 IDENTITY_CHECK = 2.0  # seconds between looks for the job's spec (local; scaled for remote)
 STALL_WARN = 3  # instances in a row without a new checkpoint before the feed says so
+# how often an instance looks for the controller's request to move (Config.migrate="best-price")
+MOVE_POLL = 0.2
+MOVE_POLL_REMOTE = 5.0
 
 log = logging.getLogger("spotnb.controller")
 
@@ -383,7 +387,7 @@ class Controller:
 
     def _relaunches(self, outcome: _Outcome) -> bool:
         """Whether this outcome leads to another incarnation (limits aside)."""
-        if outcome.reason.is_preemption:
+        if outcome.reason.is_preemption or outcome.reason == Outcome.MOVED:
             return True
         return outcome.reason in _FAILURES and self.retries < self.config.max_retries
 
@@ -397,7 +401,9 @@ class Controller:
             self._cancel_pre(pre)
             self._end_stopped()
             return False
-        if outcome.reason in _FAILURES:
+        if outcome.reason == Outcome.MOVED:
+            pass  # a move is not a preemption: its replacement already runs in the new zone
+        elif outcome.reason in _FAILURES:
             if self.retries >= self.config.max_retries:
                 self._cancel_pre(pre)
                 if outcome.reason == Outcome.CRASHED and self.job.state.error is None:
@@ -600,9 +606,11 @@ class Controller:
         cancel: threading.Event | None = None,
         extra: dict[str, Any] | None = None,
         slot: int = 0,
+        only: str | None = None,
     ) -> Instance | None:
         """Ask for incarnation `n`'s instance until one runs (None: stopped or max_wait).
-        `extra` goes into its incarnation document (a fleet's slot, coordinator, join)."""
+        `extra` goes into its incarnation document (a fleet's slot, coordinator, join).
+        `only`: a move's zone, asked once (None when it has no capacity: the job stays)."""
         market = self._market_now = self._market()
         inc_doc = {
             "incarnation": n,
@@ -610,10 +618,12 @@ class Controller:
             "notice": self.provider.notice_settings(),
             **(extra or {}),
         }
+        if self.config.migrate == "best-price":  # the agent looks for a request to move
+            inc_doc["move_poll"] = MOVE_POLL if self.store.local else MOVE_POLL_REMOTE
         self.store.write_bytes(
             self.store.job(self.job.id, "incarnations", f"{n:04d}.json"), json.dumps(inc_doc).encode()
         )
-        regions = self._regions()
+        regions: list[str | None] = [only] if only else self._regions()
         spec_base = dict(
             job_id=self.job.id,
             incarnation=n,
@@ -661,6 +671,9 @@ class Controller:
             try:
                 instance = self.provider.launch(LaunchSpec(region=region, **spec_base))
             except CapacityError as exc:
+                if only:
+                    self.emit(ev.AllocFailed(region=region, reason=str(exc), retry_in=0.0), n)
+                    return None
                 wait = BACKOFF[min(attempt, len(BACKOFF) - 1)] if (attempt + 1) % len(regions) == 0 else 0.0
                 self.emit(ev.AllocFailed(region=region, reason=str(exc), retry_in=wait), n)
                 attempt += 1
@@ -686,6 +699,8 @@ class Controller:
                     ev.AllocFailed(region=region, reason=f"instance {status.state.value}", retry_in=0.0), n
                 )
                 self.provider.terminate(instance)
+                if only:
+                    return None
                 attempt += 1
                 continue
             price = self.provider.prices(self.config.instance_type, [region] if region else None)
@@ -768,8 +783,19 @@ class Controller:
                 self.job.id,
                 "; ".join(f"{z.zone}: {z.describe()}" for z in ranked),
             )
-            return [z.zone for z in ranked]
-        return list(regions) or [None]
+            order: list[str | None] = [z.zone for z in ranked]
+        else:
+            order = list(regions) or [None]
+        if self.config.migrate == "never":  # back where it ran, the others only as a fallback
+            last = max(
+                (inc for inc in self.job.state.incs.values() if inc.region and inc.allocated),
+                key=lambda inc: inc.n,
+                default=None,
+            )
+            if last is not None and last.region in order:
+                order.remove(last.region)
+                order.insert(0, last.region)
+        return order
 
     def _placement(self, prices: dict[str, float]) -> list[ZoneEstimate]:
         """The zones by the expected cost of the job's remaining work there (`spotnb.placement`):
@@ -800,6 +826,9 @@ class Controller:
         described = 0.0
         reported_end: float | None = None  # the agent said done/error/evacuated at this time
         poll = self.store.poll_interval
+        ready = False
+        move_to: str | None = None  # a move's zone, while its instance is being allocated
+        looked = time.time()  # the last look at the prices for a move
         while True:
             for e in self.pump():
                 if e.incarnation != n:
@@ -808,6 +837,7 @@ class Controller:
                 kind = e.kind
                 heard = heard or kind not in ("launched", "allocated", "allocating", "alloc_failed")
                 if kind == "ready":
+                    ready = True
                     self.set_status(JobStatus.RUNNING)
                 elif kind == "notice" and pre is None:
                     self.set_status(JobStatus.PREEMPTED)
@@ -817,6 +847,19 @@ class Controller:
                     reported_end = time.time()
                     described = 0.0  # look now: the instance should be on its way out
             now = time.time()
+            if (
+                self.config.migrate == "best-price"
+                and ready
+                and pre is None
+                and reported_end is None
+                and now - looked >= self.provider.price_interval
+            ):
+                looked = now
+                move_to = self._consider_move(n, instance)
+                if move_to is not None:
+                    pre = self._preallocate(n + 1, only=move_to)
+            if move_to is not None and pre is not None and pre.done():
+                pre, move_to = self._ask_to_move(n, instance, pre, move_to)
             if now - described >= self.provider.describe_interval:
                 described = now
                 status = self.provider.describe(instance)
@@ -843,15 +886,76 @@ class Controller:
                 return _Outcome(Outcome.LOST, detail={"why": f"no event for {limit:.0f} s"}), pre
             time.sleep(poll)
 
-    def _preallocate(self, n: int) -> Future:
-        """Start allocating the replacement as soon as the notice arrives (it waits for the
-        old instance's end marker before restoring)."""
+    def _consider_move(self, n: int, instance: Instance) -> str | None:
+        """The zone to move incarnation `n` to now (`spotnb.migration`), announced; None:
+        stay. Without a known remaining work (no total, no step time yet) there is no saving
+        to weigh, so the job stays."""
+        st = self.job.state
+        if not (st.total and st.step_time) or not instance.region:
+            return None
+        regions = self.config.candidate_regions()
+        try:
+            prices = self.provider.prices(
+                self.config.instance_type, None if regions == "cheapest" else list(regions)
+            )
+        except Exception as exc:  # noqa: BLE001 - a price API down is no reason to stop training
+            self.log.debug("job %s: no prices for a move: %r", self.job.id, exc)
+            return None
+        if instance.region not in prices or len(prices) < 2:
+            return None
+        ranked = self._placement({zone: p.spot for zone, p in prices.items()})
+        saves = st.checkpoints[-10:]
+        save_s = sum(c.snapshot_s + c.upload_s for c in saves) / len(saves) if saves else None
+        move = best_move(ranked, instance.region, save_s)
+        if move is None:
+            return None
+        self.emit(
+            ev.Moving(
+                from_region=instance.region,
+                to_region=move.there.zone,
+                reason=move.reason(),
+                saving=move.saving,
+                move_cost=move.cost,
+            ),
+            n,
+        )
+        return move.there.zone
+
+    def _ask_to_move(
+        self, n: int, instance: Instance, pre: Future, zone: str
+    ) -> tuple[Future | None, str | None]:
+        """The move's new instance was asked for: if it runs, ask incarnation `n` to save and
+        leave (it then restores there); if the zone had no capacity, the job stays."""
+        try:
+            new = pre.result()
+        except Exception as exc:  # noqa: BLE001 - the provider failed: stay, say why
+            new, why = None, repr(exc)
+        else:
+            why = "no instance could be allocated there"
+        if new is None:
+            self.emit(
+                ev.JobWarning(message=f"the move to {zone} is abandoned ({why}); the job stays in {instance.region}"),
+                n,
+            )
+            return None, None
+        inc = self.job.state.incs.get(n)
+        if inc is not None and "notice" in inc.kinds:
+            return pre, None  # a notice came first: the new instance is its replacement
+        self.store.write_bytes(
+            self.store.job(self.job.id, "incarnations", f"{n:04d}.move"),
+            json.dumps({"to": zone, "incarnation": n + 1, "t": time.time()}).encode(),
+        )
+        return pre, None
+
+    def _preallocate(self, n: int, only: str | None = None) -> Future:
+        """Start allocating the replacement as soon as the notice arrives, or a move's new
+        instance in zone `only` (it waits for the old instance's end marker before restoring)."""
         fut: Future = Future()
         fut.cancel_event = cancel = threading.Event()  # type: ignore[attr-defined]
 
         def run() -> None:
             try:
-                fut.set_result(self._allocate(n, cancel))
+                fut.set_result(self._allocate(n, cancel, only=only))
             except BaseException as exc:  # noqa: BLE001
                 fut.set_exception(exc)
 
@@ -873,6 +977,9 @@ class Controller:
     def _classify(self, n: int, instance: Instance, status: Any) -> _Outcome:
         inc = self.job.state.incs.get(n)
         kinds = inc.kinds if inc is not None else set()
+        # saved and left because it was asked to move (a notice first makes it a preemption)
+        if "done" not in kinds and {"moving", "evacuated"} <= kinds and "notice" not in kinds:
+            return _Outcome(Outcome.MOVED, status.exit_code)
         if status.state == InstanceState.PREEMPTED:
             if "done" in kinds:
                 return _Outcome(Outcome.DONE, status.exit_code)

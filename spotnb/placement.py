@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from spotnb.policy.intervals import daly_interval, expected_total
 
-__all__ = ["PENALTY_DECAY", "NOMINAL_WORK", "ZoneEstimate", "rank_zones", "penalty"]
+__all__ = ["PENALTY_DECAY", "NOMINAL_WORK", "NOMINAL_SAVE", "ZoneEstimate", "rank_zones", "penalty"]
 
 #: seconds over which a preemption or capacity failure in a zone stops counting against it
 PENALTY_DECAY = 600.0

@@ -66,6 +66,7 @@ __all__ = [
     "JobResumed",
     "Allocating",
     "AllocFailed",
+    "Moving",
     "Launched",
     "Allocated",
     "Started",
@@ -138,6 +139,7 @@ class Outcome(StrEnum):
     USER_ERROR = "user_error"  # the function raised
     CRASHED = "crashed"  # the process died without a word
     NOT_NEEDED = "not needed"  # a pre-allocated replacement the job did not need
+    MOVED = "moved"  # saved and left for an instance in a cheaper zone (Config.migrate)
 
     @property
     def is_preemption(self) -> bool:
@@ -153,6 +155,7 @@ class SaveKind(StrEnum):
     EMERGENCY = "emergency"  # after a preemption notice, inside the grace period
     FINAL = "final"  # at the end of the job (kept until the job is collected)
     MANUAL = "manual"  # ctx.save() called by the user
+    MOVE = "move"  # before the job moves to another zone (Config.migrate="best-price")
 
 
 class EventKind(StrEnum):
@@ -162,6 +165,7 @@ class EventKind(StrEnum):
     JOB_RESUMED = "job_resumed"
     ALLOCATING = "allocating"
     ALLOC_FAILED = "alloc_failed"
+    MOVING = "moving"
     LAUNCHED = "launched"
     ALLOCATED = "allocated"
     STARTED = "started"
@@ -353,6 +357,21 @@ class AllocFailed(Event):
     region: str | None
     reason: str
     retry_in: float
+
+
+@_kind(EventKind.MOVING)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Moving(Event):
+    """The controller moves the job (Config.migrate="best-price"): incarnation `incarnation`
+    in `from_region` will save and leave once its replacement runs in `to_region`. `saving`:
+    the expected $ saved over the remaining work, after `move_cost` (the save and the new
+    start); `reason`: the two zones' terms in words."""
+
+    from_region: str | None
+    to_region: str
+    reason: str
+    saving: float
+    move_cost: float
 
 
 @_kind(EventKind.LAUNCHED)

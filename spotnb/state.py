@@ -39,6 +39,7 @@ FEED_KINDS = frozenset(
     {
         "allocated",
         "alloc_failed",
+        "moving",
         "ready",
         "resumed",
         "notice",
@@ -209,6 +210,7 @@ class Incarnation:
     progress: ev.Progress | None = None  # the latest time accounts of this instance
     kinds: set[str] = field(default_factory=set)  # every kind it reported
     notice: ev.Notice | None = None
+    moving: ev.Moving | None = None  # the controller moved the job away from this instance
     killed: ev.Preempted | None = None
     save_spans: list[tuple[float, float, str]] = field(default_factory=list)
     evacuating: float | None = None
@@ -446,11 +448,14 @@ class JobState:
             self._reach(inc, e.step - 1)
         elif isinstance(e, ev.Notice):
             inc.notice = e
+        elif isinstance(e, ev.Moving):
+            inc.moving = e
         elif isinstance(e, ev.Evacuating):
             inc.evacuating = t
         elif isinstance(e, ev.Evacuated):
             if inc.evacuating is not None:
-                inc.save_spans.append((inc.evacuating, t, "emergency"))
+                moved = "moving" in inc.kinds and inc.notice is None
+                inc.save_spans.append((inc.evacuating, t, "move" if moved else "emergency"))
             inc.end_how = "evacuated"
         elif isinstance(e, ev.Preempted):
             inc.end = t

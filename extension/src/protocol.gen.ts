@@ -6,14 +6,14 @@ export const PROTOCOL_VERSION = 1;
 export type JobStatus = "pending" | "running" | "preempted" | "restoring" | "succeeded" | "failed" | "stopped" | "lost";
 export const JOB_STATUSES: readonly JobStatus[] = ["pending", "running", "preempted", "restoring", "succeeded", "failed", "stopped", "lost"];
 
-export type EventKind = "submitted" | "status" | "controller_restarted" | "job_resumed" | "allocating" | "alloc_failed" | "launched" | "allocated" | "started" | "files" | "ready" | "resumed" | "metrics" | "progress" | "heartbeat" | "notice" | "hint" | "checkpoint" | "checkpoint_skipped" | "checkpoint_failed" | "checkpoint_invalid" | "emergency_skipped" | "evacuating" | "evacuated" | "done" | "error" | "warning" | "stopped" | "preempted" | "exited" | "segment" | "bootstrap" | "quorum" | "sync";
-export const EVENT_KINDS: readonly EventKind[] = ["submitted", "status", "controller_restarted", "job_resumed", "allocating", "alloc_failed", "launched", "allocated", "started", "files", "ready", "resumed", "metrics", "progress", "heartbeat", "notice", "hint", "checkpoint", "checkpoint_skipped", "checkpoint_failed", "checkpoint_invalid", "emergency_skipped", "evacuating", "evacuated", "done", "error", "warning", "stopped", "preempted", "exited", "segment", "bootstrap", "quorum", "sync"];
+export type EventKind = "submitted" | "status" | "controller_restarted" | "job_resumed" | "allocating" | "alloc_failed" | "moving" | "launched" | "allocated" | "started" | "files" | "ready" | "resumed" | "metrics" | "progress" | "heartbeat" | "notice" | "hint" | "checkpoint" | "checkpoint_skipped" | "checkpoint_failed" | "checkpoint_invalid" | "emergency_skipped" | "evacuating" | "evacuated" | "done" | "error" | "warning" | "stopped" | "preempted" | "exited" | "segment" | "bootstrap" | "quorum" | "sync";
+export const EVENT_KINDS: readonly EventKind[] = ["submitted", "status", "controller_restarted", "job_resumed", "allocating", "alloc_failed", "moving", "launched", "allocated", "started", "files", "ready", "resumed", "metrics", "progress", "heartbeat", "notice", "hint", "checkpoint", "checkpoint_skipped", "checkpoint_failed", "checkpoint_invalid", "emergency_skipped", "evacuating", "evacuated", "done", "error", "warning", "stopped", "preempted", "exited", "segment", "bootstrap", "quorum", "sync"];
 
-export type Outcome = "done" | "preempted" | "evacuated" | "lost" | "stopped" | "user_error" | "crashed" | "not needed";
-export const OUTCOMES: readonly Outcome[] = ["done", "preempted", "evacuated", "lost", "stopped", "user_error", "crashed", "not needed"];
+export type Outcome = "done" | "preempted" | "evacuated" | "lost" | "stopped" | "user_error" | "crashed" | "not needed" | "moved";
+export const OUTCOMES: readonly Outcome[] = ["done", "preempted", "evacuated", "lost", "stopped", "user_error", "crashed", "not needed", "moved"];
 
-export type SaveKind = "periodic" | "insurance" | "emergency" | "final" | "manual";
-export const SAVE_KINDS: readonly SaveKind[] = ["periodic", "insurance", "emergency", "final", "manual"];
+export type SaveKind = "periodic" | "insurance" | "emergency" | "final" | "manual" | "move";
+export const SAVE_KINDS: readonly SaveKind[] = ["periodic", "insurance", "emergency", "final", "manual", "move"];
 
 /** Statuses after which a job does nothing more (`JobStatus.is_terminal`). */
 export const TERMINAL: readonly JobStatus[] = ["failed", "lost", "stopped", "succeeded"];
@@ -90,6 +90,20 @@ export interface AllocFailedEvent {
   region: string | null;
   reason: string;
   retry_in: number;
+  [extra: string]: unknown;
+}
+
+/** The controller moves the job (Config.migrate="best-price"): incarnation `incarnation` in `from_region` will save and leave once its replacement runs in `to_region`. `saving`: the expected $ saved over the remaining work, after `move_cost` (the save and the new start); `reason`: the two zones' terms in words. */
+export interface MovingEvent {
+  kind: "moving";
+  t: number;
+  incarnation: number;
+  gen?: number;
+  from_region: string | null;
+  to_region: string;
+  reason: string;
+  saving: number;
+  move_cost: number;
   [extra: string]: unknown;
 }
 
@@ -467,6 +481,7 @@ export type SpotEvent =
   | JobResumedEvent
   | AllocatingEvent
   | AllocFailedEvent
+  | MovingEvent
   | LaunchedEvent
   | AllocatedEvent
   | PreemptedEvent

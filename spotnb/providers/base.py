@@ -108,6 +108,9 @@ class Provider(ABC):
     name: ClassVar[str] = "provider"
     unsupported: ClassVar[dict[Feature, str]] = {}
     describe_interval: ClassVar[float] = 10.0  # seconds between describe calls (API quotas)
+    # seconds between looks at the prices for a voluntary move (Config.migrate="best-price"):
+    # cloud spot prices change every few minutes at most, and each look is an API call
+    price_interval: ClassVar[float] = 300.0
     boot_timeout: ClassVar[float] = 1200.0  # VM boot + bootstrap install before the agent speaks
 
     def __init__(self, config: Config) -> None:

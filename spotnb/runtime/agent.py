@@ -32,6 +32,9 @@ EXIT_DONE, EXIT_USER_ERROR, EXIT_EVACUATED = 0, 1, 3
 #: how long a replica other than 0 waits for replica 0's result before writing its own
 RESULT_WAIT_S = float(os.environ.get("SPOTNB_RESULT_WAIT", "30"))
 WAIT_FOR_PREVIOUS = 900.0  # seconds a replacement waits for the instance it replaces to end
+# a move (Config.migrate) has no market deadline; the save before it must end well before the
+# new instance gives up waiting for this one (WAIT_FOR_PREVIOUS)
+MOVE_DEADLINE = 600.0
 
 __all__ = ["main", "Agent", "EXIT_DONE", "EXIT_USER_ERROR", "EXIT_EVACUATED"]
 
@@ -289,6 +292,13 @@ class Agent:
             )
             ctx._acknowledge = watcher.acknowledge
             watcher.start()
+        if self.inc.get("move_poll"):
+            threading.Thread(
+                target=self._watch_for_move,
+                args=(ctx, float(self.inc["move_poll"])),
+                name="spotnb-move",
+                daemon=True,
+            ).start()
         signal.signal(signal.SIGTERM, lambda *_: self._sigterm(ctx, market))
         try:
             result = payload["fn"](ctx)
@@ -403,6 +413,27 @@ class Agent:
         if self.job_spec.files:
             written = lay_out(self.store, self.job_spec.files, os.getcwd())
             self.emit(ev.Files(count=len(self.job_spec.files), written=len(written), workdir=os.getcwd()))
+
+    def _watch_for_move(self, ctx: Any, poll: float) -> None:
+        """The controller asks this instance to move (`Config.migrate="best-price"`) by writing
+        `incarnations/<n>.move` once the new instance runs: then it saves at the next step
+        boundary and leaves, like after a notice but with no market deadline (and no notice
+        event: nothing preempts it)."""
+        from spotnb.runtime.notice import Notice
+
+        path = self.store.job(self.job_id, "incarnations", f"{self.incarnation:04d}.move")
+        while not self._stop.wait(poll):
+            try:
+                self.store.invalidate()
+                asked = self.store.exists(path)
+            except OSError:  # the store is briefly unreachable: look again
+                continue
+            if asked:
+                if ctx.notice is None:  # a real notice first: that one decides
+                    ctx._receive_notice(
+                        Notice(deadline=time.time() + MOVE_DEADLINE, source="move", action="move")
+                    )
+                return
 
     def _sigterm(self, ctx: Any, market: dict[str, Any]) -> None:
         """A soft shutdown (GCP's ACPI soft-off, a local `terminate`) counts as a notice. The

@@ -508,7 +508,9 @@ class Context:
             self._rep.leave()
             self._evacuate_after_save()
         obs = self._observation()
-        if not self._policy.on_notice(obs, left):
+        moving = notice.source == "move"  # asked to move: no market deadline, always save
+        kind = SaveKind.MOVE if moving else SaveKind.EMERGENCY
+        if not moving and not self._policy.on_notice(obs, left):
             self._emit(
                 ev.EmergencySkipped(
                     step=self._step, time_left=left, needed=obs.snapshot_time + obs.upload_time
@@ -518,11 +520,9 @@ class Context:
         self._emit(ev.Evacuating(step=self._step, time_left=left))
         if self._tracked or self.state:
             try:
-                self._save(SaveKind.EMERGENCY, wait=True)
+                self._save(kind, wait=True)
             except Exception as exc:  # noqa: BLE001 - the store failed; keep training until killed
-                self._emit(
-                    ev.CheckpointFailed(step=self._step, save_kind=SaveKind.EMERGENCY, error=repr(exc))
-                )
+                self._emit(ev.CheckpointFailed(step=self._step, save_kind=kind, error=repr(exc)))
                 return
             self._evacuate_after_save()
         else:

@@ -385,6 +385,14 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
                 f"notice from {note.source or '?'}: {note.action or 'terminate'}, "
                 f"{note.time_left or 0.0:.1f} s left"
             )
+        if inc.moving is not None:  # asked to leave too, by the controller: same marker
+            mv = inc.moving
+            notice["x"].append(mv.t - t0)
+            notice["y"].append(label)
+            notice["text"].append(
+                f"move to {mv.to_region}: expected saving ${mv.saving:.4f} after the move's "
+                f"${mv.move_cost:.4f}"
+            )
         if inc.killed is not None:
             k = inc.killed
             kill["x"].append(k.t - t0)

@@ -51,6 +51,11 @@ def event_text(e: Event | Mapping[str, Any]) -> str:
         )
     if kind == "alloc_failed":
         return f"{who}no capacity in {e.get('region')}: {e.get('reason')}; retry in {e.get('retry_in')} s"
+    if kind == "moving":
+        return (
+            f"{who}→ MOVING from {e.get('from_region')} to {e.get('to_region')}: expected saving "
+            f"${num('saving'):.4f} after the move's ${num('move_cost'):.4f} ({e.get('reason')})"
+        )
     if kind == "ready":
         return f"{who}ready at step {e.get('step')} after {num('prep_s'):.1f} s prep"
     if kind == "resumed":
@@ -66,6 +71,8 @@ def event_text(e: Event | Mapping[str, Any]) -> str:
         return f"{who}emergency save skipped ({num('time_left'):.1f} s left, needs {num('needed'):.1f} s)"
     if kind == "preempted":
         return f"{who}✖ PREEMPTED: {describe_kill(e)}, lifetime {num('lifetime_s'):.1f} s"
+    if kind == "exited" and e.get("reason") == "moved":
+        return f"{who}saved and left for a cheaper zone, lifetime {num('lifetime_s'):.1f} s"
     if kind == "exited":
         return f"{who}exited: {e.get('reason')} (code {e.get('code')})"
     if kind == "checkpoint":
@@ -100,6 +107,7 @@ _LOUD = frozenset(
         "submitted",
         "allocated",
         "alloc_failed",
+        "moving",
         "resumed",
         "notice",
         "evacuated",

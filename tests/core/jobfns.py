@@ -9,8 +9,12 @@ from pathlib import Path
 from typing import Any
 
 
-def seeded_mlp(ctx: Any, steps: int = 200, width: int = 512, step_delay: float = 0.0) -> dict[str, Any]:
+def seeded_mlp(
+    ctx: Any, steps: int = 200, width: int = 512, step_delay: float = 0.0, hold_at: int | None = None
+) -> dict[str, Any]:
     """An MLP with dropout and Adam: exercises model, optimizer and torch/python RNG restore.
+    `hold_at`: the first instance waits at that step until it is asked to leave (a notice or a
+    move), so that what happens next does not depend on how fast this machine is.
 
     One intra-op thread: with two, MKL's float results on a heavily loaded CPU differ from an
     idle run in the last bit from the first step on (measured: 16 of 16 concurrent jobs
@@ -42,6 +46,10 @@ def seeded_mlp(ctx: Any, steps: int = 200, width: int = 512, step_delay: float =
         ctx.log(loss=loss.item())
         if step_delay:
             time.sleep(step_delay)
+        if step == hold_at and ctx.incarnation == 1:
+            deadline = time.monotonic() + 300
+            while ctx.notice is None and time.monotonic() < deadline:
+                time.sleep(0.01)
     return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()}, "loss": loss.item()}
 
 

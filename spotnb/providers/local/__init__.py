@@ -45,6 +45,7 @@ __all__ = ["LocalProvider"]
 class LocalProvider(Provider):
     name = "local"
     describe_interval = 0.0  # a waitpid, free
+    price_interval = 1.0  # a zone's price schedule is in seconds of the market
     boot_timeout = 120.0  # a process start and `import torch`
     unsupported: ClassVar[dict[Feature, str]] = {
         Feature.MEMORY_STORE: "local instances are separate processes and cannot see it",
