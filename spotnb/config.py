@@ -323,7 +323,9 @@ class _GenericConfig(BaseModel):
     def _check_migrate(self) -> None:
         if self.migrate != "best-price":
             return
-        if not (self.regions == "cheapest" or (isinstance(self.regions, list) and len(set(self.regions)) > 1)):
+        if not (
+            self.regions == "cheapest" or (isinstance(self.regions, list) and len(set(self.regions)) > 1)
+        ):
             raise ValueError(
                 "migrate='best-price' moves a running job to a cheaper zone, but there is only one "
                 "zone to run in: set regions='cheapest' or regions=[...] with several zones, or "

@@ -934,7 +934,9 @@ class Controller:
             why = "no instance could be allocated there"
         if new is None:
             self.emit(
-                ev.JobWarning(message=f"the move to {zone} is abandoned ({why}); the job stays in {instance.region}"),
+                ev.JobWarning(
+                    message=f"the move to {zone} is abandoned ({why}); the job stays in {instance.region}"
+                ),
                 n,
             )
             return None, None
