@@ -5,4 +5,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/lint.sh   # lint, format and types: a violation fails CI like a failing test
 export SPOTNB_FAST=1
-exec python -m pytest "$@"
+# two workers: most tests wait on real processes (instances, JupyterLab, emulators), so two
+# at once roughly halve the wall time on 2 cores (measured: 17:22 -> 11:00, on a busy machine)
+exec python -m pytest -n 2 "$@"
