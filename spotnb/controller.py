@@ -122,6 +122,7 @@ class Controller:
         self._indexed = 0.0
         self.policy = resolve_policy(config.checkpoint)
         self._market_now: dict[str, float] = {}
+        self._prices_said: dict[str, float] = {}  # the zone prices last written (`prices` event)
         job._stop_hook = self.request_stop
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -777,6 +778,7 @@ class Controller:
             prices = self.provider.prices(self.config.instance_type, None)
             if not prices:
                 return [None]
+            self._note_prices(prices)
             ranked = self._placement({r: p.spot for r, p in prices.items()})
             log.debug(
                 "job %s: zones by expected cost: %s",
@@ -901,6 +903,7 @@ class Controller:
         except Exception as exc:  # noqa: BLE001 - a price API down is no reason to stop training
             self.log.debug("job %s: no prices for a move: %r", self.job.id, exc)
             return None
+        self._note_prices(prices, n)
         if instance.region not in prices or len(prices) < 2:
             return None
         ranked = self._placement({zone: p.spot for zone, p in prices.items()})
@@ -920,6 +923,16 @@ class Controller:
             n,
         )
         return move.there.zone
+
+    def _note_prices(self, prices: dict[str, Any], n: int = 0) -> None:
+        """Write the zones' spot prices when they changed since the last written (the widget
+        draws them over time; an unchanged look writes nothing)."""
+        now = {zone: round(float(p.spot), 6) for zone, p in prices.items()}
+        if now == self._prices_said:
+            return
+        self._prices_said = now
+        sources = sorted({str(p.source) for p in prices.values()})
+        self.emit(ev.Prices(zones=now, source="; ".join(sources)[:300]), n)
 
     def _ask_to_move(
         self, n: int, instance: Instance, pre: Future, zone: str

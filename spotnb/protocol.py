@@ -67,6 +67,7 @@ __all__ = [
     "Allocating",
     "AllocFailed",
     "Moving",
+    "Prices",
     "Launched",
     "Allocated",
     "Started",
@@ -166,6 +167,7 @@ class EventKind(StrEnum):
     ALLOCATING = "allocating"
     ALLOC_FAILED = "alloc_failed"
     MOVING = "moving"
+    PRICES = "prices"
     LAUNCHED = "launched"
     ALLOCATED = "allocated"
     STARTED = "started"
@@ -357,6 +359,17 @@ class AllocFailed(Event):
     region: str | None
     reason: str
     retry_in: float
+
+
+@_kind(EventKind.PRICES)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prices(Event):
+    """The spot prices the controller saw (zone → $/h), written when they changed since the
+    last ones it wrote: at each allocation of a job with several candidate zones, and at each
+    look for a move (`Config.migrate="best-price"`). The widget draws them over time."""
+
+    zones: dict[str, Any]  # zone → spot $/h
+    source: str = ""
 
 
 @_kind(EventKind.MOVING)

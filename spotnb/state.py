@@ -32,6 +32,7 @@ log = logging.getLogger("spotnb.state")
 __all__ = ["Series", "Incarnation", "JobState", "FEED_KINDS", "MAX_POINTS", "describe_kill"]
 
 MAX_POINTS = 1500  # per plotted trace; beyond this buckets double in width
+MAX_PRICE_ZONES = 16  # zones whose price is drawn (a cloud's "cheapest" lists dozens: the first)
 PACE_WINDOW = 30.0  # seconds of progress reports the steps/s and the ETA are measured over
 PACE_POINTS = 120
 #: kinds the event feed shows (and any kind this spotnb does not know: a newer writer's)
@@ -277,6 +278,8 @@ class JobState:
         # and the highest step replica 0 logged (its rows are the job's series; a step logged
         # again at or below it was redone)
         self.replica_counts: list[tuple[float, int]] = []
+        # the spot price of each candidate zone over time (`prices` events): (t, $/h) steps
+        self.zone_prices: dict[str, list[tuple[float, float]]] = {}
         self._replica_top = -1
         self.n_events = 0
         self.n_skipped = 0
@@ -358,6 +361,21 @@ class JobState:
             if not self.replica_counts or self.replica_counts[-1][1] != e.replicas:
                 self.replica_counts.append((t, e.replicas))
                 v["timeline"] += 1
+            return
+        if isinstance(e, ev.Prices):
+            zones = e.zones if isinstance(e.zones, Mapping) else {}
+            for zone, price in zones.items():
+                if not (
+                    isinstance(price, (int, float)) and not isinstance(price, bool) and math.isfinite(price)
+                ):
+                    continue
+                series = self.zone_prices.get(str(zone))
+                if series is None:
+                    if len(self.zone_prices) >= MAX_PRICE_ZONES:
+                        continue  # the first zones are drawn, not hundreds
+                    series = self.zone_prices[str(zone)] = []
+                series.append((t, float(price)))
+            v["timeline"] += 1
             return
         if kind in _SILENT:
             if n:

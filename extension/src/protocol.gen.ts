@@ -6,8 +6,8 @@ export const PROTOCOL_VERSION = 1;
 export type JobStatus = "pending" | "running" | "preempted" | "restoring" | "succeeded" | "failed" | "stopped" | "lost";
 export const JOB_STATUSES: readonly JobStatus[] = ["pending", "running", "preempted", "restoring", "succeeded", "failed", "stopped", "lost"];
 
-export type EventKind = "submitted" | "status" | "controller_restarted" | "job_resumed" | "allocating" | "alloc_failed" | "moving" | "launched" | "allocated" | "started" | "files" | "ready" | "resumed" | "metrics" | "progress" | "heartbeat" | "notice" | "hint" | "checkpoint" | "checkpoint_skipped" | "checkpoint_failed" | "checkpoint_invalid" | "emergency_skipped" | "evacuating" | "evacuated" | "done" | "error" | "warning" | "stopped" | "preempted" | "exited" | "segment" | "bootstrap" | "quorum" | "sync";
-export const EVENT_KINDS: readonly EventKind[] = ["submitted", "status", "controller_restarted", "job_resumed", "allocating", "alloc_failed", "moving", "launched", "allocated", "started", "files", "ready", "resumed", "metrics", "progress", "heartbeat", "notice", "hint", "checkpoint", "checkpoint_skipped", "checkpoint_failed", "checkpoint_invalid", "emergency_skipped", "evacuating", "evacuated", "done", "error", "warning", "stopped", "preempted", "exited", "segment", "bootstrap", "quorum", "sync"];
+export type EventKind = "submitted" | "status" | "controller_restarted" | "job_resumed" | "allocating" | "alloc_failed" | "moving" | "prices" | "launched" | "allocated" | "started" | "files" | "ready" | "resumed" | "metrics" | "progress" | "heartbeat" | "notice" | "hint" | "checkpoint" | "checkpoint_skipped" | "checkpoint_failed" | "checkpoint_invalid" | "emergency_skipped" | "evacuating" | "evacuated" | "done" | "error" | "warning" | "stopped" | "preempted" | "exited" | "segment" | "bootstrap" | "quorum" | "sync";
+export const EVENT_KINDS: readonly EventKind[] = ["submitted", "status", "controller_restarted", "job_resumed", "allocating", "alloc_failed", "moving", "prices", "launched", "allocated", "started", "files", "ready", "resumed", "metrics", "progress", "heartbeat", "notice", "hint", "checkpoint", "checkpoint_skipped", "checkpoint_failed", "checkpoint_invalid", "emergency_skipped", "evacuating", "evacuated", "done", "error", "warning", "stopped", "preempted", "exited", "segment", "bootstrap", "quorum", "sync"];
 
 export type Outcome = "done" | "preempted" | "evacuated" | "lost" | "stopped" | "user_error" | "crashed" | "not needed" | "moved";
 export const OUTCOMES: readonly Outcome[] = ["done", "preempted", "evacuated", "lost", "stopped", "user_error", "crashed", "not needed", "moved"];
@@ -90,6 +90,17 @@ export interface AllocFailedEvent {
   region: string | null;
   reason: string;
   retry_in: number;
+  [extra: string]: unknown;
+}
+
+/** The spot prices the controller saw (zone → $/h), written when they changed since the last ones it wrote: at each allocation of a job with several candidate zones, and at each look for a move (`Config.migrate="best-price"`). The widget draws them over time. */
+export interface PricesEvent {
+  kind: "prices";
+  t: number;
+  incarnation: number;
+  gen?: number;
+  zones: { [key: string]: unknown };
+  source?: string;
   [extra: string]: unknown;
 }
 
@@ -481,6 +492,7 @@ export type SpotEvent =
   | JobResumedEvent
   | AllocatingEvent
   | AllocFailedEvent
+  | PricesEvent
   | MovingEvent
   | LaunchedEvent
   | AllocatedEvent

@@ -29,6 +29,11 @@ __all__ = [
     "WAITING",
     "waiting_for_first_step",
     "timeline_traces",
+    "price_traces",
+    "price_axis",
+    "PRICE_KEY",
+    "PRICE_AXIS",
+    "LIVE_PRICE_AXIS",
     "breakdown_traces",
     "static_figures_from_state",
     "PANELS",
@@ -67,6 +72,12 @@ MAX_LEGEND = 6
 #: resume marks are drawn on, one per panel; `y2`/`y3` are the live figure's timeline/breakdown
 VALUE_AXES = ("y", "y4", "y5", "y6")
 MARK_AXES = ("y7", "y8", "y9", "y10")
+#: the right-hand $/h axis of the zone prices drawn over the timeline: in the timeline's own
+#: figure (`job.plot()`, the lab's job view) and in the live widget's one figure
+PRICE_AXIS, LIVE_PRICE_AXIS = "y2", "y11"
+#: key prefix of the zone price lines among the timeline's traces
+PRICE_KEY = "tl:price:"
+_PRICE_DASH = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 #: the metrics' x-axis: the step, or the wall time since submission (the timeline's axis)
 X_AXES = {"step": "step", "time": "seconds since submission"}
 
@@ -461,6 +472,58 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
             )
         )
     out.append(("tl:replicas", _replica_lane(state, t0, now) if lanes else _replica_lane(None, t0, now)))
+    out.extend(price_traces(state, t0, now))
+    return out
+
+
+def price_axis(state: JobState) -> dict[str, Any]:
+    """The $/h axis of the zone prices, on the right of the timeline (hidden without prices)."""
+    return {
+        "side": "right",
+        "showgrid": False,
+        "zeroline": False,
+        "rangemode": "tozero",
+        "visible": bool(state.zone_prices),
+        "title": {"text": "spot $/h", "standoff": 2},
+        "tickformat": "$.3~f",
+    }
+
+
+def price_traces(state: JobState, t0: float, now: float) -> list[Trace]:
+    """Each candidate zone's spot price over time (the controller's `prices` events), a step
+    line over the timeline labelled at its end with the zone: where the job ran is on the
+    lanes, what the other zones cost meanwhile is here."""
+    out: list[Trace] = []
+    for i, (zone, points) in enumerate(sorted(state.zone_prices.items())):
+        xs = [t - t0 for t, _ in points]
+        ys = [p for _, p in points]
+        end = (state.ended_at if state.ended_at is not None else now) - t0
+        if xs and end > xs[-1]:
+            xs.append(end)
+            ys.append(ys[-1])
+        label = _short(zone)
+        out.append(
+            (
+                f"{PRICE_KEY}{zone}",
+                {
+                    "type": "scatter",
+                    "mode": "lines+text",
+                    "name": _short(zone, 40),
+                    "x": xs,
+                    "y": ys,
+                    "text": [""] * (len(xs) - 1) + [label] if xs else [],
+                    "textposition": "top left",
+                    "textfont": {"size": 10, "color": "#616161"},
+                    "line": {"shape": "hv", "width": 1.5, "color": "#757575", "dash": _PRICE_DASH[i % 6]},
+                    # the zone's name is data, never template: %{fullData.name}, not an f-string
+                    "hovertemplate": "%{fullData.name}: %{y:$.4f}/h<extra></extra>",
+                    "xaxis": "x",
+                    "yaxis": PRICE_AXIS,
+                    "showlegend": False,
+                    "cliponaxis": False,
+                },
+            )
+        )
     return out
 
 
@@ -571,6 +634,7 @@ def live_layout(state: JobState, x_axis: str = "step") -> dict[str, Any]:
         **metric_axes(state, domains[0], x_axis, gap=_PANEL_GAP_PX / plot_px),
         "xaxis2": {"anchor": "y2", "domain": [0, 1]},
         "yaxis2": {"anchor": "x2", "domain": _span(*domains[1]), "autorange": "reversed"},
+        layout_key(LIVE_PRICE_AXIS): {**price_axis(state), "overlaying": "y2", "anchor": "x2"},
         "xaxis3": {"anchor": "y3", "domain": [0, 1]},
         "yaxis3": {
             "anchor": "x3",
@@ -662,6 +726,7 @@ def _layout(panel: str, state: JobState) -> dict[str, Any]:
             "height": 185 + 40 * max(1, len(state.incs)),
             "xaxis": {"title": {"text": "seconds since submission"}},
             "yaxis": {"autorange": "reversed"},
+            layout_key(PRICE_AXIS): {**price_axis(state), "overlaying": "y"},
         }
     return {
         **common,

@@ -28,6 +28,8 @@ from spotnb import logs, palette
 from spotnb.protocol import Event, JobStatus, JobWarning
 from spotnb.state import JobState
 from spotnb.widget.figures import (
+    LIVE_PRICE_AXIS,
+    PRICE_KEY,
     breakdown_traces,
     live_layout,
     metric_panels,
@@ -386,7 +388,12 @@ class JobView:
 
     def _layout_signature(self, state: JobState) -> tuple[Any, ...]:
         """What the figure's layout depends on: a change re-sends it (one message)."""
-        return (tuple(map(tuple, metric_panels(state))), self.x_axis, waiting_for_first_step(state))
+        return (
+            tuple(map(tuple, metric_panels(state))),
+            self.x_axis,
+            waiting_for_first_step(state),
+            bool(state.zone_prices),  # the timeline's $/h axis appears
+        )
 
     def _on_stop(self, _button: Any) -> None:
         self.stop_button.disabled = True
@@ -536,6 +543,8 @@ class JobView:
             spec = dict(spec)
             if panel in self._AXES:
                 spec["xaxis"], spec["yaxis"] = self._AXES[panel]
+            if key.startswith(PRICE_KEY):  # the zone prices: the timeline's $/h axis
+                spec["yaxis"] = LIVE_PRICE_AXIS
             out.append((key, spec))
         return out
 
