@@ -24,6 +24,7 @@ import logging
 import re
 import threading
 import time
+import uuid
 from typing import Any, ClassVar
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
@@ -460,7 +461,7 @@ class AzureCoordinator:
             )
         from spotnb.providers.azure import DEFAULT_IMAGE, _image
 
-        name = coordinator_vm_name(known.job_id, f"{int(time.time() * 1000):x}")
+        name = coordinator_vm_name(known.job_id, uuid.uuid4().hex[:8])  # never a name reused
         vm = build_coordinator_vm(
             known.job_id,
             location=known.region,
