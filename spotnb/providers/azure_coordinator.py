@@ -114,7 +114,7 @@ def _tags(job_id: str, role: str | None = None) -> dict[str, str]:
     return tags
 
 
-class JobNetwork(dict):  # type: ignore[type-arg]
+class JobNetwork(dict[str, str]):
     """The resource ids of one job's network: asg, nsg, ip, nic (a dict, shown in plans)."""
 
 
