@@ -35,6 +35,7 @@ from azure.mgmt.compute import models as m
 from spotnb.errors import CapacityError, ConfigError
 from spotnb.prices import lookup_price
 from spotnb.providers.azure_coordinator import (
+    ADMIN_USER,
     NETWORK_API_VERSION,
     AzureCoordinator,
     JobNetwork,
@@ -65,7 +66,6 @@ __all__ = [
 ]
 
 DEFAULT_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"  # Ubuntu HPC: NVIDIA drivers, CUDA
-ADMIN_USER = "spotnb"
 CAPACITY_CODES = frozenset(
     {
         "SkuNotAvailable",
@@ -279,6 +279,10 @@ class AzureProvider(AzureCoordinator, Provider):
         if self._ssh_key is None:
             self._ssh_key = throwaway_ssh_key()
         return self._ssh_key
+
+    def coordinator_image(self) -> m.ImageReference:
+        """The coordinator's image: azure_coordinator_image, else the instances' image."""
+        return _image(self.config.azure_coordinator_image or self.config.azure_image or DEFAULT_IMAGE)
 
     def _vm_spec(self, spec: LaunchSpec) -> LaunchSpec:
         """The spec the VM gets: adlfs on the VM needs the account *name* (never a key)."""

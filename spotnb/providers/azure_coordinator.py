@@ -64,6 +64,7 @@ __all__ = [
 log = logging.getLogger("spotnb.providers.azure")
 
 NETWORK_API_VERSION = "2022-11-01"
+ADMIN_USER = "spotnb"
 #: The coordinator's size when Config.coordinator_instance_type is not set: 2 GiB like AWS's
 #: t3.small and GCP's e2-small (the B1s's 1 GiB is tight for a pip install of torchft).
 COORDINATOR_SIZE = "Standard_B1ms"
@@ -234,8 +235,6 @@ def build_coordinator_vm(
     """The VirtualMachine sent to `begin_create_or_update` for the job's coordinator: regular
     priority (on demand: no eviction), on the job's NIC (detached, not deleted, with the VM),
     no managed identity (it reads nothing of the job), its OS disk deleted with it."""
-    from spotnb.providers.azure import ADMIN_USER
-
     return m.VirtualMachine(
         location=location,
         tags=_tags(job_id, COORDINATOR_ROLE),
@@ -275,7 +274,7 @@ def _code(exc: HttpResponseError) -> str:
 class AzureCoordinator:
     """`Provider.coordinator` on Azure, and the cleanup of the job's network (a mixin of
     `AzureProvider`, which gives `config`, `compute`, `resources`, `subscription`, `ssh_key`,
-    `_ensure_group`, `resource_group` and `_terminated`)."""
+    `_ensure_group`, `resource_group`, `coordinator_image` and `_terminated`)."""
 
     config: Any
     compute: Any
@@ -294,6 +293,9 @@ class AzureCoordinator:
         raise NotImplementedError
 
     def resource_group(self, location: str) -> str:  # pragma: no cover - AzureProvider's
+        raise NotImplementedError
+
+    def coordinator_image(self) -> m.ImageReference:  # pragma: no cover - AzureProvider's
         raise NotImplementedError
 
     def _init_coordinators(self) -> None:
@@ -459,14 +461,12 @@ class AzureCoordinator:
                 "the Azure portal (its boot diagnostics)",
                 "Check Config.azure_coordinator_image / coordinator_instance_type",
             )
-        from spotnb.providers.azure import DEFAULT_IMAGE, _image
-
         name = coordinator_vm_name(known.job_id, uuid.uuid4().hex[:8])  # never a name reused
         vm = build_coordinator_vm(
             known.job_id,
             location=known.region,
             size=self.coordinator_size(),
-            image=_image(self.config.azure_coordinator_image or self.config.azure_image or DEFAULT_IMAGE),
+            image=self.coordinator_image(),
             nic_id=known.extra["nic"],
             ssh_key=self.ssh_key(),
             custom_data=self.coordinator_custom_data(known.job_id, min_replicas),
@@ -572,8 +572,6 @@ class AzureCoordinator:
 
     def plan_coordinator(self, job_id: str, location: str, requests: list[dict[str, Any]]) -> dict[str, Any]:
         """Append the coordinator's requests to `requests`; return what the dry run says of it."""
-        from spotnb.providers.azure import DEFAULT_IMAGE, _image
-
         net = job_network_ids(
             self.config.azure_subscription_id or "<subscription>", self.resource_group(location), job_id
         )
@@ -584,7 +582,7 @@ class AzureCoordinator:
             job_id,
             location=location,
             size=self.coordinator_size(),
-            image=_image(self.config.azure_coordinator_image or self.config.azure_image or DEFAULT_IMAGE),
+            image=self.coordinator_image(),
             nic_id=net["nic"],
             ssh_key="<throwaway ssh-ed25519 public key>",
             custom_data="<base64 cloud-config of the coordinator script>",

@@ -273,6 +273,10 @@ class GCPProvider(GCPCoordinator, Provider):
             )
         return project
 
+    def coordinator_image(self) -> str:
+        """The coordinator's image: gcp_coordinator_image, else the instances' image."""
+        return str(self.config.gcp_coordinator_image or self.config.gcp_image or DEFAULT_IMAGE)
+
     def _where_to(self, spec: LaunchSpec) -> str:
         where = spec.region or self.config.region
         if not where:

@@ -159,13 +159,11 @@ def address_resource(job_id: str, subnetwork: str | None) -> compute_v1.Address:
 
 
 def build_coordinator_instance(
-    job_id: str, config: Any, *, zone: str, machine_type: str, ip: str, name: str, script: str
+    job_id: str, config: Any, *, zone: str, machine_type: str, image: str, ip: str, name: str, script: str
 ) -> compute_v1.Instance:
     """The Instance inserted for the job's coordinator: the STANDARD provisioning model (on
     demand, never preempted; GCE restarts it after a host failure), on the job's reserved
     address and network tag, no service account (it reads nothing of the job)."""
-    from spotnb.providers.gcp import DEFAULT_IMAGE
-
     nic = compute_v1.NetworkInterface(
         network=config.gcp_network or "global/networks/default",
         network_i_p=ip,
@@ -186,7 +184,7 @@ def build_coordinator_instance(
                 auto_delete=True,
                 type_="PERSISTENT",
                 initialize_params=compute_v1.AttachedDiskInitializeParams(
-                    source_image=config.gcp_coordinator_image or config.gcp_image or DEFAULT_IMAGE,
+                    source_image=image,
                     disk_size_gb=COORDINATOR_DISK_GB,
                     disk_type=f"zones/{zone}/diskTypes/pd-standard",
                     labels=_labels(job_id, COORDINATOR_ROLE),
@@ -211,7 +209,8 @@ def _started(data: Any) -> float:
 
 class GCPCoordinator:
     """`Provider.coordinator` on GCP, and the cleanup of the job's network (a mixin of
-    `GCPProvider`, which gives `config`, `instances`, `project`, `zones` and `_terminated`)."""
+    `GCPProvider`, which gives `config`, `instances`, `project`, `zones`, `coordinator_image`
+    and `_terminated`)."""
 
     config: Any
     instances: Any
@@ -222,6 +221,9 @@ class GCPCoordinator:
         raise NotImplementedError
 
     def zones(self, where: str) -> tuple[list[str], str]:  # pragma: no cover - GCPProvider's
+        raise NotImplementedError
+
+    def coordinator_image(self) -> str:  # pragma: no cover - GCPProvider's
         raise NotImplementedError
 
     def _init_coordinators(self, addresses: Any, firewalls: Any) -> None:
@@ -378,6 +380,7 @@ class GCPCoordinator:
             self.config,
             zone=known.region,
             machine_type=self.coordinator_machine(),
+            image=self.coordinator_image(),
             ip=known.private_ip,
             name=name,
             script=coordinator_boot_script(self.config, known.job_id, "gcp", min_replicas),
@@ -501,6 +504,7 @@ class GCPCoordinator:
             self.config,
             zone=zone,
             machine_type=self.coordinator_machine(),
+            image=self.coordinator_image(),
             ip="<the reserved address>",
             name=_name("spotnb-", job_id, "-coord-<n>"),
             script="<the coordinator script below>",
