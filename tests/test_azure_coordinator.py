@@ -29,7 +29,7 @@ from spotnb.ledger import Span, compute_breakdown, coordinator_overheads
 from spotnb.protocol import JobStatus, Progress
 from spotnb.providers import azure as azure_module
 from spotnb.providers.azure import AzureProvider
-from spotnb.providers.azure_coordinator import COORDINATOR_PRICES, job_network_ids
+from spotnb.providers.azure_coordinator import COORDINATOR_PRICES, coordinator_nic_body, job_network_ids
 from spotnb.providers.base import Feature, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, gc
 from spotnb.providers.coordinator import COORDINATOR_ROLE, MAX_COORDINATOR_LAUNCHES, ROLE_TAG
@@ -430,3 +430,72 @@ def test_ledger_bills_the_coordinator_on_its_own_line(fakes: tuple[FakeVMs, Fake
     assert billed.coordinator_cost == pytest.approx(COORDINATOR_PRICES["Standard_B1ms"] * 3660 / 3600)
     assert billed.total_cost == pytest.approx(plain.spot_cost + billed.coordinator_cost)
     assert billed.spot_cost == plain.spot_cost and "coordinator $" in billed.table()
+
+
+def test_a_list_that_lags_behind_never_starts_a_second_coordinator(
+    fakes: tuple[FakeVMs, FakeResources],
+) -> None:
+    """Azure's list is eventually consistent: a VM created a moment ago may be missing from it.
+    The provider asks the VM it started directly before starting another one on demand."""
+    vms, _ = fakes
+    p = _provider(fakes)
+    p.coordinator(JOB, 2)
+    real_list = vms.list
+    vms.list = lambda rg: []  # type: ignore[method-assign]
+    p.coordinator(JOB, 2)
+    vms.list = real_list  # type: ignore[method-assign]
+    assert len(vms.coordinators()) == 1
+
+
+def test_a_coordinator_that_fails_half_way_leaves_no_network(fakes: tuple[FakeVMs, FakeResources]) -> None:
+    """The security groups were made, then the NIC was refused: `close` still deletes them."""
+    vms, res = fakes
+    real_put = res.begin_create_or_update_by_id
+
+    def refuse_nic(resource_id: str, api_version: str, parameters: Any) -> _Done:
+        if resource_id == NET["nic"]:
+            raise _error("AuthorizationFailed")
+        return real_put(resource_id, api_version, parameters)
+
+    res.begin_create_or_update_by_id = refuse_nic  # type: ignore[method-assign]
+    p = _provider(fakes)
+    with pytest.raises(HttpResponseError, match="AuthorizationFailed"):
+        p.coordinator(JOB, 2)
+    assert NET["nsg"] in res.store
+    p.close()
+    assert res.store == {} and vms.vms == {}
+
+
+def test_a_nic_left_unpinned_by_a_dead_controller_is_pinned(fakes: tuple[FakeVMs, FakeResources]) -> None:
+    """A controller died between creating the NIC (dynamic IP) and pinning it: the next one
+    pins the IP the NIC already has rather than making another NIC."""
+    vms, res = fakes
+    p = _provider(fakes)
+    net = p.ensure_job_network(JOB, "eastus")
+    p._put(NET["nic"], coordinator_nic_body(JOB, "eastus", SUBNET, net))
+    assert _provider(fakes).coordinator(JOB, 2) == "http://10.0.0.7:29510"
+    ip_config = res.store[NET["nic"]]["properties"]["ipConfigurations"][0]["properties"]
+    assert ip_config["privateIPAllocationMethod"] == "Static" and ip_config["privateIPAddress"] == "10.0.0.7"
+
+
+def test_the_old_aws_coordinator_names_still_work_with_a_warning() -> None:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = spot.Config(
+            provider="aws", aws_coordinator_port=30000, aws_coordinator_instance_type="t3.micro"
+        )
+    assert sorted(
+        str(w.message).split(" is now ")[0] for w in caught if w.category is DeprecationWarning
+    ) == [
+        "Config.aws_coordinator_instance_type",
+        "Config.aws_coordinator_port",
+    ]
+    assert (cfg.coordinator_port, cfg.coordinator_instance_type) == (30000, "t3.micro")
+    with pytest.raises(ConfigError, match="give only coordinator_price"):
+        spot.Config(aws_coordinator_price=0.1, coordinator_price=0.2)
+    with pytest.raises(ConfigError, match="coordinator_port"):
+        spot.Config(coordinator_port=True)
+    with pytest.raises(ConfigError, match="coordinator_price"):
+        spot.Config(coordinator_price=-1)

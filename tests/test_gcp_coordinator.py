@@ -386,3 +386,44 @@ def test_ledger_bills_the_coordinator_on_its_own_line(fakes: Fakes) -> None:
     assert billed.coordinator_cost == pytest.approx(0.02 * 3660 / 3600)
     assert billed.total_cost == pytest.approx(plain.spot_cost + billed.coordinator_cost)
     assert billed.spot_cost == plain.spot_cost and "coordinator $" in billed.table()
+
+
+def test_a_list_that_lags_behind_never_starts_a_second_coordinator(fakes: Fakes) -> None:
+    instances, _, _ = fakes
+    p = _provider(fakes)
+    p.coordinator(JOB, 2)
+    real_list = instances.list
+    instances.list = lambda request: []  # type: ignore[method-assign]
+    p.coordinator(JOB, 2)
+    instances.list = real_list  # type: ignore[method-assign]
+    assert len(instances.coordinators()) == 1
+
+
+def test_a_coordinator_that_fails_half_way_leaves_no_network(fakes: Fakes) -> None:
+    """The firewall rules were made, then the address was refused: `close` still deletes them."""
+    instances, addresses, firewalls = fakes
+
+    def refuse(project: str, region: str, address_resource: compute_v1.Address) -> _Op:
+        raise gexc.Forbidden("compute.addresses.create denied")
+
+    addresses.insert = refuse  # type: ignore[method-assign]
+    p = _provider(fakes)
+    with pytest.raises(gexc.Forbidden):
+        p.coordinator(JOB, 2)
+    assert len(firewalls.store) == 2
+    p.close()
+    assert firewalls.store == {} and instances.vms == {}
+
+
+def test_another_jobs_coordinator_is_left_alone(fakes: Fakes) -> None:
+    """Killing one job's coordinator neither counts nor replaces the other job's."""
+    instances, _, _ = fakes
+    p = _provider(fakes)
+    p.coordinator(JOB, 2)
+    p.coordinator("20261125-000000-other1", 2)
+    mine = next(vm for vm in instances.coordinators() if dict(vm.labels)[JOB_TAG] == JOB)
+    mine.status = "TERMINATED"
+    p.coordinator("20261125-000000-other1", 2)
+    assert mine.name in instances.vms  # only its own controller call replaces it
+    p.coordinator(JOB, 2)
+    assert len(instances.coordinators()) == 2 and mine.name not in instances.vms

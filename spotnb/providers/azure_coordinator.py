@@ -414,7 +414,15 @@ class AzureCoordinator:
             self._coordinators[job_id] = known
         rg = self.resource_group(known.region)
         live = []
-        for vm in self._coordinator_vms(job_id, rg):
+        listed = self._coordinator_vms(job_id, rg)
+        if (
+            known.instance_id
+            and known.instance_id not in {vm.name for vm in listed}
+            and self._is_alive(rg, known.instance_id)
+        ):  # started a moment ago: the list does not show it yet; never start a second one
+            known.checked = time.time()
+            return known
+        for vm in listed:
             if self._is_alive(rg, vm.name):
                 live.append(vm)
             elif vm.name not in self._terminated:  # powered off: a stopped VM still bills

@@ -335,7 +335,15 @@ class GCPCoordinator:
             known = KnownCoordinator(job_id, zone, ip)
             self._coordinators[job_id] = known
         live = []
-        for data in self._coordinator_vms(job_id, known.region):
+        listed = self._coordinator_vms(job_id, known.region)
+        if (
+            known.instance_id
+            and known.instance_id not in {d.name for d in listed}
+            and self._is_up(known.region, known.instance_id)
+        ):  # started a moment ago: the list does not show it yet; never start a second one
+            known.checked = time.time()
+            return known
+        for data in listed:
             if data.status in _LIVE and data.name not in self._terminated:
                 live.append(data)
             else:  # powered off (its idle guard, a failed install): it still holds the address
@@ -352,6 +360,15 @@ class GCPCoordinator:
             self._launch_coordinator(known, min_replicas)
         known.checked = time.time()
         return known
+
+    def _is_up(self, zone: str, name: str) -> bool:
+        if name in self._terminated:
+            return False
+        try:
+            data = self.instances.get(project=self.project(), zone=zone, instance=name)
+        except gexc.NotFound:
+            return False
+        return data.status in _LIVE
 
     def _coordinator_vms(self, job_id: str, zone: str) -> list[Any]:
         labels = _labels(job_id, COORDINATOR_ROLE)
