@@ -427,3 +427,8 @@ def test_another_jobs_coordinator_is_left_alone(fakes: Fakes) -> None:
     assert mine.name in instances.vms  # only its own controller call replaces it
     p.coordinator(JOB, 2)
     assert len(instances.coordinators()) == 2 and mine.name not in instances.vms
+
+
+def test_a_custom_network_needs_its_subnetwork() -> None:
+    with pytest.raises(ConfigError, match="gcp_subnetwork"):
+        GCPProvider(_config(gcp_network="projects/p/global/networks/train")).validate()

@@ -304,6 +304,8 @@ class AzureCoordinator:
         self._reaped_jobs: set[tuple[str, str]] = set()  # (job id, location) of VMs gc ended
         self._deletions: dict[str, Any] = {}  # VM name → its delete poller
         self._coordinator_lock = threading.Lock()
+        self._network_lock = threading.Lock()
+        self._networks_ready: set[tuple[str, str]] = set()
 
     # -- settings --------------------------------------------------------------------------
     def coordinator_size(self) -> str:
@@ -362,13 +364,17 @@ class AzureCoordinator:
     def ensure_job_network(self, job_id: str, location: str) -> JobNetwork:
         """The job's member group and security group (found, or created once): every VM of the
         job carries them. Idempotent: PUT of the same body."""
-        self._ensure_group(location)
-        net = self.network_of(job_id, location)
-        self._job_networks.add((job_id, location))
-        if self._get(net["nsg"]) is None:
-            self._put(net["asg"], members_group_body(job_id, location))
-            self._put(net["nsg"], job_nsg_body(job_id, location, net["asg"]))
-        return net
+        with self._network_lock:  # the slots launch in parallel: one sets up, the others wait
+            if (job_id, location) in self._networks_ready:
+                return self.network_of(job_id, location)
+            self._ensure_group(location)
+            net = self.network_of(job_id, location)
+            self._job_networks.add((job_id, location))
+            if self._get(net["nsg"]) is None:
+                self._put(net["asg"], members_group_body(job_id, location))
+                self._put(net["nsg"], job_nsg_body(job_id, location, net["asg"]))
+            self._networks_ready.add((job_id, location))
+            return net
 
     def _ensure_nic(self, job_id: str, location: str, net: JobNetwork) -> str:
         """The coordinator's NIC (found or created, its private IP pinned); returns that IP."""
@@ -543,6 +549,7 @@ class AzureCoordinator:
         for key in ("nic", "ip", "nsg", "asg"):
             done = self._delete_when_free(net[key], deadline) and done
         self._job_networks.discard((job_id, location))
+        self._networks_ready.discard((job_id, location))
         if not done:
             log.warning(
                 "job %s: its network (NIC, IP, security groups) is still in use; spotnb gc removes it", job_id

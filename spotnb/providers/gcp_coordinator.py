@@ -233,6 +233,8 @@ class GCPCoordinator:
         self._job_networks: set[tuple[str, str]] = set()  # (job id, zone) set up or found
         self._reaped_jobs: set[tuple[str, str]] = set()  # (job id, zone) of VMs gc ended
         self._coordinator_lock = threading.Lock()
+        self._network_lock = threading.Lock()
+        self._networks_ready: set[str] = set()  # job ids whose firewall rules exist
 
     @property
     def addresses(self) -> Any:
@@ -270,6 +272,12 @@ class GCPCoordinator:
                 "address, which is regional: give one region, e.g. region='us-central1', "
                 "instead of 'cheapest'"
             )
+        if self.config.gcp_network and not self.config.gcp_subnetwork:
+            raise ConfigError(
+                "Config.gcp_subnetwork: a job on several instances reserves its coordinator's "
+                "address in a subnetwork; with gcp_network set, give the subnetwork of the "
+                "job's region too"
+            )
         names = {re.sub(r"-[a-z]$", "", r) for r in regions if r}
         if len(names) > 1:
             raise ConfigError(
@@ -281,16 +289,22 @@ class GCPCoordinator:
     # -- the job's network -----------------------------------------------------------------
     def ensure_job_network(self, job_id: str, zone: str) -> None:
         """The job's firewall rules (found, or created once)."""
-        project = self.project()
-        self._job_networks.add((job_id, zone))
-        for rule in job_firewalls(job_id, self.config.gcp_network or "global/networks/default"):
-            try:
-                self.firewalls.get(project=project, firewall=rule.name)
-            except gexc.NotFound:
+        with self._network_lock:  # the slots launch in parallel: one sets up, the others wait
+            if job_id in self._networks_ready:
+                return
+            project = self.project()
+            self._job_networks.add((job_id, zone))
+            for rule in job_firewalls(job_id, self.config.gcp_network or "global/networks/default"):
                 try:
-                    self.firewalls.insert(project=project, firewall_resource=rule).result(timeout=_OP_TIMEOUT)
-                except gexc.Conflict:
-                    pass  # another controller created it a moment ago
+                    self.firewalls.get(project=project, firewall=rule.name)
+                except gexc.NotFound:
+                    try:
+                        self.firewalls.insert(project=project, firewall_resource=rule).result(
+                            timeout=_OP_TIMEOUT
+                        )
+                    except gexc.Conflict:
+                        pass  # another controller created it a moment ago
+            self._networks_ready.add(job_id)
 
     def _ensure_address(self, job_id: str, region: str) -> str:
         """The coordinator's reserved internal address (found or reserved); its IP."""
@@ -474,6 +488,7 @@ class GCPCoordinator:
                 log.warning("job %s: %s; spotnb gc removes it", job_id, exc)
                 done = False
         self._job_networks.discard((job_id, zone))
+        self._networks_ready.discard(job_id)
         return done
 
     def close_coordinators(self) -> None:
