@@ -33,7 +33,14 @@ from spotnb.providers.azure_coordinator import COORDINATOR_PRICES, coordinator_n
 from spotnb.providers.base import Feature, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, gc
 from spotnb.providers.coordinator import COORDINATOR_ROLE, MAX_COORDINATOR_LAUNCHES, ROLE_TAG
-from tests.clouds_fixtures import CANARIES
+from spotnb.signing import KEY_ENV, new_key, save_key
+
+CANARIES = {
+    "AZURE_CLIENT_SECRET": "spotnb-canary-azure-client-secret-4d3c",
+    "AZURE_STORAGE_KEY": "spotnb-canary-azure-storage-key-8e7f",
+    "GOOGLE_OAUTH_ACCESS_TOKEN": "spotnb-canary-gcp-token-1a2b",
+    "AWS_SECRET_ACCESS_KEY": "spotnb-canary-aws-secret-5g6h",
+}
 
 SUB = "00000000-0000-0000-0000-000000000000"
 RG = "spotnb-rg"
@@ -200,7 +207,13 @@ def test_azure_supports_several_instances(fakes: tuple[FakeVMs, FakeResources]) 
 
 def test_coordinator_is_regular_priority_on_a_static_address_in_the_job_groups(
     fakes: tuple[FakeVMs, FakeResources],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The canary secrets of the environment and the job's HMAC key never reach the boot script."""
+    for name, value in CANARIES.items():
+        monkeypatch.setenv(name, value)
+    key = new_key()
+    save_key(JOB, key)
     vms, res = fakes
     address = _provider(fakes).coordinator(JOB, 2)
     assert address == "http://10.0.0.7:29510"
@@ -216,6 +229,7 @@ def test_coordinator_is_regular_priority_on_a_static_address_in_the_job_groups(
     script = base64.b64decode(vm.os_profile.custom_data).decode()
     assert "spotnb.runtime.lighthouse --min-replicas 2" in script and '--bind "[::]:29510"' in script
     assert not [name for name, value in CANARIES.items() if value in script]
+    assert key.hex() not in script and KEY_ENV not in script
     # the NIC was created with a dynamic IP, then pinned to the IP Azure gave it
     nic_puts = [body for rid, body in res.puts if rid == NET["nic"]]
     assert [

@@ -36,7 +36,14 @@ from spotnb.providers.gcp_coordinator import (
     firewall_names,
     job_network_tag,
 )
-from tests.clouds_fixtures import CANARIES
+from spotnb.signing import KEY_ENV, new_key, save_key
+
+CANARIES = {
+    "AZURE_CLIENT_SECRET": "spotnb-canary-azure-client-secret-4d3c",
+    "AZURE_STORAGE_KEY": "spotnb-canary-azure-storage-key-8e7f",
+    "GOOGLE_OAUTH_ACCESS_TOKEN": "spotnb-canary-gcp-token-1a2b",
+    "AWS_SECRET_ACCESS_KEY": "spotnb-canary-aws-secret-5g6h",
+}
 
 PROJECT = "spotnb-test"
 ZONE = "us-central1-a"
@@ -189,7 +196,14 @@ def test_gcp_supports_several_instances(fakes: Fakes) -> None:
     assert _provider(fakes).supports(Feature.ELASTIC)
 
 
-def test_coordinator_is_standard_on_the_reserved_address_with_the_job_tag(fakes: Fakes) -> None:
+def test_coordinator_is_standard_on_the_reserved_address_with_the_job_tag(
+    fakes: Fakes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The canary secrets of the environment and the job's HMAC key never reach the boot script."""
+    for name, value in CANARIES.items():
+        monkeypatch.setenv(name, value)
+    key = new_key()
+    save_key(JOB, key)
     instances, addresses, _ = fakes
     assert _provider(fakes).coordinator(JOB, 2) == f"http://{IP}:29510"
     (address,) = addresses.inserted
@@ -210,6 +224,7 @@ def test_coordinator_is_standard_on_the_reserved_address_with_the_job_tag(fakes:
     (script,) = [i.value for i in vm.metadata.items if i.key == "startup-script"]
     assert "spotnb.runtime.lighthouse --min-replicas 2" in script and '--bind "[::]:29510"' in script
     assert not [name for name, value in CANARIES.items() if value in script]
+    assert key.hex() not in script and KEY_ENV not in script
 
 
 def test_firewall_opens_tcp_to_the_members_only(fakes: Fakes) -> None:
