@@ -513,3 +513,19 @@ def test_the_old_aws_coordinator_names_still_work_with_a_warning() -> None:
         spot.Config(coordinator_port=True)
     with pytest.raises(ConfigError, match="coordinator_price"):
         spot.Config(coordinator_price=-1)
+
+
+def test_a_spec_written_with_the_old_names_resumes_silently() -> None:
+    """A job submitted before the rename (its spec dumps every field, old names included) is
+    resumed with the new fields and no warning about names its user never wrote."""
+    import warnings
+
+    from spotnb.spec import JobSpec, config_json
+
+    data = config_json(spot.Config(provider="aws", coordinator_port=30001, coordinator_price=0.03))
+    old = {("aws_" + k if k.startswith("coordinator_") else k): v for k, v in data.items()}
+    spec = JobSpec(job_id="j1", created=1.0, spotnb_version="0.1", cwd="/", config=old)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cfg = spec.to_config()
+    assert (cfg.coordinator_port, cfg.coordinator_price) == (30001, 0.03)
