@@ -16,6 +16,7 @@ import math
 import os
 import re
 import unicodedata
+import warnings
 from typing import Any, Literal, cast
 
 from pydantic import (
@@ -35,6 +36,7 @@ from spotnb.providers import registry
 from spotnb.providers.aws_settings import AWSSettings
 from spotnb.providers.azure_settings import AzureSettings
 from spotnb.providers.gcp_settings import GCPSettings
+from spotnb.providers.info import COORDINATOR_IDLE_MINUTES, LIGHTHOUSE_PORT
 from spotnb.providers.local_settings import LocalSettings
 
 __all__ = ["Config", "parse_duration", "spotnb_home", "provider_prefixes"]
@@ -44,6 +46,14 @@ MAX_NAME = 200
 #: Most instances one job may train on (a typo such as 1000 would launch a fleet).
 MAX_INSTANCES = 64
 #: fsspec protocols that can only read (a store is written by every instance and the controller).
+#: Fields renamed when the coordinator came to every cloud (old name → new one): the old names
+#: are still accepted, with a DeprecationWarning, so existing notebooks and saved specs go on.
+RENAMED = {
+    "aws_coordinator_instance_type": "coordinator_instance_type",
+    "aws_coordinator_price": "coordinator_price",
+    "aws_coordinator_port": "coordinator_port",
+    "aws_coordinator_idle_minutes": "coordinator_idle_minutes",
+}
 _READ_ONLY = {"http", "https", "github", "git", "zip", "tar", "libarchive", "reference", "data"}
 
 
@@ -120,6 +130,32 @@ class _GenericConfig(BaseModel):
         ge=1,
         description="Processes per instance (one replica group); default: its GPU count, 1 on CPU.",
     )
+    # the on-demand coordinator of a job on several instances on a cloud (torchft's lighthouse)
+    coordinator_instance_type: str | None = Field(
+        None,
+        min_length=1,
+        description="On-demand instance/VM type of the coordinator of a job on several instances "
+        "on a cloud (it only counts replicas); default: the cloud's small type (AWS t3.small, "
+        "Azure Standard_B1ms, GCP e2-small).",
+    )
+    coordinator_price: float | None = Field(
+        None,
+        gt=0,
+        description="On-demand $/h of the coordinator for the cost ledger (default: spotnb's "
+        "figure for its type).",
+    )
+    coordinator_port: int = Field(
+        LIGHTHOUSE_PORT,
+        ge=1024,
+        le=65535,
+        description="Port of the coordinator's lighthouse (open to the job's instances only).",
+    )
+    coordinator_idle_minutes: int = Field(
+        COORDINATOR_IDLE_MINUTES,
+        ge=10,
+        description="The coordinator powers itself off after this long without any replica "
+        "connected (a guard against a leak if no controller is left to end it).",
+    )
     sync: str = Field(
         "ddp",
         description="How replicas agree: 'ddp' (average gradients every step), 'local_sgd:K' "
@@ -128,6 +164,7 @@ class _GenericConfig(BaseModel):
     )
 
     def __init__(self, **data: Any) -> None:
+        data = _renamed(data)
         unknown = [k for k in data if k not in type(self).model_fields]
         if unknown:
             raise ConfigError(_unknown_message(unknown))
@@ -137,6 +174,8 @@ class _GenericConfig(BaseModel):
             raise ConfigError(_validation_message(exc)) from None
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name in RENAMED:
+            name = next(iter(_renamed({name: value})))
         if name not in type(self).model_fields:
             raise ConfigError(_unknown_message([name]))
         try:
@@ -201,7 +240,14 @@ class _GenericConfig(BaseModel):
             raise ValueError(f"got {v!r}; give a whole number")
         return v
 
-    @field_validator("instances", "min_instances", "procs_per_instance", mode="before")
+    @field_validator(
+        "instances",
+        "min_instances",
+        "procs_per_instance",
+        "coordinator_port",
+        "coordinator_idle_minutes",
+        mode="before",
+    )
     @classmethod
     def _count(cls, v: Any) -> Any:
         if isinstance(v, bool):
@@ -426,6 +472,27 @@ def _compose(base: type[Config]) -> type[Config]:
 
 
 Config = _compose(Config)  # type: ignore[misc]
+
+
+def _renamed(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with the old names of renamed fields (`RENAMED`) replaced by the new ones."""
+    old = [k for k in data if k in RENAMED]
+    if not old:
+        return data
+    out = dict(data)
+    for name in old:
+        new = RENAMED[name]
+        value = out.pop(name)
+        if new in out and out[new] != value:
+            raise ConfigError(f"Config.{name} is the old name of {new}; give only {new}")
+        out[new] = value
+        warnings.warn(
+            f"Config.{name} is now Config.{new} (the coordinator runs on every cloud); "
+            f"the old name still works for now",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    return out
 
 
 def _unknown_message(unknown: list[str]) -> str:

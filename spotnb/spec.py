@@ -104,12 +104,15 @@ class JobSpec(_Model):
         passes; a field this spotnb does not know is refused with the usual clear error. A
         Policy object that was given is not here (it is code, in fn.pkl): the controller then
         uses the default policy for its own decisions (pre-allocation)."""
-        from spotnb.config import Config, provider_prefixes
+        from spotnb.config import RENAMED, Config, provider_prefixes
 
         own = f"{self.provider}_"
+        # a spec written before a rename holds the old names: the job goes on, without a warning
+        # about a name its user may never have written (the old spec dumps every field)
+        renamed = {RENAMED.get(k, k): v for k, v in self.config.items()}
         fields = {
             k: v
-            for k, v in self.config.items()
+            for k, v in renamed.items()
             if not (k.startswith(provider_prefixes()) and not k.startswith(own))
             and not (k == "checkpoint" and v is None)
         }

@@ -46,8 +46,18 @@ from spotnb.providers.base import (
     Price,
     Provider,
 )
-from spotnb.providers.bootstrap import aws_user_data, coordinator_script, require_remote_store
+from spotnb.providers.bootstrap import aws_user_data, require_remote_store
 from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG, job_tags
+from spotnb.providers.coordinator import (
+    COORDINATOR_ROLE,
+    MAX_COORDINATOR_LAUNCHES,
+    ROLE_TAG,
+    SETTLED_S,
+    coordinator_boot_script,
+    coordinator_type,
+    failed_starts,
+)
+from spotnb.providers.coordinator import coordinator_price as _coordinator_price
 
 __all__ = [
     "AWSProvider",
@@ -59,6 +69,7 @@ __all__ = [
     "ROLE_TAG",
     "COORDINATOR_ROLE",
     "COORDINATOR_PRICES",
+    "COORDINATOR_TYPE",
     "MAX_COORDINATOR_LAUNCHES",
     "job_group_name",
     "job_group_request",
@@ -93,9 +104,6 @@ CAPACITY_CODES = frozenset(
         "SpotCapacityNotAvailable",
     }
 )
-#: Tag that tells a job's coordinator (and its network interface) from its spot instances.
-ROLE_TAG = "spotnb-role"
-COORDINATOR_ROLE = "coordinator"
 JOB_GROUP_PREFIX = "spotnb-job-"
 #: On-demand $/h (us-east-1, Linux) of the small types a coordinator runs on, for the ledger and
 #: the dry run when the built-in table (spotnb/data/prices.json, GPU types) has no row for them.
@@ -110,13 +118,9 @@ COORDINATOR_PRICES = {
     "m6i.large": 0.096,
     "c5.large": 0.085,
 }
-#: A coordinator started this many times in a row without staying up ends the job visibly
-#: instead of launching on demand forever.
-MAX_COORDINATOR_LAUNCHES = 5
+#: The coordinator's type when Config.coordinator_instance_type is not set.
+COORDINATOR_TYPE = "t3.small"
 _UNENDED = ["pending", "running", "stopping", "stopped"]
-#: A coordinator running this long booted and installed: its launches stop counting as failed
-#: starts (EC2 says "running" before the boot script ran, so "running" alone proves nothing).
-_SETTLED_S = 900.0
 _BURSTABLE = ("t2.", "t3.", "t3a.", "t4g.")
 _AZ = re.compile(r"^([a-z]{2}(?:-[a-z]+)+-\d+)([a-z])$")
 _SPOT_REASONS = ("Server.SpotInstanceTermination", "Server.SpotInstanceShutdown")
@@ -469,11 +473,11 @@ class AWSProvider(Provider):
         )
         price = self.coordinator_price()
         return {
-            "instance_type": self.config.aws_coordinator_instance_type,
+            "instance_type": coordinator_type(self.config, COORDINATOR_TYPE),
             "market": "on-demand",
             "price_on_demand": price.on_demand if price else None,
-            "price_source": price.source if price else "unknown: set Config.aws_coordinator_price",
-            "address": f"http://<private IP of its network interface>:{self.config.aws_coordinator_port}",
+            "price_source": price.source if price else "unknown: set Config.coordinator_price",
+            "address": f"http://<private IP of its network interface>:{self.config.coordinator_port}",
             "ports": f"all TCP between members of {job_group_name(job)} only",
             "ends": "terminated with the job, then its network interface and security group are deleted",
             "bootstrap": script,
@@ -810,31 +814,15 @@ class AWSProvider(Provider):
         return split_zone(first)[0] if first else self.default_region()
 
     def coordinator_price(self) -> Price | None:
-        """The coordinator's on-demand $/h: Config.aws_coordinator_price, else the built-in
-        table, else spotnb's figures for small types (`COORDINATOR_PRICES`); None if unknown."""
-        itype = self.config.aws_coordinator_instance_type
-        if self.config.aws_coordinator_price is not None:
-            price = float(self.config.aws_coordinator_price)
-            return Price(price, price, "Config.aws_coordinator_price")
-        table = lookup_price(itype, "aws")
-        if table is not None:
-            return Price(table.on_demand, table.on_demand, table.source)
-        if itype in COORDINATOR_PRICES:
-            price = COORDINATOR_PRICES[itype]
-            return Price(price, price, "built-in coordinator figure (AWS us-east-1 on-demand list price)")
-        return None
+        """The coordinator's on-demand $/h: Config.coordinator_price, else the built-in table,
+        else spotnb's figures for small types (`COORDINATOR_PRICES`); None if unknown."""
+        itype = coordinator_type(self.config, COORDINATOR_TYPE)
+        return _coordinator_price(self.config, "aws", itype, COORDINATOR_PRICES)
 
     def coordinator_user_data(self, job_id: str, min_replicas: int | None = None) -> str:
         """The coordinator's boot script: it installs spotnb[elastic] as an instance's script
         installs spotnb and runs the lighthouse; it carries no credential and no job key."""
-        script = coordinator_script(
-            job_id,
-            min_replicas=self.config.min_instances if min_replicas is None else min_replicas,
-            cloud="aws",
-            port=self.config.aws_coordinator_port,
-            requirements=self.config.requirements,
-            idle_minutes=self.config.aws_coordinator_idle_minutes,
-        )
+        script = coordinator_boot_script(self.config, job_id, "aws", min_replicas)
         if len(script.encode()) > 16 * 1024:
             raise ValueError("EC2 UserData is limited to 16 KB; the coordinator script is too long")
         return script
@@ -843,7 +831,7 @@ class AWSProvider(Provider):
         return coordinator_request(
             job_id,
             image_id=self.config.aws_coordinator_image_id or self.config.aws_image_id or DEFAULT_IMAGE,
-            instance_type=self.config.aws_coordinator_instance_type,
+            instance_type=coordinator_type(self.config, COORDINATOR_TYPE),
             interface_id=interface_id,
             user_data=user_data,
             key_name=self.config.aws_key_name,
@@ -951,7 +939,7 @@ class AWSProvider(Provider):
             return self._address(self._refresh_coordinator(job_id, min_replicas))
 
     def _address(self, known: _Coordinator) -> str:
-        return f"http://{known.private_ip}:{self.config.aws_coordinator_port}"
+        return f"http://{known.private_ip}:{self.config.coordinator_port}"
 
     def _refresh_coordinator(self, job_id: str, min_replicas: int) -> _Coordinator:
         """Describe the coordinator; start one if none is pending or running."""
@@ -967,7 +955,7 @@ class AWSProvider(Provider):
             data = max(live, key=lambda d: d["LaunchTime"])
             if data["InstanceId"] != known.instance_id:
                 self._adopt(known, data)
-            if data["State"]["Name"] == "running" and time.time() - (known.started or 0.0) > _SETTLED_S:
+            if data["State"]["Name"] == "running" and time.time() - (known.started or 0.0) > SETTLED_S:
                 known.launches = 0  # it stayed up: only a run of failed starts ends the job
         else:
             self._launch_coordinator(known, min_replicas)
@@ -985,10 +973,10 @@ class AWSProvider(Provider):
         interface (shutting down) or the type has no capacity, try again at the next call: the
         replicas keep asking the same address until it answers."""
         if known.launches >= MAX_COORDINATOR_LAUNCHES:
-            raise RuntimeError(
-                f"job {known.job_id}: its coordinator was started {known.launches} times and did not "
-                f"stay up (last: {known.instance_id}; see its console output in the EC2 console). "
-                "Check Config.aws_coordinator_image_id / aws_coordinator_instance_type"
+            raise failed_starts(
+                known,
+                "the EC2 console (its console output)",
+                "Check Config.aws_coordinator_image_id / coordinator_instance_type",
             )
         ec2 = self.client("ec2", known.region)
         request = self._coordinator_request(

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
-from spotnb.providers.info import COORDINATOR_IDLE_MINUTES, LIGHTHOUSE_PORT, ProviderSettings, no_bool
+from spotnb.providers.info import ProviderSettings, no_bool
 
 __all__ = ["AWSSettings"]
 
@@ -40,35 +40,13 @@ class AWSSettings(ProviderSettings):
     )
     aws_disk_gb: int | None = Field(None, ge=8, description="Root volume size (default: the AMI's).")
     # -- the coordinator of a job on several instances (torchft's lighthouse, on demand) --
-    aws_coordinator_instance_type: str = Field(
-        "t3.small",
-        min_length=1,
-        description="On-demand instance that hosts the lighthouse of a job on several instances "
-        "(it only counts replicas: a small burstable type is plenty).",
-    )
+    # the coordinator's type, price, port and idle time are provider-neutral fields of Config
+    # (coordinator_instance_type, …); the image is this cloud's
     aws_coordinator_image_id: str | None = Field(
         None, description="AMI of the coordinator (default: aws_image_id, else the instances' default AMI)."
     )
-    aws_coordinator_port: int = Field(
-        LIGHTHOUSE_PORT,
-        ge=1024,
-        le=65535,
-        description="Port of the coordinator's lighthouse (open to the job's group only).",
-    )
-    aws_coordinator_price: float | None = Field(
-        None,
-        gt=0,
-        description="On-demand $/h of the coordinator for the cost ledger (default: the built-in "
-        "figure for its instance type).",
-    )
-    aws_coordinator_idle_minutes: int = Field(
-        COORDINATOR_IDLE_MINUTES,
-        ge=10,
-        description="The coordinator powers itself off after this long without any replica "
-        "connected (a guard against a leak if no controller is left to end it).",
-    )
 
-    @field_validator("aws_disk_gb", "aws_coordinator_port", "aws_coordinator_idle_minutes", mode="before")
+    @field_validator("aws_disk_gb", mode="before")
     @classmethod
     def _aws_no_bool(cls, v: Any) -> Any:
         return no_bool(v)

@@ -34,6 +34,13 @@ from azure.mgmt.compute import models as m
 
 from spotnb.errors import CapacityError, ConfigError
 from spotnb.prices import lookup_price
+from spotnb.providers.azure_coordinator import (
+    ADMIN_USER,
+    NETWORK_API_VERSION,
+    AzureCoordinator,
+    JobNetwork,
+    job_network_ids,
+)
 from spotnb.providers.base import (
     Feature,
     Instance,
@@ -45,6 +52,7 @@ from spotnb.providers.base import (
 )
 from spotnb.providers.bootstrap import azure_custom_data, require_remote_store
 from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG, job_tags
+from spotnb.providers.coordinator import ROLE_TAG
 
 __all__ = [
     "AzureProvider",
@@ -58,8 +66,6 @@ __all__ = [
 ]
 
 DEFAULT_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"  # Ubuntu HPC: NVIDIA drivers, CUDA
-NETWORK_API_VERSION = "2022-11-01"
-ADMIN_USER = "spotnb"
 CAPACITY_CODES = frozenset(
     {
         "SkuNotAvailable",
@@ -131,8 +137,12 @@ def _image(ref: str) -> m.ImageReference:
     return m.ImageReference(publisher=publisher, offer=offer, sku=sku, version=version)
 
 
-def build_vm(spec: LaunchSpec, config: Any, location: str, ssh_key: str) -> m.VirtualMachine:
-    """The exact VirtualMachine model sent to `begin_create_or_update` for one incarnation."""
+def build_vm(
+    spec: LaunchSpec, config: Any, location: str, ssh_key: str, job_network: JobNetwork | None = None
+) -> m.VirtualMachine:
+    """The exact VirtualMachine model sent to `begin_create_or_update` for one incarnation. With
+    `job_network` (a job on several instances) its NIC joins the job's application security
+    group and carries the job's network security group (TCP open between members only)."""
     name = vm_name(spec)
     nic = m.VirtualMachineNetworkInterfaceConfiguration(
         name=f"{name}-nic",
@@ -152,6 +162,9 @@ def build_vm(spec: LaunchSpec, config: Any, location: str, ssh_key: str) -> m.Vi
             )
         ],
     )
+    if job_network is not None:
+        nic.network_security_group = m.SubResource(id=job_network["nsg"])
+        nic.ip_configurations[0].application_security_groups = [m.SubResource(id=job_network["asg"])]
     os_disk = m.OSDisk(
         create_option="FromImage",
         delete_option="Delete",
@@ -194,13 +207,12 @@ def build_vm(spec: LaunchSpec, config: Any, location: str, ssh_key: str) -> m.Vi
     return vm
 
 
-class AzureProvider(Provider):
-    """Azure Spot VMs; regions are Azure locations ("eastus", "westeurope")."""
+class AzureProvider(AzureCoordinator, Provider):
+    """Azure Spot VMs; regions are Azure locations ("eastus", "westeurope"). A job on several
+    instances also gets a coordinator (`spotnb.providers.azure_coordinator`)."""
 
     name = "azure"
     unsupported: ClassVar[dict[Feature, str]] = {
-        Feature.ELASTIC: "spotnb has no coordinator on Azure yet (torchft's lighthouse on a small "
-        "on-demand VM, with a network security group that opens the training ports to the job's VMs only)",
         Feature.REBALANCE_HINT: "Azure Scheduled Events give no early rebalance recommendation",
     }
 
@@ -215,6 +227,7 @@ class AzureProvider(Provider):
         self._launched: dict[str, Instance] = {}
         self._terminated: set[str] = set()
         self._pollers: dict[str, Any] = {}
+        self._init_coordinators()
 
     # -- clients and settings --------------------------------------------------------------
     @property
@@ -267,6 +280,10 @@ class AzureProvider(Provider):
             self._ssh_key = throwaway_ssh_key()
         return self._ssh_key
 
+    def coordinator_image(self) -> m.ImageReference:
+        """The coordinator's image: azure_coordinator_image, else the instances' image."""
+        return _image(self.config.azure_coordinator_image or self.config.azure_image or DEFAULT_IMAGE)
+
     def _vm_spec(self, spec: LaunchSpec) -> LaunchSpec:
         """The spec the VM gets: adlfs on the VM needs the account *name* (never a key)."""
         account = self.storage_account()
@@ -306,20 +323,31 @@ class AzureProvider(Provider):
             )
         if cfg.azure_image:
             _image(cfg.azure_image)
+        if cfg.azure_coordinator_image:
+            _image(cfg.azure_coordinator_image)
+        if cfg.instances > 1:
+            self._validate_one_location()
 
     def _plan_launch(self, spec: LaunchSpec) -> dict[str, Any]:
         spec = self._vm_spec(spec)
         location = self._location(spec) if (spec.region or self.config.region) else "<cheapest location>"
+        elastic = self.config.instances > 1
+        rg = self.resource_group(location if (spec.region or self.config.region) else "<location>")
+        network = (
+            job_network_ids(self.config.azure_subscription_id or "<subscription>", rg, spec.job_id)
+            if elastic
+            else None
+        )
         vm = build_vm(
             spec,
             self.config,
             location,
             "<throwaway ssh-ed25519 public key>" if self._ssh_key is None else self._ssh_key,
+            network,
         )
         body = vm.as_dict()
         body["properties"]["osProfile"]["customData"] = "<base64 of the cloud-config below>"
         name = vm_name(spec)
-        rg = self.resource_group(location if (spec.region or self.config.region) else "<location>")
         cloud_config = base64.b64decode(azure_custom_data(spec)).decode()
         requests: list[dict[str, Any]] = []
         if not self.config.azure_resource_group:
@@ -332,6 +360,7 @@ class AzureProvider(Provider):
                     "first use (idempotent; set azure_resource_group to use your own)",
                 }
             )
+        coordinator = self.plan_coordinator(spec.job_id, location, requests) if elastic else None
         requests.append(
             {
                 "api": "compute.virtual_machines.begin_create_or_update",
@@ -339,8 +368,9 @@ class AzureProvider(Provider):
                 "body": body,
             }
         )
-        return {
+        plan: dict[str, Any] = {
             "provider": "azure",
+            "instances": self.config.instances,
             "location": location,
             "resource_group": rg,
             "requests": requests,
@@ -355,14 +385,18 @@ class AzureProvider(Provider):
                 "args": {"resource_group_name": rg, "vm_name": name},
             },
         }
+        if coordinator is not None:
+            plan["coordinator"] = coordinator
+        return plan
 
     # -- backend hooks ---------------------------------------------------------------------
     def _launch(self, spec: LaunchSpec) -> Instance:
         spec = self._vm_spec(spec)
         location = self._location(spec)
         name = vm_name(spec)
-        vm = build_vm(spec, self.config, location, self.ssh_key())
         rg = self._ensure_group(location)
+        network = self.ensure_job_network(spec.job_id, location) if self.config.instances > 1 else None
+        vm = build_vm(spec, self.config, location, self.ssh_key(), network)
         try:
             poller = self.compute.virtual_machines.begin_create_or_update(rg, name, vm)
         except HttpResponseError as exc:
@@ -376,7 +410,11 @@ class AzureProvider(Provider):
             region=location,
             instance_type=spec.instance_type,
             launched_at=time.time(),
-            info={"resource_group": rg, "incarnation": spec.incarnation},
+            info={
+                "resource_group": rg,
+                "incarnation": spec.incarnation,
+                **self._coordinator_info(spec.job_id),
+            },
         )
         self._pollers[name] = poller
         self._launched[name] = instance
@@ -417,12 +455,10 @@ class AzureProvider(Provider):
 
     def _terminate(self, instance: Instance) -> None:
         """Delete the VM (its disk, NIC and IP go with it); the deletion finishes in Azure."""
-        self._terminated.add(instance.id)
         rg = self._group_of_instance(instance)
-        try:
-            self.compute.virtual_machines.begin_delete(rg, instance.id)
-        except ResourceNotFoundError:
-            pass
+        if instance.info.get("job"):  # found by its tags (gc): `close` removes its job's network
+            self._reaped_jobs.add((str(instance.info["job"]), instance.region or ""))
+        self._delete_vm(rg, instance.id)
 
     def inject(self, instance: Instance) -> None:
         """Fault injection: Azure evicts the VM about 30 s after a Preempt scheduled event."""
@@ -475,18 +511,26 @@ class AzureProvider(Provider):
                         region=vm.location,
                         instance_type="",
                         launched_at=0.0,
-                        info={"resource_group": rg},
+                        info={
+                            "resource_group": rg,
+                            "job": tags[JOB_TAG],
+                            "role": tags.get(ROLE_TAG, "instance"),
+                        },
                     ),
                     tags[JOB_TAG],
                 )
 
     def close(self) -> None:
+        """Safety net: delete every VM this provider launched and did not end, then the
+        coordinators it started or found, and the network of those jobs and of the jobs gc
+        reaped (an on-demand VM left running costs the user money)."""
         for instance in list(self._launched.values()):
             if instance.id not in self._terminated:
                 try:
                     self._terminate(instance)
                 except HttpResponseError:
                     pass
+        self.close_coordinators()
 
 
 def _retail_price(instance_type: str, location: str, timeout: float = 5.0) -> Price:

@@ -16,7 +16,8 @@ __all__ = ["AzureSettings"]
 
 
 class AzureSettings(ProviderSettings):
-    """Azure Spot VMs: subscription, resource group, image, eviction policy, identity, disk."""
+    """Azure Spot VMs: subscription, resource group, image, eviction policy, identity, disk, and the
+    image of the coordinator of a job on several instances."""
 
     prefix: ClassVar[str] = "azure_"
 
@@ -46,6 +47,11 @@ class AzureSettings(ProviderSettings):
         None, description="Admin SSH public key (default: a throwaway key whose private half is never kept)."
     )
     azure_disk_gb: int | None = Field(None, ge=30, description="OS disk size (default: the image's).")
+    azure_coordinator_image: str | None = Field(
+        None,
+        description="Image of the coordinator of a job on several instances "
+        "('publisher:offer:sku:version' or an id; default: azure_image, else the instances' default).",
+    )
 
     @field_validator("azure_disk_gb", mode="before")
     @classmethod

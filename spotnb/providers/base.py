@@ -137,7 +137,7 @@ class Provider(ABC):
             raise ConfigError(
                 f"Config.instances: {self.config.instances} instances are not available on "
                 f"provider={self.name!r}: {why}. Use instances=1, or a provider that has a "
-                "coordinator (provider='local' or 'aws')"
+                "coordinator (provider='local', 'aws', 'azure' or 'gcp')"
             )
         self._validate()
 

@@ -46,6 +46,7 @@ __all__ = [
     "azure_custom_data",
     "gcp_startup_script",
     "coordinator_script",
+    "azure_cloud_config",
     "coordinator_install_specs",
     "elastic_requirements",
     "LIGHTHOUSE_PORT",
@@ -233,7 +234,12 @@ def aws_user_data(spec: LaunchSpec) -> str:
 
 def azure_custom_data(spec: LaunchSpec) -> str:
     """Azure `os_profile.custom_data`: a base64 cloud-config that writes the script and runs it."""
-    script = bootstrap_script(spec, "azure")
+    return azure_cloud_config(bootstrap_script(spec, "azure"))
+
+
+def azure_cloud_config(script: str) -> str:
+    """A boot script as Azure `custom_data`: a base64 cloud-config that writes it and runs it
+    (the instances' bootstrap and the coordinator's script alike)."""
     indented = "\n".join("      " + line for line in script.splitlines())
     cloud_config = (
         "#cloud-config\n"

@@ -48,6 +48,8 @@ from spotnb.providers.base import (
 )
 from spotnb.providers.bootstrap import gcp_startup_script, require_remote_store
 from spotnb.providers.cleanup import JOB_TAG, job_tags
+from spotnb.providers.coordinator import COORDINATOR_ROLE, ROLE_TAG
+from spotnb.providers.gcp_coordinator import GCPCoordinator, job_network_tag
 
 __all__ = [
     "GCPProvider",
@@ -116,7 +118,9 @@ def _labels(spec: LaunchSpec) -> dict[str, str]:
 
 
 def build_instance(spec: LaunchSpec, config: Any, zone: str) -> compute_v1.Instance:
-    """The exact Instance resource sent to `InstancesClient.insert` for one incarnation."""
+    """The exact Instance resource sent to `InstancesClient.insert` for one incarnation. A job
+    on several instances tags it with the job's network tag (its firewall rules open TCP
+    between the job's VMs only)."""
     name = instance_name(spec)
     disk = compute_v1.AttachedDisk(
         boot=True,
@@ -162,6 +166,8 @@ def build_instance(spec: LaunchSpec, config: Any, zone: str) -> compute_v1.Insta
             )
         ],
     )
+    if config.instances > 1:
+        instance.tags = compute_v1.Tags(items=[job_network_tag(spec.job_id)])
     if config.gcp_accelerator_type:
         instance.guest_accelerators = [
             compute_v1.AcceleratorConfig(
@@ -206,26 +212,34 @@ def _not_in_zone(exc: Exception) -> bool:
     return isinstance(exc, gexc.NotFound) or any(m in str(exc) for m in NOT_IN_ZONE_MARKERS)
 
 
-class GCPProvider(Provider):
-    """GCE Spot VMs; a region is tried zone by zone."""
+class GCPProvider(GCPCoordinator, Provider):
+    """GCE Spot VMs; a region is tried zone by zone. A job on several instances also gets a
+    coordinator (`spotnb.providers.gcp_coordinator`)."""
 
     name = "gcp"
     unsupported: ClassVar[dict[Feature, str]] = {
-        Feature.ELASTIC: "spotnb has no coordinator on GCP yet (torchft's lighthouse on a small "
-        "on-demand VM, with a firewall rule that opens the training ports to the job's VMs only)",
         Feature.NOTICE_ACK: "GCE has no way to acknowledge a preemption notice",
         Feature.REBALANCE_HINT: "GCE gives no early rebalance recommendation",
     }
 
-    def __init__(self, config: Any, instances: Any = None, zones: Any = None) -> None:
-        """`instances` is an InstancesClient and `zones` a ZonesClient (each built from
-        Application Default Credentials if None)."""
+    def __init__(
+        self,
+        config: Any,
+        instances: Any = None,
+        zones: Any = None,
+        addresses: Any = None,
+        firewalls: Any = None,
+    ) -> None:
+        """`instances` is an InstancesClient, `zones` a ZonesClient, `addresses` an
+        AddressesClient and `firewalls` a FirewallsClient (each built from Application Default
+        Credentials if None)."""
         super().__init__(config)
         self._client = instances
         self._zones_client = zones
         self._launched: dict[str, Instance] = {}
         self._terminated: set[str] = set()
         self._region_zones: dict[str, tuple[list[str], str]] = {}
+        self._init_coordinators(addresses, firewalls)
 
     @property
     def instances(self) -> Any:
@@ -258,6 +272,10 @@ class GCPProvider(Provider):
                 "Config.gcp_project: not set and no default project in the credentials; give the project id"
             )
         return project
+
+    def coordinator_image(self) -> str:
+        """The coordinator's image: gcp_coordinator_image, else the instances' image."""
+        return str(self.config.gcp_coordinator_image or self.config.gcp_image or DEFAULT_IMAGE)
 
     def _where_to(self, spec: LaunchSpec) -> str:
         where = spec.region or self.config.region
@@ -324,6 +342,8 @@ class GCPProvider(Provider):
                     f"Config.{field}: {r!r} is neither a GCP region nor a zone "
                     "(e.g. 'us-central1' or 'us-central1-a')"
                 )
+        if self.config.instances > 1:
+            self._validate_one_region()
 
     def _plan_launch(self, spec: LaunchSpec) -> dict[str, Any]:
         where = spec.region or self.config.region
@@ -339,8 +359,20 @@ class GCPProvider(Provider):
             if item["key"] == "startup-script":
                 item["value"] = "<the bootstrap script below>"
         name = instance_name(spec)
-        return {
+        requests: list[dict[str, Any]] = []
+        coordinator = (
+            self.plan_coordinator(spec.job_id, project, zone, requests) if self.config.instances > 1 else None
+        )
+        requests.append(
+            {
+                "api": "compute_v1.InstancesClient.insert",
+                "args": {"project": project, "zone": zone},
+                "body": body,
+            }
+        )
+        plan: dict[str, Any] = {
             "provider": "gcp",
+            "instances": self.config.instances,
             "project": project,
             "zone": zone,
             "zones": zones,
@@ -350,13 +382,7 @@ class GCPProvider(Provider):
                 if len(zones) > 1
                 else f"{zone} ({source})"
             ),
-            "requests": [
-                {
-                    "api": "compute_v1.InstancesClient.insert",
-                    "args": {"project": project, "zone": zone},
-                    "body": body,
-                }
-            ],
+            "requests": requests,
             "bootstrap": gcp_startup_script(spec),
             "terminate": {
                 "api": "compute_v1.InstancesClient.delete",
@@ -369,6 +395,9 @@ class GCPProvider(Provider):
                 ),
             },
         }
+        if coordinator is not None:
+            plan["coordinator"] = coordinator
+        return plan
 
     # -- backend hooks ---------------------------------------------------------------------
     def _launch(self, spec: LaunchSpec) -> Instance:
@@ -396,6 +425,8 @@ class GCPProvider(Provider):
         )
 
     def _insert(self, spec: LaunchSpec, project: str, zone: str) -> Instance:
+        if self.config.instances > 1:  # the training ports, open to the job's members only
+            self.ensure_job_network(spec.job_id, zone)
         req = insert_request(spec, self.config, project, zone)
         operation = self.instances.insert(request=req)
         operation.result(timeout=_INSERT_TIMEOUT)  # errors of the insert surface here
@@ -406,7 +437,12 @@ class GCPProvider(Provider):
             region=zone,
             instance_type=spec.instance_type,
             launched_at=time.time(),
-            info={"project": project, "zone": zone, "incarnation": spec.incarnation},
+            info={
+                "project": project,
+                "zone": zone,
+                "incarnation": spec.incarnation,
+                **self._coordinator_info(spec.job_id),
+            },
         )
         self._launched[name] = instance
         return instance
@@ -438,6 +474,8 @@ class GCPProvider(Provider):
     def _terminate(self, instance: Instance) -> None:
         self._terminated.add(instance.id)
         project, zone = self._where(instance)
+        if instance.info.get("job"):  # found by its labels (gc): `close` removes its job's network
+            self._reaped_jobs.add((str(instance.info["job"]), zone))
         try:
             self.instances.delete(request=delete_request(project, zone, instance.id))
         except gexc.NotFound:
@@ -467,8 +505,10 @@ class GCPProvider(Provider):
         for zone_path, scoped in self.instances.aggregated_list(request=request):
             zone = zone_path.rsplit("/", 1)[-1]
             for data in scoped.instances:
-                job = dict(data.labels).get(JOB_TAG)
-                if job and data.status not in ("TERMINATED",):
+                labels = dict(data.labels)
+                job, role = labels.get(JOB_TAG), labels.get(ROLE_TAG, "instance")
+                # a powered-off coordinator still holds its disk and the job's address
+                if job and (data.status not in ("TERMINATED",) or role == COORDINATOR_ROLE):
                     yield (
                         Instance(
                             id=data.name,
@@ -476,15 +516,19 @@ class GCPProvider(Provider):
                             region=zone,
                             instance_type="",
                             launched_at=0.0,
-                            info={"project": project, "zone": zone},
+                            info={"project": project, "zone": zone, "job": job, "role": role},
                         ),
                         job,
                     )
 
     def close(self) -> None:
+        """Safety net: delete every VM this provider launched and did not end, then the
+        coordinators it started or found, and the network of those jobs and of the jobs gc
+        reaped (an on-demand VM left running costs the user money)."""
         for instance in list(self._launched.values()):
             if instance.id not in self._terminated:
                 try:
                     self._terminate(instance)
                 except gexc.GoogleAPICallError:
                     pass
+        self.close_coordinators()

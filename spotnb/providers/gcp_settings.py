@@ -16,7 +16,8 @@ __all__ = ["GCPSettings"]
 
 
 class GCPSettings(ProviderSettings):
-    """GCP Spot VMs: project, image, service account, network, accelerators, disk."""
+    """GCP Spot VMs: project, image, service account, network, accelerators, disk, and the image of
+    the coordinator of a job on several instances."""
 
     prefix: ClassVar[str] = "gcp_"
 
@@ -36,6 +37,11 @@ class GCPSettings(ProviderSettings):
     )
     gcp_accelerator_count: int = Field(1, ge=1, description="GPUs of gcp_accelerator_type.")
     gcp_disk_gb: int = Field(100, ge=10, description="Boot disk size.")
+    gcp_coordinator_image: str | None = Field(
+        None,
+        description="Image of the coordinator of a job on several instances "
+        "(default: gcp_image, else the instances' default).",
+    )
 
     @field_validator("gcp_accelerator_count", "gcp_disk_gb", mode="before")
     @classmethod

@@ -180,9 +180,20 @@ def test_bad_fleet_settings_are_refused_before_anything_launches(fields: dict, w
         spot.Config(**fields)
 
 
-def test_a_cloud_without_a_coordinator_refuses_several_instances() -> None:
-    config = spot.Config(provider="gcp", instances=2, region="us-central1")
-    with pytest.raises(ConfigError, match="instances: 2 instances are not available on provider='gcp'"):
+def test_a_provider_without_a_coordinator_refuses_several_instances(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every built-in provider has a coordinator now; a provider that has none (a third-party
+    one that does not implement `Provider.coordinator`) refuses before anything launches."""
+    from spotnb.providers.base import Feature, Provider
+    from spotnb.providers.local import LocalProvider
+
+    class NoCoordinator(LocalProvider):
+        name = "nocoord"
+        coordinator = Provider.coordinator
+
+    assert not NoCoordinator(spot.Config()).supports(Feature.ELASTIC)
+    monkeypatch.setattr("spotnb.api.get_provider_class", lambda name: NoCoordinator)
+    config = spot.Config(provider="local", instances=2)
+    with pytest.raises(ConfigError, match="instances: 2 instances are not available on provider='nocoord'"):
         spot.train(jobfns.exact_dp, config, dry_run=True)
 
 

@@ -1,0 +1,115 @@
+"""What the clouds' coordinators share: the role tag, the cap on failed starts, the price, the
+boot script and the record an instance keeps of the coordinator it trains with.
+
+A job on several instances on a cloud runs torchft's lighthouse on a small on-demand machine
+(`Provider.coordinator`) behind an address fixed for the job, so a coordinator that died is
+replaced where the replicas already look. Each cloud builds that with its own primitives (AWS:
+a network interface and a security group; Azure: a NIC with a static private IP, an
+application security group and a network security group; GCP: a reserved internal address and
+firewall rules by network tag); this module holds what does not depend on the cloud. It imports
+no SDK.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from spotnb.prices import lookup_price
+from spotnb.providers.base import Price
+from spotnb.providers.bootstrap import coordinator_script
+
+__all__ = [
+    "ROLE_TAG",
+    "COORDINATOR_ROLE",
+    "MAX_COORDINATOR_LAUNCHES",
+    "SETTLED_S",
+    "KnownCoordinator",
+    "coordinator_type",
+    "coordinator_price",
+    "coordinator_record",
+    "coordinator_boot_script",
+    "failed_starts",
+]
+
+#: Tag (label on GCP) that tells a job's coordinator (and its network) from its spot instances.
+ROLE_TAG = "spotnb-role"
+COORDINATOR_ROLE = "coordinator"
+#: A coordinator started this many times in a row without staying up ends the job visibly
+#: instead of launching on demand forever.
+MAX_COORDINATOR_LAUNCHES = 5
+#: A coordinator running this long booted and installed: its launches stop counting as failed
+#: starts (a cloud says "running" before the boot script ran, so "running" alone proves nothing).
+SETTLED_S = 900.0
+
+
+@dataclass
+class KnownCoordinator:
+    """What a provider knows of one job's coordinator (Azure and GCP; AWS keeps its own)."""
+
+    job_id: str
+    region: str  # Azure location / GCP zone it runs in
+    private_ip: str
+    instance_id: str | None = None
+    instance_type: str = ""
+    started: float | None = None  # its launch time (billing starts)
+    checked: float = 0.0  # when it was last described
+    launches: int = 0  # started by this provider without staying up
+    extra: dict[str, Any] = field(default_factory=dict)  # the cloud's ids (NIC, address, …)
+
+
+def coordinator_type(config: Any, default: str) -> str:
+    """Config.coordinator_instance_type, else the cloud's small default."""
+    return str(config.coordinator_instance_type or default)
+
+
+def coordinator_price(config: Any, cloud: str, itype: str, figures: dict[str, float]) -> Price | None:
+    """The coordinator's on-demand $/h: Config.coordinator_price, else the built-in table,
+    else spotnb's figures for the cloud's small types (`figures`); None if unknown."""
+    if config.coordinator_price is not None:
+        price = float(config.coordinator_price)
+        return Price(price, price, "Config.coordinator_price")
+    table = lookup_price(itype, cloud)
+    if table is not None:
+        return Price(table.on_demand, table.on_demand, table.source)
+    if itype in figures:
+        price = figures[itype]
+        return Price(price, price, f"built-in coordinator figure ({cloud} on-demand list price)")
+    return None
+
+
+def coordinator_record(known: KnownCoordinator | None, price: Price | None) -> dict[str, Any]:
+    """What an instance's `info` (so its `launched`/`allocated` events) records of the
+    coordinator it trains with, for the cost ledger (`ledger.coordinator_overheads`)."""
+    if known is None or known.instance_id is None:
+        return {}
+    return {
+        "coordinator": {
+            "id": known.instance_id,
+            "instance_type": known.instance_type,
+            "started": known.started,
+            "price": price.on_demand if price else 0.0,
+        }
+    }
+
+
+def coordinator_boot_script(config: Any, job_id: str, cloud: str, min_replicas: int | None = None) -> str:
+    """The coordinator's boot script for `cloud` (no credential, no job key)."""
+    return coordinator_script(
+        job_id,
+        min_replicas=config.min_instances if min_replicas is None else min_replicas,
+        cloud=cloud,
+        port=config.coordinator_port,
+        requirements=config.requirements,
+        idle_minutes=config.coordinator_idle_minutes,
+    )
+
+
+def failed_starts(known: KnownCoordinator | Any, where: str, hint: str) -> RuntimeError:
+    """The error that ends the job when its coordinator was started `MAX_COORDINATOR_LAUNCHES`
+    times and never stayed up (a bad image, a failed install): the fleet controller's call
+    raises it, and the job fails with it as its message."""
+    return RuntimeError(
+        f"job {known.job_id}: its coordinator was started {known.launches} times and did not "
+        f"stay up (last: {known.instance_id}; see its serial/boot log in {where}). {hint}"
+    )

@@ -1,0 +1,531 @@
+"""The coordinator of a job on several instances on Azure.
+
+Azure's compute and network control planes cannot run here (no emulator exists), so they are
+the one thing mocked, as in tests/test_azure.py: a stateful stand-in for
+`ComputeManagementClient.virtual_machines` (VMs that exist, their instance views, deletions)
+and one for `ResourceManagementClient.resources` (the generic PUT/GET/DELETE by resource id the
+provider uses for the NIC, public IP and security groups, assigning a private IP as Azure does).
+What is asserted is what spotnb sends (azure-mgmt-compute's own models and REST bodies), how it
+reacts to a coordinator that died, and what it deletes. The real fleet controller runs against
+those stand-ins in `test_a_coordinator_that_never_stays_up_fails_the_job_and_leaves_nothing`.
+No packet crosses a network security group here, and no VM boots.
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+from azure.mgmt.compute import models as m
+
+import spotnb as spot
+from spotnb.errors import ConfigError
+from spotnb.ledger import Span, compute_breakdown, coordinator_overheads
+from spotnb.protocol import JobStatus, Progress
+from spotnb.providers import azure as azure_module
+from spotnb.providers.azure import AzureProvider
+from spotnb.providers.azure_coordinator import COORDINATOR_PRICES, coordinator_nic_body, job_network_ids
+from spotnb.providers.base import Feature, LaunchSpec
+from spotnb.providers.cleanup import JOB_TAG, gc
+from spotnb.providers.coordinator import COORDINATOR_ROLE, MAX_COORDINATOR_LAUNCHES, ROLE_TAG
+from spotnb.signing import KEY_ENV, new_key, save_key
+
+CANARIES = {
+    "AZURE_CLIENT_SECRET": "spotnb-canary-azure-client-secret-4d3c",
+    "AZURE_STORAGE_KEY": "spotnb-canary-azure-storage-key-8e7f",
+    "GOOGLE_OAUTH_ACCESS_TOKEN": "spotnb-canary-gcp-token-1a2b",
+    "AWS_SECRET_ACCESS_KEY": "spotnb-canary-aws-secret-5g6h",
+}
+
+SUB = "00000000-0000-0000-0000-000000000000"
+RG = "spotnb-rg"
+SUBNET = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Network/virtualNetworks/v/subnets/s"
+IDENTITY = (
+    f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.ManagedIdentity/userAssignedIdentities/x"
+)
+JOB = "20261125-000000-az0001"
+NET = job_network_ids(SUB, RG, JOB)
+
+
+def _config(**kw: Any) -> spot.Config:
+    base = dict(
+        provider="azure",
+        store="az://spotnb/jobs",
+        region="eastus",
+        instance_type="Standard_NC4as_T4_v3",
+        instances=3,
+        min_instances=2,
+        azure_subscription_id=SUB,
+        azure_resource_group=RG,
+        azure_subnet_id=SUBNET,
+        azure_identity_id=IDENTITY,
+        azure_storage_account="spotnbstore",
+    )
+    return spot.Config(**{**base, **kw})
+
+
+def _spec(n: int = 1, job: str = JOB) -> LaunchSpec:
+    return LaunchSpec(
+        job_id=job,
+        incarnation=n,
+        store_url="az://spotnb/jobs",
+        instance_type="Standard_NC4as_T4_v3",
+        region="eastus",
+        command=["python", "-m", "spotnb.runtime.agent", "--job", job, "--incarnation", str(n)],
+        spotnb_version="0.1.0",
+        slot=n - 1,
+        job_key="00" * 32,
+    )
+
+
+def _error(code: str) -> HttpResponseError:
+    err = HttpResponseError(message=code)
+    err.error = SimpleNamespace(code=code)
+    return err
+
+
+class _Done:
+    def __init__(self, value: Any = None) -> None:
+        self.value = value
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.value
+
+
+class FakeVMs:
+    """VMs that exist (by name), with an instance view each. `coordinators_die`: a new
+    coordinator VM's view says it powered off (its boot script failed)."""
+
+    def __init__(self) -> None:
+        self.vms: dict[str, Any] = {}
+        self.codes: dict[str, list[str]] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.created: list[m.VirtualMachine] = []
+        self.coordinators_die = False
+        self.refuse: list[str] = []  # error codes the next creates raise
+
+    def begin_create_or_update(self, rg: str, name: str, vm: m.VirtualMachine) -> _Done:
+        self.calls.append(("create", name))
+        if self.refuse:
+            raise _error(self.refuse.pop(0))
+        self.created.append(vm)
+        self.vms[name] = SimpleNamespace(
+            name=name,
+            location=vm.location,
+            tags=dict(vm.tags or {}),
+            id=f"/subscriptions/{SUB}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachines/{name}",
+            time_created=datetime.now(timezone.utc),
+            hardware_profile=vm.hardware_profile,
+            model=vm,
+        )
+        dies = self.coordinators_die and (vm.tags or {}).get(ROLE_TAG) == COORDINATOR_ROLE
+        self.codes[name] = [
+            "ProvisioningState/succeeded",
+            "PowerState/stopped" if dies else "PowerState/running",
+        ]
+        return _Done()
+
+    def instance_view(self, rg: str, name: str) -> m.VirtualMachineInstanceView:
+        if name not in self.vms:
+            raise ResourceNotFoundError("not found")
+        return m.VirtualMachineInstanceView(statuses=[m.InstanceViewStatus(code=c) for c in self.codes[name]])
+
+    def begin_delete(self, rg: str, name: str) -> _Done:
+        self.calls.append(("delete", name))
+        if self.vms.pop(name, None) is None:
+            raise ResourceNotFoundError("not found")
+        return _Done()
+
+    def list(self, rg: str) -> list[Any]:
+        return list(self.vms.values())
+
+    def list_all(self) -> list[Any]:
+        return list(self.vms.values())
+
+    def coordinators(self) -> list[Any]:
+        return [vm for vm in self.vms.values() if vm.tags.get(ROLE_TAG) == COORDINATOR_ROLE]
+
+
+class FakeResources:
+    """Generic resources by id: PUT stores the body (a NIC with a dynamic IP gets one, as
+    Azure assigns it), DELETE removes; `log` records both, in order."""
+
+    def __init__(self) -> None:
+        self.store: dict[str, dict[str, Any]] = {}
+        self.log: list[tuple[str, str]] = []
+        self.puts: list[tuple[str, dict[str, Any]]] = []
+
+    def begin_create_or_update_by_id(self, resource_id: str, api_version: str, parameters: Any) -> _Done:
+        body = parameters.as_dict()
+        self.log.append(("put", resource_id))
+        self.puts.append((resource_id, body))
+        for config in body.get("properties", {}).get("ipConfigurations", []):
+            config["properties"].setdefault("privateIPAddress", "10.0.0.7")
+        self.store[resource_id] = body
+        return _Done(SimpleNamespace(**body))
+
+    def get_by_id(self, resource_id: str, api_version: str) -> Any:
+        if resource_id not in self.store:
+            raise ResourceNotFoundError("not found")
+        return SimpleNamespace(**self.store[resource_id])
+
+    def begin_delete_by_id(self, resource_id: str, api_version: str) -> _Done:
+        self.log.append(("delete", resource_id))
+        if self.store.pop(resource_id, None) is None:
+            raise ResourceNotFoundError("not found")
+        return _Done()
+
+
+@pytest.fixture
+def fakes() -> tuple[FakeVMs, FakeResources]:
+    return FakeVMs(), FakeResources()
+
+
+def _provider(fakes: tuple[FakeVMs, FakeResources], **kw: Any) -> AzureProvider:
+    vms, res = fakes
+    p = AzureProvider(
+        _config(**kw),
+        compute=SimpleNamespace(virtual_machines=vms),
+        resources=SimpleNamespace(resources=res),
+    )
+    p.validate()
+    p.describe_interval = 0.0  # describe at every call
+    return p
+
+
+def test_azure_supports_several_instances(fakes: tuple[FakeVMs, FakeResources]) -> None:
+    assert _provider(fakes).supports(Feature.ELASTIC)
+
+
+def test_coordinator_is_regular_priority_on_a_static_address_in_the_job_groups(
+    fakes: tuple[FakeVMs, FakeResources],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The canary secrets of the environment and the job's HMAC key never reach the boot script."""
+    for name, value in CANARIES.items():
+        monkeypatch.setenv(name, value)
+    key = new_key()
+    save_key(JOB, key)
+    vms, res = fakes
+    address = _provider(fakes).coordinator(JOB, 2)
+    assert address == "http://10.0.0.7:29510"
+    (vm,) = vms.created
+    body = vm.as_dict()["properties"]
+    assert body["priority"] == "Regular"  # on demand: never evicted
+    assert "evictionPolicy" not in body and "billingProfile" not in body
+    assert body["hardwareProfile"]["vmSize"] == "Standard_B1ms"
+    assert vm.identity is None  # it reads nothing of the job
+    assert vm.tags == {JOB_TAG: JOB, "spotnb-managed": "true", ROLE_TAG: COORDINATOR_ROLE}
+    (nic,) = body["networkProfile"]["networkInterfaces"]
+    assert nic["id"] == NET["nic"] and nic["properties"]["deleteOption"] == "Detach"
+    script = base64.b64decode(vm.os_profile.custom_data).decode()
+    assert "spotnb.runtime.lighthouse --min-replicas 2" in script and '--bind "[::]:29510"' in script
+    assert not [name for name, value in CANARIES.items() if value in script]
+    assert key.hex() not in script and KEY_ENV not in script
+    # the NIC was created with a dynamic IP, then pinned to the IP Azure gave it
+    nic_puts = [body for rid, body in res.puts if rid == NET["nic"]]
+    assert [
+        p["properties"]["ipConfigurations"][0]["properties"]["privateIPAllocationMethod"] for p in nic_puts
+    ] == [
+        "Dynamic",
+        "Static",
+    ]
+    pinned = nic_puts[-1]["properties"]
+    assert pinned["ipConfigurations"][0]["properties"]["privateIPAddress"] == "10.0.0.7"
+    assert pinned["ipConfigurations"][0]["properties"]["applicationSecurityGroups"] == [{"id": NET["asg"]}]
+    assert pinned["networkSecurityGroup"] == {"id": NET["nsg"]}
+    assert set(res.store) == {NET["asg"], NET["nsg"], NET["ip"], NET["nic"]}
+    assert all(res.store[k]["tags"][JOB_TAG] == JOB for k in res.store)
+
+
+def test_security_group_opens_tcp_to_the_members_only(fakes: tuple[FakeVMs, FakeResources]) -> None:
+    vms, res = fakes
+    p = _provider(fakes)
+    p.coordinator(JOB, 2)
+    allow, deny = sorted(
+        res.store[NET["nsg"]]["properties"]["securityRules"], key=lambda r: r["properties"]["priority"]
+    )
+    a, d = allow["properties"], deny["properties"]
+    assert (a["access"], a["direction"], a["protocol"]) == ("Allow", "Inbound", "Tcp")
+    assert (
+        a["sourceApplicationSecurityGroups"]
+        == a["destinationApplicationSecurityGroups"]
+        == [{"id": NET["asg"]}]
+    )
+    assert "sourceAddressPrefix" not in a  # no address range: membership only
+    # the subnet's default AllowVnetInBound (65000) would admit the whole network: denied first
+    assert (d["access"], d["sourceAddressPrefix"], d["priority"]) == ("Deny", "*", 4000)
+    assert d["destinationApplicationSecurityGroups"] == [{"id": NET["asg"]}]
+    # the Spot VMs of the job join the member group and carry the same security group
+    instance = p.launch(_spec())
+    spot_vm = vms.created[-1]
+    assert spot_vm.priority == "Spot"
+    nic = spot_vm.network_profile.network_interface_configurations[0]
+    assert nic.network_security_group.id == NET["nsg"]
+    assert [g.id for g in nic.ip_configurations[0].application_security_groups] == [NET["asg"]]
+    # and record the coordinator they train with, for the cost ledger
+    assert instance.info["coordinator"]["id"] == vms.coordinators()[0].name
+    assert instance.info["coordinator"]["price"] == pytest.approx(COORDINATOR_PRICES["Standard_B1ms"])
+
+
+def test_a_second_controller_finds_the_same_coordinator(fakes: tuple[FakeVMs, FakeResources]) -> None:
+    vms, res = fakes
+    first = _provider(fakes).coordinator(JOB, 2)
+    puts = len(res.puts)
+    assert _provider(fakes).coordinator(JOB, 2) == first
+    assert len(vms.coordinators()) == 1 and len(res.puts) == puts  # nothing created again
+
+
+@pytest.mark.parametrize("death", ["deleted", "powered_off"])
+def test_a_dead_coordinator_is_replaced_on_the_same_nic(
+    fakes: tuple[FakeVMs, FakeResources], death: str
+) -> None:
+    vms, _ = fakes
+    p = _provider(fakes)
+    address = p.coordinator(JOB, 2)
+    (dead,) = vms.coordinators()
+    if death == "deleted":
+        vms.vms.pop(dead.name)
+    else:  # its idle guard or a failed install powered it off: a stopped VM still bills
+        vms.codes[dead.name] = ["ProvisioningState/succeeded", "PowerState/stopped"]
+    assert p.coordinator(JOB, 2) == address
+    (replacement,) = vms.coordinators()
+    assert replacement.name != dead.name
+    assert replacement.model.network_profile.network_interfaces[0].id == NET["nic"]
+    assert (("delete", dead.name) in vms.calls) == (death == "powered_off")
+
+
+def test_a_nic_still_held_by_the_dead_vm_is_tried_again(fakes: tuple[FakeVMs, FakeResources]) -> None:
+    vms, _ = fakes
+    p = _provider(fakes)
+    address = p.coordinator(JOB, 2)
+    vms.vms.clear()
+    vms.refuse = ["NicReservedForAnotherVm"]  # Azure keeps the NIC for the deleted VM a while
+    assert p.coordinator(JOB, 2) == address and vms.coordinators() == []
+    assert p.coordinator(JOB, 2) == address and len(vms.coordinators()) == 1
+
+
+def test_close_deletes_the_coordinator_then_its_network(fakes: tuple[FakeVMs, FakeResources]) -> None:
+    vms, res = fakes
+    p = _provider(fakes)
+    p.coordinator(JOB, 2)
+    p.launch(_spec())
+    (coordinator,) = vms.coordinators()
+    p.close()
+    assert vms.vms == {} and ("delete", coordinator.name) in vms.calls
+    assert res.store == {}
+    deleted = [rid for kind, rid in res.log if kind == "delete"]
+    assert deleted == [NET["nic"], NET["ip"], NET["nsg"], NET["asg"]]  # the NIC before what it uses
+
+
+def test_gc_reaps_the_coordinator_and_network_of_an_ended_job(
+    fakes: tuple[FakeVMs, FakeResources], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A controller died without `close`: `spotnb gc` deletes the coordinator and the network."""
+    from spotnb.jobdb import JobDB
+
+    vms, res = fakes
+    db = JobDB()
+    db.add_job(JOB, name=None, provider="azure", region="eastus", instance_type="x", store="az://spotnb/jobs")
+    db.update_job(JOB, status="succeeded")
+    _provider(fakes).coordinator(JOB, 2)  # never closed
+    (coordinator,) = vms.coordinators()
+
+    class Wired(AzureProvider):
+        def __init__(self, config: Any) -> None:
+            super().__init__(
+                config,
+                compute=SimpleNamespace(virtual_machines=vms),
+                resources=SimpleNamespace(resources=res),
+            )
+
+    monkeypatch.setattr("spotnb.providers.get_provider_class", lambda name: Wired)
+    assert gc("azure", _config(instances=1, min_instances=1)) == [coordinator.name]
+    assert vms.vms == {} and res.store == {}
+
+
+def test_a_coordinator_that_never_stays_up_ends_the_job(fakes: tuple[FakeVMs, FakeResources]) -> None:
+    vms, _ = fakes
+    vms.coordinators_die = True
+    p = _provider(fakes)
+    for _ in range(MAX_COORDINATOR_LAUNCHES):
+        p.coordinator(JOB, 2)
+    with pytest.raises(RuntimeError, match=f"started {MAX_COORDINATOR_LAUNCHES} times and did not stay up"):
+        p.coordinator(JOB, 2)
+    assert vms.coordinators() == []  # the last powered-off one was deleted too
+
+
+def _fit(ctx: Any) -> int:
+    return 1
+
+
+def test_a_coordinator_that_never_stays_up_fails_the_job_and_leaves_nothing(
+    fakes: tuple[FakeVMs, FakeResources], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The real fleet controller and a file store (the boot check of a remote store is lifted:
+    no VM reads it here): every coordinator powers off at once; the job fails with the reason,
+    and its way out deletes the Spot VMs, the coordinator and the job's network."""
+    vms, res = fakes
+    vms.coordinators_die = True
+
+    class Wired(AzureProvider):
+        describe_interval = 0.0
+
+        def __init__(self, config: Any) -> None:
+            super().__init__(
+                config,
+                compute=SimpleNamespace(virtual_machines=vms),
+                resources=SimpleNamespace(resources=res),
+            )
+
+    monkeypatch.setattr("spotnb.api.get_provider_class", lambda name: Wired)
+    monkeypatch.setattr(azure_module, "require_remote_store", lambda config, name: None)
+    job = spot.train(_fit, _config(store=(tmp_path / "store").as_uri()), detach=False)
+    assert job.wait(120), f"job still {job.status}"
+    assert job.status == JobStatus.FAILED
+    assert "did not stay up" in (job.state.error.message if job.state.error else "")
+    job.driver._thread.join(timeout=120)
+    assert not job.driver._thread.is_alive()
+    assert len([c for c in vms.calls if c[0] == "create" and "-coord-" in c[1]]) == MAX_COORDINATOR_LAUNCHES
+    assert vms.vms == {}  # Spot VMs and coordinators alike
+    assert res.store == {}
+
+
+def test_several_instances_need_one_location(fakes: tuple[FakeVMs, FakeResources]) -> None:
+    with pytest.raises(ConfigError, match="share its location"):
+        AzureProvider(_config(region=None, regions=["eastus", "westus2"])).validate()
+    with pytest.raises(ConfigError, match="instead of 'cheapest'"):
+        AzureProvider(_config(region=None, regions="cheapest")).validate()
+
+
+def test_dry_run_lists_the_coordinator_and_its_price() -> None:
+    plan = spot.train(_fit, _config(coordinator_instance_type="Standard_B2s"), dry_run=True)
+    coordinator = plan["coordinator"]
+    assert coordinator["market"] == "on-demand" and coordinator["instance_type"] == "Standard_B2s"
+    assert coordinator["price_on_demand"] == pytest.approx(0.0416 + 0.005)  # the VM and its public IP
+    vm_puts = [r for r in plan["requests"] if r["api"] == "compute.virtual_machines.begin_create_or_update"]
+    assert [r["body"]["properties"]["priority"] for r in vm_puts] == ["Regular", "Spot"]
+    spot_nic = vm_puts[1]["body"]["properties"]["networkProfile"]["networkInterfaceConfigurations"][0]
+    assert "/networkSecurityGroups/spotnb-job-" in spot_nic["properties"]["networkSecurityGroup"]["id"]
+    text = str(plan)
+    line = next(row for row in text.splitlines() if row.strip().startswith("coordinator"))
+    assert "Standard_B2s" in line and "$0.0466/h on demand" in line and "not spot" in line
+    assert "3 spot instances" in text
+
+
+def test_ledger_bills_the_coordinator_on_its_own_line(fakes: tuple[FakeVMs, FakeResources]) -> None:
+    p = _provider(fakes)
+    p.coordinator(JOB, 2)
+    instance = p.launch(_spec())
+    started = instance.info["coordinator"]["started"]
+    span = Span(
+        1,
+        started,
+        started + 60,
+        started + 120,
+        started + 3660,
+        False,
+        Progress(step=100, compute_s=3540.0),
+        0.16,
+        0.53,
+    )
+    plain = compute_breakdown([span], started, started + 3660)
+    billed = compute_breakdown(
+        [span], started, started + 3660, overheads=coordinator_overheads([instance.info])
+    )
+    assert billed.coordinator_cost == pytest.approx(COORDINATOR_PRICES["Standard_B1ms"] * 3660 / 3600)
+    assert billed.total_cost == pytest.approx(plain.spot_cost + billed.coordinator_cost)
+    assert billed.spot_cost == plain.spot_cost and "coordinator $" in billed.table()
+
+
+def test_a_list_that_lags_behind_never_starts_a_second_coordinator(
+    fakes: tuple[FakeVMs, FakeResources],
+) -> None:
+    """Azure's list is eventually consistent: a VM created a moment ago may be missing from it.
+    The provider asks the VM it started directly before starting another one on demand."""
+    vms, _ = fakes
+    p = _provider(fakes)
+    p.coordinator(JOB, 2)
+    real_list = vms.list
+    vms.list = lambda rg: []  # type: ignore[method-assign]
+    p.coordinator(JOB, 2)
+    vms.list = real_list  # type: ignore[method-assign]
+    assert len(vms.coordinators()) == 1
+
+
+def test_a_coordinator_that_fails_half_way_leaves_no_network(fakes: tuple[FakeVMs, FakeResources]) -> None:
+    """The security groups were made, then the NIC was refused: `close` still deletes them."""
+    vms, res = fakes
+    real_put = res.begin_create_or_update_by_id
+
+    def refuse_nic(resource_id: str, api_version: str, parameters: Any) -> _Done:
+        if resource_id == NET["nic"]:
+            raise _error("AuthorizationFailed")
+        return real_put(resource_id, api_version, parameters)
+
+    res.begin_create_or_update_by_id = refuse_nic  # type: ignore[method-assign]
+    p = _provider(fakes)
+    with pytest.raises(HttpResponseError, match="AuthorizationFailed"):
+        p.coordinator(JOB, 2)
+    assert NET["nsg"] in res.store
+    p.close()
+    assert res.store == {} and vms.vms == {}
+
+
+def test_a_nic_left_unpinned_by_a_dead_controller_is_pinned(fakes: tuple[FakeVMs, FakeResources]) -> None:
+    """A controller died between creating the NIC (dynamic IP) and pinning it: the next one
+    pins the IP the NIC already has rather than making another NIC."""
+    vms, res = fakes
+    p = _provider(fakes)
+    net = p.ensure_job_network(JOB, "eastus")
+    p._put(NET["nic"], coordinator_nic_body(JOB, "eastus", SUBNET, net))
+    assert _provider(fakes).coordinator(JOB, 2) == "http://10.0.0.7:29510"
+    ip_config = res.store[NET["nic"]]["properties"]["ipConfigurations"][0]["properties"]
+    assert ip_config["privateIPAllocationMethod"] == "Static" and ip_config["privateIPAddress"] == "10.0.0.7"
+
+
+def test_the_old_aws_coordinator_names_still_work_with_a_warning() -> None:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = spot.Config(
+            provider="aws", aws_coordinator_port=30000, aws_coordinator_instance_type="t3.micro"
+        )
+    assert sorted(
+        str(w.message).split(" is now ")[0] for w in caught if w.category is DeprecationWarning
+    ) == [
+        "Config.aws_coordinator_instance_type",
+        "Config.aws_coordinator_port",
+    ]
+    assert (cfg.coordinator_port, cfg.coordinator_instance_type) == (30000, "t3.micro")
+    with pytest.raises(ConfigError, match="give only coordinator_price"):
+        spot.Config(aws_coordinator_price=0.1, coordinator_price=0.2)
+    with pytest.raises(ConfigError, match="coordinator_port"):
+        spot.Config(coordinator_port=True)
+    with pytest.raises(ConfigError, match="coordinator_price"):
+        spot.Config(coordinator_price=-1)
+
+
+def test_a_spec_written_with_the_old_names_resumes_silently() -> None:
+    """A job submitted before the rename (its spec dumps every field, old names included) is
+    resumed with the new fields and no warning about names its user never wrote."""
+    import warnings
+
+    from spotnb.spec import JobSpec, config_json
+
+    data = config_json(spot.Config(provider="aws", coordinator_port=30001, coordinator_price=0.03))
+    old = {("aws_" + k if k.startswith("coordinator_") else k): v for k, v in data.items()}
+    spec = JobSpec(job_id="j1", created=1.0, spotnb_version="0.1", cwd="/", config=old)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cfg = spec.to_config()
+    assert (cfg.coordinator_port, cfg.coordinator_price) == (30001, 0.03)
