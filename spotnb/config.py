@@ -45,7 +45,6 @@ __all__ = ["Config", "parse_duration", "spotnb_home", "provider_prefixes"]
 MAX_NAME = 200
 #: Most instances one job may train on (a typo such as 1000 would launch a fleet).
 MAX_INSTANCES = 64
-#: fsspec protocols that can only read (a store is written by every instance and the controller).
 #: Fields renamed when the coordinator came to every cloud (old name → new one): the old names
 #: are still accepted, with a DeprecationWarning, so existing notebooks and saved specs go on.
 RENAMED = {
@@ -54,6 +53,7 @@ RENAMED = {
     "aws_coordinator_port": "coordinator_port",
     "aws_coordinator_idle_minutes": "coordinator_idle_minutes",
 }
+#: fsspec protocols that can only read (a store is written by every instance and the controller).
 _READ_ONLY = {"http", "https", "github", "git", "zip", "tar", "libarchive", "reference", "data"}
 
 
