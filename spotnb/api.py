@@ -198,6 +198,7 @@ def dry_run_plan(fn: Any, config: Config) -> Plan:
     plan = provider.plan_launch(spec)
     if isinstance(plan, dict) and (regions == "cheapest" or len(regions) > 1):
         plan["placement"] = _placement_rows(provider, config, regions)
+        plan["migrate"] = _MIGRATE_TEXT[config.migrate].format(every=_every(provider.price_interval))
     if isinstance(plan, dict):  # what this provider cannot do, and which others there are
         plan.setdefault("provider", config.provider)
         plan["unsupported"] = {
@@ -207,6 +208,19 @@ def dry_run_plan(fn: Any, config: Config) -> Plan:
         plan.setdefault("instance_type", config.instance_type)
         return Plan(plan)
     return plan
+
+
+#: what each Config.migrate does, for the dry run
+_MIGRATE_TEXT = {
+    "never": "never: a preempted job relaunches in the zone it ran in (others only without capacity)",
+    "on-interrupt": "on-interrupt: a preempted job relaunches in the zone best at that moment",
+    "best-price": "best-price: relaunch in the best zone, and look at the prices every {every} to "
+    "move a running job when another zone's expected saving pays for the move",
+}
+
+
+def _every(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
 
 def _placement_rows(provider: Any, config: Config, regions: list[str] | str) -> list[dict[str, Any]]:

@@ -89,6 +89,8 @@ def summary_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
     for i, zone in enumerate(plan.get("placement") or []):
         label = "zones by expected cost" if i == 0 else ""
         rows.append((label, f"{i + 1}. {zone.get('zone', '?')}: {zone.get('text', '')}"))
+    if plan.get("migrate"):
+        rows.append(("migrate", str(plan["migrate"])))
     cap = _find(plan.get("requests"), ("MaxPrice", "maxPrice", "max_price"))
     if cap not in (None, "", -1, "-1"):
         rows.append(("max price", f"${float(cap):.3f}/h"))

@@ -124,3 +124,14 @@ def test_a_move_is_made_only_when_the_saving_over_the_remaining_work_pays_for_it
 def test_bad_migrate_settings_are_refused_before_anything_runs(fields: dict[str, Any], words: str) -> None:
     with pytest.raises(spot.ConfigError, match=words):
         spot.Config(**fields)
+
+
+def test_the_dry_run_says_what_migrate_does() -> None:
+    zones = {"a": {"price": 0.1}, "b": {"price": 0.2}}
+    for migrate, words in (("best-price", "every 1 s to move a running job"), ("never", "zone it ran in")):
+        plan = spot.train(
+            jobfns.slow_steps,
+            spot.Config(local_regions=zones, regions="cheapest", migrate=migrate, ship_modules=SHIP),
+            dry_run=True,
+        )
+        assert words in plan["migrate"] and "migrate" in str(plan)
