@@ -1,6 +1,6 @@
-"""A script that fails: the job must fail with its error, not be retried as a preemption."""
+"""A script that fails: the job must fail with its error (not be relaunched as a preemption)."""
 
 import sys
 
-print("starting with", sys.argv[1:], flush=True)
-raise ValueError(f"learning rate {sys.argv[1]} is not a number")
+print("starting", flush=True)
+raise ValueError(f"bad arguments {sys.argv[1:]!r}")
