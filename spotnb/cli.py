@@ -173,9 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     overrides = _overrides(args.set)
     if overrides is None:
         return 2
-    script_args = list(args.args)
-    if script_args[:1] == ["--"]:
-        script_args = script_args[1:]
+    script_args = [*args.args, *getattr(args, "after_dashes", [])]
     job = run(args.script, script_args, **overrides)
     print(f"job {job.id}: {args.script} {' '.join(script_args)}".rstrip(), flush=True)
     shown = 0
@@ -283,7 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FIELD=VALUE",
         help="a Config field (JSON or a plain string), repeatable: --set provider=aws --set files='[\"data\"]'",
     )
-    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments, after --")
+    p.add_argument(
+        "args", nargs="*", help="the script's arguments; after -- everything goes to the script as given"
+    )
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("demo", help="the quickstart on the local spot market")
     p.add_argument("--steps", type=int, default=1500)
@@ -312,7 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    after: list[str] = []
+    if argv[:1] == ["run"] and "--" in argv:  # `spotnb run train.py --set k=v -- --lr 0.1 ...`
+        cut = argv.index("--")
+        argv, after = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
+    args.after_dashes = after
     from spotnb.errors import SpotnbError
 
     try:

@@ -51,7 +51,9 @@ def test_a_preempted_script_resumes_from_its_backup_and_ends_like_a_calm_run(
     calm = subprocess.run(
         [sys.executable, str(script), "60", "calm"], capture_output=True, text=True, check=True
     )
-    config = spot.Config(local_grace=5.0, notice_poll=0.1, local_schedule=[{"step": 30, "notice": True}])
+    config = spot.Config(
+        local_grace=5.0, notice_poll=0.1, local_alloc_delay=0, local_schedule=[{"step": 30, "notice": True}]
+    )
     job = spot.run(str(script), ["60", "ckpt"], config)
     result = job.result(timeout=120)
     assert {k: result[k] for k in ("total", "steps")} == json.loads(calm.stdout)
@@ -75,7 +77,7 @@ def test_the_cli_runs_a_script_follows_it_and_fails_with_its_error(tmp_path: Pat
     printing the job's events and the script's traceback."""
     (tmp_path / "failing.py").write_bytes((SCRIPTS / "failing.py").read_bytes())
     done = subprocess.run(
-        [sys.executable, "-m", "spotnb.cli", "run", "failing.py", "--", "--lr", "two words", "--"],
+        [sys.executable, "-m", "spotnb.cli", "run", "failing.py", "--set", "local_alloc_delay=0", "--", "--lr", "two words", "--"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
