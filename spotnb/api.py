@@ -85,7 +85,9 @@ def _check_fn(fn: Any) -> None:
         pass  # builtins without a signature: let the call decide
 
 
-def _pickle_payload(fn: Callable[..., Any], config: Config) -> bytes:
+def _pickle_payload(fn: Callable[..., Any] | None, config: Config) -> bytes:
+    """The signed payload the instance unpickles: the function (None for a script job) and a
+    Policy object given as Config.checkpoint."""
     import cloudpickle
 
     for name in config.ship_modules:

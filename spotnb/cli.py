@@ -279,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--set",
         action="append",
         metavar="FIELD=VALUE",
-        help="a Config field (JSON or a plain string), repeatable: --set provider=aws --set files='[\"data\"]'",
+        help="a Config field (JSON or a plain string), repeatable: --set provider=aws",
     )
     p.add_argument(
         "args", nargs="*", help="the script's arguments; after -- everything goes to the script as given"

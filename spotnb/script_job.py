@@ -32,7 +32,9 @@ def check_script(script: Any, args: Any) -> tuple[str, list[str]]:
     if not os.path.exists(path):
         raise ConfigError(f"script: {path!r} does not exist (relative paths are taken from {os.getcwd()!r})")
     if os.path.isdir(path):
-        raise ConfigError(f"script: {path!r} is a folder; give the .py file to run (its folder goes in files=)")
+        raise ConfigError(
+            f"script: {path!r} is a folder; give the .py file to run (its folder goes in files=)"
+        )
     if not path.endswith(".py"):
         raise ConfigError(
             f"script: {path!r} is not a .py file; spot.run runs Python scripts (for a module, "
@@ -46,7 +48,9 @@ def check_script(script: Any, args: Any) -> tuple[str, list[str]]:
             f"args=shlex.split({args!r}) or args=['--lr', '0.1']"
         )
     if not isinstance(args, (list, tuple)):
-        raise ConfigError(f"args: expected a list of str, got {type(args).__name__}; e.g. args=['--lr', '0.1']")
+        raise ConfigError(
+            f"args: expected a list of str, got {type(args).__name__}; e.g. args=['--lr', '0.1']"
+        )
     for i, arg in enumerate(args):
         if not isinstance(arg, str):
             raise ConfigError(

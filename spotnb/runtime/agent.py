@@ -429,7 +429,12 @@ class Agent:
             threading.Thread(target=self.emit, args=(event,), daemon=True).start()
 
     def _fail(
-        self, message: str, exc: BaseException | None = None, *, tb: str | None = None, exc_type: str | None = None
+        self,
+        message: str,
+        exc: BaseException | None = None,
+        *,
+        tb: str | None = None,
+        exc_type: str | None = None,
     ) -> int:
         if tb is None:
             tb = "".join(traceback.format_exception(exc)) if exc else traceback.format_exc()

@@ -278,7 +278,7 @@ class ScriptRunner:
                 break
             except subprocess.TimeoutExpired:
                 pass
-            if ctx.notice is not None and not self._notice_written:
+            if ctx.notice is not None and not self.signalled:
                 self._deliver(proc, server)
         pump.join(timeout=5)
         return self._ended(code, result_file)
@@ -286,22 +286,23 @@ class ScriptRunner:
     def _deliver(self, proc: subprocess.Popen, server: CtxServer) -> None:
         """Write the notice file, then SIGTERM the script: unless it uses spotnb.ctx() and has
         no SIGTERM handler (the default action would kill it before it could save; it learns
-        of the notice from ctx.should_save() at its next step instead)."""
+        of the notice from ctx.should_save() at its next step instead). Asked again at every
+        tick until it is signalled: a handler installed after the notice still gets it."""
         notice = self.ctx.notice
         assert notice is not None
-        doc = {
-            "deadline": notice.deadline,
-            "time_left": notice.deadline - time.time(),
-            "source": notice.source,
-            "action": notice.action,
-        }
-        tmp = f"{self.notice_file}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f)
-        os.replace(tmp, self.notice_file)
-        self._notice_written = True
+        if not self._notice_written:
+            doc = {
+                "deadline": notice.deadline,
+                "time_left": notice.deadline - time.time(),
+                "source": notice.source,
+                "action": notice.action,
+            }
+            tmp = f"{self.notice_file}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(doc, f)
+            os.replace(tmp, self.notice_file)
+            self._notice_written = True
         if server.connected.is_set() and not _catches(proc.pid, signal.SIGTERM):
-            log.info("notice: the script uses spotnb.ctx() and has no SIGTERM handler; not signalled")
             return
         try:
             proc.send_signal(signal.SIGTERM)

@@ -25,7 +25,6 @@ import enum
 import json
 import os
 import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -125,9 +124,10 @@ class ScriptContext:
     a dict. `track`, `replicate` and `state` are not available (they would need the script's
     objects in the agent's process); write files and `backup` them.
 
-    Thread- and signal-safe: each call takes a free connection or opens one, so a call made
-    from a SIGTERM handler while the script's main loop is inside another call does not wait
-    for, or read, that call's reply."""
+    Thread-, signal- and fork-safe: each call takes a free connection or opens one, so a call
+    made from a SIGTERM handler while the script's main loop is inside another call does not
+    wait for, or read, that call's reply; a forked worker (a data loader's) opens its own.
+    Another process the script starts reaches the same context through the environment."""
 
     def __init__(self, address: str, workdir: str | None = None) -> None:
         self._address = address
@@ -135,7 +135,6 @@ class ScriptContext:
         self._free: list[socket.socket] = []
         self._pid = os.getpid()
         self._methods: dict[str, bool] = {}
-        self._lock = threading.Lock()
 
     # -- transport -------------------------------------------------------------------------
     def _connect(self) -> socket.socket:
@@ -151,11 +150,8 @@ class ScriptContext:
         return sock
 
     def _request(self, message: dict[str, Any]) -> dict[str, Any]:
-        if os.getpid() != self._pid:
-            raise SpotnbError(
-                "spotnb.ctx() is only available in the script's own process, not in a process "
-                "it started (a data loader worker, a multiprocessing pool)"
-            )
+        if os.getpid() != self._pid:  # a forked worker: its parent's connections are not its own
+            self._free, self._pid = [], os.getpid()
         try:
             sock = self._free.pop()
         except IndexError:
@@ -233,7 +229,9 @@ class ScriptContext:
 
         path = os.environ.get(RESULT_ENV)
         if not path:
-            raise SpotnbError("ctx.set_result(): no result file was given to this script (run it with spot.run)")
+            raise SpotnbError(
+                "ctx.set_result(): no result file was given to this script (run it with spot.run)"
+            )
         tmp = f"{path}.tmp-{os.getpid()}"
         with open(tmp, "wb") as f:
             f.write(cloudpickle.dumps(value))
@@ -255,8 +253,7 @@ def _exception(kind: str, message: str) -> BaseException:
     return RuntimeError(f"{kind}: {message}")
 
 
-_client: ScriptContext | None = None
-_client_lock = threading.Lock()
+_client: ScriptContext | None = None  # no lock: a SIGTERM handler calling spotnb.ctx() must never wait
 
 
 def ctx() -> Any:
@@ -264,10 +261,10 @@ def ctx() -> Any:
     global _client
     address = os.environ.get(SOCKET_ENV)
     if address:
-        with _client_lock:
-            if _client is None or _client._address != address:
-                _client = ScriptContext(address, os.environ.get(WORKDIR_ENV))
-            return _client
+        client = _client
+        if client is None or client._address != address:
+            _client = client = ScriptContext(address, os.environ.get(WORKDIR_ENV))
+        return client
     import sys
 
     context = sys.modules.get("spotnb.runtime.context")  # loaded where a function runs

@@ -77,7 +77,19 @@ def test_the_cli_runs_a_script_follows_it_and_fails_with_its_error(tmp_path: Pat
     printing the job's events and the script's traceback."""
     (tmp_path / "failing.py").write_bytes((SCRIPTS / "failing.py").read_bytes())
     done = subprocess.run(
-        [sys.executable, "-m", "spotnb.cli", "run", "failing.py", "--set", "local_alloc_delay=0", "--", "--lr", "two words", "--"],
+        [
+            sys.executable,
+            "-m",
+            "spotnb.cli",
+            "run",
+            "failing.py",
+            "--set",
+            "local_alloc_delay=0",
+            "--",
+            "--lr",
+            "two words",
+            "--",
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -225,3 +237,38 @@ def test_a_plain_script_killed_by_the_notice_s_sigterm_is_preempted_not_failed(r
     assert "after the preemption notice (exit code -15)" in warning["message"]
     assert events.kinds()[-1] == "evacuated"
     assert os.environ.get("SPOTNB_CTX_SOCKET") is None  # the runner's plumbing is the child's only
+
+
+def _dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] in ("Z", "X")  # a zombie no one reaps
+    except FileNotFoundError:
+        return True
+
+
+def test_the_script_dies_with_its_agent() -> None:
+    """A script whose agent died (killed alone, crashed) must not train on unseen on a paid
+    instance: it is started so that the kernel ends it with its parent."""
+    from spotnb.runtime.script import _BOOT
+
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, subprocess, sys, time\n"
+            "p = subprocess.Popen([sys.executable, '-c', sys.argv[1], str(os.getpid()), sys.argv[2]])\n"
+            "print(p.pid, flush=True)\n"
+            "time.sleep(600)\n",
+            _BOOT,
+            str(SCRIPTS / "plain.py"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert agent.stdout is not None
+    script = int(agent.stdout.readline())
+    assert agent.stdout.readline().strip() == "started"  # the script itself runs (after exec)
+    agent.kill()
+    agent.wait()
+    wait_for(lambda: _dead(script), 30, "the script outlived its agent")
