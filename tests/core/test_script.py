@@ -272,3 +272,23 @@ def test_the_script_dies_with_its_agent() -> None:
     agent.kill()
     agent.wait()
     wait_for(lambda: _dead(script), 30, "the script outlived its agent")
+
+
+def test_a_handler_installed_after_the_notice_still_gets_its_sigterm(runner, tmp_path: Path) -> None:
+    """The notice file appears first (with the deadline); the script, which uses ctx and had no
+    handler yet, installs one on seeing it, and is signalled then."""
+    make, ctx, events = runner
+    script = make("late_handler.py", "out")
+    deadline = time.time() + 30
+
+    def notice_once_it_runs() -> None:
+        wait_for(lambda: len(ctx.rows) > 0, 60, "the script never logged")
+        ctx._receive_notice(Notice(deadline=deadline, source="azure", action="Preempt"))
+
+    threading.Thread(target=notice_once_it_runs, daemon=True).start()
+    with pytest.raises(Evacuate):
+        script.run()
+    assert script.signalled
+    seen = json.loads((tmp_path / "out" / "notice.json").read_text())
+    assert seen["deadline"] == deadline and seen["source"] == "azure" and 0 < seen["time_left"] <= 30
+    assert [f["save_kind"] for k, f in events if k == "checkpoint"] == ["emergency"]
