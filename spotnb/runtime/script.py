@@ -265,9 +265,8 @@ class ScriptRunner:
             "SPOTNB_JOB_ID": self.job_id,
             "SPOTNB_INCARNATION": str(self.incarnation),
         }
-        # the beacon and the metadata address are the agent's; the script has no use for them
-        for name in ("SPOTNB_BEACON",):
-            env.pop(name, None)
+        env.pop("SPOTNB_BEACON", None)  # the local market's view of the agent, not the script's
+        env.setdefault("PYTHONUNBUFFERED", "1")  # its prints reach the instance log as they happen
         argv = [sys.executable, "-c", _BOOT, str(os.getpid()), self.script.path, *self.script.args]
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
         pump = threading.Thread(target=self._pump, args=(proc,), name="spotnb-script-stderr", daemon=True)

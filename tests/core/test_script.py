@@ -107,6 +107,8 @@ def test_the_cli_runs_a_script_follows_it_and_fails_with_its_error(tmp_path: Pat
     assert len(_by(job, "allocated")) == 1  # a failure is not relaunched (max_retries=0)
     with pytest.raises(spot.JobFailed, match="bad arguments"):
         job.result(timeout=10)
+    with pytest.raises(ConfigError, match="runs the script 'failing.py'; resume it without fn"):
+        spot.resume(job.id, fn=lambda ctx: None)
 
 
 # -- bad input --------------------------------------------------------------------------------
