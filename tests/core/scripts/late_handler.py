@@ -1,7 +1,6 @@
 """Connects to spotnb.ctx() first and installs its SIGTERM handler only once the notice file
 has appeared: the handler still gets the notice's SIGTERM, and saves from it."""
 
-import json
 import os
 import signal
 import sys
