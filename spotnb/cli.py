@@ -194,6 +194,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     print(f"job {job.id}: {job.status}")
     if job.status == JobStatus.SUCCEEDED:
+        result = job.result()
+        if result is not None:  # what the script passed to ctx.set_result
+            text = repr(result)
+            print(f"result: {text if len(text) <= 2000 else text[:2000] + ' …'}")
         return 0
     err = job.state.error
     if err is not None and err.traceback:
