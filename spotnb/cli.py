@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from typing import Any
@@ -175,7 +176,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     script_args = [*args.args, *getattr(args, "after_dashes", [])]
     job = run(args.script, script_args, **overrides)
-    print(f"job {job.id}: {args.script} {' '.join(script_args)}".rstrip(), flush=True)
+    print(f"job {job.id}: {shlex.join([args.script, *script_args])}", flush=True)
     shown = 0
     try:
         while True:
