@@ -16,6 +16,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "train",
+    "run",
+    "ctx",
     "attach",
     "resume",
     "jobs",
@@ -32,6 +34,8 @@ __all__ = [
 
 _LAZY = {
     "train": "spotnb.api",
+    "run": "spotnb.script_job",
+    "ctx": "spotnb.runtime.script_client",
     "attach": "spotnb.api",
     "resume": "spotnb.api",
     "jobs": "spotnb.api",
@@ -52,6 +56,8 @@ if TYPE_CHECKING:
     from spotnb.errors import ConfigError, JobFailed, JobStopped, SpotnbError
     from spotnb.job import Job
     from spotnb.ledger import Breakdown
+    from spotnb.runtime.script_client import ctx
+    from spotnb.script_job import run
 
 
 def __getattr__(name: str) -> Any:

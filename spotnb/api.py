@@ -26,7 +26,16 @@ from spotnb.protocol import TERMINAL, JobStatus
 from spotnb.providers import get_provider_class, registry
 from spotnb.providers.base import LaunchSpec
 from spotnb.signing import key_path, load_key, new_key, save_key, seal
-from spotnb.spec import JobSpec, RuntimeSettings, ShippedFile, SpecError, config_json, load_spec, write_spec
+from spotnb.spec import (
+    JobSpec,
+    RuntimeSettings,
+    ScriptSpec,
+    ShippedFile,
+    SpecError,
+    config_json,
+    load_spec,
+    write_spec,
+)
 from spotnb.store import Store
 from spotnb.supervise import ensure_controller, job_vanished, mark_lost, start_controller
 
@@ -76,7 +85,9 @@ def _check_fn(fn: Any) -> None:
         pass  # builtins without a signature: let the call decide
 
 
-def _pickle_payload(fn: Callable[..., Any], config: Config) -> bytes:
+def _pickle_payload(fn: Callable[..., Any] | None, config: Config) -> bytes:
+    """The signed payload the instance unpickles: the function (None for a script job) and a
+    Policy object given as Config.checkpoint."""
     import cloudpickle
 
     for name in config.ship_modules:
@@ -123,7 +134,13 @@ def _new_job_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
-def _spec(job_id: str, config: Config, files: list[dict[str, Any]], created: float | None = None) -> JobSpec:
+def _spec(
+    job_id: str,
+    config: Config,
+    files: list[dict[str, Any]],
+    created: float | None = None,
+    script: ScriptSpec | None = None,
+) -> JobSpec:
     """The job's JSON spec: the whole Config (a Policy object stays in the fn payload), what
     the instance needs in typed form, and the shipped files."""
     return JobSpec(
@@ -145,6 +162,7 @@ def _spec(job_id: str, config: Config, files: list[dict[str, Any]], created: flo
             sync=config.sync,
         ),
         files=[ShippedFile(**{k: v for k, v in f.items() if k != "source"}) for f in files],
+        script=script,
     )
 
 
@@ -252,7 +270,13 @@ def _open_store(url: str) -> Any:
         raise ConfigError(f"Config.store: cannot open {url!r}: {exc}") from None
 
 
-def _submit(fn_payload: bytes, config: Config, files: list[dict[str, Any]], detach: bool) -> Job:
+def _submit(
+    fn_payload: bytes,
+    config: Config,
+    files: list[dict[str, Any]],
+    detach: bool,
+    script: ScriptSpec | None = None,
+) -> Job:
     """Write a new job to the store and the job DB (key, signed fn and spec, shipped files,
     `submitted` event); start nothing."""
 
@@ -263,7 +287,7 @@ def _submit(fn_payload: bytes, config: Config, files: list[dict[str, Any]], deta
     save_key(job_id, key)
     upload(store, files)
     store.write_bytes(store.job(job_id, "fn.pkl"), seal(key, job_id, "fn.pkl", fn_payload))
-    write_spec(store, _spec(job_id, config, files), key)
+    write_spec(store, _spec(job_id, config, files, script=script), key)
     db.add_job(
         job_id,
         name=config.name,
@@ -444,6 +468,11 @@ def resume(
     if fn is None and not isinstance(new.checkpoint, str) and "checkpoint" in changes:
         raise ConfigError("Config.checkpoint: a Policy object travels with the function; pass fn= too")
     if fn is not None:
+        if spec.script is not None:
+            raise ConfigError(
+                f"fn: job {full_id} runs the script {spec.script.path!r}; resume it without fn "
+                "(to run a changed script, submit it again with spot.run)"
+            )
         _check_fn(fn)
     _check_inputs(new)
     provider = get_provider_class(new.provider)(new)
@@ -457,11 +486,13 @@ def resume(
             raise ConfigError(str(exc)) from None
         upload(store, collected)
         files = [ShippedFile(**{k: v for k, v in f.items() if k != "source"}) for f in collected]
+        if spec.script is not None:  # the script itself is shipped whatever Config.files says
+            files += [f for f in spec.files if f.path == spec.script.path and f not in files]
     # -- all checked: write --------------------------------------------------------------------
     if payload is not None:
         store.write_bytes(store.job(full_id, "fn.pkl"), seal(key, full_id, "fn.pkl", payload))
     fresh = _spec(full_id, new, [], created=spec.created)
-    write_spec(store, fresh.model_copy(update={"cwd": spec.cwd, "files": files}), key)
+    write_spec(store, fresh.model_copy(update={"cwd": spec.cwd, "files": files, "script": spec.script}), key)
     store.rm(store.job(full_id, "STOP"))
     changed = sorted(k for k in changes if getattr(old, k, None) != getattr(new, k))
     writer = EventWriter(store, full_id, 0, "api")

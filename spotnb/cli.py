@@ -1,9 +1,10 @@
-"""The `spotnb` command: jobs, logs, show, stop, resume, demo, simulate, plan, gc."""
+"""The `spotnb` command: run, jobs, logs, show, stop, resume, demo, simulate, plan, gc."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from typing import Any
@@ -139,19 +140,70 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from Python, `spot.resume(id, fn=fixed)` also replaces the function)."""
     from spotnb.api import resume
 
+    overrides = _overrides(args.set)
+    if overrides is None:
+        return 2
+    job = resume(args.job_id, **overrides)
+    print(f"job {job.id} resumed: {job.status}")
+    return 0
+
+
+def _overrides(items: list[str] | None) -> dict[str, Any] | None:
+    """`--set FIELD=VALUE` items as Config overrides (JSON or a plain string); None if one is
+    malformed (said on stderr)."""
     overrides: dict[str, Any] = {}
-    for item in args.set or []:
+    for item in items or []:
         name, sep, value = item.partition("=")
         if not sep or not name:
             print(f"--set {item!r}: expected FIELD=VALUE, e.g. --set max_retries=2", file=sys.stderr)
-            return 2
+            return None
         try:
             overrides[name] = json.loads(value)
         except ValueError:
             overrides[name] = value  # a plain string: "2m", "static:50"
-    job = resume(args.job_id, **overrides)
-    print(f"job {job.id} resumed: {job.status}")
-    return 0
+    return overrides
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a script as a spot job and follow it in text until it ends: exit 0 when it
+    succeeded, 1 when it failed or was stopped. Ctrl-C leaves the job running (its controller
+    is its own process): `spotnb logs -f ID` follows it again."""
+    from spotnb.script_job import run
+    from spotnb.widget.text import event_line
+
+    overrides = _overrides(args.set)
+    if overrides is None:
+        return 2
+    script_args = [*args.args, *getattr(args, "after_dashes", [])]
+    job = run(args.script, script_args, **overrides)
+    print(f"job {job.id}: {shlex.join([args.script, *script_args])}", flush=True)
+    shown = 0
+    try:
+        while True:
+            done = job.done  # read before the events, so none that precede the end are missed
+            events = job.events
+            for e in events[shown:]:
+                line = event_line(e)
+                if line:
+                    print(f"{time.strftime('%H:%M:%S', time.localtime(e['t']))} {line}", flush=True)
+            shown = len(events)
+            if done:
+                break
+            job.wait(0.5)
+    except KeyboardInterrupt:
+        print(f"\njob {job.id} goes on; follow it with: spotnb logs -f {job.id}", file=sys.stderr)
+        return 130
+    print(f"job {job.id}: {job.status}")
+    if job.status == JobStatus.SUCCEEDED:
+        result = job.result()
+        if result is not None:  # what the script passed to ctx.set_result
+            text = repr(result)
+            print(f"result: {text if len(text) <= 2000 else text[:2000] + ' …'}")
+        return 0
+    err = job.state.error
+    if err is not None and err.traceback:
+        print(err.traceback.rstrip(), file=sys.stderr)
+    return 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -223,6 +275,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="change a Config field (JSON or a plain string), repeatable",
     )
     p.set_defaults(func=cmd_resume)
+    p = sub.add_parser(
+        "run",
+        help="run a Python script as a spot job and follow it: spotnb run train.py -- --lr 0.1",
+    )
+    p.add_argument("script", help="the .py file (shipped with the job)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="a Config field (JSON or a plain string), repeatable: --set provider=aws",
+    )
+    p.add_argument(
+        "args", nargs="*", help="the script's arguments; after -- everything goes to the script as given"
+    )
+    p.set_defaults(func=cmd_run)
     p = sub.add_parser("demo", help="the quickstart on the local spot market")
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--step-delay", type=float, default=0.01, help="seconds added to each step")
@@ -250,7 +317,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    after: list[str] = []
+    if argv[:1] == ["run"] and "--" in argv:  # `spotnb run train.py --set k=v -- --lr 0.1 ...`
+        cut = argv.index("--")
+        argv, after = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
+    args.after_dashes = after
     from spotnb.errors import SpotnbError
 
     try:

@@ -37,6 +37,7 @@ __all__ = [
     "JobSpec",
     "RuntimeSettings",
     "ShippedFile",
+    "ScriptSpec",
     "SpecError",
     "load_spec",
     "write_spec",
@@ -80,6 +81,15 @@ class ShippedFile(_Model):
     mode: int = 0o644
 
 
+class ScriptSpec(_Model):
+    """A job that runs a script (`spot.run`) instead of a function: the script's path relative
+    to the job's working directory on the instance (it is one of the shipped `files`) and its
+    command-line arguments, `sys.argv[1:]`."""
+
+    path: str
+    args: list[str] = []
+
+
 class JobSpec(_Model):
     """Everything the controller and the instance read about a job, as data."""
 
@@ -92,6 +102,7 @@ class JobSpec(_Model):
     config: dict[str, Any] = Field(description="The validated Config's fields as set (JSON).")
     runtime: RuntimeSettings = RuntimeSettings()
     files: list[ShippedFile] = []
+    script: ScriptSpec | None = Field(None, description="Set for `spot.run` jobs: the script to run.")
     legacy: bool = Field(False, description="Rebuilt from a pre-versioning spec.json: unsigned.")
 
     @property

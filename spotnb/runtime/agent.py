@@ -191,8 +191,9 @@ class Agent:
         from spotnb.policy import resolve_policy
         from spotnb.runtime.beacon import Beacon
         from spotnb.runtime.checkpoint import Checkpointer
-        from spotnb.runtime.context import Context, Evacuate, GroupFinished
+        from spotnb.runtime.context import Context, Evacuate, GroupFinished, _set_current
         from spotnb.runtime.notice import make_watcher
+        from spotnb.runtime.script import ScriptFailed, ScriptRunner
 
         self.emit(
             ev.Started(
@@ -300,8 +301,15 @@ class Agent:
                 daemon=True,
             ).start()
         signal.signal(signal.SIGTERM, lambda *_: self._sigterm(ctx, market))
+        _set_current(ctx)  # spotnb.ctx() from anywhere in the function
+        script = self.job_spec.script if self.job_spec is not None else None
         try:
-            result = payload["fn"](ctx)
+            if script is not None:
+                result = ScriptRunner(
+                    ctx, script, self.emit, job_id=self.job_id, incarnation=self.incarnation
+                ).run()
+            else:
+                result = payload["fn"](ctx)
         except Evacuate:
             checkpointer.close()
             return self._finish(EXIT_EVACUATED)
@@ -321,10 +329,13 @@ class Agent:
         except BaseException as exc:  # noqa: BLE001 - report everything the user's code raised
             checkpointer.wait(timeout=30)
             checkpointer.close()
+            if isinstance(exc, ScriptFailed):  # the script's stderr, not the agent's traceback
+                return self._fail(str(exc), exc, tb=exc.tail, exc_type=exc.exc_type)
             return self._fail(f"{type(exc).__name__}: {exc}", exc)
         checkpointer.wait()
         try:
-            pickled = cloudpickle.dumps(result)
+            # a script's result arrives pickled (its classes may not even import here)
+            pickled = result.pickled if script is not None else cloudpickle.dumps(result)
         except Exception as exc:  # noqa: BLE001 - cloudpickle raises many kinds
             kind = type(result)
             checkpointer.close()
@@ -448,11 +459,18 @@ class Agent:
             event = ev.Notice(deadline=notice.deadline, source="sigterm", action="SIGTERM", time_left=grace)
             threading.Thread(target=self.emit, args=(event,), daemon=True).start()
 
-    def _fail(self, message: str, exc: BaseException | None = None) -> int:
-        tb = "".join(traceback.format_exception(exc)) if exc else traceback.format_exc()
-        self.emit(
-            ev.Error(message=message, exc_type=type(exc).__name__ if exc else "LoadError", traceback=tb)
-        )
+    def _fail(
+        self,
+        message: str,
+        exc: BaseException | None = None,
+        *,
+        tb: str | None = None,
+        exc_type: str | None = None,
+    ) -> int:
+        if tb is None:
+            tb = "".join(traceback.format_exception(exc)) if exc else traceback.format_exc()
+        kind = exc_type or (type(exc).__name__ if exc else "LoadError")
+        self.emit(ev.Error(message=message, exc_type=kind, traceback=tb))
         return self._finish(EXIT_USER_ERROR)
 
     def _finish(self, code: int) -> int:

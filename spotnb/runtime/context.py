@@ -24,7 +24,7 @@ from spotnb.runtime.checkpoint import Checkpointer
 from spotnb.runtime.elastic import Elastic, ReplicatedOptimizer, Replication
 from spotnb.runtime.notice import Notice
 
-__all__ = ["Context", "Evacuate"]
+__all__ = ["Context", "Evacuate", "ctx"]
 
 _NEVER = 2**62
 _RESERVED = frozenset({"step", "t", "incarnation", "replica"})  # row keys spotnb fills in
@@ -653,3 +653,23 @@ def _backup_files(paths: tuple[str, ...]) -> tuple[list[tuple[str, str]], dict[s
         else:
             raise FileNotFoundError(f"ctx.backup({path!r}): no such file or folder (cwd {os.getcwd()})")
     return files, dirs
+
+
+_current: Context | None = None  # the Context of the function this process runs (set by the agent)
+
+
+def _set_current(context: Context | None) -> None:
+    global _current
+    _current = context
+
+
+def ctx() -> Context:
+    """The Context of the job this process runs: the object the function received, for code
+    deep inside it that was not handed `ctx` (`spotnb.ctx()` calls this where a function runs,
+    and returns a `ScriptContext` in a script). Raises SpotnbError outside a job."""
+    if _current is None:
+        from spotnb.errors import SpotnbError
+        from spotnb.runtime.script_client import _OUTSIDE
+
+        raise SpotnbError(_OUTSIDE)
+    return _current

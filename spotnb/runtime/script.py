@@ -1,0 +1,388 @@
+"""Run the job's script (`spot.run("train.py", args=[...])`) on the instance, with the same
+guarantees as a function: backed-up folders restored before it starts, a preemption notice
+delivered the way HPC schedulers do (SIGTERM, as SLURM and submitit send it, plus a notice
+file with the deadline), the emergency checkpoint it makes before the deadline, a relaunch
+after a preemption, and its exit code for success or failure.
+
+Why a child process, not `runpy` in the agent's process:
+
+- **The SIGTERM contract.** A script installs its own SIGTERM handler (that is the
+  convention). In the agent's process it would replace the agent's, so a soft shutdown could
+  no longer be read as a notice, and the agent could not tell the notice's SIGTERM from its
+  own. In a child, the agent keeps its handler and signals exactly the script.
+- **A script may end its process** (`os._exit` after saving, a segfault in an extension, the
+  OOM killer): the agent survives it, reports the exit code and the script's last stderr
+  lines, and tells a preemption from a failure. In-process, such an exit would take the event
+  log and the job's key with it, and the controller would see a crash.
+- **A fresh interpreter, `sys.argv` as given**: `python train.py args` exactly (its
+  `__main__`, its `sys.path[0]`, multiprocessing that re-imports `__main__`), not a module
+  run inside another program that already imported torch and holds threads.
+- **The job key stays in the agent.** Checkpoints are signed there; the script never sees the
+  key (the agent removed it from the environment before starting anything).
+
+`spotnb.ctx()` in the script reaches the agent's real `Context` over a private Unix socket
+(`script_client.ScriptContext`; the server is `CtxServer` here), so `ctx.log`, `ctx.backup`,
+`ctx.should_save`, `ctx.restore`, `ctx.steps` and `ctx.step` behave as in a function.
+
+How an incarnation ends:
+
+- exit 0, no notice delivered: done; the result is what the script passed to
+  `ctx.set_result` (None without).
+- `ctx.backup(...)` after a notice: that backup is the emergency checkpoint; once it is
+  committed the script is made to exit (`Evacuate`) and the instance is `evacuated`.
+- the script got SIGTERM (a notice) and ended any other way: a preemption, never a failure.
+  Without a backup after the notice the next instance resumes from the last one; the agent
+  then stays until the deadline (the market ends it), so the lost work is counted as lost.
+- any other exit: the job fails with the script's exit code and the tail of its stderr.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from spotnb import protocol as ev
+from spotnb.policy.base import SaveKind
+from spotnb.runtime.context import Context, Evacuate
+from spotnb.runtime.script_client import NOTICE_ENV, RESULT_ENV, SOCKET_ENV, WORKDIR_ENV, encode
+from spotnb.spec import ScriptSpec
+
+__all__ = ["ScriptRunner", "ScriptFailed", "ScriptResult", "CtxServer", "STDERR_TAIL"]
+
+log = logging.getLogger("spotnb.agent.script")
+
+STDERR_TAIL = 16 * 1024  # bytes of the script's stderr kept for the failure event
+#: seconds the agent waits past a notice's deadline for the market to end the instance after
+#: the script left without an emergency backup (then it reports the evacuation itself)
+PAST_DEADLINE_S = 10.0
+
+# The child's first moments: die with the agent (PR_SET_PDEATHSIG survives exec), then become
+# `python script args` (a fresh interpreter, nothing of spotnb imported). Not preexec_fn: that
+# is unsafe in a process with threads, and the agent has several.
+_BOOT = (
+    "import os, signal, sys\n"
+    "try:\n"
+    "    import ctypes\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "except Exception:\n"
+    "    pass\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(70)\n"
+    "os.execv(sys.executable, [sys.executable] + sys.argv[2:])\n"
+)
+
+
+class ScriptFailed(Exception):
+    """The script exited with a non-zero code (or was killed) without a preemption notice."""
+
+    def __init__(self, message: str, tail: str, exc_type: str) -> None:
+        super().__init__(message)
+        self.tail, self.exc_type = tail, exc_type
+
+
+@dataclass(frozen=True)
+class ScriptResult:
+    """The pickled result the script set (`ctx.set_result`), or the pickle of None."""
+
+    pickled: bytes
+
+
+class CtxServer:
+    """Serves `ScriptContext` calls from the script on the agent's real Context. One thread per
+    connection (a script's signal handler opens a second one); calls into the Context run one
+    at a time, as they would in a function's single training thread."""
+
+    def __init__(self, ctx: Context, path: str, emit: Callable[[ev.Event], None]) -> None:
+        self.ctx, self.path, self._emit = ctx, path, emit
+        self.connected = threading.Event()  # the script asked for spotnb.ctx() at least once
+        self._lock = threading.Lock()
+        self._handles: dict[int, Any] = {}
+        self._next = 0
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(path)
+        os.chmod(path, 0o600)
+        self._sock.listen(16)
+        self._closed = False
+        threading.Thread(target=self._accept, name="spotnb-ctx-server", daemon=True).start()
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self.connected.set()
+            threading.Thread(target=self._serve, args=(conn,), name="spotnb-ctx-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as lines:
+            for line in lines:
+                try:
+                    request = json.loads(line)
+                    reply = self.handle(request)
+                except Exception as exc:  # noqa: BLE001 - the script gets the error, the agent goes on
+                    reply = {"error": {"type": type(exc).__name__, "message": str(exc)}}
+                try:
+                    conn.sendall(json.dumps(reply, default=encode).encode() + b"\n")
+                except OSError:
+                    return
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        with self._lock:
+            if self.ctx._evacuating:
+                return {"evacuate": True}
+            try:
+                return self._dispatch(op, request)
+            except Evacuate:
+                return {"evacuate": True}
+
+    def _dispatch(self, op: Any, request: dict[str, Any]) -> dict[str, Any]:
+        ctx = self.ctx
+        if op == "attr":
+            name = str(request.get("name", ""))
+            if name.startswith("_") or not hasattr(ctx, name):
+                raise AttributeError(f"the job's context has no attribute {name!r}")
+            value = getattr(ctx, name)
+            return {"callable": True} if callable(value) else {"value": value}
+        if op == "call":
+            name = str(request.get("name", ""))
+            if name.startswith("_") or not callable(getattr(ctx, name, None)):
+                raise AttributeError(f"the job's context has no method {name!r}")
+            if name == "backup":
+                self._before_backup()
+            result = getattr(ctx, name)(*request.get("args", []), **request.get("kwargs", {}))
+            if hasattr(result, "__next__") or hasattr(result, "__enter__"):
+                self._next += 1
+                self._handles[self._next] = result
+                return {"handle": self._next}
+            return {"value": result}
+        handle = self._handles.get(int(request.get("handle", -1)))
+        if handle is None:
+            raise ValueError(f"no such iterator or context manager: {request.get('handle')!r}")
+        if op == "next":
+            try:
+                return {"value": next(handle)}
+            except StopIteration:
+                self._handles.pop(int(request["handle"]), None)
+                return {"stop": True}
+        if op == "enter":
+            return {"value": handle.__enter__()}
+        if op == "exit":
+            self._handles.pop(int(request["handle"]), None)
+            if request.get("raised"):  # the script's block raised: the step does not count
+                try:
+                    handle.__exit__(RuntimeError, RuntimeError("the script's block raised"), None)
+                except RuntimeError:
+                    pass
+            else:
+                handle.__exit__(None, None, None)
+            return {}
+        if op == "close":
+            self._handles.pop(int(request["handle"]), None)
+            if hasattr(handle, "close"):
+                handle.close()
+            return {}
+        raise ValueError(f"unknown request {op!r}")
+
+    def _before_backup(self) -> None:
+        """A backup after a notice is the emergency checkpoint, wherever the script makes it
+        (its SIGTERM handler has no step boundary to wait for): it is waited for, and once it
+        is committed the script is made to leave."""
+        ctx = self.ctx
+        notice = ctx.notice
+        if notice is None:
+            return
+        if not ctx._notice_handled:
+            ctx._notice_handled = True
+            self._emit(ev.Evacuating(step=ctx.step_index, time_left=notice.deadline - time.time()))
+        ctx._due(SaveKind.EMERGENCY)
+
+
+class ScriptRunner:
+    """Runs the script of one incarnation in a child process; see the module's docstring."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        script: ScriptSpec,
+        emit: Callable[[ev.Event], None],
+        *,
+        job_id: str,
+        incarnation: int,
+    ) -> None:
+        self.ctx, self.script, self._emit = ctx, script, emit
+        self.job_id, self.incarnation = job_id, incarnation
+        self.signalled = False  # the script was sent SIGTERM for a notice
+        self._notice_written = False
+        self._tail: collections.deque[bytes] = collections.deque()
+        self._tail_size = 0
+
+    def run(self) -> ScriptResult:
+        """Restore, start the script, forward a notice, and read how it ended: returns the
+        result, or raises Evacuate (preempted) or ScriptFailed."""
+        tmp = tempfile.mkdtemp(prefix="spotnb-script-")  # 0700: only this user reaches the socket
+        server = CtxServer(self.ctx, os.path.join(tmp, "ctx.sock"), self._emit)
+        try:
+            return self._run(tmp, server)
+        finally:
+            server.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _run(self, tmp: str, server: CtxServer) -> ScriptResult:
+        ctx = self.ctx
+        ctx.restore()  # the backed-up folders are back before the script looks for them
+        ctx._ready_sent = True
+        self._emit(ev.Ready(prep_s=time.time() - ctx._started, step=ctx.step_index, total=ctx.total))
+        self.notice_file = os.path.join(tmp, "notice.json")
+        result_file = os.path.join(tmp, "result.pkl")
+        env = {
+            **os.environ,
+            SOCKET_ENV: server.path,
+            NOTICE_ENV: self.notice_file,
+            RESULT_ENV: result_file,
+            WORKDIR_ENV: os.getcwd(),
+            "SPOTNB_JOB_ID": self.job_id,
+            "SPOTNB_INCARNATION": str(self.incarnation),
+        }
+        env.pop("SPOTNB_BEACON", None)  # the local market's view of the agent, not the script's
+        env.setdefault("PYTHONUNBUFFERED", "1")  # its prints reach the instance log as they happen
+        argv = [sys.executable, "-c", _BOOT, str(os.getpid()), self.script.path, *self.script.args]
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        pump = threading.Thread(target=self._pump, args=(proc,), name="spotnb-script-stderr", daemon=True)
+        pump.start()
+        while True:
+            try:
+                code = proc.wait(timeout=0.05)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if ctx.notice is not None and not self.signalled:
+                self._deliver(proc, server)
+        pump.join(timeout=5)
+        return self._ended(code, result_file)
+
+    def _deliver(self, proc: subprocess.Popen, server: CtxServer) -> None:
+        """Write the notice file, then SIGTERM the script: unless it uses spotnb.ctx() and has
+        no SIGTERM handler (the default action would kill it before it could save; it learns
+        of the notice from ctx.should_save() at its next step instead). Asked again at every
+        tick until it is signalled: a handler installed after the notice still gets it."""
+        notice = self.ctx.notice
+        assert notice is not None
+        if not self._notice_written:
+            doc = {
+                "deadline": notice.deadline,
+                "time_left": notice.deadline - time.time(),
+                "source": notice.source,
+                "action": notice.action,
+            }
+            tmp = f"{self.notice_file}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(doc, f)
+            os.replace(tmp, self.notice_file)
+            self._notice_written = True
+        if server.connected.is_set() and not _catches(proc.pid, signal.SIGTERM):
+            return
+        try:
+            proc.send_signal(signal.SIGTERM)
+            self.signalled = True
+        except ProcessLookupError:
+            pass
+
+    def _pump(self, proc: subprocess.Popen) -> None:
+        """The script's stderr to the agent's (the instance log), keeping the tail."""
+        assert proc.stderr is not None
+        out = getattr(sys.stderr, "buffer", None)
+        while chunk := proc.stderr.read1(65536):  # type: ignore[attr-defined]
+            if out is not None:
+                try:
+                    out.write(chunk)
+                    out.flush()
+                except (OSError, ValueError):
+                    out = None
+            self._tail.append(chunk)
+            self._tail_size += len(chunk)
+            while self._tail_size - len(self._tail[0]) >= STDERR_TAIL:
+                self._tail_size -= len(self._tail.popleft())
+
+    def tail(self) -> str:
+        return b"".join(self._tail)[-STDERR_TAIL:].decode("utf-8", "replace")
+
+    def _ended(self, code: int, result_file: str) -> ScriptResult:
+        ctx = self.ctx
+        if ctx._evacuating:  # the emergency backup is committed (Evacuated was written)
+            raise Evacuate()
+        if self.signalled or (code != 0 and ctx.notice is not None):
+            self._left_on_notice(code)
+            raise Evacuate()
+        if code == 0:
+            if os.path.exists(result_file):
+                with open(result_file, "rb") as f:
+                    return ScriptResult(f.read())
+            import cloudpickle
+
+            return ScriptResult(cloudpickle.dumps(None))
+        tail = self.tail()
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        last = next((line for line in reversed(tail.strip().splitlines()) if line.strip()), "")
+        exc_type = last.split(":", 1)[0].strip() if ":" in last and " " not in last.split(":", 1)[0] else ""
+        message = f"{self.script.path} {how}" + (f": {last.strip()}" if last else "")
+        raise ScriptFailed(message, tail, exc_type or "ScriptFailed")
+
+    def _left_on_notice(self, code: int) -> None:
+        """The script ended after the notice without an emergency backup: not a failure. Stay
+        until the market ends the instance at the deadline (the work since the last backup is
+        lost and counted so); past it (a notice that did not end the instance), report the
+        evacuation ourselves so that the job goes on elsewhere."""
+        ctx = self.ctx
+        notice = ctx.notice
+        self._emit(
+            ev.JobWarning(
+                message=f"the script ended after the preemption notice (exit code {code}) without "
+                "ctx.backup() after it: the next instance resumes from its last backup",
+            )
+        )
+        deadline = (notice.deadline if notice is not None else time.time()) + PAST_DEADLINE_S
+        while time.time() < deadline:
+            time.sleep(0.2)
+        self._emit(ev.Evacuated(step=ctx.step_index))
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (Linux: SigCgt in /proc). Where that
+    cannot be read, assume it does: SIGTERM is the convention."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return True
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -1,0 +1,111 @@
+"""`spot.run("train.py", args=[...])`: an existing training script as a spot job.
+
+The job is the same kind of job `spot.train` makes (same Job, widget, controller, relaunches,
+ledger); only what runs on the instance differs (`spotnb.runtime.script`). What is shipped:
+the script file itself (at its path relative to the working directory, or at the top of it
+when it lies outside) and `Config.files` — the modules or package it imports, small data.
+Nothing else: on a cloud instance the script sees only those files (on the local market it
+runs in this directory, where everything else is too).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from spotnb.api import _check_inputs, _drive, _merge, _pickle_payload, _submit
+from spotnb.config import Config
+from spotnb.errors import ConfigError
+from spotnb.files import FilesError, collect
+from spotnb.job import Job
+from spotnb.providers import get_provider_class
+from spotnb.spec import ScriptSpec
+
+__all__ = ["run", "check_script"]
+
+
+def check_script(script: Any, args: Any) -> tuple[str, list[str]]:
+    """The script's path and its arguments, or a ConfigError naming the field and the fix."""
+    if not isinstance(script, (str, os.PathLike)):
+        raise ConfigError(f"script: expected the path of a .py file, got {type(script).__name__}")
+    path = os.fspath(script)
+    if not os.path.exists(path):
+        raise ConfigError(f"script: {path!r} does not exist (relative paths are taken from {os.getcwd()!r})")
+    if os.path.isdir(path):
+        raise ConfigError(
+            f"script: {path!r} is a folder; give the .py file to run (its folder goes in files=)"
+        )
+    if not path.endswith(".py"):
+        raise ConfigError(
+            f"script: {path!r} is not a .py file; spot.run runs Python scripts (for a module, "
+            "write a two-line script that imports and calls it)"
+        )
+    if args is None:
+        return path, []
+    if isinstance(args, (str, bytes)):
+        raise ConfigError(
+            f"args: expected a list of str, got the string {args!r}; split it: "
+            f"args=shlex.split({args!r}) or args=['--lr', '0.1']"
+        )
+    if not isinstance(args, (list, tuple)):
+        raise ConfigError(
+            f"args: expected a list of str, got {type(args).__name__}; e.g. args=['--lr', '0.1']"
+        )
+    for i, arg in enumerate(args):
+        if not isinstance(arg, str):
+            raise ConfigError(
+                f"args[{i}]: expected a str, got {type(arg).__name__} {arg!r}; "
+                f"pass every argument as text, e.g. {str(arg)!r}"
+            )
+    return path, list(args)
+
+
+def run(
+    script: str | os.PathLike[str],
+    args: list[str] | None = None,
+    config: Config | None = None,
+    *,
+    detach: bool = True,
+    **overrides: Any,
+) -> Job:
+    """Run `python script *args` on a spot instance; returns a Job at once, as `spot.train` does.
+
+    On the instance the script runs in a fresh interpreter with `sys.argv = [script, *args]`.
+    A preemption notice reaches it as SIGTERM (the SLURM/submitit convention) after the file
+    named by `$SPOTNB_NOTICE_FILE` appeared with the deadline (JSON: deadline, time_left, source,
+    action); the script then has until the deadline to save. `spotnb.ctx()` gives it the job's
+    context: `ctx.backup("ckpt")` makes its checkpoint folder part of the job's checkpoints,
+    restored before the script runs again on the next instance; `ctx.log(...)` draws metrics;
+    `ctx.should_save()` and `ctx.steps(n)` / `ctx.step()` let the policy choose when to save;
+    `ctx.set_result(value)` is what `job.result()` returns (None without it).
+
+    Exit code 0 finishes the job. Any other code fails it, with the script's last stderr lines
+    in the failure (`Config.max_retries` relaunches apply) — unless a notice came first: a
+    script that exits or dies after the notice was preempted, and runs again elsewhere.
+
+    Bad input (a missing file, not a .py, args that are not a list of str, several instances)
+    raises ConfigError before anything is written or launched.
+    """
+    path, argv = check_script(script, args)
+    config = _merge(config, overrides)
+    if config.instances > 1:
+        raise ConfigError(
+            f"Config.instances: a script runs on one instance (got instances={config.instances}); "
+            "spotnb does not start torchrun across instances. Set instances=1, or train on "
+            "several instances with spot.train and ctx.replicate(model, opt)"
+        )
+    if config.name is None:
+        config = _merge(config, {"name": os.path.basename(path)[:40]})
+    _check_inputs(config)
+    provider = get_provider_class(config.provider)(config)
+    provider.validate()
+    payload = _pickle_payload(None, config)  # no function: the policy object, if one was given
+    try:
+        files = collect([path, *config.files], os.getcwd())
+    except FilesError as exc:
+        raise ConfigError(str(exc)) from None
+    source = os.path.realpath(path)
+    dest = next(f["path"] for f in files if f["source"] == source)
+    job = _submit(payload, config, files, detach, script=ScriptSpec(path=dest, args=argv))
+    _drive(job, config, provider, detach)
+    return job
