@@ -1,0 +1,449 @@
+"""Lightning `Trainer` on spot instances: `fit(ctx, trainer, model, ...)` and `SpotCallback`.
+
+    def train(ctx):
+        trainer = lightning.Trainer(max_steps=1000, default_root_dir="out")
+        lightning_spot.fit(ctx, trainer, model, datamodule=dm)  # resumes exactly
+
+How it maps onto spotnb: each optimizer step is one spotnb step (`trainer.global_step` is the
+spotnb step; with gradient accumulation the batches in between are not steps). At the step
+boundary the policy asked for (periodic, insurance) or right after a preemption notice,
+`SpotCallback.on_train_batch_end` writes a full Lightning checkpoint with
+`trainer.save_checkpoint` into `<default_root_dir>/spotnb/step-<N>.ckpt` (the older one goes)
+and hands the folder to `ctx.backup`; after a notice that waits for the upload and the instance
+leaves. On restore `fit` passes `ckpt_path=` that file, so Lightning restores what it owns: the
+model, optimizers, LR schedulers, precision/AMP scaler, callbacks' and datamodule's state and
+its loops' progress (epoch, batch, global step). `on_train_batch_end` is the save point
+Lightning's own restart logic supports mid-epoch (its `ModelCheckpoint(every_n_train_steps)`
+saves there). The Trainer's logged metrics arrive through a `SpotLogger` (a Lightning
+`Logger`, so at `log_every_n_steps` with the values the loggers get) as `ctx.log` metrics.
+
+The data position, which Lightning no longer restores by itself (its fault-tolerant mid-epoch
+resume was removed; without a stateful loader it restarts the epoch's data from the start and
+warns): `fit` wraps the training loader in a `ResumableLoader`. Lightning saves and restores
+any loader with `state_dict`/`load_state_dict` with its checkpoint, so the position travels in
+the same file. The wrapper records the RNG states (torch, Python, NumPy and the loader's own
+generators) at the moment each epoch's iterator is created, which is everything a shuffling
+sampler and the worker seeds draw from, and how many batches of the epoch were trained. On
+resume it recreates the epoch's iterator from those states and **skips the trained batches
+by loading them**. Why load them rather than skip indices in the sampler (as the HF Trainer's
+`skip_first_batches` does): with `num_workers > 0`, each batch goes to a worker in turn and
+every worker has its own RNG stream (random crops, masking), so only replaying the same
+batches through the same workers leaves each worker's stream where the calm run had it;
+skipping indices would hand later batches to other workers with other random numbers. The
+price is reading the skipped batches once (no forward or backward) per resume. The batch
+Lightning had already prefetched when it saved is fetched again with the RNG state it was
+fetched with (so random transforms in the main process match too), and then the RNG is set to
+its state at the save. The user's data order is Lightning's own; nothing is reseeded.
+Tested: `tests/integrations/test_lightning.py` (preempted mid-epoch and again with a notice,
+final weights `torch.equal` to an uninterrupted run).
+
+Not exact, and said at launch as a warning event: a training set that is an
+`IterableDataset` without `state_dict` (a stream may not replay the same batches from its
+start), several training loaders at once, a one-shot iterator (cannot be iterated again), and
+more than one device (each process would back up its own checkpoint).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import random
+from collections.abc import Iterator
+from typing import Any
+
+try:
+    import lightning
+    from lightning.pytorch import Callback, LightningDataModule
+    from lightning.pytorch.loggers import Logger
+except ImportError as exc:  # pragma: no cover - exercised with sys.modules patched
+    raise ImportError(
+        "spotnb.integrations.lightning needs Lightning, which is not installed: "
+        "pip install 'spotnb[lightning]'"
+    ) from exc
+
+import torch
+
+__all__ = ["ResumableLoader", "SpotCallback", "SpotLogger", "fit"]
+
+_DIR = "spotnb"
+_KEEP_FETCH_STATES = 8  # RNG states before the last few fetches (Lightning prefetches one)
+
+
+# -- RNG states, in a form `torch.load(weights_only=True)` accepts ---------------------------
+def _rng_get(generators: list[torch.Generator]) -> dict[str, Any]:
+    import numpy as np
+
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": (
+            str(name),
+            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        ),
+        "generators": [g.get_state() for g in generators],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _rng_set(state: dict[str, Any], generators: list[torch.Generator]) -> None:
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    random.setstate(_tuples(state["python"]))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    for g, s in zip(generators, state["generators"]):
+        g.set_state(s)
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuples(obj: Any) -> Any:
+    """`random.setstate` wants tuples; a checkpoint round trip may give lists."""
+    return tuple(_tuples(x) for x in obj) if isinstance(obj, (list, tuple)) else obj
+
+
+class ResumableLoader:
+    """A training loader whose position Lightning saves and restores with its checkpoint
+    (it has `state_dict`/`load_state_dict`). Iterates the wrapped loader unchanged; other
+    attributes (`sampler`, `dataset`, `batch_size`, ...) are the wrapped loader's, so
+    Lightning still calls `sampler.set_epoch`. See the module docstring for how it resumes."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self._epoch_rng: dict[str, Any] | None = None  # when this epoch's iterator was created
+        self._fetch_rng: dict[int, dict[str, Any]] = {}  # batch index -> RNG before its fetch
+        self._yielded = 0
+        self._trained = 0  # batches of this epoch trained (SpotCallback sets it before a save)
+        self._exhausted = False  # the epoch's iterator ran out
+        self._pending: dict[str, Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def _generators(self) -> list[torch.Generator]:
+        found: list[torch.Generator] = []
+        for obj in (
+            self.loader,
+            getattr(self.loader, "sampler", None),
+            getattr(self.loader, "batch_sampler", None),
+        ):
+            g = getattr(obj, "generator", None)
+            if isinstance(g, torch.Generator) and all(g is not f for f in found):
+                found.append(g)
+        sampler = getattr(getattr(self.loader, "batch_sampler", None), "sampler", None)
+        g = getattr(sampler, "generator", None)
+        if isinstance(g, torch.Generator) and all(g is not f for f in found):
+            found.append(g)
+        return found
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch's starting RNG states, the batches trained, the RNG before the next
+        batch was fetched and now (the save's step boundary)."""
+        gens = self._generators()
+        return {
+            "epoch_rng": self._epoch_rng,
+            "trained": self._trained,
+            "yielded": self._yielded,
+            "fetch_rng": self._fetch_rng.get(self._trained),
+            "exhausted": self._exhausted,
+            "rng": _rng_get(gens),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._pending = state if state.get("epoch_rng") is not None else None
+
+    def __iter__(self) -> Iterator[Any]:
+        pending, self._pending = self._pending, None
+        return self._iterate(pending)
+
+    def _iterate(self, pending: dict[str, Any] | None) -> Iterator[Any]:
+        gens = self._generators()
+        skip = 0
+        resume_rng = None
+        if pending is not None and self._epoch_finished(pending):
+            # saved after the epoch's last batch: Lightning starts the next epoch, from the
+            # RNG states of the save (the generators' included: the epoch's draws are done)
+            _rng_set(pending["rng"], gens)
+            pending = None
+        elif pending is not None:
+            _rng_set(pending["epoch_rng"], gens)  # the epoch's iterator as it was made
+            skip = pending["trained"]
+        self._epoch_rng = _rng_get(gens)
+        self._fetch_rng = {}
+        self._yielded = self._trained = 0
+        self._exhausted = False
+        it = iter(self.loader)
+        for _ in range(skip):  # load, not sample-skip: workers' RNG streams advance as before
+            next(it)
+            self._yielded += 1
+        self._trained = skip
+        if pending is not None:
+            if pending["fetch_rng"] is not None:
+                # Lightning had fetched the next batch before the save: fetch it again as it
+                # was (random transforms in this process), then go on from the save's RNG
+                _rng_set(pending["fetch_rng"], [])
+                resume_rng = pending["rng"]
+            else:
+                _rng_set(pending["rng"], [])  # the next batch was fetched after the save
+        while True:
+            self._fetch_rng[self._yielded] = _rng_get([])
+            self._fetch_rng.pop(self._yielded - _KEEP_FETCH_STATES, None)
+            try:
+                batch = next(it)
+            except StopIteration:
+                self._exhausted = True
+                return
+            if resume_rng is not None:
+                _rng_set(resume_rng, [])  # back to the step boundary of the save
+                resume_rng = None
+            self._yielded += 1
+            yield batch
+
+    def _epoch_finished(self, pending: dict[str, Any]) -> bool:
+        if pending["trained"] < pending["yielded"]:
+            return False
+        if pending["exhausted"]:
+            return True
+        try:
+            return pending["trained"] >= len(self.loader)
+        except TypeError:
+            return False
+
+
+class SpotLogger(Logger):
+    """Hands the Trainer's logged metrics to `ctx.log` (numbers only; `step`, `t`, ... are
+    spotnb's own). Named "" so that `ModelCheckpoint` paths stay what they were."""
+
+    def __init__(self, ctx: Any, root: str) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self._root = root
+        self.skip_step: int | None = None  # this step's row was logged before an evacuating save
+
+    @property
+    def name(self) -> str:
+        return ""
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    @property
+    def save_dir(self) -> str:
+        return self._root
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        if self.skip_step is not None and self.skip_step == self.ctx.step_index:
+            return
+        row = _numbers(metrics, self.ctx.RESERVED_METRICS)
+        if row:
+            self.ctx.log(**row)
+
+
+def _numbers(metrics: dict[str, Any], reserved: frozenset[str]) -> dict[str, Any]:
+    row = {}
+    for k, v in metrics.items():
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            v = v.item()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in reserved:
+            row[k] = v
+    return row
+
+
+class SpotCallback(Callback):
+    """Drives `ctx` from a `lightning.Trainer`: one spotnb step per optimizer step, and the
+    policy's and the notice's saves as Lightning checkpoints backed up through `ctx.backup`.
+    Use it through `fit(ctx, trainer, model, ...)`, which also resumes and keeps the data
+    position; add it yourself only if you pass `ckpt_path` and a `ResumableLoader` too."""
+
+    def __init__(self, ctx: Any, logger: SpotLogger | None = None) -> None:
+        self.ctx = ctx
+        self.logger = logger
+        self.loaders: list[ResumableLoader] = []
+        self._seen = 0
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        ctx = self.ctx
+        total: int | None = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        if total is None:
+            estimated = trainer.estimated_stepping_batches
+            total = int(estimated) if estimated != float("inf") else None
+        ctx.external_loop(total)
+        self._seen = trainer.global_step
+        if ctx.step_index != trainer.global_step:
+            ctx.warn(
+                f"the Trainer starts at step {trainer.global_step} but spotnb restored step "
+                f"{ctx.step_index}: call spotnb.integrations.lightning.fit(ctx, trainer, model, ...) "
+                "so that it resumes from the restored checkpoint"
+            )
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self._seen:
+            return  # accumulating gradients: not an optimizer step
+        self._seen = trainer.global_step
+        ctx = self.ctx
+        ctx.step_done()  # may ask for a save (policy, notice)
+        if not ctx.should_save():
+            return
+        for loader in self.loaders:
+            loader._trained = batch_idx + 1
+        if ctx.notice is not None and self.logger is not None:
+            # the save may end this process before Lightning logs this step: log it first
+            if trainer.log_every_n_steps and trainer.global_step % trainer.log_every_n_steps == 0:
+                self.logger.skip_step = ctx.step_index
+                self.ctx.log(**_numbers(_step_metrics(trainer), ctx.RESERVED_METRICS))
+        folder = checkpoint_dir(trainer)
+        path = os.path.join(folder, f"step-{trainer.global_step}.ckpt")
+        trainer.save_checkpoint(path)
+        for old in glob.glob(os.path.join(folder, "step-*.ckpt")):
+            if old != path:
+                os.remove(old)
+        ctx.backup(folder)  # after a notice: waits for the upload and leaves (Evacuate)
+
+
+def _step_metrics(trainer: Any) -> dict[str, Any]:
+    """What the loggers will receive for this step (Lightning's own result collection; the
+    public `logged_metrics` also holds older values)."""
+    try:
+        return dict(trainer._results.metrics(True)["log"])
+    except Exception:  # noqa: BLE001 - a Lightning internal; then the row is just missing
+        return {}
+
+
+def checkpoint_dir(trainer: Any) -> str:
+    """Where `SpotCallback` writes its checkpoints: `<default_root_dir>/spotnb`."""
+    return os.path.join(trainer.default_root_dir, _DIR)
+
+
+def _is_stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def _wrap(ctx: Any, callback: SpotCallback, loaders: Any) -> Any:
+    """The training loader(s) with their position saved: each loader wrapped once; a loader
+    that has its own state (e.g. torchdata's `StatefulDataLoader`) is left to Lightning."""
+    leaves = (
+        list(loaders.values())
+        if isinstance(loaders, dict)
+        else list(loaders)
+        if isinstance(loaders, (list, tuple))
+        else [loaders]
+    )
+    if len(leaves) > 1:
+        ctx.warn(
+            f"{len(leaves)} training loaders: after a preemption spotnb restores the position of "
+            "one loader only, so resume is not exact"
+        )
+        return loaders
+    loader = leaves[0]
+    if isinstance(loader, ResumableLoader):
+        callback.loaders = [loader]
+        return loaders
+    if _is_stateful(loader):
+        return loaders
+    dataset = getattr(loader, "dataset", None)
+    if isinstance(dataset, torch.utils.data.IterableDataset) and not _is_stateful(dataset):
+        ctx.warn(
+            "the training set is an IterableDataset without state_dict(): after a preemption "
+            "its batches are read again from its start and skipped, which is exact only if it "
+            "yields the same batches every time it is iterated (a live stream does not), so "
+            "resume may not be exact"
+        )
+    elif isinstance(loader, Iterator):  # iter() would start a DataLoader's workers
+        ctx.warn(
+            "the training loader is a one-shot iterator: after a preemption its position cannot "
+            "be restored, so resume is not exact; pass a DataLoader"
+        )
+        return loaders
+    wrapped = ResumableLoader(loader)
+    callback.loaders = [wrapped]
+    if isinstance(loaders, dict):
+        return {k: wrapped for k in loaders}
+    if isinstance(loaders, (list, tuple)):
+        return type(loaders)([wrapped])
+    return wrapped
+
+
+def fit(
+    ctx: Any,
+    trainer: Any,
+    model: Any,
+    train_dataloaders: Any = None,
+    val_dataloaders: Any = None,
+    datamodule: Any = None,
+    **fit_kwargs: Any,
+) -> None:
+    """Run `trainer.fit(model, ...)` under spotnb: adds a `SpotCallback` and a `SpotLogger`
+    (once), keeps the training loader's position (from `train_dataloaders`, the datamodule's
+    or the model's `train_dataloader()`), restores the newest checkpoint and resumes from it.
+    Arguments as `trainer.fit`'s; `ckpt_path` is chosen here (the restored one)."""
+    if "ckpt_path" in fit_kwargs:
+        raise TypeError("fit(ctx, trainer, model, ...) chooses ckpt_path itself (the restored checkpoint)")
+    if isinstance(train_dataloaders, LightningDataModule):  # as trainer.fit accepts it there
+        datamodule, train_dataloaders = train_dataloaders, None
+    if trainer.world_size > 1:
+        ctx.warn(
+            f"the Trainer runs on {trainer.world_size} devices: spotnb's Lightning integration "
+            "saves and restores one process's checkpoint, so resume is not exact"
+        )
+    callback = next((cb for cb in trainer.callbacks if isinstance(cb, SpotCallback)), None)
+    if callback is None:
+        logger = SpotLogger(ctx, trainer.default_root_dir)
+        callback = SpotCallback(ctx, logger)
+        trainer.callbacks.append(callback)
+        trainer.loggers = [*trainer.loggers, logger]
+    patched = None
+    if train_dataloaders is not None:
+        train_dataloaders = _wrap(ctx, callback, train_dataloaders)
+    else:
+        source = datamodule if datamodule is not None else model
+        original = source.train_dataloader
+
+        def train_dataloader() -> Any:
+            return _wrap(ctx, callback, original())
+
+        train_dataloader.__wrapped__ = original  # type: ignore[attr-defined]  # Lightning's is_overridden
+        source.train_dataloader = train_dataloader  # an instance attribute: the class is untouched
+        patched = source
+    step = ctx.restore()
+    ckpt_path = None
+    if step:
+        path = os.path.join(checkpoint_dir(trainer), f"step-{step}.ckpt")
+        if os.path.isfile(path):
+            ckpt_path = path
+        else:
+            ctx.warn(f"restored step {step} but {path} is missing: the Trainer starts from step 0")
+    try:
+        trainer.fit(
+            model,
+            train_dataloaders=train_dataloaders,
+            val_dataloaders=val_dataloaders,
+            datamodule=datamodule,
+            ckpt_path=ckpt_path,
+            **fit_kwargs,
+        )
+    finally:
+        if patched is not None:
+            del patched.train_dataloader
+
+
+def version() -> str:
+    """The installed Lightning version."""
+    return str(lightning.__version__)
