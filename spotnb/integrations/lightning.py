@@ -98,7 +98,7 @@ def _rng_set(state: dict[str, Any], generators: list[torch.Generator]) -> None:
     random.setstate(_tuples(state["python"]))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    for g, s in zip(generators, state["generators"]):
+    for g, s in zip(generators, state["generators"], strict=False):
         g.set_state(s)
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -249,6 +249,7 @@ class SpotLogger(Logger):
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         if self.skip_step is not None and self.skip_step == self.ctx.step_index:
+            self.skip_step = None  # the step's own call; epoch-end metrics of this step follow
             return
         row = _numbers(metrics, self.ctx.RESERVED_METRICS)
         if row:
@@ -304,11 +305,15 @@ class SpotCallback(Callback):
             return
         for loader in self.loaders:
             loader._trained = batch_idx + 1
-        if ctx.notice is not None and self.logger is not None:
-            # the save may end this process before Lightning logs this step: log it first
-            if trainer.log_every_n_steps and trainer.global_step % trainer.log_every_n_steps == 0:
+        if self.logger is not None and _logs_now(trainer):
+            # Lightning logs this step after this hook, i.e. after the checkpoint: log it
+            # first, so that the row is stored with the checkpoint (a kill or the notice's
+            # exit right after it would otherwise leave a hole the resumed run never fills)
+            row = _numbers(_step_metrics(trainer), ctx.RESERVED_METRICS)
+            if row:
+                row.setdefault("epoch", trainer.current_epoch)  # as Lightning adds it
                 self.logger.skip_step = ctx.step_index
-                self.ctx.log(**_numbers(_step_metrics(trainer), ctx.RESERVED_METRICS))
+                ctx.log(**row)
         folder = checkpoint_dir(trainer)
         path = os.path.join(folder, f"step-{trainer.global_step}.ckpt")
         trainer.save_checkpoint(path)
@@ -316,6 +321,12 @@ class SpotCallback(Callback):
             if old != path:
                 os.remove(old)
         ctx.backup(folder)  # after a notice: waits for the upload and leaves (Evacuate)
+
+
+def _logs_now(trainer: Any) -> bool:
+    """Whether Lightning logs this step (its `should_update_logs`, at `on_train_batch_end`)."""
+    n = trainer.log_every_n_steps
+    return bool(n) and trainer.global_step % n == 0
 
 
 def _step_metrics(trainer: Any) -> dict[str, Any]:

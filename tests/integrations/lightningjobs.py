@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 
-def _parts(noise: bool = True) -> tuple[Any, Any]:
+def _parts(noise: bool = True, workers: int = 0) -> tuple[Any, Any]:
     """A tiny LightningModule (dropout, AdamW, a per-step LR schedule, a logged loss) and a
     datamodule whose shuffled loader adds random noise to each sample in `__getitem__`: every
     piece of state an exact resume must restore, the data order and the RNG included."""
@@ -29,7 +29,7 @@ def _parts(noise: bool = True) -> tuple[Any, Any]:
 
     class Data(L.LightningDataModule):
         def train_dataloader(self) -> Any:
-            return torch.utils.data.DataLoader(Noisy(), batch_size=4, shuffle=True)
+            return torch.utils.data.DataLoader(Noisy(), batch_size=4, shuffle=True, num_workers=workers)
 
     class Net(L.LightningModule):
         def __init__(self) -> None:
@@ -50,7 +50,7 @@ def _parts(noise: bool = True) -> tuple[Any, Any]:
     return Net, Data
 
 
-def tiny(ctx: Any, root: str, steps: int = 25, step_delay: float = 0.0) -> dict[str, Any]:
+def tiny(ctx: Any, root: str, steps: int = 25, step_delay: float = 0.0, workers: int = 0) -> dict[str, Any]:
     """`steps` optimizer steps over 10 batches an epoch, through `lightning.fit`. One intra-op
     thread (see tests/core/jobfns.py)."""
     import lightning as L
@@ -60,7 +60,7 @@ def tiny(ctx: Any, root: str, steps: int = 25, step_delay: float = 0.0) -> dict[
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    Net, Data = _parts()
+    Net, Data = _parts(workers=workers)
     model = Net()
 
     class Slow(L.Callback):

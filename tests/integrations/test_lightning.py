@@ -1,0 +1,103 @@
+"""The Lightning integration on the real local spot market."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import spotnb as spot
+from tests.integrations import lightningjobs
+
+SHIP = ["tests.integrations.lightningjobs"]
+STEPS = 30  # three epochs of 10 batches
+
+
+def _kinds(job: spot.Job, kind: str) -> list:
+    return [e for e in job.events if e["kind"] == kind]
+
+
+def test_fit_resumes_exactly_mid_epoch_after_two_preemptions(tmp_path: Path) -> None:
+    # local instances run in the submitter's working directory: each job its own root
+    calm_fn = functools.partial(lightningjobs.tiny, root=str(tmp_path / "calm"), steps=STEPS)
+    fn = functools.partial(lightningjobs.tiny, root=str(tmp_path / "spot"), steps=STEPS, step_delay=0.05)
+    calm = spot.train(calm_fn, spot.Config(checkpoint="static:5", ship_modules=SHIP))
+    config = spot.Config(
+        checkpoint="static:5",
+        ship_modules=SHIP,
+        local_grace=3.0,
+        notice_poll=0.1,
+        # killed at step 8 without notice: back to step 5, the middle of epoch 0; then a notice
+        # at step 22: the emergency save lands in the middle of epoch 2
+        local_schedule=[{"step": 8}, {"step": 22, "notice": True}],
+    )
+    spotted = spot.train(fn, config)
+    ref, got = calm.result(timeout=120), spotted.result(timeout=120)
+    assert calm.breakdown().preemptions == 0
+    assert spotted.breakdown().preemptions == 2
+    resumed = _kinds(spotted, "resumed")
+    assert len(resumed) == 2 and resumed[0]["from_step"] == 5, resumed
+    assert resumed[1]["save_kind"] == "emergency"
+    assert resumed[1]["from_step"] % 10 not in (0, 9), resumed  # mid-epoch (10 batches an epoch)
+    assert ref["step"] == got["step"] == STEPS
+    assert ref["weights"].keys() == got["weights"].keys()
+    for name, w in ref["weights"].items():
+        assert torch.equal(w, got["weights"][name]), name
+    # the Trainer's logged metrics are the job's, every fifth step, without a hole
+    for job in (calm, spotted):
+        assert [s for s, _ in job.metrics["loss"]] == list(range(5, STEPS + 1, 5)), job.metrics["loss"]
+    assert dict(spotted.metrics["loss"]) == dict(calm.metrics["loss"])
+    assert not _kinds(spotted, "warning"), _kinds(spotted, "warning")
+
+
+def test_missing_lightning_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "lightning", None)  # import lightning -> ImportError
+    monkeypatch.delitem(sys.modules, "spotnb.integrations.lightning", raising=False)
+    with pytest.raises(ImportError, match=r"pip install 'spotnb\[lightning\]'"):
+        importlib.import_module("spotnb.integrations.lightning")
+
+
+def test_import_spotnb_does_not_import_lightning() -> None:
+    import subprocess
+
+    code = "import sys, spotnb; assert 'lightning' not in sys.modules, 'lightning imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class _Ctx:
+    """Records warnings; `fit` is not run (only the loader check that precedes it)."""
+
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+
+def test_inexact_resume_is_a_warning_at_launch() -> None:
+    from spotnb.integrations import lightning as spot_lightning
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            yield torch.zeros(1)
+
+    cases = {
+        "IterableDataset": torch.utils.data.DataLoader(Stream()),
+        "one-shot": iter([torch.zeros(1)]),
+        "2 training loaders": [torch.utils.data.DataLoader([1]), torch.utils.data.DataLoader([2])],
+    }
+    for needle, loaders in cases.items():
+        ctx = _Ctx()
+        callback = spot_lightning.SpotCallback(ctx)
+        spot_lightning._wrap(ctx, callback, loaders)
+        assert len(ctx.warnings) == 1 and needle in ctx.warnings[0], (needle, ctx.warnings)
+    # a map-style DataLoader resumes exactly: wrapped, no warning
+    ctx = _Ctx()
+    callback = spot_lightning.SpotCallback(ctx)
+    wrapped = spot_lightning._wrap(ctx, callback, torch.utils.data.DataLoader(list(range(8)), shuffle=True))
+    assert isinstance(wrapped, spot_lightning.ResumableLoader) and callback.loaders == [wrapped]
+    assert not ctx.warnings
