@@ -277,6 +277,7 @@ class SpotCallback(Callback):
         self.logger = logger
         self.loaders: list[ResumableLoader] = []
         self._seen = 0
+        self._deferred = -1  # the step a due save was put off at (at most one step)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         ctx = self.ctx
@@ -303,6 +304,12 @@ class SpotCallback(Callback):
         ctx.step_done()  # may ask for a save (policy, notice)
         if not ctx.should_save():
             return
+        if self._deferred != trainer.global_step - 1 and _boundary_skipped_on_resume(trainer, batch_idx):
+            # the save waits one step (it stays due): resumed from a save here, Lightning
+            # would skip what follows this batch in the calm run (the validation due now, or
+            # the epoch's end: validation, epoch-interval LR schedulers, on_train_epoch_end)
+            self._deferred = trainer.global_step
+            return
         for loader in self.loaders:
             loader._trained = batch_idx + 1
         if self.logger is not None and _logs_now(trainer):
@@ -321,6 +328,23 @@ class SpotCallback(Callback):
             if old != path:
                 os.remove(old)
         ctx.backup(folder)  # after a notice: waits for the upload and leaves (Evacuate)
+
+
+def _boundary_skipped_on_resume(trainer: Any, batch_idx: int) -> bool:
+    """After this batch the calm run validates or ends the epoch, which a run resumed from a
+    checkpoint saved here would not replay (Lightning's restart skips ahead)."""
+    if trainer.max_steps and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+        return False  # the run's last step: nothing follows it
+    epoch_loop = trainer.fit_loop.epoch_loop
+    if (
+        getattr(epoch_loop.batch_progress, "is_last_batch", False)
+        or batch_idx + 1 >= trainer.num_training_batches
+    ):
+        return True
+    try:  # Lightning's own decision (side-effect free; a private method, hence the guard)
+        return bool(epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+    except Exception:  # noqa: BLE001 - another Lightning version: only the epoch's end is known
+        return False
 
 
 def _logs_now(trainer: Any) -> bool:

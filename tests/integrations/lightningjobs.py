@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 
-def _parts(noise: bool = True, workers: int = 0) -> tuple[Any, Any]:
+def _parts(noise: bool = True, workers: int = 0, val: bool = False) -> tuple[Any, Any]:
     """A tiny LightningModule (dropout, AdamW, a per-step LR schedule, a logged loss) and a
     datamodule whose shuffled loader adds random noise to each sample in `__getitem__`: every
     piece of state an exact resume must restore, the data order and the RNG included."""
@@ -31,6 +31,10 @@ def _parts(noise: bool = True, workers: int = 0) -> tuple[Any, Any]:
         def train_dataloader(self) -> Any:
             return torch.utils.data.DataLoader(Noisy(), batch_size=4, shuffle=True, num_workers=workers)
 
+    class ValData(Data):
+        def val_dataloader(self) -> Any:
+            return torch.utils.data.DataLoader(Noisy(), batch_size=8, shuffle=True)
+
     class Net(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
@@ -42,15 +46,21 @@ def _parts(noise: bool = True, workers: int = 0) -> tuple[Any, Any]:
             self.log("loss", loss)
             return loss
 
+        def validation_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
+
         def configure_optimizers(self) -> Any:
             opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
             sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-    return Net, Data
+    return Net, (ValData if val else Data)
 
 
-def tiny(ctx: Any, root: str, steps: int = 25, step_delay: float = 0.0, workers: int = 0) -> dict[str, Any]:
+def tiny(
+    ctx: Any, root: str, steps: int = 25, step_delay: float = 0.0, workers: int = 0, val: bool = False
+) -> dict[str, Any]:
     """`steps` optimizer steps over 10 batches an epoch, through `lightning.fit`. One intra-op
     thread (see tests/core/jobfns.py)."""
     import lightning as L
@@ -60,7 +70,7 @@ def tiny(ctx: Any, root: str, steps: int = 25, step_delay: float = 0.0, workers:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    Net, Data = _parts(workers=workers)
+    Net, Data = _parts(workers=workers, val=val)
     model = Net()
 
     class Slow(L.Callback):

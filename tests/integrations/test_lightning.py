@@ -23,24 +23,26 @@ def _kinds(job: spot.Job, kind: str) -> list:
 
 def test_fit_resumes_exactly_mid_epoch_after_two_preemptions(tmp_path: Path) -> None:
     # local instances run in the submitter's working directory: each job its own root
-    calm_fn = functools.partial(lightningjobs.tiny, root=str(tmp_path / "calm"), steps=STEPS)
-    fn = functools.partial(lightningjobs.tiny, root=str(tmp_path / "spot"), steps=STEPS, step_delay=0.05)
+    job = functools.partial(lightningjobs.tiny, steps=STEPS, val=True)  # validates every epoch
+    calm_fn = functools.partial(job, root=str(tmp_path / "calm"))
+    fn = functools.partial(job, root=str(tmp_path / "spot"), step_delay=0.05)
     calm = spot.train(calm_fn, spot.Config(checkpoint="static:5", ship_modules=SHIP))
     config = spot.Config(
         checkpoint="static:5",
         ship_modules=SHIP,
         local_grace=3.0,
         notice_poll=0.1,
-        # killed at step 8 without notice: back to step 5, the middle of epoch 0; then a notice
-        # at step 22: the emergency save lands in the middle of epoch 2
-        local_schedule=[{"step": 8}, {"step": 22, "notice": True}],
+        # the save due at step 10 (the end of epoch 0) waits a step: resumed from there,
+        # Lightning would skip the epoch's validation. Killed at step 13 without notice: back
+        # to step 11, in epoch 1; then a notice at step 22: an emergency save in epoch 2
+        local_schedule=[{"step": 13}, {"step": 22, "notice": True}],
     )
     spotted = spot.train(fn, config)
     ref, got = calm.result(timeout=120), spotted.result(timeout=120)
     assert calm.breakdown().preemptions == 0
     assert spotted.breakdown().preemptions == 2
     resumed = _kinds(spotted, "resumed")
-    assert len(resumed) == 2 and resumed[0]["from_step"] == 5, resumed
+    assert len(resumed) == 2 and resumed[0]["from_step"] == 11, resumed
     assert resumed[1]["save_kind"] == "emergency"
     assert resumed[1]["from_step"] % 10 not in (0, 9), resumed  # mid-epoch (10 batches an epoch)
     assert ref["step"] == got["step"] == STEPS
@@ -48,9 +50,11 @@ def test_fit_resumes_exactly_mid_epoch_after_two_preemptions(tmp_path: Path) -> 
     for name, w in ref["weights"].items():
         assert torch.equal(w, got["weights"][name]), name
     # the Trainer's logged metrics are the job's, every fifth step, without a hole
-    for job in (calm, spotted):
-        assert [s for s, _ in job.metrics["loss"]] == list(range(5, STEPS + 1, 5)), job.metrics["loss"]
+    for j in (calm, spotted):
+        assert [s for s, _ in j.metrics["loss"]] == list(range(5, STEPS + 1, 5)), j.metrics["loss"]
+        assert [s for s, _ in j.metrics["val_loss"]] == [10, 20, 30], j.metrics["val_loss"]
     assert dict(spotted.metrics["loss"]) == dict(calm.metrics["loss"])
+    assert dict(spotted.metrics["val_loss"]) == dict(calm.metrics["val_loss"])
     assert not _kinds(spotted, "warning"), _kinds(spotted, "warning")
 
 
