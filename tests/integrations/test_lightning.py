@@ -105,3 +105,44 @@ def test_inexact_resume_is_a_warning_at_launch() -> None:
     wrapped = spot_lightning._wrap(ctx, callback, torch.utils.data.DataLoader(list(range(8)), shuffle=True))
     assert isinstance(wrapped, spot_lightning.ResumableLoader) and callback.loaders == [wrapped]
     assert not ctx.warnings
+
+
+class _Noisy(torch.utils.data.Dataset):
+    """Random noise on every sample, drawn in the main process as it is loaded."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((2,), float(i)) + torch.randn(2)
+
+
+def test_resumable_loader_continues_the_epoch_where_it_was_saved() -> None:
+    from spotnb.integrations.lightning import ResumableLoader
+
+    def loader() -> ResumableLoader:
+        return ResumableLoader(torch.utils.data.DataLoader(_Noisy(), batch_size=2, shuffle=True))
+
+    torch.manual_seed(0)
+    calm = loader()
+    expected = [*calm, *calm]  # two epochs of 5 batches
+    torch.manual_seed(0)
+    first = loader()
+    it = iter(first)
+    got = [next(it) for _ in range(4)]  # the trainer has trained 3 and prefetched the 4th
+    first._trained = 3
+    state = first.state_dict()
+    torch.manual_seed(123)  # a new process: other RNG states, a fresh loader
+    second = loader()
+    second.load_state_dict(state)
+    got = got[:3] + [*second, *second]
+    assert len(got) == len(expected)
+    for i, (a, b) in enumerate(zip(expected, got, strict=True)):
+        assert torch.equal(a, b), i
+
+
+def test_fit_refuses_a_ckpt_path() -> None:
+    from spotnb.integrations import lightning as spot_lightning
+
+    with pytest.raises(TypeError, match="ckpt_path"):
+        spot_lightning.fit(_Ctx(), object(), object(), ckpt_path="last.ckpt")
