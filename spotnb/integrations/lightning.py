@@ -37,6 +37,11 @@ its state at the save. The user's data order is Lightning's own; nothing is rese
 Tested: `tests/integrations/test_lightning.py` (preempted mid-epoch and again with a notice,
 final weights `torch.equal` to an uninterrupted run).
 
+SIGTERM stays spotnb's: its agent takes it as a preemption notice (a GCP soft-off), while the
+handler `trainer.fit` installs would end the run with `SIGTERMException` at the step's end,
+before or instead of the emergency save; `SpotCallback` puts the agent's handler back when
+training starts (Lightning's teardown restores it too).
+
 Not exact, and said at launch as a warning event: a training set that is an
 `IterableDataset` without `state_dict` (a stream may not replay the same batches from its
 start), several training loaders at once, a one-shot iterator (cannot be iterated again), and
@@ -48,6 +53,8 @@ from __future__ import annotations
 import glob
 import os
 import random
+import signal
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -279,8 +286,15 @@ class SpotCallback(Callback):
         self.loaders: list[ResumableLoader] = []
         self._seen = 0
         self._deferred = -1  # the step a due save was put off at (at most one step)
+        self._sigterm: Any = None  # the SIGTERM handler before fit (spotnb's agent's)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if callable(self._sigterm) and threading.current_thread() is threading.main_thread():
+            # spotnb's agent takes SIGTERM (a GCP soft-off, ...) as a preemption notice: an
+            # emergency save, then leave. Lightning's own handler, installed by fit, would
+            # instead end the run with SIGTERMException at this step's end, before or instead
+            # of that save; its teardown puts the agent's handler back anyway
+            signal.signal(signal.SIGTERM, self._sigterm)
         ctx = self.ctx
         total: int | None = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
         if total is None:
@@ -471,6 +485,8 @@ def fit(
         callback = SpotCallback(ctx, logger)
         trainer.callbacks.append(callback)
         trainer.loggers = [*trainer.loggers, logger]
+    if threading.current_thread() is threading.main_thread():
+        callback._sigterm = signal.getsignal(signal.SIGTERM)
     patched = None
     if train_dataloaders is not None:
         train_dataloaders = _wrap(ctx, callback, train_dataloaders)

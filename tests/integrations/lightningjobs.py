@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
 
@@ -59,7 +61,13 @@ def _parts(noise: bool = True, workers: int = 0, val: bool = False) -> tuple[Any
 
 
 def tiny(
-    ctx: Any, root: str, steps: int = 25, step_delay: float = 0.0, workers: int = 0, val: bool = False
+    ctx: Any,
+    root: str,
+    steps: int = 25,
+    step_delay: float = 0.0,
+    workers: int = 0,
+    val: bool = False,
+    sigterm_at: int | None = None,
 ) -> dict[str, Any]:
     """`steps` optimizer steps over 10 batches an epoch, through `lightning.fit`. One intra-op
     thread (see tests/core/jobfns.py)."""
@@ -77,6 +85,8 @@ def tiny(
         def on_train_batch_end(self, *args: Any) -> None:
             if step_delay:
                 time.sleep(step_delay)  # room for the notice to arrive mid-training
+            if sigterm_at is not None and args[0].global_step == sigterm_at:
+                os.kill(os.getpid(), signal.SIGTERM)  # as a GCP soft-off would
 
     trainer = L.Trainer(
         max_steps=steps,

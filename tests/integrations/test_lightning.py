@@ -147,3 +147,43 @@ def test_fit_refuses_a_ckpt_path() -> None:
 
     with pytest.raises(TypeError, match="ckpt_path"):
         spot_lightning.fit(_Ctx(), object(), object(), ckpt_path="last.ckpt")
+
+
+def test_sigterm_stays_spotnb_s_notice_under_lightning(tmp_path: Path) -> None:
+    """spotnb's agent takes SIGTERM as a preemption notice (its handler, stood in for here by
+    one that records the call). Lightning's fit installs its own, which would end the run with
+    SIGTERMException at the step's end; under `fit` the agent's handler stays in charge."""
+    import signal
+
+    class Ctx(_Ctx):  # the hook a Context offers to an external loop; saves never due here
+        RESERVED_METRICS = frozenset({"step", "t", "incarnation", "replica"})
+        notice = None
+        resumed_from = None
+        step_index = 0
+
+        def external_loop(self, total: int | None = None) -> None:
+            pass
+
+        def step_done(self) -> None:
+            self.step_index += 1
+
+        def should_save(self) -> bool:
+            return False
+
+        def restore(self) -> None:
+            return None
+
+        def log(self, **metrics: float) -> None:
+            pass
+
+    calls: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))
+    threads = torch.get_num_threads()
+    try:
+        with torch.random.fork_rng():
+            out = lightningjobs.tiny(Ctx(), root=str(tmp_path), steps=6, sigterm_at=3)
+    finally:
+        torch.set_num_threads(threads)
+        assert signal.signal(signal.SIGTERM, previous) is not None
+    assert calls == [signal.SIGTERM]
+    assert out["step"] == 6  # trained on: the notice's save and exit are spotnb's to decide
