@@ -128,7 +128,7 @@ class ResumableLoader:
         self._epoch_rng: dict[str, Any] | None = None  # when this epoch's iterator was created
         self._fetch_rng: dict[int, dict[str, Any]] = {}  # batch index -> RNG before its fetch
         self._yielded = 0
-        self._trained = 0  # batches of this epoch trained (SpotCallback sets it before a save)
+        self._trained = 0  # batches of this epoch trained (SpotCallback counts them)
         self._exhausted = False  # the epoch's iterator ran out
         self._pending: dict[str, Any] | None = None
 
@@ -312,6 +312,8 @@ class SpotCallback(Callback):
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        for loader in self.loaders:  # every batch: a ModelCheckpoint of the user's saves it too
+            loader._trained = batch_idx + 1
         if trainer.global_step == self._seen:
             return  # accumulating gradients: not an optimizer step
         self._seen = trainer.global_step
@@ -325,8 +327,6 @@ class SpotCallback(Callback):
             # the epoch's end: validation, epoch-interval LR schedulers, on_train_epoch_end)
             self._deferred = trainer.global_step
             return
-        for loader in self.loaders:
-            loader._trained = batch_idx + 1
         if self.logger is not None and _logs_now(trainer):
             # Lightning logs this step after this hook, i.e. after the checkpoint: log it
             # first, so that the row is stored with the checkpoint (a kill or the notice's
