@@ -14,28 +14,31 @@ leaves. On restore `fit` passes `ckpt_path=` that file, so Lightning restores wh
 model, optimizers, LR schedulers, precision/AMP scaler, callbacks' and datamodule's state and
 its loops' progress (epoch, batch, global step). `on_train_batch_end` is the save point
 Lightning's own restart logic supports mid-epoch (its `ModelCheckpoint(every_n_train_steps)`
-saves there). The Trainer's logged metrics arrive through a `SpotLogger` (a Lightning
-`Logger`, so at `log_every_n_steps` with the values the loggers get) as `ctx.log` metrics.
+saves there); a save due at a batch after which the calm run validates or ends the epoch waits
+one step, because Lightning restarting from there would skip that validation or epoch end
+(validation draws from the global RNG; epoch-interval schedulers step). The Trainer's logged
+metrics arrive through a `SpotLogger` (a Lightning `Logger`, so at `log_every_n_steps` with the
+values the loggers get) as `ctx.log` metrics.
 
 The data position, which Lightning no longer restores by itself (its fault-tolerant mid-epoch
 resume was removed; without a stateful loader it restarts the epoch's data from the start and
-warns): `fit` wraps the training loader in a `ResumableLoader` (`spotnb/integrations/loader.py`).
-Lightning saves and restores any loader with `state_dict`/`load_state_dict` with its
-checkpoint, so the position travels in the same file. The wrapper records the RNG states (torch, Python, NumPy and the loader's own
-generators) at the moment each epoch's iterator is created, which is everything a shuffling
-sampler and the worker seeds draw from, and how many batches of the epoch were trained. On
-resume it recreates the epoch's iterator from those states and **skips the trained batches
-by loading them**. Why load them rather than skip indices in the sampler (as the HF Trainer's
-`skip_first_batches` does): with `num_workers > 0`, each batch goes to a worker in turn and
-every worker has its own RNG stream (random crops, masking), so only replaying the same
-batches through the same workers leaves each worker's stream where the calm run had it;
-skipping indices would hand later batches to other workers with other random numbers. The
-price is reading the skipped batches once (no forward or backward) per resume. The batch
-Lightning had already prefetched when it saved is fetched again with the RNG state it was
-fetched with (so random transforms in the main process match too), and then the RNG is set to
-its state at the save. The user's data order is Lightning's own; nothing is reseeded.
-Tested: `tests/integrations/test_lightning.py` (preempted mid-epoch and again with a notice,
-final weights `torch.equal` to an uninterrupted run).
+warns): `fit` wraps the training loader in a `ResumableLoader`
+(`spotnb/integrations/loader.py`). Lightning saves and restores any loader with
+`state_dict`/`load_state_dict` with its checkpoint, so the position travels in the same file.
+The wrapper records the RNG states (torch, Python, NumPy and the loader's own generators) at the
+moment each epoch's iterator is created, which is everything a shuffling sampler and the worker
+seeds draw from, and how many batches of the epoch were trained. On resume it recreates the
+epoch's iterator from those states and **skips the trained batches by loading them**. Why load
+them rather than skip indices in the sampler (as the HF Trainer's `skip_first_batches` does):
+with `num_workers > 0`, each batch goes to a worker in turn and every worker has its own RNG
+stream (random crops, masking), so only replaying the same batches through the same workers
+leaves each worker's stream where the calm run had it; skipping indices would hand later batches
+to other workers with other random numbers. The price is reading the skipped batches once (no
+forward or backward) per resume. The batch Lightning had already prefetched when it saved is
+fetched again with the RNG state it was fetched with (so random transforms in the main process
+match too), and then the RNG is set to its state at the save. The user's data order is
+Lightning's own; nothing is reseeded. Tested: `tests/integrations/test_lightning.py` (preempted
+mid-epoch and again with a notice, final weights `torch.equal` to an uninterrupted run).
 
 SIGTERM stays spotnb's: its agent takes it as a preemption notice (a GCP soft-off), while the
 handler `trainer.fit` installs would end the run with `SIGTERMException` at the step's end,
