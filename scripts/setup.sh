@@ -36,7 +36,7 @@ if [ -L "$labext" ]; then rm -f "$labext"; fi
 # every extra (clouds, test) and the linters (dev: ruff, mypy), pinned; with pip if uv is not
 # available (slower, same versions)
 _extras() {
-  local spec='.[test,aws,azure,gcp,elastic,forecast,hf,dev]' py
+  local spec='.[test,aws,azure,gcp,elastic,forecast,hf,lightning,dev]' py
   py=$(python -c 'import sys; print(sys.executable)')
   if python -m pip install -q -c "$SPOTNB_CONSTRAINTS" uv && python -m uv --version >/dev/null; then
     python -m uv pip install -q --python "$py" -c "$SPOTNB_CONSTRAINTS" -e "$spec"
@@ -45,7 +45,7 @@ _extras() {
     python -m pip install -q -c "$SPOTNB_CONSTRAINTS" -e "$spec"
   fi
 }
-step "install -e .[test,aws,azure,gcp,elastic,forecast,hf,dev]" _extras
+step "install -e .[test,aws,azure,gcp,elastic,forecast,hf,lightning,dev]" _extras
 for fragment in scripts/setup.d/*.sh; do
   [ -e "$fragment" ] || continue
   _fragment_started=$SECONDS

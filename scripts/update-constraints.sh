@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates constraints.txt: the exact version of every Python package that
-# `pip install -e '.[test,aws,azure,gcp,elastic,forecast,hf,dev]'` brings in (plus uv, which setup.sh installs with),
+# `pip install -e '.[test,aws,azure,gcp,elastic,forecast,hf,lightning,dev]'` brings in (plus uv, which setup.sh installs with),
 # resolved from scratch by `uv pip compile` (seconds; pip's own resolver took 12-30+ minutes
 # here). setup.sh then installs these pins without resolving anything. Run it after changing a
 # dependency in pyproject.toml, or to move to newer releases; commit the result once
@@ -28,7 +28,7 @@ fi
 echo "torch==2.13.0" > "$work/torch.txt"
 echo "uv" > "$work/tools.txt"
 "${uv[@]}" pip compile -q --python-version "${PYTHON_VERSION:-3.11}" --no-header --no-annotate \
-  pyproject.toml "$work/tools.txt" --extra test --extra aws --extra azure --extra gcp --extra forecast --extra dev \
+  pyproject.toml "$work/tools.txt" --extra test --extra aws --extra azure --extra gcp --extra forecast --extra lightning --extra dev \
   -c "$work/torch.txt" -o "$work/compiled.txt"
 {
   echo "# Versions known to install together, for scripts/setup.sh (-c constraints.txt)."

@@ -42,9 +42,6 @@ except ImportError as exc:  # pragma: no cover - exercised with sys.modules patc
         "pip install 'spotnb[hf]'"
     ) from exc
 
-from spotnb import protocol as ev
-from spotnb.runtime.context import _RESERVED
-
 __all__ = ["SpotCallback", "train"]
 
 _PREFIX = "checkpoint"
@@ -63,20 +60,18 @@ class SpotCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self._output_dir = args.output_dir
         ctx = self.ctx
-        ctx._begin_loop(state.max_steps if state.max_steps and state.max_steps > 0 else None)
+        ctx.external_loop(state.max_steps if state.max_steps and state.max_steps > 0 else None)
         if ctx.step_index != state.global_step:
-            ctx._emit(
-                ev.JobWarning(
-                    message=f"the Trainer starts at step {state.global_step} but spotnb restored step "
-                    f"{ctx.step_index}: call spotnb.integrations.hf.train(ctx, trainer) so that it "
-                    "resumes from the restored checkpoint"
-                )
+            ctx.warn(
+                f"the Trainer starts at step {state.global_step} but spotnb restored step "
+                f"{ctx.step_index}: call spotnb.integrations.hf.train(ctx, trainer) so that it "
+                "resumes from the restored checkpoint"
             )
         return control
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         ctx = self.ctx
-        ctx._end_step()  # may ask for a save (policy, notice): the Trainer writes it next
+        ctx.step_done()  # may ask for a save (policy, notice): the Trainer writes it next
         if ctx.should_save():
             control.should_save = True
         return control
@@ -89,7 +84,11 @@ class SpotCallback(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> Any:
         # numbers only (the Trainer also logs strings); names ctx fills in itself are left out
-        row = {k: v for k, v in (logs or {}).items() if isinstance(v, (int, float)) and k not in _RESERVED}
+        row = {
+            k: v
+            for k, v in (logs or {}).items()
+            if isinstance(v, (int, float)) and k not in self.ctx.RESERVED_METRICS
+        }
         if row:
             self.ctx.log(**row)
         return control
@@ -100,19 +99,15 @@ def _warn_inexact(ctx: Any, trainer: Any) -> None:
 
     dataset = getattr(trainer, "train_dataset", None)
     if isinstance(dataset, torch.utils.data.IterableDataset):
-        ctx._emit(
-            ev.JobWarning(
-                message="the Trainer's train_dataset is an IterableDataset: after a preemption the "
-                "Trainer cannot restore its position exactly (it has no state to restore), so "
-                "resumed steps may see other batches than an uninterrupted run"
-            )
+        ctx.warn(
+            "the Trainer's train_dataset is an IterableDataset: after a preemption the "
+            "Trainer cannot restore its position exactly (it has no state to restore), so "
+            "resumed steps may see other batches than an uninterrupted run"
         )
     if getattr(trainer.args, "ignore_data_skip", False):
-        ctx._emit(
-            ev.JobWarning(
-                message="TrainingArguments(ignore_data_skip=True): after a preemption the Trainer "
-                "restarts the epoch's data from its beginning, so resume is not exact"
-            )
+        ctx.warn(
+            "TrainingArguments(ignore_data_skip=True): after a preemption the Trainer "
+            "restarts the epoch's data from its beginning, so resume is not exact"
         )
 
 
@@ -132,11 +127,7 @@ def train(ctx: Any, trainer: Any, **train_kwargs: Any) -> Any:
         if os.path.isdir(path):
             resume = path
         else:
-            ctx._emit(
-                ev.JobWarning(
-                    message=f"restored step {step} but {path} is missing: the Trainer starts from step 0"
-                )
-            )
+            ctx.warn(f"restored step {step} but {path} is missing: the Trainer starts from step 0")
     return trainer.train(resume_from_checkpoint=resume, **train_kwargs)
 
 

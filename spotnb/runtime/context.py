@@ -416,6 +416,30 @@ class Context:
         """The pending preemption notice, if any."""
         return self._notice
 
+    # -- loops spotnb does not drive (framework integrations) ------------------------------
+    #: metric names `log` refuses (spotnb fills them in); drop them from a framework's logs
+    RESERVED_METRICS: frozenset[str] = _RESERVED
+
+    def external_loop(self, total: int | None = None) -> None:
+        """Start a training loop that a framework drives (a Trainer's callbacks), not
+        `ctx.steps`: restores the newest checkpoint if `restore()` was not called, says the job
+        is ready and plans the first save. `total` is the number of steps if known. Then call
+        `step_done()` after every optimizer step, and save when `should_save()` says so."""
+        self._begin_loop(total)
+
+    def step_done(self) -> None:
+        """One step of an `external_loop` finished: the step index moves on, and at the
+        boundary the policy or a notice asked for, `should_save()` turns true (the framework
+        writes its checkpoint and hands it to `backup`, which leaves after a notice)."""
+        if not self._in_loop:
+            raise RuntimeError("ctx.step_done() outside a loop: call ctx.external_loop(total) first")
+        self._end_step()
+
+    def warn(self, message: str) -> None:
+        """Tell the notebook something the user must know (a warning event, shown at once),
+        e.g. that an integration cannot resume exactly."""
+        self._emit(ev.JobWarning(message=message))
+
     # -- step boundaries -------------------------------------------------------------------
     def _begin_loop(self, total: int | None) -> None:
         if total is not None:
