@@ -59,6 +59,7 @@ def test_every_view_says_the_same_for_one_job() -> None:
     assert text in render_info_html(job.state, job.id)
     # the text view
     assert text in progress_line(job.state)
+
     # the panel's job list and job view. The job DB row gets the final figures when the
     # controller folds the job's last status, which the notebook may see first (on a busy
     # machine a poll in between read the row of a few seconds earlier: "1457% more")
