@@ -26,7 +26,7 @@ from spotnb.errors import CapacityError
 from spotnb.events import EventReader, EventWriter
 from spotnb.job import Job
 from spotnb.jobdb import JobDB
-from spotnb.migration import best_move
+from spotnb.migration import MoveGate, best_move
 from spotnb.placement import ZoneEstimate, rank_zones
 from spotnb.policy import Observation, resolve_policy
 from spotnb.protocol import TERMINAL, Event, JobStatus, Outcome
@@ -117,6 +117,7 @@ class Controller:
         self._thread = threading.Thread(target=self._main, name=f"spotnb-ctl-{job.id}", daemon=True)
         self._writers: dict[int, EventWriter] = {}
         self.preemptions = 0
+        self._move_gate = MoveGate()  # a move must stay worth making for its payback time
         self.retries = 0
         self._high_water = 0
         self._indexed = 0.0
@@ -906,7 +907,7 @@ class Controller:
         ranked = self._placement({zone: p.spot for zone, p in prices.items()})
         saves = st.checkpoints[-10:]
         save_s = sum(c.snapshot_s + c.upload_s for c in saves) / len(saves) if saves else None
-        move = best_move(ranked, instance.region, save_s)
+        move = self._move_gate.admit(best_move(ranked, instance.region, save_s), time.time())
         if move is None:
             return None
         self.emit(
@@ -943,10 +944,16 @@ class Controller:
         inc = self.job.state.incs.get(n)
         if inc is not None and "notice" in inc.kinds:
             return pre, None  # a notice came first: the new instance is its replacement
-        self.store.write_bytes(
-            self.store.job(self.job.id, "incarnations", f"{n:04d}.move"),
-            json.dumps({"to": zone, "incarnation": n + 1, "t": time.time()}).encode(),
-        )
+        self._fence()  # a controller that lost the job must not move its instance
+        try:
+            self.store.write_bytes(
+                self.store.job(self.job.id, "incarnations", f"{n:04d}.move"),
+                json.dumps({"to": zone, "incarnation": n + 1, "t": time.time()}).encode(),
+            )
+        except OSError as exc:  # the store refused it (full, briefly down): ask again next poll
+            # (a store that refuses everything for good ends the job through the event writes)
+            self.log.warning("job %s: could not ask incarnation %d to move (%r); asking again", self.job.id, n, exc)
+            return pre, zone
         return pre, None
 
     def _preallocate(self, n: int, only: str | None = None) -> Future:

@@ -9,12 +9,36 @@ from pathlib import Path
 from typing import Any
 
 
+class FailsTheFirstMoveSave:
+    """Tracked state whose snapshot fails once, the first time it is taken after a request to
+    move: the move's save fails as when the store refuses it (no state of its own)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx, self.failed = ctx, False
+
+    def state_dict(self) -> dict[str, Any]:
+        notice = self.ctx.notice
+        if not self.failed and notice is not None and notice.source == "move":
+            self.failed = True
+            raise OSError(28, "No space left on device (the move's save)")
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
 def seeded_mlp(
-    ctx: Any, steps: int = 200, width: int = 512, step_delay: float = 0.0, hold_at: int | None = None
+    ctx: Any,
+    steps: int = 200,
+    width: int = 512,
+    step_delay: float = 0.0,
+    hold_at: int | None = None,
+    fail_move_save: bool = False,
 ) -> dict[str, Any]:
     """An MLP with dropout and Adam: exercises model, optimizer and torch/python RNG restore.
     `hold_at`: the first instance waits at that step until it is asked to leave (a notice or a
     move), so that what happens next does not depend on how fast this machine is.
+    `fail_move_save`: the first save after a request to move fails (`FailsTheFirstMoveSave`).
 
     One intra-op thread: with two, MKL's float results on a heavily loaded CPU differ from an
     idle run in the last bit from the first step on (measured: 16 of 16 concurrent jobs
@@ -35,6 +59,8 @@ def seeded_mlp(
     )
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     ctx.track(model=model, optimizer=opt)
+    if fail_move_save:
+        ctx.track(sabotage=FailsTheFirstMoveSave(ctx))
     for step in ctx.steps(steps):
         g = torch.Generator().manual_seed(step)
         x = torch.randn(64, 32, generator=g)
