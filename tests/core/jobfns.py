@@ -9,22 +9,21 @@ from pathlib import Path
 from typing import Any
 
 
-class FailsTheFirstMoveSave:
-    """Tracked state whose snapshot fails once, the first time it is taken after a request to
-    move: the move's save fails as when the store refuses it (no state of its own)."""
+def refuse_first_move_commit(ctx: Any) -> None:
+    """The store refuses (ENOSPC, a full disk) the commit of the first checkpoint saved after a
+    request to move: the move's save fails the way a store failure makes it fail."""
+    store = ctx._ckpt.store
+    real = store.write_bytes
+    refused: list[str] = []
 
-    def __init__(self, ctx: Any) -> None:
-        self.ctx, self.failed = ctx, False
+    def write_bytes(path: str, data: bytes) -> None:
+        notice = ctx.notice
+        if not refused and path.endswith("MANIFEST.json") and notice is not None and notice.source == "move":
+            refused.append(path)
+            raise OSError(28, "No space left on device", path)
+        real(path, data)
 
-    def state_dict(self) -> dict[str, Any]:
-        notice = self.ctx.notice
-        if not self.failed and notice is not None and notice.source == "move":
-            self.failed = True
-            raise OSError(28, "No space left on device (the move's save)")
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+    store.write_bytes = write_bytes
 
 
 def seeded_mlp(
@@ -38,7 +37,7 @@ def seeded_mlp(
     """An MLP with dropout and Adam: exercises model, optimizer and torch/python RNG restore.
     `hold_at`: the first instance waits at that step until it is asked to leave (a notice or a
     move), so that what happens next does not depend on how fast this machine is.
-    `fail_move_save`: the first save after a request to move fails (`FailsTheFirstMoveSave`).
+    `fail_move_save`: the first save after a request to move fails (`refuse_first_move_commit`).
 
     One intra-op thread: with two, MKL's float results on a heavily loaded CPU differ from an
     idle run in the last bit from the first step on (measured: 16 of 16 concurrent jobs
@@ -60,7 +59,7 @@ def seeded_mlp(
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     ctx.track(model=model, optimizer=opt)
     if fail_move_save:
-        ctx.track(sabotage=FailsTheFirstMoveSave(ctx))
+        refuse_first_move_commit(ctx)
     for step in ctx.steps(steps):
         g = torch.Generator().manual_seed(step)
         x = torch.randn(64, 32, generator=g)

@@ -5,7 +5,10 @@ market where a process matters; the decision logic alone where only it is under 
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
+
+import pytest
 
 from spotnb.migration import MoveGate, best_move
 from spotnb.placement import rank_zones
@@ -48,3 +51,69 @@ def test_prices_that_flap_every_second_do_not_make_the_job_move_back_and_forth()
     # prices that flip slower than a move's payback are followed, each move paying for itself
     slow = _looks(lambda t: {"zone-a": 0.30, "zone-b": 0.10} if (t // 300) % 2 == 0 else {"zone-a": 0.10, "zone-b": 0.30}, 1200)
     assert [m[1:] for m in slow] == [("zone-a", "zone-b"), ("zone-b", "zone-a"), ("zone-a", "zone-b"), ("zone-b", "zone-a")]
+
+
+# -- the move's save fails ----------------------------------------------------------------------
+def _context(store_url: str) -> tuple[Any, Any, list[tuple[str, dict]]]:
+    from spotnb.policy import resolve_policy
+    from spotnb.runtime.beacon import Beacon
+    from spotnb.runtime.checkpoint import Checkpointer
+    from spotnb.runtime.context import Context
+    from spotnb.store import Store
+
+    events: list[tuple[str, dict]] = []
+
+    def emit(event: Any) -> None:
+        events.append((event.kind, event.to_json()))
+
+    ckpt = Checkpointer(Store(store_url), "job", 1, emit, Beacon(None), keep_last=2)
+    ctx = Context(
+        job_id="job",
+        incarnation=1,
+        checkpointer=ckpt,
+        policy=resolve_policy("static:10"),
+        emit=emit,
+        flush=lambda: None,
+        beacon=Beacon(None),
+        market={"mttp": 3600.0, "restart": 60.0, "grace": 120.0},
+    )
+    return ctx, ckpt, events
+
+
+def _saves(events: list[tuple[str, dict]]) -> list[tuple[str, int, str]]:
+    return [(k, f["step"], f["save_kind"]) for k, f in events if k in ("checkpoint", "checkpoint_failed")]
+
+
+@pytest.mark.parametrize("real_notice_at", [6, None])
+def test_a_failed_move_save_still_hears_a_real_notice_and_moves_at_the_next_planned_save(
+    store_url: str, real_notice_at: int | None
+) -> None:
+    """Attack: the save after a request to move fails (the store refused it). Before the fix
+    the move's notice stayed "handled": a real preemption notice (or SIGTERM) afterwards got
+    no emergency save, and the move was never tried again while its new instance waited,
+    billed, for this one's end. Now a real notice is heard at the next boundary, and without
+    one the move is made at the next planned save. (The real Context and Checkpointer, on a
+    file store, in this process.)"""
+    import torch
+
+    from spotnb.runtime.context import Evacuate
+    from spotnb.runtime.notice import Notice
+    from tests.core.jobfns import refuse_first_move_commit
+
+    ctx, ckpt, events = _context(store_url)
+    ctx.track(model=torch.nn.Linear(4, 4))
+    refuse_first_move_commit(ctx)
+    with pytest.raises(Evacuate):
+        for step in ctx.steps(100):
+            if step == 3:  # the agent's move watcher, between two steps
+                ctx._receive_notice(Notice(deadline=time.time() + 600, source="move", action="move"))
+            if step == real_notice_at:
+                ctx._receive_notice(Notice(deadline=time.time() + 120, source="aws", action="terminate"))
+    ckpt.close()
+    failed = ("checkpoint_failed", 4, "move")
+    if real_notice_at is not None:
+        assert ctx.step_index == real_notice_at + 1
+        assert _saves(events) == [failed, ("checkpoint", real_notice_at + 1, "emergency")]
+    else:
+        assert ctx.step_index == 14  # the next planned save (static:10 after the try at 4)
+        assert _saves(events) == [failed, ("checkpoint", 14, "move")]
