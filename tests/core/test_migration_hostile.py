@@ -10,8 +10,13 @@ from typing import Any
 
 import pytest
 
+import spotnb as spot
 from spotnb.migration import MoveGate, best_move
 from spotnb.placement import rank_zones
+from tests.core import jobfns
+from tests.core.helpers import assert_matches_reference
+
+SHIP = ["tests.core.jobfns"]
 
 
 def _ranked(prices: dict[str, float], work_s: float) -> Any:
@@ -117,3 +122,60 @@ def test_a_failed_move_save_still_hears_a_real_notice_and_moves_at_the_next_plan
     else:
         assert ctx.step_index == 14  # the next planned save (static:10 after the try at 4)
         assert _saves(events) == [failed, ("checkpoint", 14, "move")]
+
+
+# -- the store refuses the move's writes, end to end ------------------------------------------
+def test_a_store_refusing_the_move_request_and_the_move_save_delays_the_move_loses_nothing(
+    reference, monkeypatch
+) -> None:
+    """Attack, on real processes: the store refuses (ENOSPC) the controller's first two
+    writes of the request to move, then the old instance's commit of its move save. Before the
+    fix the first refusal ended the job as lost ("its store refuses writes"), and a failed
+    move save left the new instance waiting, billed, until the job ended. Now the request is
+    written again, the move is made at the next planned save, the job ends bit-exact with
+    nothing recomputed and no preemption, and the ledger bills both instances for the
+    seconds they overlapped."""
+    import errno
+
+    from spotnb.store import Store
+
+    refused: list[str] = []
+    real = Store.write_bytes
+
+    def write_bytes(self: Store, path: str, data: bytes) -> None:
+        if path.endswith(".move") and len(refused) < 2:
+            refused.append(path)
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        real(self, path, data)
+
+    monkeypatch.setattr(Store, "write_bytes", write_bytes)  # the controller runs in this process
+    zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["1s", 0.02]]}}
+    job = spot.train(
+        functools.partial(jobfns.seeded_mlp, step_delay=0.01, hold_at=60, fail_move_save=True),
+        spot.Config(
+            ship_modules=SHIP,
+            local_regions=zones,
+            regions="cheapest",
+            migrate="best-price",
+            checkpoint="static:20",
+        ),
+        detach=False,
+    )
+    assert_matches_reference(job, reference)
+    assert len(refused) == 2
+    events = job.events
+    (failed,) = [e for e in events if e["kind"] == "checkpoint_failed"]
+    assert failed["incarnation"] == 1 and failed["save_kind"] == "move"
+    (move_save,) = [e for e in events if e["kind"] == "checkpoint" and e["save_kind"] == "move"]
+    assert move_save["incarnation"] == 1 and move_save["step"] > failed["step"]
+    (resumed,) = [e for e in events if e["kind"] == "resumed"]
+    assert resumed["incarnation"] == 2 and resumed["from_step"] == move_save["step"]
+    ends = {e["incarnation"]: e.get("reason") for e in events if e["kind"] in ("exited", "preempted")}
+    assert ends == {1: "moved", 2: "done"}
+    b = job.breakdown()
+    assert b.preemptions == 0 and b.recompute == pytest.approx(0.0, abs=1e-9)
+    # the overlap: the new instance was billed from its allocation, while the old one trained
+    incs = job.state.incs
+    assert incs[2].allocated is not None and incs[1].end is not None and incs[2].allocated < incs[1].end
+    billed = sum((inc.end - inc.allocated) * inc.spot_price / 3600 for inc in incs.values())
+    assert b.spot_cost == pytest.approx(billed, rel=1e-6)
