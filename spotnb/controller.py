@@ -402,8 +402,10 @@ class Controller:
             self._cancel_pre(pre)
             self._end_stopped()
             return False
-        if outcome.reason == Outcome.MOVED:
-            pass  # a move is not a preemption: its replacement already runs in the new zone
+        if outcome.reason in (Outcome.MOVED, Outcome.NOT_NEEDED):
+            # a move is not a preemption: its replacement already runs in the new zone; nor is
+            # a move's new instance that a successor controller ended before it began
+            pass
         elif outcome.reason in _FAILURES:
             if self.retries >= self.config.max_retries:
                 self._cancel_pre(pre)
@@ -552,6 +554,10 @@ class Controller:
             result = self._classify(n, orphan, InstanceStatus(InstanceState.TERMINATED))
             if result.reason in (Outcome.LOST, Outcome.STOPPED):
                 result = _Outcome(Outcome.LOST, detail={"why": "its controller died"})
+                if self._move_target_unused(n):
+                    # the new instance of a move, still waiting for the old one when the
+                    # controller died: ended by spotnb before it did any work, not preempted
+                    result = _Outcome(Outcome.NOT_NEEDED, detail={"why": "its controller died"})
             self._finish_incarnation(n, orphan, result)
             if n < last and result.reason.is_preemption:
                 self.preemptions += 1
@@ -566,6 +572,18 @@ class Controller:
         else:
             outcome = _Outcome(_outcome(end.get("reason"), Outcome.CRASHED), end.get("code"))
         return last, None, outcome
+
+    def _move_target_unused(self, n: int) -> bool:
+        """Whether incarnation `n` is a move's new instance (`Config.migrate`) that never
+        started the job (no `ready`): the incarnation before it was being moved, no notice."""
+        incs = self.job.state.incs
+        before, inc = incs.get(n - 1), incs.get(n)
+        return (
+            before is not None
+            and "moving" in before.kinds
+            and "notice" not in before.kinds
+            and (inc is None or "ready" not in inc.kinds)
+        )
 
     def _write_end_marker(self, n: int, reason: str) -> None:
         self._fence()

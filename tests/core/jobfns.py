@@ -245,3 +245,17 @@ def folder_trainer(ctx: Any, steps: int = 60, out: str = "out", base_bytes: int 
             Path(out, "latest").write_text(str(ctx.step_index))
             ctx.backup(out)
     return {"total": total, "resumed_from": resumed_from, "folders": sorted(os.listdir(out))}
+
+
+def finish_when_moving(ctx: Any, steps: int = 100_000, step_time: float = 0.01) -> int:
+    """Announces a long run, then finishes as soon as the controller starts allocating a move's
+    new instance (its incarnation document, written before the launch), so the job ends
+    before that instance is up."""
+    store = ctx._ckpt.store
+    nxt = store.job(ctx.job_id, "incarnations", f"{ctx.incarnation + 1:04d}.json")
+    for step in ctx.steps(steps):
+        time.sleep(step_time)
+        store.invalidate()
+        if store.exists(nxt):
+            return step
+    return steps

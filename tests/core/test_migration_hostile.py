@@ -179,3 +179,75 @@ def test_a_store_refusing_the_move_request_and_the_move_save_delays_the_move_los
     assert incs[2].allocated is not None and incs[1].end is not None and incs[2].allocated < incs[1].end
     billed = sum((inc.end - inc.allocated) * inc.spot_price / 3600 for inc in incs.values())
     assert b.spot_cost == pytest.approx(billed, rel=1e-6)
+
+
+# -- the controller dies during a move ----------------------------------------------------------
+@pytest.mark.parametrize("old_left", [True, False])
+def test_a_successor_controller_does_not_count_the_moves_waiting_instance_as_a_preemption(
+    old_left: bool,
+) -> None:
+    """Attack: the (detached) controller is SIGKILLed during a move, after the new instance in
+    zone-b was allocated and while it waits for the old one. On the local market a successor
+    ends a dead controller's instances (their injector died with it). Seen on real processes
+    (SIGKILL at zone-b's `allocated`): the job finished bit-exact, but the waiting instance,
+    which never ran a step, was recorded as preempted ("lost") — one preemption per controller
+    death, toward `max_preemptions`. Now it ends "not needed" and the job relaunches from the
+    move's save without counting one; the old instance is "moved" if it had saved and left,
+    else lost (its controller died while it trained, as for any job). Recovery is driven here
+    on the job's log in the store, in this process: the old log is exactly what the real run
+    left."""
+    from spotnb import protocol as ev
+    from spotnb.controller import Controller
+    from spotnb.events import EventWriter
+    from spotnb.job import Job
+    from spotnb.providers import get_provider_class
+    from tests.core.helpers import running_job_in_store
+
+    config = spot.Config(
+        local_regions={"zone-a": {"price": 0.10}, "zone-b": {"price": 0.02}},
+        regions="cheapest",
+        migrate="best-price",
+    )
+    job_id = f"job-move-{old_left}"
+    store, db, _ = running_job_in_store(job_id)
+    for n, zone in ((1, "zone-a"), (2, "zone-b")):
+        ctl = EventWriter(store, job_id, n, "ctl")
+        ctl.emit(ev.Allocating(region=zone, attempt=1))
+        ctl.emit(
+            ev.Allocated(
+                instance_id=f"local-gone-{n}",
+                region=zone,
+                instance_type=config.instance_type,
+                alloc_s=0.1,
+                launched_at=time.time(),
+                info={"pid": 0},
+                spot_price=0.1 if n == 1 else 0.02,
+                on_demand_price=0.5,
+            )
+        )
+        if n == 1:
+            ctl.emit(ev.Moving(from_region="zone-a", to_region="zone-b", reason="r", saving=1.0, move_cost=0.1))
+        ctl.flush()
+    agent = EventWriter(store, job_id, 1, "agent")
+    agent.emit(ev.Ready(prep_s=1.0, step=0, total=200))
+    if old_left:
+        agent.emit(ev.Evacuating(step=61, time_left=600.0))
+        agent.emit(ev.Evacuated(step=61))
+    agent.flush()
+    job = Job(job_id, store, db)
+    controller = Controller(job, config, get_provider_class("local")(config), store, db)
+    assert controller._take_lease() is not None
+    try:
+        n, instance, outcome = controller._recover()
+        assert (n, instance) == (2, None) and outcome is not None
+        assert outcome.reason == ev.Outcome.NOT_NEEDED
+        assert controller._carry_on(n, outcome, None)  # on to incarnation 3, from the move's save
+        controller.pump()
+    finally:
+        controller.provider.close()
+        db.release_lease(job_id, controller.owner)
+    events = controller.job.events
+    ends = {e["incarnation"]: (e["kind"], e.get("reason") or e.get("how")) for e in events if e["kind"] in ("exited", "preempted")}
+    assert ends[2] == ("exited", "not needed")
+    assert ends[1] == (("exited", "moved") if old_left else ("preempted", "lost"))
+    assert controller.preemptions == (0 if old_left else 1)
