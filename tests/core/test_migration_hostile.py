@@ -251,3 +251,19 @@ def test_a_successor_controller_does_not_count_the_moves_waiting_instance_as_a_p
     assert ends[2] == ("exited", "not needed")
     assert ends[1] == (("exited", "moved") if old_left else ("preempted", "lost"))
     assert controller.preemptions == (0 if old_left else 1)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"regions": "cheapest"},  # the local market without local_regions: one zone, "local"
+        {"regions": "cheapest", "local_regions": {"zone-a": {"price": 0.1}}},
+    ],
+)
+def test_best_price_on_a_local_market_with_one_zone_is_refused_before_anything_runs(
+    fields: dict[str, Any],
+) -> None:
+    """Attack: regions="cheapest" passed the "several zones" check, but on the local market
+    with one zone the job could never move: accepted, it silently did what on-interrupt does."""
+    with pytest.raises(spot.ConfigError, match="only one zone.*local_regions"):
+        spot.Config(migrate="best-price", **fields)
