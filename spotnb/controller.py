@@ -1007,6 +1007,13 @@ class Controller:
         # saved and left because it was asked to move (a notice first makes it a preemption)
         if "done" not in kinds and {"moving", "evacuated"} <= kinds and "notice" not in kinds:
             return _Outcome(Outcome.MOVED, status.exit_code)
+        from spotnb.runtime.agent import EXIT_GAVE_UP
+
+        if status.exit_code == EXIT_GAVE_UP and not kinds & {"ready", "done", "error"}:
+            # a replacement (a move's new instance, above all: a move waits for a step
+            # boundary, or a failed move save for the next planned one) that gave up waiting
+            # for the instance before it: it ran none of the job; the next one restores
+            return _Outcome(Outcome.NOT_NEEDED, status.exit_code, {"why": "it gave up waiting"})
         if status.state == InstanceState.PREEMPTED:
             if "done" in kinds:
                 return _Outcome(Outcome.DONE, status.exit_code)

@@ -9,17 +9,30 @@ from pathlib import Path
 from typing import Any
 
 
-def refuse_first_move_commit(ctx: Any) -> None:
+def refuse_first_move_commit(ctx: Any, until_next_gives_up: bool = False) -> None:
     """The store refuses (ENOSPC, a full disk) the commit of the first checkpoint saved after a
-    request to move: the move's save fails the way a store failure makes it fail."""
+    request to move: the move's save fails the way a store failure makes it fail.
+    `until_next_gives_up`: the refusal comes only once the move's new instance has given up
+    waiting for this one (its warning is in the store), a store that hangs that long first."""
     store = ctx._ckpt.store
     real = store.write_bytes
     refused: list[str] = []
+
+    def gave_up() -> bool:
+        store.invalidate()
+        folder = store.job(ctx.job_id, "events")
+        for path in store.fs.glob(f"{folder}/{ctx.incarnation + 1:04d}-agent*"):
+            if b'"warning"' in store.fs.cat_file(path):
+                return True
+        return False
 
     def write_bytes(path: str, data: bytes) -> None:
         notice = ctx.notice
         if not refused and path.endswith("MANIFEST.json") and notice is not None and notice.source == "move":
             refused.append(path)
+            deadline = time.monotonic() + 120
+            while until_next_gives_up and not gave_up() and time.monotonic() < deadline:
+                time.sleep(0.05)
             raise OSError(28, "No space left on device", path)
         real(path, data)
 
@@ -33,11 +46,13 @@ def seeded_mlp(
     step_delay: float = 0.0,
     hold_at: int | None = None,
     fail_move_save: bool = False,
+    next_gives_up: bool = False,
 ) -> dict[str, Any]:
     """An MLP with dropout and Adam: exercises model, optimizer and torch/python RNG restore.
     `hold_at`: the first instance waits at that step until it is asked to leave (a notice or a
     move), so that what happens next does not depend on how fast this machine is.
-    `fail_move_save`: the first save after a request to move fails (`refuse_first_move_commit`).
+    `fail_move_save`: the first save after a request to move fails (`refuse_first_move_commit`),
+    once the move's new instance gave up waiting if `next_gives_up`.
 
     One intra-op thread: with two, MKL's float results on a heavily loaded CPU differ from an
     idle run in the last bit from the first step on (measured: 16 of 16 concurrent jobs
@@ -59,7 +74,7 @@ def seeded_mlp(
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     ctx.track(model=model, optimizer=opt)
     if fail_move_save:
-        refuse_first_move_commit(ctx)
+        refuse_first_move_commit(ctx, until_next_gives_up=next_gives_up)
     for step in ctx.steps(steps):
         g = torch.Generator().manual_seed(step)
         x = torch.randn(64, 32, generator=g)

@@ -125,16 +125,20 @@ def test_a_failed_move_save_still_hears_a_real_notice_and_moves_at_the_next_plan
 
 
 # -- the store refuses the move's writes, end to end ------------------------------------------
-def test_a_store_refusing_the_move_request_and_the_move_save_delays_the_move_loses_nothing(
+def test_a_store_refusing_the_move_request_and_save_and_a_new_instance_that_gave_up_lose_nothing(
     reference, monkeypatch
 ) -> None:
     """Attack, on real processes: the store refuses (ENOSPC) the controller's first two
-    writes of the request to move, then the old instance's commit of its move save. Before the
-    fix the first refusal ended the job as lost ("its store refuses writes"), and a failed
-    move save left the new instance waiting, billed, until the job ended. Now the request is
-    written again, the move is made at the next planned save, the job ends bit-exact with
-    nothing recomputed and no preemption, and the ledger bills both instances for the
-    seconds they overlapped."""
+    writes of the request to move, then the old instance's commit of its move save; and the
+    move's new instance gives up waiting for the old one (SPOTNB_WAIT_FOR_PREVIOUS=0: the move
+    took longer than its 15 minutes, as a failed move save retried at the next planned save
+    can). Before the fixes the first refusal ended the job as lost ("its store refuses
+    writes"); a failed move save left the new instance waiting, billed, until the job ended;
+    and a new instance that gave up was taken over anyway and classified as crashed (exit 4):
+    the job failed. Now the request is written again, the move is made at the next planned
+    save, the instance that gave up is "not needed" and another one restores the move's save:
+    bit-exact, nothing recomputed, no preemption, and every instance billed for its seconds,
+    the overlaps included."""
     import errno
 
     from spotnb.store import Store
@@ -149,9 +153,12 @@ def test_a_store_refusing_the_move_request_and_the_move_save_delays_the_move_los
         real(self, path, data)
 
     monkeypatch.setattr(Store, "write_bytes", write_bytes)  # the controller runs in this process
+    monkeypatch.setenv("SPOTNB_WAIT_FOR_PREVIOUS", "0")  # the instances' environment
     zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["1s", 0.02]]}}
     job = spot.train(
-        functools.partial(jobfns.seeded_mlp, step_delay=0.01, hold_at=60, fail_move_save=True),
+        functools.partial(
+            jobfns.seeded_mlp, step_delay=0.01, hold_at=60, fail_move_save=True, next_gives_up=True
+        ),
         spot.Config(
             ship_modules=SHIP,
             local_regions=zones,
@@ -169,9 +176,10 @@ def test_a_store_refusing_the_move_request_and_the_move_save_delays_the_move_los
     (move_save,) = [e for e in events if e["kind"] == "checkpoint" and e["save_kind"] == "move"]
     assert move_save["incarnation"] == 1 and move_save["step"] > failed["step"]
     (resumed,) = [e for e in events if e["kind"] == "resumed"]
-    assert resumed["incarnation"] == 2 and resumed["from_step"] == move_save["step"]
+    assert resumed["incarnation"] == 3 and resumed["from_step"] == move_save["step"]
     ends = {e["incarnation"]: e.get("reason") for e in events if e["kind"] in ("exited", "preempted")}
-    assert ends == {1: "moved", 2: "done"}
+    assert ends == {1: "moved", 2: "not needed", 3: "done"}
+    assert [e["region"] for e in events if e["kind"] == "allocated"] == ["zone-a", "zone-b", "zone-b"]
     b = job.breakdown()
     assert b.preemptions == 0 and b.recompute == pytest.approx(0.0, abs=1e-9)
     # the overlap: the new instance was billed from its allocation, while the old one trained
