@@ -970,7 +970,9 @@ class Controller:
             )
         except OSError as exc:  # the store refused it (full, briefly down): ask again next poll
             # (a store that refuses everything for good ends the job through the event writes)
-            self.log.warning("job %s: could not ask incarnation %d to move (%r); asking again", self.job.id, n, exc)
+            self.log.warning(
+                "job %s: could not ask incarnation %d to move (%r); asking again", self.job.id, n, exc
+            )
             return pre, zone
         return pre, None
 

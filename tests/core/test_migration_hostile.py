@@ -54,8 +54,18 @@ def test_prices_that_flap_every_second_do_not_make_the_job_move_back_and_forth()
     assert len(moves) == 1 and moves[0][1:] == ("zone-a", "zone-b")
     assert move.payback_s <= moves[0][0] <= move.payback_s + 1
     # prices that flip slower than a move's payback are followed, each move paying for itself
-    slow = _looks(lambda t: {"zone-a": 0.30, "zone-b": 0.10} if (t // 300) % 2 == 0 else {"zone-a": 0.10, "zone-b": 0.30}, 1200)
-    assert [m[1:] for m in slow] == [("zone-a", "zone-b"), ("zone-b", "zone-a"), ("zone-a", "zone-b"), ("zone-b", "zone-a")]
+    slow = _looks(
+        lambda t: (
+            {"zone-a": 0.30, "zone-b": 0.10} if (t // 300) % 2 == 0 else {"zone-a": 0.10, "zone-b": 0.30}
+        ),
+        1200,
+    )
+    assert [m[1:] for m in slow] == [
+        ("zone-a", "zone-b"),
+        ("zone-b", "zone-a"),
+        ("zone-a", "zone-b"),
+        ("zone-b", "zone-a"),
+    ]
 
 
 # -- the move's save fails ----------------------------------------------------------------------
@@ -234,7 +244,9 @@ def test_a_successor_controller_does_not_count_the_moves_waiting_instance_as_a_p
             )
         )
         if n == 1:
-            ctl.emit(ev.Moving(from_region="zone-a", to_region="zone-b", reason="r", saving=1.0, move_cost=0.1))
+            ctl.emit(
+                ev.Moving(from_region="zone-a", to_region="zone-b", reason="r", saving=1.0, move_cost=0.1)
+            )
         ctl.flush()
     agent = EventWriter(store, job_id, 1, "agent")
     agent.emit(ev.Ready(prep_s=1.0, step=0, total=200))
@@ -255,7 +267,11 @@ def test_a_successor_controller_does_not_count_the_moves_waiting_instance_as_a_p
         controller.provider.close()
         db.release_lease(job_id, controller.owner)
     events = controller.job.events
-    ends = {e["incarnation"]: (e["kind"], e.get("reason") or e.get("how")) for e in events if e["kind"] in ("exited", "preempted")}
+    ends = {
+        e["incarnation"]: (e["kind"], e.get("reason") or e.get("how"))
+        for e in events
+        if e["kind"] in ("exited", "preempted")
+    }
     assert ends[2] == ("exited", "not needed")
     assert ends[1] == (("exited", "moved") if old_left else ("preempted", "lost"))
     assert controller.preemptions == (0 if old_left else 1)
