@@ -383,6 +383,14 @@ class _GenericConfig(BaseModel):
                 f"(instances={self.instances}) is not moved yet: use migrate='on-interrupt' (its "
                 "replacements go to the best zone then)"
             )
+        zones = getattr(self, "local_regions", None) or {"local": None}
+        if self.provider == "local" and self.regions == "cheapest" and len(zones) < 2:
+            raise ValueError(
+                "migrate='best-price' moves a running job to a cheaper zone, but the local market "
+                f"has only one zone ({', '.join(zones)}): define several with local_regions (e.g. "
+                "local_regions={'zone-a': {'price': 0.10}, 'zone-b': {'price': 0.05}}), or use "
+                "migrate='on-interrupt'"
+            )
 
     @property
     def elastic(self) -> bool:

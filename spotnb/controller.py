@@ -26,7 +26,7 @@ from spotnb.errors import CapacityError
 from spotnb.events import EventReader, EventWriter
 from spotnb.job import Job
 from spotnb.jobdb import JobDB
-from spotnb.migration import best_move
+from spotnb.migration import MoveGate, best_move
 from spotnb.placement import ZoneEstimate, rank_zones
 from spotnb.policy import Observation, resolve_policy
 from spotnb.protocol import TERMINAL, Event, JobStatus, Outcome
@@ -117,6 +117,7 @@ class Controller:
         self._thread = threading.Thread(target=self._main, name=f"spotnb-ctl-{job.id}", daemon=True)
         self._writers: dict[int, EventWriter] = {}
         self.preemptions = 0
+        self._move_gate = MoveGate()  # a move must stay worth making for its payback time
         self.retries = 0
         self._high_water = 0
         self._indexed = 0.0
@@ -402,8 +403,10 @@ class Controller:
             self._cancel_pre(pre)
             self._end_stopped()
             return False
-        if outcome.reason == Outcome.MOVED:
-            pass  # a move is not a preemption: its replacement already runs in the new zone
+        if outcome.reason in (Outcome.MOVED, Outcome.NOT_NEEDED):
+            # a move is not a preemption: its replacement already runs in the new zone; nor is
+            # a move's new instance that a successor controller ended before it began
+            pass
         elif outcome.reason in _FAILURES:
             if self.retries >= self.config.max_retries:
                 self._cancel_pre(pre)
@@ -552,6 +555,10 @@ class Controller:
             result = self._classify(n, orphan, InstanceStatus(InstanceState.TERMINATED))
             if result.reason in (Outcome.LOST, Outcome.STOPPED):
                 result = _Outcome(Outcome.LOST, detail={"why": "its controller died"})
+                if self._move_target_unused(n):
+                    # the new instance of a move, still waiting for the old one when the
+                    # controller died: ended by spotnb before it did any work, not preempted
+                    result = _Outcome(Outcome.NOT_NEEDED, detail={"why": "its controller died"})
             self._finish_incarnation(n, orphan, result)
             if n < last and result.reason.is_preemption:
                 self.preemptions += 1
@@ -566,6 +573,18 @@ class Controller:
         else:
             outcome = _Outcome(_outcome(end.get("reason"), Outcome.CRASHED), end.get("code"))
         return last, None, outcome
+
+    def _move_target_unused(self, n: int) -> bool:
+        """Whether incarnation `n` is a move's new instance (`Config.migrate`) that never
+        started the job (no `ready`): the incarnation before it was being moved, no notice."""
+        incs = self.job.state.incs
+        before, inc = incs.get(n - 1), incs.get(n)
+        return (
+            before is not None
+            and "moving" in before.kinds
+            and "notice" not in before.kinds
+            and (inc is None or "ready" not in inc.kinds)
+        )
 
     def _write_end_marker(self, n: int, reason: str) -> None:
         self._fence()
@@ -909,7 +928,7 @@ class Controller:
         ranked = self._placement({zone: p.spot for zone, p in prices.items()})
         saves = st.checkpoints[-10:]
         save_s = sum(c.snapshot_s + c.upload_s for c in saves) / len(saves) if saves else None
-        move = best_move(ranked, instance.region, save_s)
+        move = self._move_gate.admit(best_move(ranked, instance.region, save_s), time.time())
         if move is None:
             return None
         self.emit(
@@ -956,10 +975,18 @@ class Controller:
         inc = self.job.state.incs.get(n)
         if inc is not None and "notice" in inc.kinds:
             return pre, None  # a notice came first: the new instance is its replacement
-        self.store.write_bytes(
-            self.store.job(self.job.id, "incarnations", f"{n:04d}.move"),
-            json.dumps({"to": zone, "incarnation": n + 1, "t": time.time()}).encode(),
-        )
+        self._fence()  # a controller that lost the job must not move its instance
+        try:
+            self.store.write_bytes(
+                self.store.job(self.job.id, "incarnations", f"{n:04d}.move"),
+                json.dumps({"to": zone, "incarnation": n + 1, "t": time.time()}).encode(),
+            )
+        except OSError as exc:  # the store refused it (full, briefly down): ask again next poll
+            # (a store that refuses everything for good ends the job through the event writes)
+            self.log.warning(
+                "job %s: could not ask incarnation %d to move (%r); asking again", self.job.id, n, exc
+            )
+            return pre, zone
         return pre, None
 
     def _preallocate(self, n: int, only: str | None = None) -> Future:
@@ -995,6 +1022,13 @@ class Controller:
         # saved and left because it was asked to move (a notice first makes it a preemption)
         if "done" not in kinds and {"moving", "evacuated"} <= kinds and "notice" not in kinds:
             return _Outcome(Outcome.MOVED, status.exit_code)
+        from spotnb.runtime.agent import EXIT_GAVE_UP
+
+        if status.exit_code == EXIT_GAVE_UP and not kinds & {"ready", "done", "error"}:
+            # a replacement (a move's new instance, above all: a move waits for a step
+            # boundary, or a failed move save for the next planned one) that gave up waiting
+            # for the instance before it: it ran none of the job; the next one restores
+            return _Outcome(Outcome.NOT_NEEDED, status.exit_code, {"why": "it gave up waiting"})
         if status.state == InstanceState.PREEMPTED:
             if "done" in kinds:
                 return _Outcome(Outcome.DONE, status.exit_code)

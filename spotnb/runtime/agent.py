@@ -29,14 +29,18 @@ _STARTED = time.time()
 log = logging.getLogger("spotnb.agent")
 
 EXIT_DONE, EXIT_USER_ERROR, EXIT_EVACUATED = 0, 1, 3
+#: the replacement gave up waiting for the instance it replaces (`WAIT_FOR_PREVIOUS`): it ran
+#: none of the job, so the controller does not take it for a user error or a crash
+EXIT_GAVE_UP = 4
 #: how long a replica other than 0 waits for replica 0's result before writing its own
 RESULT_WAIT_S = float(os.environ.get("SPOTNB_RESULT_WAIT", "30"))
-WAIT_FOR_PREVIOUS = 900.0  # seconds a replacement waits for the instance it replaces to end
+# seconds a replacement waits for the instance it replaces to end (tests: shorter)
+WAIT_FOR_PREVIOUS = float(os.environ.get("SPOTNB_WAIT_FOR_PREVIOUS", "900"))
 # a move (Config.migrate) has no market deadline; the save before it must end well before the
 # new instance gives up waiting for this one (WAIT_FOR_PREVIOUS)
 MOVE_DEADLINE = 600.0
 
-__all__ = ["main", "Agent", "EXIT_DONE", "EXIT_USER_ERROR", "EXIT_EVACUATED"]
+__all__ = ["main", "Agent", "EXIT_DONE", "EXIT_USER_ERROR", "EXIT_EVACUATED", "EXIT_GAVE_UP"]
 
 
 class Agent:
@@ -231,7 +235,7 @@ class Agent:
             self.wait_for_previous()
         except RuntimeError as exc:
             self.emit(ev.JobWarning(message=str(exc)))
-            return self._finish(4)
+            return self._finish(EXIT_GAVE_UP)
         checkpointer = Checkpointer(
             self.store,
             self.job_id,

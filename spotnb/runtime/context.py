@@ -119,6 +119,7 @@ class Context:
         self._save_due: SaveKind | None = None  # low-level API: the user saves, we back up
         self._notice: Notice | None = None
         self._notice_handled = False
+        self._move_again: Notice | None = None  # a move whose save failed: tried again later
         self._requested: SaveKind | None = None  # a save asked for from outside (rebalance hint)
         self._last_save_step = 0
         self._evacuating = False
@@ -490,6 +491,8 @@ class Context:
             self._boundary()
 
     def _boundary(self) -> None:
+        if self._move_again is not None and self._notice is None and self._plan_due():
+            self._notice, self._move_again = self._move_again, None  # at a planned save
         if self._notice is not None and not self._notice_handled:
             self._notice_handled = True
             self._on_notice_at_boundary()
@@ -507,6 +510,9 @@ class Context:
                 self._last_save_step = self._step
                 self._replan()
         self._arm()
+
+    def _plan_due(self) -> bool:
+        return self._plan is not None and self._step >= self._plan.step
 
     def _due(self, kind: SaveKind) -> None:
         """Low-level API: ask the script for a save (an emergency request is never downgraded)."""
@@ -547,6 +553,15 @@ class Context:
                 self._save(kind, wait=True)
             except Exception as exc:  # noqa: BLE001 - the store failed; keep training until killed
                 self._emit(ev.CheckpointFailed(step=self._step, save_kind=kind, error=repr(exc)))
+                if moving:
+                    # nothing preempts this instance and its new one waits: try the move again
+                    # at the next planned save; until then a real notice (or SIGTERM) must
+                    # still be heard, so the move's notice is no longer pending
+                    if self._notice is notice:  # (a real one that came meanwhile stays)
+                        self._notice = None
+                    self._notice_handled = False
+                    self._move_again = notice
+                    self._arm()
                 return
             self._evacuate_after_save()
         else:

@@ -9,12 +9,50 @@ from pathlib import Path
 from typing import Any
 
 
+def refuse_first_move_commit(ctx: Any, until_next_gives_up: bool = False) -> None:
+    """The store refuses (ENOSPC, a full disk) the commit of the first checkpoint saved after a
+    request to move: the move's save fails the way a store failure makes it fail.
+    `until_next_gives_up`: the refusal comes only once the move's new instance has given up
+    waiting for this one (its warning is in the store), a store that hangs that long first."""
+    store = ctx._ckpt.store
+    real = store.write_bytes
+    refused: list[str] = []
+
+    def gave_up() -> bool:
+        store.invalidate()
+        folder = store.job(ctx.job_id, "events")
+        for path in store.fs.glob(f"{folder}/{ctx.incarnation + 1:04d}-agent*"):
+            if b'"warning"' in store.fs.cat_file(path):
+                return True
+        return False
+
+    def write_bytes(path: str, data: bytes) -> None:
+        notice = ctx.notice
+        if not refused and path.endswith("MANIFEST.json") and notice is not None and notice.source == "move":
+            refused.append(path)
+            deadline = time.monotonic() + 120
+            while until_next_gives_up and not gave_up() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            raise OSError(28, "No space left on device", path)
+        real(path, data)
+
+    store.write_bytes = write_bytes
+
+
 def seeded_mlp(
-    ctx: Any, steps: int = 200, width: int = 512, step_delay: float = 0.0, hold_at: int | None = None
+    ctx: Any,
+    steps: int = 200,
+    width: int = 512,
+    step_delay: float = 0.0,
+    hold_at: int | None = None,
+    fail_move_save: bool = False,
+    next_gives_up: bool = False,
 ) -> dict[str, Any]:
     """An MLP with dropout and Adam: exercises model, optimizer and torch/python RNG restore.
     `hold_at`: the first instance waits at that step until it is asked to leave (a notice or a
     move), so that what happens next does not depend on how fast this machine is.
+    `fail_move_save`: the first save after a request to move fails (`refuse_first_move_commit`),
+    once the move's new instance gave up waiting if `next_gives_up`.
 
     One intra-op thread: with two, MKL's float results on a heavily loaded CPU differ from an
     idle run in the last bit from the first step on (measured: 16 of 16 concurrent jobs
@@ -35,6 +73,8 @@ def seeded_mlp(
     )
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     ctx.track(model=model, optimizer=opt)
+    if fail_move_save:
+        refuse_first_move_commit(ctx, until_next_gives_up=next_gives_up)
     for step in ctx.steps(steps):
         g = torch.Generator().manual_seed(step)
         x = torch.randn(64, 32, generator=g)
@@ -220,3 +260,17 @@ def folder_trainer(ctx: Any, steps: int = 60, out: str = "out", base_bytes: int 
             Path(out, "latest").write_text(str(ctx.step_index))
             ctx.backup(out)
     return {"total": total, "resumed_from": resumed_from, "folders": sorted(os.listdir(out))}
+
+
+def finish_when_moving(ctx: Any, steps: int = 100_000, step_time: float = 0.01) -> int:
+    """Announces a long run, then finishes as soon as the controller starts allocating a move's
+    new instance (its incarnation document, written before the launch), so the job ends
+    before that instance is up."""
+    store = ctx._ckpt.store
+    nxt = store.job(ctx.job_id, "incarnations", f"{ctx.incarnation + 1:04d}.json")
+    for step in ctx.steps(steps):
+        time.sleep(step_time)
+        store.invalidate()
+        if store.exists(nxt):
+            return step
+    return steps
