@@ -37,8 +37,10 @@ def test_best_price_moves_once_to_a_zone_that_became_cheaper_and_pays_for_the_ov
     stay = simulate_zones(zones, "on-interrupt", work, delta=delta, check_s=check)
     move = simulate_zones(zones, "best-price", work, delta=delta, check_s=check)
     assert (stay.moves, move.moves) == (0, 1)
-    # the first look at or after the drop: a multiple of check_s after the first ready (120 s)
-    looked = 120 + math.ceil((HOUR - 120) / check) * check
+    # the first look at or after the drop (a multiple of check_s after the first ready, 120 s)
+    # finds the move; it is made at the next look, once it stayed worth making for its
+    # payback time (MoveGate: here ~68 s, under one look)
+    looked = 120 + math.ceil((HOUR - 120) / check) * check + check
     switch = looked + 120  # b's start, while a trains on
     assert move.wall == pytest.approx(work + 120 + delta)  # only the move's save is added
     expected = (switch + delta) * 1.0 / HOUR + (move.wall - looked) * 0.2 / HOUR
@@ -47,9 +49,10 @@ def test_best_price_moves_once_to_a_zone_that_became_cheaper_and_pays_for_the_ov
 
 
 def test_a_move_whose_new_instance_is_preempted_while_starting_is_abandoned() -> None:
-    """The first look after b's drop is at 3720 s; b's instance would be ready at 3840 s but
-    is preempted at 3780 s: a trains on, nothing is lost; the next look moves."""
-    b = SimZone("b", [(0, 2.0), (HOUR, 0.2)], Schedule([3780.0]), restart=120)
+    """The first look after b's drop is at 3720 s and the move is made at the next, 4020 s;
+    b's instance would be ready at 4140 s but is preempted at 4080 s: a trains on, nothing is
+    lost; a later look moves."""
+    b = SimZone("b", [(0, 2.0), (HOUR, 0.2)], Schedule([4080.0]), restart=120)
     run = simulate_zones([_calm("a", [(0, 1.0)]), b], "best-price", 2 * HOUR, delta=30.0, check_s=300.0)
     assert run.preemptions == 1 and run.lost == 0.0
     assert run.moves == 1  # it tried again at the next look, and that one stayed up

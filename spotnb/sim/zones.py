@@ -3,8 +3,8 @@ several zones, each with its own price over time and its own preemptions (issue 
 DeepSpotCloud-style table: `benchmarks/bench_migration.py`).
 
 The decisions are the controller's own code — `spotnb.placement.rank_zones` picks a zone at
-each (re)launch, `spotnb.migration.best_move` decides a voluntary move — so the table measures
-the policies spotnb runs, not a model of them. The run itself is the checkpoint model of
+each (re)launch, `spotnb.migration.best_move` behind `MoveGate` decides a voluntary move — so
+the table measures the policies spotnb runs, not a model of them. The run itself is the checkpoint model of
 ARCHITECTURE.md at the level of zones (the step-level engine, `spotnb.sim.engine`, is for one
 market): the job needs `work` seconds of compute; in a zone with mean time to preemption M it
 saves every τ = Daly(δ, M, R), each save pausing training for δ; a preemption loses the work
@@ -15,7 +15,8 @@ Policies (`Config.migrate`):
 
 - ``never``: start in the best zone at t = 0 and always relaunch there;
 - ``on-interrupt``: relaunch in the zone best at that moment (the default);
-- ``best-price``: also look at the prices every `check_s` and move when `best_move` says so —
+- ``best-price``: also look at the prices every `check_s` and move when `best_move` says so and
+  has said so for the move's payback time (`MoveGate`, as the controller) —
   the new instance starts first (R, billed at its price, while the old one trains on: the two
   overlap), then the old one saves (δ) and the new one takes over with nothing lost. If the old
   instance is preempted during the overlap, the new one is its replacement, as in the runtime.
@@ -36,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spotnb.migration import best_move
+from spotnb.migration import MoveGate, best_move
 from spotnb.placement import rank_zones
 from spotnb.policy.intervals import daly_interval
 from spotnb.preempt import PreemptionProcess
@@ -174,6 +175,7 @@ def simulate_zones(
     done = cost = lost = 0.0
     moves = preemptions = 0
     home = _best(by_name, 0.0, work, delta)
+    gate = MoveGate()
 
     def relaunch_zone(at: float) -> str:
         return home if policy == "never" else _best(by_name, at, work - done, delta)
@@ -251,7 +253,7 @@ def simulate_zones(
                         work_s=work - done - since,
                         save_s=delta,
                     )
-                    move = best_move(ranked, zone, delta)
+                    move = gate.admit(best_move(ranked, zone, delta), t)
                     if move is not None:
                         there = by_name[move.there.zone]
                         pending = (
