@@ -740,6 +740,8 @@ class Checkpointer:
                 self.beacon.set_phase(Phase.IDLE)
             if os.path.exists(spool):
                 os.unlink(spool)  # a failed save must not leave its copy in the spool
+            if snap.data is not None:
+                snap.data[1].wait()  # a failed save still ends with its chunk buffers given back
             _remove_spooled(snap)
         self.upload_ema, self.upload_var = _ewm(self.upload_ema, self.upload_var, upload_s)
         self.last_bytes = total

@@ -141,6 +141,10 @@ class Drain:
         """No more buffers: the drain writes what it has, then ends."""
         self.full.put(None)
 
+    def wait(self) -> None:
+        """Until the drain has ended (its buffers given back), whatever its outcome."""
+        self._done.wait()
+
     def result(self) -> dict[str, Any]:
         """Wait for the last buffer to be written: the file's size and sha256, or its error."""
         self._done.wait()

@@ -187,26 +187,29 @@ def _context(store_url: str, incarnation: int, budget: int) -> tuple[Context, Ch
     return ctx, ckpt
 
 
+BUDGET = 256 * 1024
+
+
 def test_training_resumed_from_chunked_checkpoints_matches_the_uninterrupted_run(tmp_path) -> None:
-    """The MLP + Adam of the end-to-end resume tests (~3.4 MB of state) with a 1 MB budget:
+    """The MLP + Adam of the end-to-end resume tests (narrower: ~0.9 MB of state) with a 256 KB budget:
     stopped after step 25, resumed from the chunked checkpoint of step 20, it ends bit for bit
     where a run without a stop ends."""
     threads = torch.get_num_threads()
     try:
-        ref_ctx, ref_ckpt = _context((tmp_path / "ref").as_uri(), 1, 1 * MB)
-        reference = jobfns.seeded_mlp(ref_ctx, steps=40)
+        ref_ctx, ref_ckpt = _context((tmp_path / "ref").as_uri(), 1, BUDGET)
+        reference = jobfns.seeded_mlp(ref_ctx, steps=40, width=256)
         ref_ckpt.close()
 
         url = (tmp_path / "run").as_uri()
-        ctx, ckpt = _context(url, 1, 1 * MB)
-        jobfns.seeded_mlp(ctx, steps=25)
+        ctx, ckpt = _context(url, 1, BUDGET)
+        jobfns.seeded_mlp(ctx, steps=25, width=256)
         assert ckpt.wait(60) and ckpt.failures == 0
         assert [m.step for m in ckpt.list_manifests()][0] == 20
-        assert ckpt.peak_bytes <= 1 * MB and ckpt.last_bytes > 3 * MB
+        assert ckpt.peak_bytes <= BUDGET and ckpt.last_bytes > 3 * BUDGET
         ckpt.close()
 
-        ctx, ckpt = _context(url, 2, 1 * MB)
-        result = jobfns.seeded_mlp(ctx, steps=40)
+        ctx, ckpt = _context(url, 2, BUDGET)
+        result = jobfns.seeded_mlp(ctx, steps=40, width=256)
         assert ctx.resumed_from == 20
         ckpt.close()
     finally:
@@ -214,3 +217,49 @@ def test_training_resumed_from_chunked_checkpoints_matches_the_uninterrupted_run
     for name, tensor in reference["params"].items():
         assert torch.equal(result["params"][name], tensor), name
     assert result["loss"] == reference["loss"]
+
+
+def test_a_full_spool_disk_mid_chunks_fails_the_save_not_the_training_thread(tmp_path, store_url) -> None:
+    """The drain's write fails after a few chunks (a 1 MB tmpfs spool): the training thread,
+    waiting for the buffer the drain holds, is released; the save fails with an event, the
+    earlier checkpoint restores, and the next save that fits the disk works."""
+    from tests.core.helpers import mounted_tmpfs
+
+    with mounted_tmpfs(tmp_path / "spool", "1m") as spool:
+        rec = Recorder()
+        c = Checkpointer(Store(store_url), "job", 1, rec, spool_dir=str(spool), snapshot_memory=256 * 1024)
+        try:
+            c.save_now(c.snapshot({"step": 1, "w": torch.ones(20_000)}, 1, "periodic"))
+            big = {"step": 2, "w": torch.randn(1_000_000)}  # 4 MB through a 1 MB disk
+            with pytest.raises(OSError):
+                c.save_now(c.snapshot(big, 2, "periodic"))
+            assert c.held_bytes <= 256 * 1024 and not c._chunks.in_use
+            c.submit(c.snapshot({"step": 3, "w": torch.full((20_000,), 3.0)}, 3, "periodic"))
+            assert c.wait(60)
+            manifest, state = c.load_latest()
+            assert manifest.step == 3 and torch.equal(state["w"], torch.full((20_000,), 3.0))
+            assert [e["step"] for e in rec.kinds("checkpoint_failed")] == []  # save_now raised instead
+            import os
+
+            assert [n for n in os.listdir(c.spool) if n.startswith("data-")] == []
+        finally:
+            c.close()
+
+
+def test_an_emergency_save_abandons_a_chunked_upload_and_leaves_no_spool_behind(store_url) -> None:
+    """A chunked save uploading slowly (throttled copy to the store) is abandoned for an
+    emergency save; both snapshots' tensors.bin leave the spool, the emergency one commits."""
+    import os
+
+    rec = Recorder()
+    c = Checkpointer(Store(store_url), "job", 1, rec, snapshot_memory=2 * MB, upload_bps=16e6)
+    try:
+        c.submit(c.snapshot(_big_state(10), 10, "periodic"))  # ~0.5 s of upload at 16 MB/s
+        c.save_now(c.snapshot(_big_state(11), 11, "emergency"))
+        manifest, restored = c.load_latest()
+        assert manifest.step == 11
+        _assert_same(_big_state(11), restored)
+        assert [n for n in os.listdir(c.spool) if n.startswith("data-")] == []
+        assert c.peak_bytes <= 2 * MB
+    finally:
+        c.close()
