@@ -176,7 +176,10 @@ class Spotnb(Saver):
     def close(self) -> None:
         self.finish()
         self.ckpt.close()
-        BUFFERS[self.name] = (max(BUFFERS.get(self.name, (0, 0))[0], self.ckpt.peak_bytes), self.ckpt.budget())
+        BUFFERS[self.name] = (
+            max(BUFFERS.get(self.name, (0, 0))[0], self.ckpt.peak_bytes),
+            self.ckpt.budget(),
+        )
 
 
 class SpotnbQuarter(Spotnb):
@@ -344,14 +347,13 @@ def profile(mb: int, rounds: int) -> None:
     for r in range(rounds + 1):  # the first round allocates buffers: not counted
         snap = whole.snapshot({"model": sd}, r, "periodic")
         times.setdefault("copy (snapshot)", []).append(snap.snapshot_s)
-        timed("serialise (torch.save, CRC32 on)", lambda: torch.save(snap.state, _Sink()))
+        timed("serialise (torch.save, CRC32 on)", lambda s=snap: torch.save(s.state, _Sink()))
         timed("serialise (torch.save, CRC32 off)", no_crc)
         timed("sha256", sha)
         timed("write to spool (no fsync)", write_raw)
-        timed("whole save: writer (save_now)", lambda: whole.save_now(snap))
-        times.setdefault("whole save: stall", []).append(snap.snapshot_s)
-        snap = timed("chunked ¼ budget: stall", lambda: chunked.snapshot({"model": sd}, r, "periodic"))
-        timed("chunked ¼ budget: writer after", lambda: chunked.save_now(snap))
+        timed("whole save: writer (save_now)", lambda s=snap: whole.save_now(s))
+        snap = timed("chunked ¼ budget: stall", lambda r=r: chunked.snapshot({"model": sd}, r, "periodic"))
+        timed("chunked ¼ budget: writer after", lambda s=snap: chunked.save_now(s))
         if r == 0:
             times.clear()
     whole.close()

@@ -40,7 +40,9 @@ def parse_size(value: Any) -> int:
     elif isinstance(value, str):
         match = _SIZE_RE.fullmatch(value.strip().lower().replace("_", ""))
         if match is None or match.group(2) not in _UNITS:
-            raise ValueError(f"invalid size {value!r}: use bytes (536870912) or a string like '512MB', '2GiB'")
+            raise ValueError(
+                f"invalid size {value!r}: use bytes (536870912) or a string like '512MB', '2GiB'"
+            )
         size = float(match.group(1)) * _UNITS[match.group(2)]
     else:
         raise ValueError(f"expected a size (bytes or '512MB'), got {type(value).__name__}")
@@ -75,7 +77,7 @@ def available_memory() -> int | None:
     """Bytes the host can still give without swapping (psutil's `available`, else the
     kernel's MemAvailable); None when neither can tell."""
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped,unused-ignore]  # optional: /proc/meminfo else
 
         return int(psutil.virtual_memory().available)
     except Exception:  # noqa: BLE001 - not installed, or no /proc: try the kernel's own figure
@@ -85,7 +87,7 @@ def available_memory() -> int | None:
 def total_memory() -> int | None:
     """The host's RAM in bytes, None when unknown."""
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped,unused-ignore]  # optional: /proc/meminfo else
 
         return int(psutil.virtual_memory().total)
     except Exception:  # noqa: BLE001

@@ -38,7 +38,15 @@ import torch
 from spotnb import protocol as ev
 from spotnb.protocol import SaveKind
 from spotnb.runtime.beacon import Beacon, Phase
-from spotnb.runtime.chunked import ALIGN, DATA_NAME, ChunkBuffers, Drain, copy_chunked, dense_layout, fill_refs
+from spotnb.runtime.chunked import (
+    ALIGN,
+    DATA_NAME,
+    ChunkBuffers,
+    Drain,
+    copy_chunked,
+    dense_layout,
+    fill_refs,
+)
 from spotnb.signing import BadSignature, sign_doc, verify_doc
 from spotnb.sizes import available_memory, human_bytes, total_memory
 from spotnb.store import Store

@@ -114,7 +114,7 @@ class Drain:
                 buf, n = item
                 try:
                     if f is not None and self.error is None:
-                        view = memoryview(buf[:n].numpy())
+                        view = buf[:n].numpy().data
                         sha.update(view)
                         f.write(view)
                         size += n
@@ -248,10 +248,12 @@ def fill_refs(skeleton: Any, path: str) -> Any:
             t = torch.empty(ref.shape, dtype=dtype)
             want = t.element_size() * t.nelement()
             if want != ref.nbytes or ref.offset < 0 or ref.offset + want > size:
-                raise ValueError(f"{DATA_NAME}: a tensor reference ({ref}) does not fit the file ({size} bytes)")
+                raise ValueError(
+                    f"{DATA_NAME}: a tensor reference ({ref}) does not fit the file ({size} bytes)"
+                )
             if want:
                 f.seek(ref.offset)
-                got = f.readinto(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+                got = f.readinto(t.reshape(-1).view(torch.uint8).numpy().data)
                 if got != want:
                     raise ValueError(f"{DATA_NAME}: short read at {ref.offset}")
             return t
