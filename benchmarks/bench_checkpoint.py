@@ -282,6 +282,8 @@ def bench(mb: int, steps: int, rounds: int) -> None:
             + (f"  {BUFFERS[n][0] / 1e6:.0f}MB/{BUFFERS[n][1] / 1e6:.0f}MB" if n in BUFFERS else "")
         )
     s, d = "spotnb", "DCP async_save"
+    if s not in stall or d not in stall:
+        return
     verdict_stall = "≤" if stall[s] <= stall[d] else ">"
     verdict_rate = "≥" if statistics.median(rates[s]) >= statistics.median(rates[d]) else "<"
     print(f"spotnb stall {verdict_stall} DCP's; spotnb throughput ratio {verdict_rate} DCP's")
@@ -370,9 +372,17 @@ def main() -> None:
     parser.add_argument("--mb", default="200", help="state sizes in MB, comma separated (default 200)")
     parser.add_argument("--steps", type=int, default=100, help="training steps per run (default 100)")
     parser.add_argument("--rounds", type=int, default=5, help="stall measurements per saver (default 5)")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="savers to run by name, comma separated (default: all)",
+    )
     parser.add_argument("--profile", action="store_true", help="per-phase costs of one save, then exit")
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.only:
+        global SAVERS
+        SAVERS = tuple(cls for cls in SAVERS if cls.name in args.only.split(","))
     if args.profile:
         profile(int(args.mb.split(",")[0]), args.rounds)
         return
