@@ -263,3 +263,11 @@ def test_an_emergency_save_abandons_a_chunked_upload_and_leaves_no_spool_behind(
         assert c.peak_bytes <= 2 * MB
     finally:
         c.close()
+
+
+def test_the_budget_travels_to_the_instance_in_the_spec() -> None:
+    from spotnb.api import _spec
+
+    spec = _spec("job", spot.Config(snapshot_memory="64MB"), [])
+    assert spec.runtime.snapshot_memory == 64_000_000
+    assert _spec("job", spot.Config(), []).runtime.snapshot_memory is None
