@@ -17,9 +17,16 @@ prints:
 * bytes written per save, and how many of the saves asked for were committed (spotnb drops a
   queued save that a newer one supersedes; the others block until theirs is written).
 
+The **spotnb ¼ budget** row is spotnb with `Config.snapshot_memory` set to a quarter of the
+state: the snapshot streams through two buffers of an eighth each (`runtime/chunked.py`). For
+both spotnb rows the last column is the most bytes the snapshot buffers held
+(`Checkpointer.peak_bytes`) against the budget they were given (the default budget is what is
+free minus a margin).
+
 Goal (issue 11): spotnb's stall ≤ DCP async_save's and its throughput ratio ≥ DCP's at every
-size, peak extra memory ≤ the snapshot budget (not built yet: spotnb holds one copy of the state
-in RAM, and two while a save waits behind another).
+size, peak extra memory ≤ the snapshot budget.
+
+    python benchmarks/bench_checkpoint.py --profile       # where one 200 MB save's time goes
 """
 
 from __future__ import annotations
@@ -144,9 +151,14 @@ class DcpAsync(Saver):
 class Spotnb(Saver):
     name = "spotnb"
 
+    budget_fraction: float | None = None  # of the state's bytes; None: the default budget
+
     def __init__(self, model: torch.nn.Module, folder: str) -> None:
         super().__init__(model, folder)
         self.ctx, self.ckpt = make_context(Store(folder), _Never())
+        if self.budget_fraction is not None:
+            nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+            self.ckpt.snapshot_memory = int(nbytes * self.budget_fraction)
         self.ctx.track(model=model)
         self.ctx.restore()
 
@@ -164,9 +176,20 @@ class Spotnb(Saver):
     def close(self) -> None:
         self.finish()
         self.ckpt.close()
+        BUFFERS[self.name] = (
+            max(BUFFERS.get(self.name, (0, 0))[0], self.ckpt.peak_bytes),
+            self.ckpt.budget(),
+        )
 
 
-SAVERS: tuple[type[Saver], ...] = (TorchSave, DcpAsync, Spotnb)
+class SpotnbQuarter(Spotnb):
+    name = "spotnb ¼ budget"
+    budget_fraction = 0.25
+
+
+SAVERS: tuple[type[Saver], ...] = (TorchSave, DcpAsync, Spotnb, SpotnbQuarter)
+#: saver name -> (most bytes its snapshot buffers held, its budget), filled as spotnb savers close
+BUFFERS: dict[str, tuple[int, int]] = {}
 
 
 def stalls(model: torch.nn.Module, rounds: int) -> dict[str, float]:
@@ -226,6 +249,7 @@ def run_training(
 
 
 def bench(mb: int, steps: int, rounds: int) -> None:
+    BUFFERS.clear()
     model = make_model(mb)
     nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     print(f"\n== {nbytes / 1e6:.0f} MB of parameters, {os.cpu_count()} cores ==")
@@ -248,18 +272,99 @@ def bench(mb: int, steps: int, rounds: int) -> None:
     print(f"no saves: {b:.2f} steps/s; one RAM copy of the state: {copy * 1e3:.0f} ms")
     print(
         f"{'':16}{'stall/save':>12}{'÷ RAM copy':>12}{'throughput':>12}{'peak extra':>12}{'bytes':>10}"
-        f"{'committed':>11}"
+        f"{'committed':>11}  buffers/budget"
     )
     for cls in SAVERS:
         n = cls.name
         print(
             f"{n:16}{stall[n] * 1e3:10.0f}ms{stall[n] / copy:12.2f}{statistics.median(rates[n]) / b:12.3f}"
             f"{peaks[n] / 1e6:10.0f}MB{written.get(n, 0) / 1e6:8.0f}MB{done.get(n, ''):>11}"
+            + (f"  {BUFFERS[n][0] / 1e6:.0f}MB/{BUFFERS[n][1] / 1e6:.0f}MB" if n in BUFFERS else "")
         )
     s, d = "spotnb", "DCP async_save"
+    if s not in stall or d not in stall:
+        return
     verdict_stall = "≤" if stall[s] <= stall[d] else ">"
     verdict_rate = "≥" if statistics.median(rates[s]) >= statistics.median(rates[d]) else "<"
     print(f"spotnb stall {verdict_stall} DCP's; spotnb throughput ratio {verdict_rate} DCP's")
+
+
+class _Sink:
+    """A file that only counts: torch.save's own cost without a disk or a hash."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        self.size += n
+        return n
+
+    def flush(self) -> None:
+        pass
+
+
+def profile(mb: int, rounds: int) -> None:
+    """Where one save's time goes, phase by phase (median of `rounds`), on the state of the
+    `mb` MB model: the snapshot copy, torch.save's serialisation with and without its zip CRC32,
+    sha256, the write to a spool file on this disk (page cache, no fsync), and the whole save
+    (spotnb's `save_now`: all of them plus the rename into the store), whole-state and chunked."""
+    import hashlib
+
+    from torch.serialization import set_crc32_options
+
+    from spotnb.runtime.checkpoint import Checkpointer
+
+    model = make_model(mb)
+    sd = model.state_dict()
+    nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+    folder = tempfile.mkdtemp(prefix="spotnb-bench-ckpt-")
+    times: dict[str, list[float]] = {}
+
+    def timed(name: str, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        out = fn()
+        times.setdefault(name, []).append(time.perf_counter() - t0)
+        return out
+
+    def write_raw() -> None:
+        with open(os.path.join(folder, "raw.bin"), "wb") as f:
+            for t in sd.values():
+                f.write(memoryview(t.numpy()))
+
+    def sha() -> None:
+        h = hashlib.sha256()
+        for t in sd.values():
+            h.update(memoryview(t.numpy()))
+
+    def no_crc() -> None:
+        set_crc32_options(False)
+        try:
+            torch.save(sd, _Sink())
+        finally:
+            set_crc32_options(True)
+
+    whole = Checkpointer(Store(folder), "whole", 1, lambda e: None)
+    chunked = Checkpointer(Store(folder), "chunked", 1, lambda e: None, snapshot_memory=nbytes // 4)
+    for r in range(rounds + 1):  # the first round allocates buffers: not counted
+        snap = whole.snapshot({"model": sd}, r, "periodic")
+        times.setdefault("copy (snapshot)", []).append(snap.snapshot_s)
+        timed("serialise (torch.save, CRC32 on)", lambda s=snap: torch.save(s.state, _Sink()))
+        timed("serialise (torch.save, CRC32 off)", no_crc)
+        timed("sha256", sha)
+        timed("write to spool (no fsync)", write_raw)
+        timed("whole save: writer (save_now)", lambda s=snap: whole.save_now(s))
+        snap = timed("chunked ¼ budget: stall", lambda r=r: chunked.snapshot({"model": sd}, r, "periodic"))
+        timed("chunked ¼ budget: writer after", lambda s=snap: chunked.save_now(s))
+        if r == 0:
+            times.clear()
+    whole.close()
+    chunked.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    print(f"\n== profile: one save of {nbytes / 1e6:.0f} MB, median of {rounds} ==")
+    for name, values in times.items():
+        t = statistics.median(values)
+        print(f"{name:36}{t * 1e3:8.0f} ms {nbytes / t / 1e9:6.2f} GB/s")
 
 
 def main() -> None:
@@ -267,8 +372,20 @@ def main() -> None:
     parser.add_argument("--mb", default="200", help="state sizes in MB, comma separated (default 200)")
     parser.add_argument("--steps", type=int, default=100, help="training steps per run (default 100)")
     parser.add_argument("--rounds", type=int, default=5, help="stall measurements per saver (default 5)")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="savers to run by name, comma separated (default: all)",
+    )
+    parser.add_argument("--profile", action="store_true", help="per-phase costs of one save, then exit")
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.only:
+        global SAVERS
+        SAVERS = tuple(cls for cls in SAVERS if cls.name in args.only.split(","))
+    if args.profile:
+        profile(int(args.mb.split(",")[0]), args.rounds)
+        return
     for mb in (int(x) for x in args.mb.split(",")):
         bench(mb, args.steps, args.rounds)
 

@@ -154,6 +154,7 @@ def _spec(
             policy=config.checkpoint if isinstance(config.checkpoint, str) else None,
             save_every=config.save_every,
             keep_last=config.keep_last,
+            snapshot_memory=config.snapshot_memory,
             notice_poll=config.notice_poll,
             flush_interval=0.5,
             heartbeat_interval=max(0.5, min(5.0, config.heartbeat_timeout / 4)),

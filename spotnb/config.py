@@ -38,11 +38,14 @@ from spotnb.providers.azure_settings import AzureSettings
 from spotnb.providers.gcp_settings import GCPSettings
 from spotnb.providers.info import COORDINATOR_IDLE_MINUTES, LIGHTHOUSE_PORT
 from spotnb.providers.local_settings import LocalSettings
+from spotnb.sizes import parse_size
 
 __all__ = ["Config", "parse_duration", "spotnb_home", "provider_prefixes"]
 
 #: Longest job name: it is shown in lists and widgets and becomes part of cloud resource tags.
 MAX_NAME = 200
+#: Least `snapshot_memory` (bytes): below it the chunks are too small to be worth their pauses.
+MIN_SNAPSHOT_MEMORY = 1_000_000
 #: Most instances one job may train on (a typo such as 1000 would launch a fleet).
 MAX_INSTANCES = 64
 #: Fields renamed when the coordinator came to every cloud (old name → new one): the old names
@@ -93,6 +96,12 @@ class _GenericConfig(BaseModel):
     )
     save_every: int | None = Field(None, ge=1, description="User periodic save every N steps.")
     keep_last: int = Field(2, ge=1, description="Periodic checkpoints kept.")
+    snapshot_memory: int | None = Field(
+        None,
+        description="Most host RAM a checkpoint's snapshot may hold: bytes or '512MB', '2GiB' "
+        "(None: what the instance has free at each save, minus 10 % of its RAM, at least 256 MB). "
+        "A larger state is copied and written in chunks; the step waits until the last is copied.",
+    )
     max_preemptions: int | None = Field(None, ge=0, description="Stop after this many preemptions.")
     max_retries: int = Field(0, ge=0, description="Relaunches after a user error (default 0).")
     max_cost: float | None = Field(
@@ -197,6 +206,19 @@ class _GenericConfig(BaseModel):
         if not math.isfinite(d):
             raise ValueError("must be a finite duration such as '30m' (or None to keep asking)")
         return d
+
+    @field_validator("snapshot_memory", mode="before")
+    @classmethod
+    def _snapshot_memory(cls, v: Any) -> int | None:
+        if v is None:
+            return None
+        size = parse_size(v)
+        if size < MIN_SNAPSHOT_MEMORY:
+            raise ValueError(
+                f"{v!r} is less than 1MB: a snapshot that small would copy the state in slivers, "
+                "pausing the step far longer; give e.g. '512MB' (or None for what is free)"
+            )
+        return size
 
     @field_validator("heartbeat_timeout")
     @classmethod

@@ -63,6 +63,7 @@ class RuntimeSettings(_Model):
     policy: str | None = Field(None, description="Policy name, or None: the Policy object is in fn.pkl.")
     save_every: int | None = None
     keep_last: int = 2
+    snapshot_memory: int | None = None  # bytes; None: what the instance has free
     notice_poll: float = 1.0
     flush_interval: float = 0.5
     heartbeat_interval: float = 5.0

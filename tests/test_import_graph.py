@@ -129,6 +129,7 @@ def test_runtime_imports_nothing_from_the_notebook_side() -> None:
         "spotnb.spec",
         "spotnb.files",
         "spotnb.errors",
+        "spotnb.sizes",
         "spotnb.sync",
         "spotnb.policy",
         "spotnb.policy.base",

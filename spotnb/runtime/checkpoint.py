@@ -7,6 +7,12 @@ hashing as it goes. Phase 3 writes `MANIFEST.json` (sizes and sha256 of every fi
 kind) last: a checkpoint exists only once its manifest does. Restore takes the newest
 checkpoint whose files verify and falls back to the one before.
 
+A state larger than the snapshot memory budget (`Config.snapshot_memory`) is not copied whole:
+`runtime/chunked.py` streams it through two half-budget buffers into `tensors.bin`, and
+`state.pt` holds the skeleton that points into it. Every buffer a snapshot holds (whole-state
+pools and chunk buffers) is counted in `Checkpointer.held_bytes`; their sum never exceeds
+the budget, and `peak_bytes` records the highest it reached.
+
 Files the script backs up (`ctx.backup(path)`, a file or a whole folder such as a Hugging Face
 `checkpoint-500/`) are stored by content, once: `<root>/blobs/<sha256>`, listed in each manifest
 that needs them. A file unchanged since an earlier checkpoint (a frozen base model, a tokenizer)
@@ -32,7 +38,17 @@ import torch
 from spotnb import protocol as ev
 from spotnb.protocol import SaveKind
 from spotnb.runtime.beacon import Beacon, Phase
+from spotnb.runtime.chunked import (
+    ALIGN,
+    DATA_NAME,
+    ChunkBuffers,
+    Drain,
+    copy_chunked,
+    dense_layout,
+    fill_refs,
+)
 from spotnb.signing import BadSignature, sign_doc, verify_doc
+from spotnb.sizes import available_memory, human_bytes, total_memory
 from spotnb.store import Store
 
 __all__ = ["Checkpointer", "Snapshot", "Manifest", "SaveCancelled", "InvalidManifest", "CHUNK"]
@@ -41,6 +57,11 @@ CHUNK = 4 * 1024 * 1024
 #: the folder of backed-up files, by content, beside the numbered checkpoint folders
 BLOBS = "blobs"
 _PERSISTENT = ("periodic", "final")
+#: the default snapshot budget keeps this much of the host's RAM free: 10 % of it, at least
+#: MARGIN_MIN (the training step's own allocations grow and shrink between saves)
+MARGIN_MIN = 256 * 1024 * 1024
+#: the default budget never goes below this (a host already short of memory still saves, slowly)
+AUTO_MIN = 16 * 1024 * 1024
 
 
 class SaveCancelled(Exception):
@@ -65,6 +86,9 @@ class Snapshot:
     dests: dict[str, str] = field(default_factory=dict)  # manifest name -> restore path
     hashes: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (sha256, size)
     dirs: dict[str, str] = field(default_factory=dict)  # manifest name prefix -> folder restored
+    #: a chunked snapshot: (its tensors.bin in the spool, the drain writing it); `state` is then
+    #: the skeleton that points into it
+    data: tuple[str, Drain] | None = None
 
 
 @dataclass
@@ -265,6 +289,16 @@ class _BufferPool:
         self.buffers: dict[tuple, torch.Tensor] = {}
         self.in_use = False
         self.pin = torch.cuda.is_available()
+        self.layout: tuple[Any, ...] | None = None  # the state's tensors these buffers fit
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.element_size() * b.nelement() for b in self.buffers.values())
+
+    def clear(self) -> None:
+        """Give the buffers' memory back (another layout, or room for another snapshot)."""
+        self.buffers.clear()
+        self.layout = None
 
     def copy(self, obj: Any, path: tuple = ()) -> Any:
         if isinstance(obj, torch.Tensor):
@@ -289,6 +323,14 @@ class _BufferPool:
             return type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
         # plain values (ints, floats, strings, numpy RNG tuples): copy so later mutation can't leak in
         return _plain_copy(obj)
+
+
+def _remove_spooled(snap: Snapshot) -> None:
+    """Delete a snapshot's spooled files (the script's, and a chunked snapshot's tensors)."""
+    locals_ = [f for f, _ in snap.files] + ([snap.data[0]] if snap.data is not None else [])
+    for local in locals_:
+        if os.path.exists(local):
+            os.unlink(local)
 
 
 def _plain_copy(obj: Any) -> Any:
@@ -332,8 +374,13 @@ class Checkpointer:
         spool_dir: str | None = None,
         before_commit: Callable[[int], None] | None = None,
         key: bytes | None = None,
+        snapshot_memory: int | None = None,
     ) -> None:
         self.store, self.job_id, self.incarnation = store, job_id, incarnation
+        #: most bytes of host RAM snapshot buffers may hold at once (None: what is free, see
+        #: `budget`)
+        self.snapshot_memory = snapshot_memory
+        self.peak_bytes = 0  # the most `held_bytes` reached (tests and benchmarks read it)
         # called with the step just before a manifest is written; raising aborts the commit
         self.before_commit = before_commit
         # with a key, manifests are signed at commit and only signed ones are restored (the
@@ -349,7 +396,8 @@ class Checkpointer:
         _remove_dead_spools(spool_dir or tempfile.gettempdir())
         self.spool = tempfile.mkdtemp(prefix=f"spotnb-spool-{os.getpid()}-", dir=spool_dir)
         self.root = store.job(job_id, "ckpt")
-        self._pools = [_BufferPool(), _BufferPool()]
+        self._pools: list[_BufferPool] = []
+        self._chunks: ChunkBuffers | None = None
         self._cv = threading.Condition()
         self._pending: Snapshot | None = None
         self._busy = False
@@ -368,6 +416,24 @@ class Checkpointer:
         self._worker.start()
 
     # -- phase 1 -------------------------------------------------------------------------
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of host RAM the snapshot buffers hold right now (idle ones included)."""
+        return sum(p.nbytes for p in self._pools) + (self._chunks.nbytes if self._chunks else 0)
+
+    def budget(self) -> int:
+        """The most bytes snapshot buffers may hold: `snapshot_memory` when given, else what
+        the host has available now (psutil, or /proc/meminfo's MemAvailable) plus what the
+        buffers already hold, minus a margin of 10 % of the RAM (at least 256 MB), and never
+        below 16 MB. Unbounded when the host's memory cannot be read."""
+        if self.snapshot_memory is not None:
+            return self.snapshot_memory
+        free = available_memory()
+        if free is None:
+            return 2**62
+        margin = max(MARGIN_MIN, (total_memory() or 0) // 10)
+        return max(AUTO_MIN, self.held_bytes + free - margin)
+
     def snapshot(
         self,
         state: Any,
@@ -378,38 +444,148 @@ class Checkpointer:
     ) -> Snapshot:
         """Copy `state` (nested dicts/lists of tensors and plain values) into CPU memory, and
         the script's `files` ((path, manifest name); `dirs`: folders backed up whole) to the
-        spool, hashing them."""
+        spool, hashing them.
+
+        A state that fits the budget is copied whole into a pool of buffers; a larger one is
+        streamed through two half-budget buffers to a spool file (`runtime/chunked.py`) and
+        this returns once the last chunk is copied. Either way the buffers held never exceed
+        the budget: a snapshot waits for the writer to give some back rather than allocate more."""
         self.beacon.set_snapshot(True)
         t0 = time.perf_counter()
-        with self._cv:
-            pool = next((p for p in self._pools if not p.in_use), None)
-            if pool is None and self._pending is not None and "_pool" in self._pending.__dict__:
-                # one save uploading, one queued behind it: this snapshot supersedes the queued
-                # one at submit anyway, so it takes its buffers now rather than a third copy
-                # of the state (fresh memory costs page faults on the training thread)
-                superseded, self._pending = self._pending, None
-                pool = superseded.__dict__.pop("_pool")
-                self._discard(superseded)
-            if pool is None:  # both buffers taken, neither by a queued save: use fresh memory
-                pool = _BufferPool()
-            pool.in_use = True
-        copied = pool.copy(state)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        spooled: list[tuple[str, str]] = []
-        dests: dict[str, str] = {}
-        hashes: dict[str, tuple[str, int]] = {}
-        for src, name in files or []:
-            local = os.path.join(self.spool, f"user-{uuid.uuid4().hex[:8]}")
-            hashes[name] = _copy_hashing(src, local)  # the upload then knows if the store has it
-            spooled.append((local, name))
-            dests[name] = src
+        try:
+            layout, need = dense_layout(state)
+            budget = self.budget()
+            data: tuple[str, Drain] | None = None
+            pool: _BufferPool | None = None
+            if need <= budget:
+                pool = self._take_pool(layout, need, budget)
+                try:
+                    copied = pool.copy(state)
+                    pool.layout = layout
+                except BaseException:
+                    pool.clear()
+                    self._give_back(pool)
+                    raise
+                self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+            else:
+                copied, data = self._snapshot_chunked(state, budget)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            spooled: list[tuple[str, str]] = []
+            dests: dict[str, str] = {}
+            hashes: dict[str, tuple[str, int]] = {}
+            for src, name in files or []:
+                local = os.path.join(self.spool, f"user-{uuid.uuid4().hex[:8]}")
+                hashes[name] = _copy_hashing(src, local)  # the upload then knows if the store has it
+                spooled.append((local, name))
+                dests[name] = src
+        finally:
+            self.beacon.set_snapshot(False)
         dt = time.perf_counter() - t0
-        self.beacon.set_snapshot(False)
-        snap = Snapshot(copied, step, kind, dt, _nbytes(copied), spooled, dests, hashes, dict(dirs or {}))
-        snap._pool = pool  # type: ignore[attr-defined]
+        snap = Snapshot(copied, step, kind, dt, need, spooled, dests, hashes, dict(dirs or {}), data)
+        if pool is not None:
+            snap._pool = pool  # type: ignore[attr-defined]
         self.snapshot_ema, self.snapshot_var = _ewm(self.snapshot_ema, self.snapshot_var, dt)
         return snap
+
+    def _take_pool(self, layout: tuple[Any, ...], need: int, budget: int) -> _BufferPool:
+        """A pool for a state of `need` bytes, made room for within the budget: an idle one
+        (one whose buffers already fit this state first), the queued save's, or a new one;
+        idle buffers are freed, or the writer waited for, until the budget allows it."""
+        with self._cv:
+            while True:
+                idle = [p for p in self._pools if not p.in_use]
+                pool = next((p for p in idle if p.layout == layout), idle[0] if idle else None)
+                if pool is None and self._pending is not None and "_pool" in self._pending.__dict__:
+                    # one save uploading, one queued behind it: this snapshot supersedes the queued
+                    # one at submit anyway, so it takes its buffers now rather than a third copy
+                    # of the state (fresh memory costs page faults on the training thread)
+                    superseded, self._pending = self._pending, None
+                    pool = superseded.__dict__.pop("_pool")
+                    pool.in_use = False  # this snapshot's now, or idle if it must wait below
+                    self._discard(superseded)
+                if pool is None:
+                    pool = _BufferPool()
+                if pool.layout != layout:
+                    pool.clear()
+                others = self.held_bytes - (pool.nbytes if pool in self._pools else 0)
+                if others + need > budget:  # free what no save is using, then look again
+                    others -= self._free_idle(keep=pool)
+                if others + need <= budget:
+                    pool.in_use = True
+                    if pool not in self._pools:
+                        self._pools.append(pool)
+                    return pool
+                self._wait_for_buffers()
+
+    def _snapshot_chunked(self, state: Any, budget: int) -> tuple[Any, tuple[str, Drain]]:
+        """Stream the state through two half-budget buffers to a spool file: the skeleton, and
+        (the file, its drain)."""
+        chunk = budget // 2 // ALIGN * ALIGN
+        if chunk < ALIGN:
+            raise ValueError(
+                f"Config.snapshot_memory is {budget} bytes, too little to hold two {ALIGN}-byte "
+                f"chunks: raise it (a few MB at least, e.g. snapshot_memory='64MB')"
+            )
+        with self._cv:
+            if self._pending is not None and "_pool" in self._pending.__dict__:
+                superseded, self._pending = self._pending, None  # superseded at submit anyway
+                self._discard(superseded)
+            while True:
+                self._free_idle(keep=None)
+                chunks = self._chunks
+                if chunks is not None and not chunks.in_use and chunks.chunk != chunk:
+                    self._chunks = chunks = None
+                if chunks is None and self.held_bytes + 2 * chunk <= budget:
+                    self._chunks = chunks = ChunkBuffers(chunk, pin=torch.cuda.is_available())
+                if chunks is not None and not chunks.in_use:
+                    chunks.in_use = True
+                    break
+                self._wait_for_buffers()
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+        path = os.path.join(self.spool, f"data-{uuid.uuid4().hex[:8]}.bin")
+        drain = Drain(path, chunks, on_done=lambda: self._give_back(chunks))
+        try:
+            skeleton = copy_chunked(state, drain, _plain_copy)
+        except BaseException:
+            try:
+                drain.result()
+            except BaseException:  # noqa: BLE001 - the copy's own error is the one to report
+                pass
+            if os.path.exists(path):
+                os.unlink(path)
+            raise
+        return skeleton, (path, drain)
+
+    def _free_idle(self, keep: _BufferPool | None) -> int:
+        """Free every idle buffer (pools and chunk buffers) but `keep`'s; the bytes freed."""
+        freed = 0
+        for p in self._pools:
+            if p is not keep and not p.in_use:
+                freed += p.nbytes
+                p.clear()
+        self._pools = [p for p in self._pools if p is keep or p.in_use or p.buffers]
+        if self._chunks is not None and not self._chunks.in_use:
+            freed += self._chunks.nbytes
+            self._chunks = None
+        return freed
+
+    def _wait_for_buffers(self) -> None:
+        """Wait (holding `_cv`) until the writer gives buffers back; refuse to wait for ones no
+        save will give back (snapshots taken but never submitted)."""
+        draining = self._chunks is not None and self._chunks.in_use
+        if not (self._busy or self._pending is not None or draining):
+            raise RuntimeError(
+                f"snapshot buffers ({human_bytes(self.held_bytes)}) are all held by snapshots "
+                f"not submitted, and Config.snapshot_memory ({human_bytes(self.budget())}) allows "
+                "no more: submit or save them first"
+            )
+        self._cv.wait(1.0)  # woken by _give_back; the timeout only re-checks the above
+
+    def _give_back(self, holder: _BufferPool | ChunkBuffers) -> None:
+        with self._cv:
+            holder.in_use = False
+            self._cv.notify_all()
 
     # -- phase 2 + 3 ---------------------------------------------------------------------
     def submit(self, snap: Snapshot) -> None:
@@ -425,6 +601,7 @@ class Checkpointer:
         with self._cv:
             if self._pending is not None:
                 self._release(self._pending)
+                _remove_spooled(self._pending)
                 self._pending = None
             if self._busy:
                 self._cancel.set()
@@ -464,9 +641,7 @@ class Checkpointer:
         """A queued snapshot a newer one supersedes: its buffers back, its spooled files gone,
         and the event that says so."""
         self._release(snap)
-        for local, _ in snap.files:
-            if os.path.exists(local):
-                os.unlink(local)
+        _remove_spooled(snap)
         self.emit(
             ev.CheckpointSkipped(
                 step=snap.step,
@@ -480,7 +655,7 @@ class Checkpointer:
         that a newer snapshot has taken meanwhile and let a third one overwrite it mid-save."""
         pool = snap.__dict__.pop("_pool", None)
         if pool is not None:
-            pool.in_use = False
+            self._give_back(pool)
 
     def _work(self) -> None:
         # Background saves must not slow training: on Linux a thread has its own nice value, so
@@ -527,9 +702,9 @@ class Checkpointer:
         folder = f"{self.root}/{seq:08d}"
         t0 = time.perf_counter()
         committed = False
+        spool = os.path.join(self.spool, f"state-{seq}.pt")
         try:
             self.beacon.set_phase(Phase.SAVE)
-            spool = os.path.join(self.spool, f"state-{seq}.pt")
             with open(spool, "wb") as f:
                 hashed = _HashingFile(f)
                 torch.save(snap.state, cast(IO[bytes], hashed))  # hashed as it is written: no second read
@@ -537,6 +712,9 @@ class Checkpointer:
             files: dict[str, dict[str, Any]] = {}
             self.beacon.set_phase(Phase.UPLOAD)
             files["state.pt"] = self._upload(spool, f"{folder}/state.pt", hashed.digest())
+            if snap.data is not None:  # a chunked snapshot: its tensors, once the drain is done
+                data, drain = snap.data
+                files[DATA_NAME] = self._upload(data, f"{folder}/{DATA_NAME}", drain.result())
             for local, name in snap.files:
                 files[name] = self._upload_blob(local, *snap.hashes[name])
                 if os.path.exists(local):
@@ -568,9 +746,11 @@ class Checkpointer:
             self._release(snap)
             if not committed:
                 self.beacon.set_phase(Phase.IDLE)
-            for local in [os.path.join(self.spool, f"state-{seq}.pt"), *(f for f, _ in snap.files)]:
-                if os.path.exists(local):
-                    os.unlink(local)  # a failed save must not leave its copy in the spool
+            if os.path.exists(spool):
+                os.unlink(spool)  # a failed save must not leave its copy in the spool
+            if snap.data is not None:
+                snap.data[1].wait()  # a failed save still ends with its chunk buffers given back
+            _remove_spooled(snap)
         self.upload_ema, self.upload_var = _ewm(self.upload_ema, self.upload_var, upload_s)
         self.last_bytes = total
         self.committed.append(manifest)
@@ -759,6 +939,8 @@ class Checkpointer:
                 where = f"{self.root}/{BLOBS}/{meta['sha256']}" if meta.get("blob") else f"{folder}/{name}"
                 paths[name] = self._fetch_verified(where, meta)
             state = torch.load(paths["state.pt"], map_location="cpu", weights_only=False)
+            if DATA_NAME in paths:  # written chunked: the skeleton's tensors are in tensors.bin
+                state = fill_refs(state, paths[DATA_NAME])
             in_dirs = {n for n in manifest.dests if any(n.startswith(p + "/") for p in manifest.dirs)}
             for name, dest in manifest.dests.items():
                 if name not in in_dirs:
