@@ -246,6 +246,7 @@ class Agent:
             upload_bps=upload_bps,
             before_commit=self.flush_through,
             key=self.key,
+            snapshot_memory=self.spec.get("snapshot_memory"),  # Config.snapshot_memory
         )
         market = self.inc.get("market", {})
         notice_cfg = self.inc.get("notice", {})

@@ -271,3 +271,31 @@ def test_the_budget_travels_to_the_instance_in_the_spec() -> None:
     spec = _spec("job", spot.Config(snapshot_memory="64MB"), [])
     assert spec.runtime.snapshot_memory == 64_000_000
     assert _spec("job", spot.Config(), []).runtime.snapshot_memory is None
+
+
+def test_a_job_with_a_small_snapshot_budget_is_preempted_and_resumes_bit_exactly(reference) -> None:
+    """End to end, real processes: Config.snapshot_memory reaches the agent's Checkpointer, so
+    the ~3.4 MB MLP + Adam state is saved in chunks (a tensors.bin in each checkpoint) under a
+    1 MB budget; killed mid-step and during a save, the job resumes from those checkpoints and
+    ends bit for bit like the uninterrupted run."""
+    import functools
+
+    import spotnb as spot
+    from spotnb.store import Store
+    from tests.core import jobfns
+    from tests.core.helpers import assert_matches_reference
+
+    config = spot.Config(
+        checkpoint="static:20",
+        ship_modules=["tests.core.jobfns"],
+        snapshot_memory="1MB",
+        local_schedule=[{"step": 50, "phase": "step"}, {"step": 105, "phase": "save"}],
+    )
+    job = spot.train(functools.partial(jobfns.seeded_mlp, step_delay=0.005), config)
+    assert_matches_reference(job, reference)
+    assert job.breakdown().preemptions == 2
+    resumed = [e for e in job.events if e["kind"] == "resumed"]
+    assert resumed and all(e["from_step"] > 0 for e in resumed)
+    store = Store(config.store_url())
+    chunked = [p for p in store.fs.find(store.job(job.id, "ckpt")) if p.endswith(DATA_NAME)]
+    assert chunked, "no checkpoint was written in chunks"
