@@ -1,0 +1,80 @@
+"""Attacks on `spot.run` scripts (issue 13): a script that ignores the notice's SIGTERM, leaves
+processes behind, floods its pipes or sends the agent garbage. The agent's real ScriptRunner
+and Context on a real store, with real child processes and signals (the runner fixture of
+test_script.py)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from spotnb.runtime.context import Evacuate
+from spotnb.runtime.notice import Notice
+from spotnb.runtime.script import ScriptFailed
+from tests.core.helpers import wait_for
+from tests.core.test_script import Events, runner  # noqa: F401 - the fixture
+
+__all__ = ["Events"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def test_a_script_that_ignores_sigterm_is_killed_at_the_deadline_and_preempted(runner, monkeypatch) -> None:
+    """A notice whose deadline passes without the instance ending (a market that is late): the
+    script that ignored its SIGTERM must not train on past it, unseen by the policy; it is
+    killed and the instance reported evacuated, so that the job goes on elsewhere."""
+    import spotnb.runtime.script as script_mod
+
+    monkeypatch.setattr(script_mod, "PAST_DEADLINE_S", 0.5)
+    make, ctx, events = runner
+    ctx._receive_notice(Notice(deadline=time.time() + 1, source="gcp", action="TERMINATE"))
+    script = make("hostile.py", "ignore")
+    with pytest.raises(Evacuate):
+        script.run()
+    assert script.signalled
+    assert events.kinds()[-1] == "evacuated"
+
+
+def test_a_script_s_leftover_processes_end_with_it(runner, tmp_path: Path) -> None:
+    """A process the script started and did not wait for (a data loader's worker, a logger)
+    is ended when the script exits: nothing of the job runs on after it."""
+    make, _, _ = runner
+    pidfile = tmp_path / "child.pid"
+    assert cloudpickle.loads(make("hostile.py", "orphan", str(pidfile)).run().pickled) is None
+    pid = int(pidfile.read_text())
+    wait_for(lambda: not _alive(pid), 30, "the script's child outlived the script")
+
+
+def test_the_job_key_is_not_in_the_script_s_environment(runner, monkeypatch) -> None:
+    """Even where the agent's environment still held it, the script does not inherit it."""
+    monkeypatch.setenv("SPOTNB_JOB_KEY", "00" * 32)
+    make, _, _ = runner
+    seen = cloudpickle.loads(make("hostile.py", "environ").run().pickled)
+    assert seen["env"] is False
+
+
+def test_garbage_on_the_ctx_socket_gets_errors_and_the_agent_serves_on(runner) -> None:
+    make, ctx, _ = runner
+    errors = cloudpickle.loads(make("hostile.py", "garbage").run().pickled)
+    print(errors)
+    assert errors["fork_exit"] == 0
+    names = {k for row in ctx.rows for k in row}
+    assert {"flood", "thread", "forked"} <= names
+
+
+def test_a_script_flooding_stdout_and_stderr_does_not_block(runner) -> None:
+    make, _, _ = runner
+    with pytest.raises(ScriptFailed, match="exited with code 2: the end") as err:
+        make("hostile.py", "flood").run()
+    assert len(err.value.tail) <= 16 * 1024 + 65537
