@@ -78,3 +78,43 @@ def test_a_script_flooding_stdout_and_stderr_does_not_block(runner) -> None:
     with pytest.raises(ScriptFailed, match="exited with code 2: the end") as err:
         make("hostile.py", "flood").run()
     assert len(err.value.tail) <= 16 * 1024 + 65537
+
+
+STUBBORN = """
+import os, signal, sys, time
+import spotnb
+
+if os.environ["SPOTNB_INCARNATION"] == "1":  # ignores the notice and trains on, printing
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        print("training", flush=True)
+        time.sleep(0.05)
+with open(f"/proc/{os.getppid()}/environ", "rb") as f:
+    parent = f.read()
+entries = [e.decode() for e in parent.split(b"\\0") if e.startswith(b"SPOTNB_JOB_KEY=")]
+spotnb.ctx().set_result({"argv": sys.argv, "env": "SPOTNB_JOB_KEY" in os.environ, "parent": entries})
+"""
+
+
+def test_on_the_market_a_stubborn_script_with_an_odd_name_is_preempted_and_relaunched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real processes: the first instance's script ignores the notice's SIGTERM; the market kills
+    it at the deadline, which is a preemption (not a failure), and the job is relaunched; the
+    second run gets its name (spaces, non-ASCII) and arguments (empty, `--`, non-ASCII) as
+    given, and neither it nor its parent's environment holds the job key."""
+    import spotnb as spot
+    from spotnb.home import spotnb_home as spot_home
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my train ü.py").write_text(STUBBORN, encoding="utf-8")
+    config = spot.Config(local_grace=1.0, notice_poll=0.1, local_alloc_delay=0, local_schedule=[2.0])
+    args = ["", "--", "ü b", "-x"]
+    job = spot.run("my train ü.py", args, config)
+    result = job.result(timeout=120)
+    assert result["argv"][1:] == args and result["argv"][0].endswith("my train ü.py")
+    key = (spot_home() / "keys" / f"{job.id}.key").read_text().strip()
+    assert result["env"] is False
+    assert len(key) >= 64 and not any(key in entry for entry in result["parent"]), result["parent"]
+    kinds = [e["kind"] for e in job.events if e["incarnation"] == 1]
+    assert "notice" in kinds and "preempted" in kinds and "error" not in kinds
