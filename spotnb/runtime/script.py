@@ -57,8 +57,8 @@ from typing import Any
 from spotnb import protocol as ev
 from spotnb.policy.base import SaveKind
 from spotnb.runtime.context import Context, Evacuate
-from spotnb.signing import KEY_ENV
 from spotnb.runtime.script_client import NOTICE_ENV, RESULT_ENV, SOCKET_ENV, WORKDIR_ENV, encode
+from spotnb.signing import KEY_ENV
 from spotnb.spec import ScriptSpec
 
 __all__ = ["ScriptRunner", "ScriptFailed", "ScriptResult", "CtxServer", "STDERR_TAIL"]

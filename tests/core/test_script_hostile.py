@@ -5,8 +5,6 @@ test_script.py)."""
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from pathlib import Path
 
@@ -16,10 +14,10 @@ import pytest
 from spotnb.runtime.context import Evacuate
 from spotnb.runtime.notice import Notice
 from spotnb.runtime.script import ScriptFailed
+from tests.core import test_script
 from tests.core.helpers import wait_for
-from tests.core.test_script import Events, runner  # noqa: F401 - the fixture
 
-__all__ = ["Events"]
+runner = test_script.runner  # the agent's real ScriptRunner and Context on a real store
 
 
 def _alive(pid: int) -> bool:
