@@ -82,11 +82,11 @@ STUBBORN = """
 import os, signal, sys, time
 import spotnb
 
-if os.environ["SPOTNB_INCARNATION"] == "1":  # ignores the notice and trains on, printing
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.environ["SPOTNB_INCARNATION"] == "1":  # hears the notice's SIGTERM, ignores it, trains on
+    signal.signal(signal.SIGTERM, lambda signum, frame: print("ignored", flush=True))
     while True:
-        print("training", flush=True)
-        time.sleep(0.05)
+        with spotnb.ctx().step():
+            time.sleep(0.05)
 with open(f"/proc/{os.getppid()}/environ", "rb") as f:
     parent = f.read()
 entries = [e.decode() for e in parent.split(b"\\0") if e.startswith(b"SPOTNB_JOB_KEY=")]
@@ -106,7 +106,9 @@ def test_on_the_market_a_stubborn_script_with_an_odd_name_is_preempted_and_relau
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "my train ü.py").write_text(STUBBORN, encoding="utf-8")
-    config = spot.Config(local_grace=1.0, notice_poll=0.1, local_alloc_delay=0, local_schedule=[2.0])
+    config = spot.Config(
+        local_grace=1.0, notice_poll=0.1, local_alloc_delay=0, local_schedule=[{"step": 2, "notice": True}]
+    )
     args = ["", "--", "ü b", "-x"]
     job = spot.run("my train ü.py", args, config)
     result = job.result(timeout=120)
