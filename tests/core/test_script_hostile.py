@@ -118,3 +118,30 @@ def test_on_the_market_a_stubborn_script_with_an_odd_name_is_preempted_and_relau
     assert len(key) >= 64 and not any(key in entry for entry in result["parent"]), result["parent"]
     kinds = [e["kind"] for e in job.events if e["incarnation"] == 1]
     assert "notice" in kinds and "preempted" in kinds and "error" not in kinds
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "the following arguments are required: script\n"),
+        (["nope.py"], "spotnb run: script: 'nope.py' does not exist"),
+        (["train.py", "--set", "noequals"], "--set 'noequals': expected FIELD=VALUE"),
+        (["train.py", "--set", "local_grace=abc"], "Config.local_grace: invalid duration 'abc'"),
+    ],
+)
+def test_the_cli_refuses_bad_input_before_launching(tmp_path: Path, argv: list[str], message: str) -> None:
+    import subprocess
+    import sys
+
+    from spotnb.jobdb import JobDB
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "spotnb.cli", "run", *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert JobDB().jobs() == []
