@@ -34,6 +34,11 @@ How an incarnation ends:
   Without a backup after the notice the next instance resumes from the last one; the agent
   then stays until the deadline (the market ends it), so the lost work is counted as lost.
 - any other exit: the job fails with the script's exit code and the tail of its stderr.
+- still running `PAST_DEADLINE_S` after the notice's deadline (it ignored the SIGTERM, is
+  stopped, never steps again) on an instance that was not ended: killed, a preemption.
+
+Whatever the script leaves running when it exits (a worker it did not wait for) is killed
+then: the agent is a child subreaper, so those orphans become its children and are found.
 """
 
 from __future__ import annotations

@@ -28,7 +28,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_script_that_ignores_sigterm_is_killed_at_the_deadline_and_preempted(runner, monkeypatch) -> None:
+@pytest.mark.parametrize("how", ["ignore", "stop"])
+def test_a_script_that_ignores_sigterm_is_killed_at_the_deadline_and_preempted(
+    runner, monkeypatch, how
+) -> None:
     """A notice whose deadline passes without the instance ending (a market that is late): the
     script that ignored its SIGTERM must not train on past it, unseen by the policy; it is
     killed and the instance reported evacuated, so that the job goes on elsewhere."""
@@ -37,7 +40,7 @@ def test_a_script_that_ignores_sigterm_is_killed_at_the_deadline_and_preempted(r
     monkeypatch.setattr(script_mod, "PAST_DEADLINE_S", 0.5)
     make, ctx, events = runner
     ctx._receive_notice(Notice(deadline=time.time() + 1, source="gcp", action="TERMINATE"))
-    script = make("hostile.py", "ignore")
+    script = make("hostile.py", how)
     with pytest.raises(Evacuate):
         script.run()
     assert script.signalled

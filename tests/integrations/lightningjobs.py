@@ -8,9 +8,7 @@ import time
 from typing import Any
 
 
-def _parts(
-    noise: bool = True, workers: int = 0, val: bool = False, skip_every: int = 0, as_dict: bool = False
-) -> tuple[Any, Any]:
+def _parts(noise: bool = True, workers: int = 0, val: bool = False) -> tuple[Any, Any]:
     """A tiny LightningModule (dropout, AdamW, a per-step LR schedule, a logged loss) and a
     datamodule whose shuffled loader adds random noise to each sample in `__getitem__`: every
     piece of state an exact resume must restore, the data order and the RNG included."""
@@ -33,8 +31,7 @@ def _parts(
 
     class Data(L.LightningDataModule):
         def train_dataloader(self) -> Any:
-            loader = torch.utils.data.DataLoader(Noisy(), batch_size=4, shuffle=True, num_workers=workers)
-            return {"only": loader} if as_dict else loader
+            return torch.utils.data.DataLoader(Noisy(), batch_size=4, shuffle=True, num_workers=workers)
 
     class ValData(Data):
         def val_dataloader(self) -> Any:
@@ -46,11 +43,9 @@ def _parts(
             self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
 
         def training_step(self, batch: Any, batch_idx: int) -> Any:
-            x, y = batch["only"] if isinstance(batch, dict) else batch
+            x, y = batch
             loss = nn.functional.mse_loss(self.net(x), y)
             self.log("loss", loss)
-            if skip_every and batch_idx % skip_every == skip_every - 1:
-                return None  # a skipped batch: no backward, no optimizer step from it
             return loss
 
         def validation_step(self, batch: Any, batch_idx: int) -> Any:
@@ -73,9 +68,6 @@ def tiny(
     workers: int = 0,
     val: bool = False,
     sigterm_at: int | None = None,
-    accumulate: int = 1,
-    skip_every: int = 0,
-    as_dict: bool = False,
 ) -> dict[str, Any]:
     """`steps` optimizer steps over 10 batches an epoch, through `lightning.fit`. One intra-op
     thread (see tests/core/jobfns.py)."""
@@ -86,7 +78,7 @@ def tiny(
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    Net, Data = _parts(workers=workers, val=val, skip_every=skip_every, as_dict=as_dict)
+    Net, Data = _parts(workers=workers, val=val)
     model = Net()
 
     class Slow(L.Callback):
@@ -106,7 +98,6 @@ def tiny(
         enable_progress_bar=False,
         enable_model_summary=False,
         log_every_n_steps=5,
-        accumulate_grad_batches=accumulate,
         callbacks=[Slow()],
     )
     spot_lightning.fit(ctx, trainer, model, datamodule=Data())

@@ -18,6 +18,9 @@ if how == "ignore":  # ignores the notice's SIGTERM and trains on
     print("started", flush=True)
     while True:
         time.sleep(0.01)
+elif how == "stop":  # stops itself (SIGSTOP): a hung script no signal but SIGKILL ends
+    print("started", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
 elif how == "orphan":  # leaves a process of its own behind and exits 0
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     with open(sys.argv[2], "w") as f:
