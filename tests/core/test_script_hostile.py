@@ -66,10 +66,16 @@ def test_the_job_key_is_not_in_the_script_s_environment(runner, monkeypatch) -> 
 
 
 def test_garbage_on_the_ctx_socket_gets_errors_and_the_agent_serves_on(runner) -> None:
+    """Lines that are not JSON, not an object or a call with bad arguments get an error reply
+    on the same connection; NaN, a 10 MB string, 2000 calls in a row, a call from a thread and
+    one from a forked child are served, and the agent's Context holds their rows."""
     make, ctx, _ = runner
     errors = cloudpickle.loads(make("hostile.py", "garbage").run().pickled)
-    print(errors)
-    assert errors["fork_exit"] == 0
+    assert errors["not json"]["error"]["type"] == "JSONDecodeError"
+    assert errors["[1, 2]"]["error"]["type"] == "AttributeError"
+    assert "must be a mapping" in errors['{"op": "call", "name": "log", "kwargs": [1]}']["error"]["message"]
+    assert errors["nan"] is None and errors["huge"] is None  # the agent's flush turns them into gaps/text
+    assert errors["fork_exit"] == 0  # a forked child's ctx.log opens its own connection
     names = {k for row in ctx.rows for k in row}
     assert {"flood", "thread", "forked"} <= names
 
