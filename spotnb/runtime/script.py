@@ -296,6 +296,7 @@ class ScriptRunner:
                     proc.kill()
         finally:
             _end_leftovers(before | {proc.pid})
+            _become_subreaper(False)  # nothing of the script is left to adopt
         pump.join(timeout=5)
         return self._ended(code, result_file)
 
@@ -385,13 +386,13 @@ class ScriptRunner:
         self._emit(ev.Evacuated(step=ctx.step_index))
 
 
-def _become_subreaper() -> None:
+def _become_subreaper(on: bool = True) -> None:
     """Orphans of the script (a worker it did not wait for, a `&` in a shell it ran) become
     the agent's children instead of init's, so `_end_leftovers` finds them (Linux)."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+        ctypes.CDLL(None, use_errno=True).prctl(36, int(on))  # PR_SET_CHILD_SUBREAPER
     except Exception:  # noqa: BLE001 - elsewhere the market's kill of the group ends them
         pass
 
