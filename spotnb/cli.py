@@ -287,7 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a Config field (JSON or a plain string), repeatable: --set provider=aws",
     )
     p.add_argument(
-        "args", nargs="*", help="the script's arguments; after -- everything goes to the script as given"
+        "args",
+        nargs="*",
+        default=[],  # without a default argparse calls a `*` positional required in its error
+        help="the script's arguments; after -- everything goes to the script as given",
     )
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("demo", help="the quickstart on the local spot market")

@@ -117,6 +117,8 @@ def key_from_env(environ: Any = None) -> bytes | None:
     """The instance's key, removed from the environment so the user's function and anything
     it starts never inherit it."""
     env = os.environ if environ is None else environ
+    if environ is None:
+        _scrub_initial_environ(KEY_ENV)
     text = env.pop(KEY_ENV, None)
     if not text:
         return None
@@ -124,6 +126,24 @@ def key_from_env(environ: Any = None) -> bytes | None:
         return bytes.fromhex(text)
     except ValueError:
         return None
+
+
+def _scrub_initial_environ(name: str) -> None:
+    """Overwrite `name`'s value where the process's environment began: removing it from
+    `os.environ` does not change `/proc/<pid>/environ`, which shows that first copy to every
+    process of the same user (the job's script, a child of the agent, included)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.getenv.restype = ctypes.c_void_p
+        libc.getenv.argtypes = [ctypes.c_char_p]
+        address = libc.getenv(name.encode())
+        if address:
+            size = len(ctypes.string_at(address))
+            ctypes.memset(address, ord("-"), size)
+    except Exception:  # noqa: BLE001 - no libc (not Linux): nothing more can be done here
+        pass
 
 
 # -- notebook side: the key file --------------------------------------------------------------

@@ -34,6 +34,11 @@ How an incarnation ends:
   Without a backup after the notice the next instance resumes from the last one; the agent
   then stays until the deadline (the market ends it), so the lost work is counted as lost.
 - any other exit: the job fails with the script's exit code and the tail of its stderr.
+- still running `PAST_DEADLINE_S` after the notice's deadline (it ignored the SIGTERM, is
+  stopped, never steps again) on an instance that was not ended: killed, a preemption.
+
+Whatever the script leaves running when it exits (a worker it did not wait for) is killed
+then: the agent is a child subreaper, so those orphans become its children and are found.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from spotnb import protocol as ev
 from spotnb.policy.base import SaveKind
 from spotnb.runtime.context import Context, Evacuate
 from spotnb.runtime.script_client import NOTICE_ENV, RESULT_ENV, SOCKET_ENV, WORKDIR_ENV, encode
+from spotnb.signing import KEY_ENV
 from spotnb.spec import ScriptSpec
 
 __all__ = ["ScriptRunner", "ScriptFailed", "ScriptResult", "CtxServer", "STDERR_TAIL"]
@@ -266,19 +272,31 @@ class ScriptRunner:
             "SPOTNB_INCARNATION": str(self.incarnation),
         }
         env.pop("SPOTNB_BEACON", None)  # the local market's view of the agent, not the script's
+        env.pop(KEY_ENV, None)  # the agent dropped it at start; never hand it on regardless
         env.setdefault("PYTHONUNBUFFERED", "1")  # its prints reach the instance log as they happen
         argv = [sys.executable, "-c", _BOOT, str(os.getpid()), self.script.path, *self.script.args]
+        _become_subreaper()  # what the script leaves behind is reparented here, to be ended
+        before = _children(os.getpid())
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
         pump = threading.Thread(target=self._pump, args=(proc,), name="spotnb-script-stderr", daemon=True)
         pump.start()
-        while True:
-            try:
-                code = proc.wait(timeout=0.05)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            if ctx.notice is not None and not self.signalled:
-                self._deliver(proc, server)
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=0.05)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                notice = ctx.notice
+                if notice is not None and not self.signalled:
+                    self._deliver(proc, server)
+                if notice is not None and time.time() > notice.deadline + PAST_DEADLINE_S:
+                    # it ignored the SIGTERM (or is stopped, or never steps) and the instance
+                    # was not ended at the deadline: it must not train on unseen; a preemption
+                    proc.kill()
+        finally:
+            _end_leftovers(before | {proc.pid})
+            _become_subreaper(False)  # nothing of the script is left to adopt
         pump.join(timeout=5)
         return self._ended(code, result_file)
 
@@ -366,6 +384,58 @@ class ScriptRunner:
         while time.time() < deadline:
             time.sleep(0.2)
         self._emit(ev.Evacuated(step=ctx.step_index))
+
+
+def _become_subreaper(on: bool = True) -> None:
+    """Orphans of the script (a worker it did not wait for, a `&` in a shell it ran) become
+    the agent's children instead of init's, so `_end_leftovers` finds them (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, int(on))  # PR_SET_CHILD_SUBREAPER
+    except Exception:  # noqa: BLE001 - elsewhere the market's kill of the group ends them
+        pass
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is `pid` (from /proc; empty where it cannot be read)."""
+    found: set[int] = set()
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 1 and fields[1] == str(pid):
+            found.add(int(name))
+    return found
+
+
+def _end_leftovers(keep: set[int]) -> None:
+    """Kill (and reap) the processes the script left running: nothing of the job may go on
+    after it, holding its stderr pipe, the GPU or the instance's files. Rounds, because a
+    killed process's own children are then reparented here too."""
+    for _ in range(100):
+        left = _children(os.getpid()) - keep
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in left:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:  # not ours to reap after all
+                keep.add(pid)
+    log.warning("the script's leftover processes kept multiplying; some may still run")
 
 
 def _catches(pid: int, sig: int) -> bool:
