@@ -128,7 +128,11 @@ def train(ctx: Any, trainer: Any, **train_kwargs: Any) -> Any:
             resume = path
         else:
             ctx.warn(f"restored step {step} but {path} is missing: the Trainer starts from step 0")
-    return trainer.train(resume_from_checkpoint=resume, **train_kwargs)
+    trainer._spotnb_driving = True  # a Trainer.train patched by spotnb.integrations.autohf
+    try:
+        return trainer.train(resume_from_checkpoint=resume, **train_kwargs)
+    finally:
+        trainer._spotnb_driving = False
 
 
 def version() -> str:

@@ -307,6 +307,10 @@ class Agent:
             ).start()
         signal.signal(signal.SIGTERM, lambda *_: self._sigterm(ctx, market))
         _set_current(ctx)  # spotnb.ctx() from anywhere in the function
+        if self.job_spec is None or self.job_spec.script is None:
+            from spotnb.integrations.autohf import install as hf_autoinstall
+
+            hf_autoinstall(ctx)  # a Trainer's plain train() runs under spotnb (nothing imported)
         script = self.job_spec.script if self.job_spec is not None else None
         try:
             if script is not None:

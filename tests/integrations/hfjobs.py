@@ -6,10 +6,13 @@ import time
 from typing import Any
 
 
-def tiny_gpt2(ctx: Any, out: str = "hf-out", steps: int = 40, step_delay: float = 0.0) -> dict[str, Any]:
+def tiny_gpt2(
+    ctx: Any, out: str = "hf-out", steps: int = 40, step_delay: float = 0.0, plain: bool = False
+) -> dict[str, Any]:
     """A 2-layer GPT-2 built from a config (no download), synthetic token ids, dropout on, a
     shuffled sampler over 2.5 epochs, AdamW with a linear schedule: every piece of state the
-    Trainer's resume must restore exactly. One intra-op thread (see tests/core/jobfns.py)."""
+    Trainer's resume must restore exactly. One intra-op thread (see tests/core/jobfns.py).
+    `plain`: call `trainer.train()` as code written without spotnb does."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
@@ -45,7 +48,7 @@ def tiny_gpt2(ctx: Any, out: str = "hf-out", steps: int = 40, step_delay: float 
         dataloader_num_workers=0,
     )
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Slow()])
-    out_ = hf.train(ctx, trainer)
+    out_ = trainer.train() if plain else hf.train(ctx, trainer)
     return {
         "weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
         "loss": out_.training_loss,
