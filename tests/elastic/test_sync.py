@@ -53,11 +53,15 @@ def test_local_sgd_redoes_a_window_a_kill_broke_and_applies_it_once() -> None:
 
 
 @pytest.mark.parametrize("sync", ["ddp", "local_sgd:5"])
-def test_batchnorm_statistics_agree_across_replicas(sync: str) -> None:
+def test_batchnorm_statistics_agree_across_replicas(sync: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each replica normalises only its share of the batch; the running statistics a model
     evaluates with must still be the same on every replica at the end (averaged with the
     gradients each step, or with the weights at each window's end), or the model a job
     returns depends on which replica wrote it."""
+    # both replicas must train: the first quorum waits for both however slowly the second
+    # starts (a clean-clone run under load started it > 5 s late, COLD_START_WAIT's default,
+    # and the first replica trained the 30 steps alone)
+    monkeypatch.setenv("SPOTNB_COLD_START_WAIT", "120")
     job = spot.train(functools.partial(jobfns.batchnorm_dp, steps=30), _config(instances=2, sync=sync))
     job.result(timeout=240)
     rows = _rows(job)
