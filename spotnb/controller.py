@@ -835,9 +835,8 @@ class Controller:
         for inc in st.incs.values():
             if inc.preempted and inc.region and inc.end is not None:
                 trouble.setdefault(inc.region, []).append(inc.end)
-        for e in self.job.events:
-            if e.get("kind") == "alloc_failed" and e.get("region"):
-                trouble.setdefault(str(e["region"]), []).append(float(e.get("t") or 0.0))
+        for zone, t in st.alloc_failures:  # folded by the state: no scan of every event
+            trouble.setdefault(zone, []).append(t)
         return rank_zones(prices, markets, work_s=work, trouble=trouble, now=time.time())
 
     def _watch(self, n: int, instance: Instance) -> tuple[_Outcome, Future | None]:

@@ -278,6 +278,8 @@ class JobState:
         # and the highest step replica 0 logged (its rows are the job's series; a step logged
         # again at or below it was redone)
         self.replica_counts: list[tuple[float, int]] = []
+        # (zone, time) of the latest capacity failures (`alloc_failed`): placement's penalty
+        self.alloc_failures: collections.deque[tuple[str, float]] = collections.deque(maxlen=1000)
         # the spot price of each candidate zone over time (`prices` events): (t, $/h) steps
         self.zone_prices: dict[str, list[tuple[float, float]]] = {}
         self._replica_top = -1
@@ -418,6 +420,9 @@ class JobState:
             self.job_start = t
         if isinstance(e, ev.Launched):
             inc.info = _merged_info(inc.info, e.info)
+        elif isinstance(e, ev.AllocFailed):
+            if e.region:
+                self.alloc_failures.append((str(e.region), t))
         elif isinstance(e, ev.Allocating):
             inc.slot = e.slot
             if inc.asked is None:

@@ -96,3 +96,33 @@ def test_a_region_s_market_counts_the_instances_of_its_zones(spotnb_home: Any) -
         "us-central10", "us-central1", "gcp"
     )
     assert not in_region("east-2", "east", "local") and not in_region("ab", "a", "local")
+
+
+def test_capacity_failures_are_folded_for_the_penalty_without_rescanning_the_events() -> None:
+    """The controller ranks zones every second on the local market while a job may move; the
+    capacity failures it penalises come folded by the job's state, not from a scan of every
+    event (metrics included) at each look."""
+    from spotnb.state import JobState
+
+    def failed(region: str | None, t: float) -> dict[str, Any]:
+        return {
+            "kind": "alloc_failed",
+            "t": t,
+            "incarnation": 1,
+            "region": region,
+            "reason": "x",
+            "retry_in": 0.0,
+        }
+
+    st = JobState.from_events([failed("zone-a", 100.0), failed(None, 101.0), failed("zone-a", 102.0)])
+    assert list(st.alloc_failures) == [("zone-a", 100.0), ("zone-a", 102.0)]
+    trouble: dict[str, list[float]] = {}
+    for zone, t in st.alloc_failures:
+        trouble.setdefault(zone, []).append(t)
+    ranked = rank_zones(
+        {"zone-a": 0.1, "zone-b": 0.1},
+        {"zone-a": (3600.0, 60.0), "zone-b": (3600.0, 60.0)},
+        trouble=trouble,
+        now=110.0,
+    )
+    assert [z.zone for z in ranked] == ["zone-b", "zone-a"]
