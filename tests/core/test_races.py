@@ -68,7 +68,10 @@ def test_snapshots_never_share_buffers_with_a_save_in_progress(store_url) -> Non
         time.sleep(0.005)  # paces the producer like training steps; not a synchronisation
     assert ckpt.wait(60)
     manifests = ckpt.list_manifests()
-    assert len(manifests) > 5
+    # 79 snapshots came faster than the writer commits them, so snapshots were taken while a
+    # save was in progress; how many commit (a newer snapshot supersedes a waiting one) depends
+    # on the machine's load: a clean-clone run under two test workers committed 4
+    assert len(manifests) >= 2
     for m in manifests:
         state = torch.load(f"{ckpt.root}/{m.seq:08d}/state.pt", weights_only=False)
         assert torch.unique(state["w"]).tolist() == [float(m.step)], m.seq
