@@ -25,7 +25,7 @@ import re
 import threading
 import time
 import uuid
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.mgmt.compute import models as m
@@ -283,20 +283,13 @@ class AzureCoordinator:
     network_cleanup_timeout: ClassVar[float] = 300.0  # seconds `close` waits to delete the network
     _terminated: set[str]
 
-    def subscription(self) -> str:  # pragma: no cover - AzureProvider's
-        raise NotImplementedError
+    if TYPE_CHECKING:  # what AzureProvider supplies; declared for mypy, never defined here
 
-    def ssh_key(self) -> str:  # pragma: no cover - AzureProvider's
-        raise NotImplementedError
-
-    def _ensure_group(self, location: str) -> str:  # pragma: no cover - AzureProvider's
-        raise NotImplementedError
-
-    def resource_group(self, location: str) -> str:  # pragma: no cover - AzureProvider's
-        raise NotImplementedError
-
-    def coordinator_image(self) -> m.ImageReference:  # pragma: no cover - AzureProvider's
-        raise NotImplementedError
+        def subscription(self) -> str: ...
+        def ssh_key(self) -> str: ...
+        def _ensure_group(self, location: str) -> str: ...
+        def resource_group(self, location: str) -> str: ...
+        def coordinator_image(self) -> m.ImageReference: ...
 
     def _init_coordinators(self) -> None:
         self._coordinators: dict[str, KnownCoordinator] = {}
