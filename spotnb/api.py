@@ -297,6 +297,8 @@ def _submit(
         instance_type=config.instance_type,
         store=store.url,
     )
+    if config.controller == "cloud":
+        db.update_job(job_id, controller="cloud")  # never driven from this machine
     submitted = EventWriter(store, job_id, 0, "api")
     submitted.emit(
         ev.Submitted(
@@ -346,7 +348,9 @@ def train(
 def _drive(job: Job, config: Config, provider: Any, detach: bool) -> None:
     with _LIVE_LOCK:
         _LIVE[job.id] = job
-    if detach:
+    if config.controller == "cloud":
+        _host(job, provider)
+    elif detach:
         provider.close()
         start_controller(job.id, job.store.url)
         job.follow()
@@ -354,6 +358,20 @@ def _drive(job: Job, config: Config, provider: Any, detach: bool) -> None:
         controller = make_controller(job, config, provider, job.store, job.db or JobDB())
         job.driver = controller  # kept alive with the job
         controller.start()
+
+
+def _host(job: Job, provider: Any) -> None:
+    """`Config.controller="cloud"`: the job's coordinator drives it; this notebook follows."""
+    key = load_key(job.id)
+    assert key is not None  # _submit saved it
+    try:
+        provider.host_controller(job.id, job.store.url, key.hex())
+    except Exception as exc:
+        _refuse(job, f"the job's controller could not be started on its coordinator: {exc}", "no controller")
+        raise
+    finally:
+        provider.close()
+    job.follow()
 
 
 def run_controller(job_id: str, store_url: str | None = None) -> int:

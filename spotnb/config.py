@@ -165,6 +165,19 @@ class _GenericConfig(BaseModel):
         description="The coordinator powers itself off after this long without any replica "
         "connected (a guard against a leak if no controller is left to end it).",
     )
+    controller: Literal["notebook", "cloud"] = Field(
+        "notebook",
+        description="Where the job's controller runs: 'notebook' (a process on this machine; the "
+        "next notebook restarts it if it died) or 'cloud' (on the job's on-demand coordinator, so "
+        "relaunches go on while this machine sleeps; the notebook only follows the store).",
+    )
+    controller_identity: str | None = Field(
+        None,
+        min_length=1,
+        description="The identity a cloud controller runs as (AWS instance profile name, Azure "
+        "user-assigned identity resource id, GCP service account email): it launches and ends the "
+        "job's spot instances and reads and writes the store; no credential leaves this machine.",
+    )
     sync: str = Field(
         "ddp",
         description="How replicas agree: 'ddp' (average gradients every step), 'local_sgd:K' "
@@ -358,6 +371,7 @@ class _GenericConfig(BaseModel):
         if self.region is not None and self.regions is not None:
             raise ValueError("give region (one) or regions (candidates), not both")
         self._check_migrate()
+        self._check_controller()
         registry()[self.provider].settings.check_config(self)
         return self
 
@@ -386,6 +400,21 @@ class _GenericConfig(BaseModel):
             raise ValueError(
                 f"instances={self.instances} trains with torchft, which is not installed here: "
                 "pip install 'spotnb[elastic]' (or instances=1)"
+            )
+
+    def _check_controller(self) -> None:
+        if self.controller != "cloud" or self.provider == "local":
+            return  # the local market hosts a cloud controller itself: nothing to name
+        if not self.controller_identity:
+            example = {
+                "aws": "an instance profile name, e.g. 'spotnb-controller'",
+                "azure": "a user-assigned identity's resource id",
+                "gcp": "a service account email",
+            }.get(self.provider, "the identity the controller runs as")
+            raise ValueError(
+                "controller='cloud' runs the controller on the job's coordinator, which needs its "
+                "own cloud identity to launch instances and reach the store (spotnb never ships "
+                f"credentials): set controller_identity to {example}, or controller='notebook'"
             )
 
     def _check_migrate(self) -> None:

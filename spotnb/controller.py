@@ -355,6 +355,10 @@ class Controller:
         self.job._mark_lost(reason)
 
     def _run(self) -> None:
+        if self.config.controller == "cloud" and self.provider.name != "local":
+            # this controller runs on the job's coordinator: found by its tags, so its cost is
+            # billed in the ledger and `close` ends it with the job (the machine ends with it)
+            self.provider.coordinator(self.job.id, self.config.min_instances)
         recovered = self._recover()
         if recovered is None:
             return

@@ -102,6 +102,8 @@ class JobDB:
             cols = {r["name"] for r in con.execute("PRAGMA table_info(jobs)")}
             if "status_reason" not in cols:  # a DB from before terminal reasons were kept here
                 con.execute("ALTER TABLE jobs ADD COLUMN status_reason TEXT")
+            if "controller" not in cols:  # where the controller runs: NULL (here) or "cloud"
+                con.execute("ALTER TABLE jobs ADD COLUMN controller TEXT")
 
     def _connect(self, timeout: float = 30.0) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=timeout)

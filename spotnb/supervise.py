@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import fsspec
@@ -19,7 +20,19 @@ from spotnb.jobdb import JobDB
 from spotnb.protocol import TERMINAL, JobStatus
 from spotnb.store import Store, private_dir
 
-__all__ = ["start_controller", "job_vanished", "mark_lost", "ensure_controller"]
+__all__ = [
+    "start_controller",
+    "job_vanished",
+    "mark_lost",
+    "ensure_controller",
+    "ensure_hosted_controller",
+    "HOSTED_CHECK_S",
+]
+
+#: How often a notebook asks a cloud whether a job's hosted controller (its coordinator) is
+#: still there: each ask is a describe call, and a listing of jobs asks for every one.
+HOSTED_CHECK_S = 300.0
+_hosted_checked: dict[str, float] = {}
 
 
 def start_controller(job_id: str, store_url: str) -> int:
@@ -71,6 +84,8 @@ def ensure_controller(row: dict[str, Any]) -> bool:
     A job whose store vanished is marked lost instead, once: no controller could run it."""
     if row.get("status") in TERMINAL:
         return False
+    if row.get("controller") == "cloud":
+        return ensure_hosted_controller(row)
     if JobDB().controller_alive(row["id"]):
         return False
     why = job_vanished(row)
@@ -78,4 +93,32 @@ def ensure_controller(row: dict[str, Any]) -> bool:
         row.update(mark_lost(row, why))
         return False
     start_controller(row["id"], row["store"])
+    return True
+
+
+def ensure_hosted_controller(row: dict[str, Any]) -> bool:
+    """A job whose controller its coordinator runs (`Config.controller="cloud"`) is never
+    driven from this machine (two controllers on two machines share no lease): instead the
+    job's provider makes sure the coordinator is there, and starts it again if it was ended
+    (`Provider.host_controller`, idempotent; on a cloud at most every `HOSTED_CHECK_S`).
+    Returns True if this call asked for it. The job's settings come from its signed spec."""
+    from spotnb.providers import get_provider_class
+    from spotnb.signing import load_key
+    from spotnb.spec import load_spec
+
+    job_id = row["id"]
+    now = time.monotonic()
+    if row.get("provider") != "local" and now - _hosted_checked.get(job_id, -HOSTED_CHECK_S) < HOSTED_CHECK_S:
+        return False
+    _hosted_checked[job_id] = now
+    key = load_key(job_id)
+    if key is None:
+        return False  # submitted on another machine: that one, or its coordinator, drives it
+    store = Store(row["store"])
+    config = load_spec(store, job_id, key).to_config()
+    provider = get_provider_class(config.provider)(config)
+    try:
+        provider.host_controller(job_id, store.url, key.hex())
+    finally:
+        provider.close()
     return True

@@ -519,3 +519,64 @@ def test_coordinator_script_runs_the_lighthouse_and_restarts_it(tmp_path: Path) 
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_a_hosted_controller_runs_on_the_coordinator_with_its_instance_profile(
+    s3_store_url: str, job: str
+) -> None:
+    """`Config.controller="cloud"` (against moto): the coordinator carries the controller and
+    the job key, runs with Config.controller_identity as its instance profile, never a
+    credential; the notebook's `close` leaves it; asking again finds it."""
+    cfg = _config(s3_store_url, controller="cloud", controller_identity="spotnb-controller")
+    with pytest.raises(ConfigError, match="controller_identity.*no instance profile"):
+        AWSProvider(cfg).host_controller(job, s3_store_url, "ef" * 32)
+    assert not _coordinators(job)  # refused before anything was launched
+    iam = boto3.client("iam", region_name="us-east-1")
+    try:
+        iam.create_instance_profile(InstanceProfileName="spotnb-controller")
+    except iam.exceptions.EntityAlreadyExistsException:
+        pass  # the moto server lives for the whole session
+    p = AWSProvider(cfg)
+    p.host_controller(job, s3_store_url, "ef" * 32)
+    p.close()
+    (data,) = _coordinators(job)
+    assert data["IamInstanceProfile"]["Arn"].endswith("/spotnb-controller")
+    raw = _ec2().describe_instance_attribute(InstanceId=data["InstanceId"], Attribute="userData")
+    import base64
+
+    script = base64.b64decode(raw["UserData"]["Value"]).decode()
+    assert f"spotnb.cli controller {job} --store {s3_store_url}" in script
+    assert "'spotnb[aws,elastic]==" in script and "ef" * 32 in script
+    assert not [name for name, value in CANARIES.items() if value in script]
+    again = AWSProvider(cfg)
+    again.host_controller(job, s3_store_url, "ef" * 32)
+    again.close()
+    assert len(_coordinators(job)) == 1
+    AWSProvider(cfg).close()  # nothing of the job is this one's: still running
+    assert len(_coordinators(job)) == 1
+
+
+def test_dry_run_of_a_cloud_controller_shows_its_coordinator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One instance, controller='cloud': the dry run plans the coordinator that hosts the
+    controller (its instance profile, its script running `spotnb controller`, the key shown
+    as a placeholder) and its price."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # any request would fail
+
+    def fit(ctx: Any) -> int:
+        return 1
+
+    cfg = spot.Config(
+        provider="aws",
+        store="s3://bucket/spotnb",
+        region="us-east-1",
+        controller="cloud",
+        controller_identity="spotnb-controller",
+    )
+    plan = spot.train(fit, cfg, dry_run=True)
+    coordinator = plan["coordinator"]
+    assert "spotnb.cli controller" in coordinator["bootstrap"]
+    assert "spotnb.runtime.lighthouse" not in coordinator["bootstrap"]  # one instance: no quorum
+    assert "<the job key, added at launch>" in coordinator["bootstrap"]
+    runs = [r["body"] for r in plan["requests"] if r["api"] == "ec2.run_instances"]
+    assert runs[0]["IamInstanceProfile"] == {"Name": "spotnb-controller"}
+    assert "InstanceMarketOptions" not in runs[0]

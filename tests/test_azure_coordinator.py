@@ -529,3 +529,32 @@ def test_a_spec_written_with_the_old_names_resumes_silently() -> None:
         warnings.simplefilter("error")
         cfg = spec.to_config()
     assert (cfg.coordinator_port, cfg.coordinator_price) == (30001, 0.03)
+
+
+def test_a_hosted_controller_runs_on_the_coordinator_with_its_identity(
+    fakes: tuple[FakeVMs, FakeResources], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Config.controller="cloud"`: the coordinator carries the controller (and the job key it
+    verifies the spec with), runs as Config.controller_identity, never a credential; the
+    notebook's `close` leaves it running, and asking again does not start a second one."""
+    for name, value in CANARIES.items():
+        monkeypatch.setenv(name, value)
+    identity = (
+        f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/"
+        "Microsoft.ManagedIdentity/userAssignedIdentities/ctl"
+    )
+    vms, _ = fakes
+    p = _provider(fakes, controller="cloud", controller_identity=identity)
+    p.host_controller(JOB, "az://spotnb/jobs", "ab" * 32)
+    p.close()
+    (vm,) = vms.created
+    assert vm.identity is not None and list(vm.identity.user_assigned_identities) == [identity]
+    script = base64.b64decode(vm.os_profile.custom_data).decode()
+    assert f"spotnb.cli controller {JOB} --store az://spotnb/jobs" in script
+    assert "spotnb.runtime.lighthouse --min-replicas 2" in script  # several instances: both
+    assert "'spotnb[azure,elastic]==" in script and "ab" * 32 in script
+    assert not [name for name, value in CANARIES.items() if value in script]
+    assert not [c for c in vms.calls if c[0] == "delete"]  # the job now depends on it
+    again = _provider(fakes, controller="cloud", controller_identity=identity)
+    again.host_controller(JOB, "az://spotnb/jobs", "ab" * 32)
+    assert len(vms.created) == 1

@@ -447,3 +447,28 @@ def test_another_jobs_coordinator_is_left_alone(fakes: Fakes) -> None:
 def test_a_custom_network_needs_its_subnetwork() -> None:
     with pytest.raises(ConfigError, match="gcp_subnetwork"):
         GCPProvider(_config(gcp_network="projects/p/global/networks/train")).validate()
+
+
+def test_a_hosted_controller_runs_on_the_coordinator_with_its_service_account(
+    fakes: Fakes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Config.controller="cloud"`: the coordinator carries the controller (and the job key it
+    verifies the spec with), runs as Config.controller_identity, never a credential; the
+    notebook's `close` leaves it running, and asking again does not start a second one."""
+    for name, value in CANARIES.items():
+        monkeypatch.setenv(name, value)
+    instances, _, _ = fakes
+    account = f"spotnb-ctl@{PROJECT}.iam.gserviceaccount.com"
+    p = _provider(fakes, controller="cloud", controller_identity=account)
+    p.host_controller(JOB, "gs://spotnb/jobs", "cd" * 32)
+    p.close()
+    (vm,) = instances.inserted
+    assert [a.email for a in vm.service_accounts] == [account]
+    (script,) = [i.value for i in vm.metadata.items if i.key == "startup-script"]
+    assert f"spotnb.cli controller {JOB} --store gs://spotnb/jobs" in script
+    assert "'spotnb[gcp,elastic]==" in script and "cd" * 32 in script
+    assert not [name for name, value in CANARIES.items() if value in script]
+    assert not [c for c in instances.calls if c[0] == "delete"]  # the job now depends on it
+    again = _provider(fakes, controller="cloud", controller_identity=account)
+    again.host_controller(JOB, "gs://spotnb/jobs", "cd" * 32)
+    assert len(instances.inserted) == 1

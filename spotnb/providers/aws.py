@@ -56,6 +56,8 @@ from spotnb.providers.coordinator import (
     coordinator_boot_script,
     coordinator_type,
     failed_starts,
+    host_on_coordinator,
+    planned_hosting,
 )
 from spotnb.providers.coordinator import coordinator_price as _coordinator_price
 
@@ -247,11 +249,13 @@ def coordinator_request(
     interface_id: str,
     user_data: str,
     key_name: str | None = None,
+    instance_profile: str | None = None,
 ) -> dict[str, Any]:
     """The keyword arguments of `ec2.run_instances` for the job's coordinator: on demand (no
     `InstanceMarketOptions`, so the spot market cannot take it back), on the job's network
-    interface (which carries the job group), no instance profile (it reads nothing of the job),
-    and terminated, not stopped, when it powers off."""
+    interface (which carries the job group), terminated, not stopped, when it powers off, and
+    no instance profile (the lighthouse reads nothing of the job) unless it hosts the job's
+    controller (`instance_profile`: Config.controller_identity, to launch and read the store)."""
     tags = _tag_list(job_id, COORDINATOR_ROLE)
     req: dict[str, Any] = {
         "ImageId": image_id,
@@ -281,6 +285,8 @@ def coordinator_request(
         req["CreditSpecification"] = {"CpuCredits": "standard"}
     if key_name:
         req["KeyName"] = key_name
+    if instance_profile:
+        req["IamInstanceProfile"] = {"Name": instance_profile}
     return req
 
 
@@ -419,8 +425,9 @@ class AWSProvider(Provider):
         if profile and not self.config.aws_instance_profile:
             steps.extend(self._profile_requests(profile, "once, if the instance profile is missing"))
         coordinator: dict[str, Any] | None = None
-        if elastic:
-            coordinator = self._plan_coordinator(spec, steps)
+        with planned_hosting(self, spec.job_id) as planned:
+            if planned:
+                coordinator = self._plan_coordinator(spec, steps)
         steps.append({"api": "ec2.run_instances", "region": region, "body": req})
         plan: dict[str, Any] = {
             "provider": "aws",
@@ -822,7 +829,7 @@ class AWSProvider(Provider):
     def coordinator_user_data(self, job_id: str, min_replicas: int | None = None) -> str:
         """The coordinator's boot script: it installs spotnb[elastic] as an instance's script
         installs spotnb and runs the lighthouse; it carries no credential and no job key."""
-        script = coordinator_boot_script(self.config, job_id, "aws", min_replicas)
+        script = coordinator_boot_script(self.config, job_id, "aws", min_replicas, self._hosted.get(job_id))
         if len(script.encode()) > 16 * 1024:
             raise ValueError("EC2 UserData is limited to 16 KB; the coordinator script is too long")
         return script
@@ -835,7 +842,24 @@ class AWSProvider(Provider):
             interface_id=interface_id,
             user_data=user_data,
             key_name=self.config.aws_key_name,
+            instance_profile=self.config.controller_identity if job_id in self._hosted else None,
         )
+
+    def host_controller(self, job_id: str, store_url: str, job_key: str) -> None:
+        """The job's coordinator, started (or found) with the controller on board and
+        Config.controller_identity as its instance profile; then forgotten, so `close` leaves it."""
+        name = str(self.config.controller_identity)
+        try:
+            self.client("iam").get_instance_profile(InstanceProfileName=name)
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "NoSuchEntity":
+                raise
+            raise ConfigError(
+                f"Config.controller_identity: this account has no instance profile {name!r}; create "
+                "one whose role may run, describe and terminate EC2 instances and use the store's "
+                "bucket (the controller launches the job's instances from the coordinator)"
+            ) from None
+        host_on_coordinator(self, job_id, store_url, job_key)
 
     def ensure_job_group(self, job_id: str, region: str) -> str:
         """The job's security group (created once, idempotently): TCP open between its members

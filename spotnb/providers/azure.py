@@ -52,7 +52,7 @@ from spotnb.providers.base import (
 )
 from spotnb.providers.bootstrap import azure_custom_data, require_remote_store
 from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG, job_tags
-from spotnb.providers.coordinator import ROLE_TAG
+from spotnb.providers.coordinator import ROLE_TAG, planned_hosting
 
 __all__ = [
     "AzureProvider",
@@ -360,7 +360,8 @@ class AzureProvider(AzureCoordinator, Provider):
                     "first use (idempotent; set azure_resource_group to use your own)",
                 }
             )
-        coordinator = self.plan_coordinator(spec.job_id, location, requests) if elastic else None
+        with planned_hosting(self, spec.job_id) as planned:
+            coordinator = self.plan_coordinator(spec.job_id, location, requests) if planned else None
         requests.append(
             {
                 "api": "compute.virtual_machines.begin_create_or_update",

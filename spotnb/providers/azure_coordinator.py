@@ -39,12 +39,14 @@ from spotnb.providers.coordinator import (
     MAX_COORDINATOR_LAUNCHES,
     ROLE_TAG,
     SETTLED_S,
+    HostedController,
     KnownCoordinator,
     coordinator_boot_script,
     coordinator_price,
     coordinator_record,
     coordinator_type,
     failed_starts,
+    host_on_coordinator,
 )
 
 __all__ = [
@@ -231,11 +233,14 @@ def build_coordinator_vm(
     ssh_key: str,
     custom_data: str,
     name: str,
+    identity: str | None = None,
 ) -> m.VirtualMachine:
     """The VirtualMachine sent to `begin_create_or_update` for the job's coordinator: regular
     priority (on demand: no eviction), on the job's NIC (detached, not deleted, with the VM),
-    no managed identity (it reads nothing of the job), its OS disk deleted with it."""
-    return m.VirtualMachine(
+    its OS disk deleted with it, and no managed identity (the lighthouse reads nothing of the
+    job) unless it hosts the job's controller (`identity`: Config.controller_identity, a
+    user-assigned identity that launches the job's VMs and reads the store)."""
+    vm = m.VirtualMachine(
         location=location,
         tags=_tags(job_id, COORDINATOR_ROLE),
         priority="Regular",
@@ -265,6 +270,11 @@ def build_coordinator_vm(
             network_interfaces=[m.NetworkInterfaceReference(id=nic_id, primary=True, delete_option="Detach")]
         ),
     )
+    if identity:
+        vm.identity = m.VirtualMachineIdentity(
+            type="UserAssigned", user_assigned_identities={identity: m.UserAssignedIdentitiesValue()}
+        )
+    return vm
 
 
 def _code(exc: HttpResponseError) -> str:
@@ -282,6 +292,7 @@ class AzureCoordinator:
     describe_interval: ClassVar[float]
     network_cleanup_timeout: ClassVar[float] = 300.0  # seconds `close` waits to delete the network
     _terminated: set[str]
+    _hosted: dict[str, HostedController]
 
     if TYPE_CHECKING:  # what AzureProvider supplies; declared for mypy, never defined here
 
@@ -317,7 +328,14 @@ class AzureCoordinator:
         return str(location)
 
     def coordinator_custom_data(self, job_id: str, min_replicas: int | None = None) -> str:
-        return azure_cloud_config(coordinator_boot_script(self.config, job_id, "azure", min_replicas))
+        return azure_cloud_config(
+            coordinator_boot_script(self.config, job_id, "azure", min_replicas, self._hosted.get(job_id))
+        )
+
+    def host_controller(self, job_id: str, store_url: str, job_key: str) -> None:
+        """The job's coordinator, started (or found) with the controller on board and
+        Config.controller_identity as its managed identity; then forgotten, so `close` leaves it."""
+        host_on_coordinator(self, job_id, store_url, job_key)
 
     def _validate_one_location(self) -> None:
         """The job's VMs reach each other and their coordinator by private address, in one
@@ -478,6 +496,7 @@ class AzureCoordinator:
             ssh_key=self.ssh_key(),
             custom_data=self.coordinator_custom_data(known.job_id, min_replicas),
             name=name,
+            identity=self.config.controller_identity if known.job_id in self._hosted else None,
         )
         try:
             self.compute.virtual_machines.begin_create_or_update(rg, name, vm)
@@ -585,7 +604,7 @@ class AzureCoordinator:
         )
         when = "once per job, if missing"
         name = coordinator_vm_name(job_id, "<n>")
-        script = coordinator_boot_script(self.config, job_id, "azure")
+        script = coordinator_boot_script(self.config, job_id, "azure", None, self._hosted.get(job_id))
         vm = build_coordinator_vm(
             job_id,
             location=location,
@@ -595,6 +614,7 @@ class AzureCoordinator:
             ssh_key="<throwaway ssh-ed25519 public key>",
             custom_data="<base64 cloud-config of the coordinator script>",
             name=name,
+            identity=self.config.controller_identity if job_id in self._hosted else None,
         ).as_dict()
         subnet = self.config.azure_subnet_id or "<azure_subnet_id>"
         put = "resources.resources.begin_create_or_update_by_id"

@@ -115,6 +115,9 @@ class Provider(ABC):
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        # jobs whose coordinator this provider is starting with their controller on board
+        # (`host_controller`), by job id: the coordinator's boot script and identity differ
+        self._hosted: dict[str, Any] = {}
 
     # -- public, concrete ----------------------------------------------------------------
     def validate(self) -> None:
@@ -158,6 +161,18 @@ class Provider(ABC):
         replica once. Providers that support `Feature.ELASTIC` implement it; it is idempotent
         per job, and the provider ends the coordinator in `close` (a cloud one costs money)."""
         raise NotImplementedError(f"provider {self.name!r} has no coordinator for several instances")
+
+    def host_controller(self, job_id: str, store_url: str, job_key: str) -> None:
+        """Start the job's controller off the notebook's machine (`Config.controller="cloud"`),
+        on the job's on-demand coordinator, which restarts it if it crashes and powers off once
+        it ends the job; the notebook then only follows the store. Idempotent per job (a live
+        coordinator is found by its tags, not doubled), so a later notebook calls it again to
+        replace a coordinator that died. The coordinator is not this provider's to end: its
+        `close` leaves it running. Providers that support `Feature.ELASTIC` implement it."""
+        raise ConfigError(
+            f"Config.controller: provider {self.name!r} cannot host the job's controller; "
+            "set controller='notebook'"
+        )
 
     def launch(self, spec: LaunchSpec) -> Instance:
         """Ask for one spot instance running `spec.command`. Raises CapacityError when the

@@ -12,12 +12,14 @@ no SDK.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from spotnb.prices import lookup_price
 from spotnb.providers.base import Price
-from spotnb.providers.bootstrap import coordinator_script
+from spotnb.providers.bootstrap import controller_script, coordinator_script
 
 __all__ = [
     "ROLE_TAG",
@@ -25,11 +27,14 @@ __all__ = [
     "MAX_COORDINATOR_LAUNCHES",
     "SETTLED_S",
     "KnownCoordinator",
+    "HostedController",
     "coordinator_type",
     "coordinator_price",
     "coordinator_record",
     "coordinator_boot_script",
     "failed_starts",
+    "host_on_coordinator",
+    "planned_hosting",
 ]
 
 #: Tag (label on GCP) that tells a job's coordinator (and its network) from its spot instances.
@@ -93,8 +98,39 @@ def coordinator_record(known: KnownCoordinator | None, price: Price | None) -> d
     }
 
 
-def coordinator_boot_script(config: Any, job_id: str, cloud: str, min_replicas: int | None = None) -> str:
-    """The coordinator's boot script for `cloud` (no credential, no job key)."""
+@dataclass(frozen=True)
+class HostedController:
+    """A job whose controller its coordinator runs (`Config.controller="cloud"`): what the
+    coordinator's boot script needs besides the lighthouse's settings."""
+
+    store_url: str
+    job_key: str  # hex; the coordinator verifies the job spec with it (never logged)
+
+    def __repr__(self) -> str:  # a repr in a log line must not carry the key
+        return f"HostedController(store_url={self.store_url!r}, job_key=<hidden>)"
+
+
+def coordinator_boot_script(
+    config: Any,
+    job_id: str,
+    cloud: str,
+    min_replicas: int | None = None,
+    hosted: HostedController | None = None,
+) -> str:
+    """The coordinator's boot script for `cloud`: the lighthouse alone (no credential, no job
+    key), or with `hosted` the job's controller too (and the lighthouse if the job has several
+    instances), which carries the job key."""
+    if hosted is not None:
+        return controller_script(
+            job_id,
+            store_url=hosted.store_url,
+            job_key=hosted.job_key,
+            cloud=cloud,
+            instances=config.instances,
+            min_replicas=config.min_instances if min_replicas is None else min_replicas,
+            port=config.coordinator_port,
+            requirements=config.requirements,
+        )
     return coordinator_script(
         job_id,
         min_replicas=config.min_instances if min_replicas is None else min_replicas,
@@ -113,3 +149,40 @@ def failed_starts(known: KnownCoordinator | Any, where: str, hint: str) -> Runti
         f"job {known.job_id}: its coordinator was started {known.launches} times and did not "
         f"stay up (last: {known.instance_id}; see its serial/boot log in {where}). {hint}"
     )
+
+
+def host_on_coordinator(provider: Any, job_id: str, store_url: str, job_key: str) -> None:
+    """`Provider.host_controller` for a provider with a `coordinator` (Azure, GCP): start (or
+    find) the job's coordinator with its controller on board, then forget it, so the
+    notebook's `close` does not end the coordinator the job now depends on. The network the
+    coordinator stands in is forgotten too (its `close` would wait for the VM to go)."""
+    lock = provider._coordinator_lock
+    with lock:
+        provider._hosted[job_id] = HostedController(store_url, job_key)
+    try:
+        provider.coordinator(job_id, provider.config.min_instances)
+    finally:
+        with lock:
+            provider._hosted.pop(job_id, None)
+            known = provider._coordinators.pop(job_id, None)
+            networks = getattr(provider, "_job_networks", None)
+            if known is not None and networks is not None:
+                networks.discard((job_id, known.region))
+
+
+@contextmanager
+def planned_hosting(provider: Any, job_id: str) -> Iterator[bool]:
+    """While a dry run plans the coordinator of a job with `Config.controller="cloud"`, its
+    boot script and identity are the hosting ones (the key shown as a placeholder). Yields
+    whether the job has a coordinator to plan at all (several instances, or a cloud controller)."""
+    from spotnb.providers.bootstrap import KEY_PLACEHOLDER
+
+    config = provider.config
+    hosted = config.controller == "cloud"
+    if hosted:
+        provider._hosted[job_id] = HostedController(config.store_url(), KEY_PLACEHOLDER)
+    try:
+        yield hosted or config.instances > 1
+    finally:
+        if hosted:
+            provider._hosted.pop(job_id, None)

@@ -48,7 +48,7 @@ from spotnb.providers.base import (
 )
 from spotnb.providers.bootstrap import gcp_startup_script, require_remote_store
 from spotnb.providers.cleanup import JOB_TAG, job_tags
-from spotnb.providers.coordinator import COORDINATOR_ROLE, ROLE_TAG
+from spotnb.providers.coordinator import COORDINATOR_ROLE, ROLE_TAG, planned_hosting
 from spotnb.providers.gcp_coordinator import GCPCoordinator, job_network_tag
 
 __all__ = [
@@ -360,9 +360,8 @@ class GCPProvider(GCPCoordinator, Provider):
                 item["value"] = "<the bootstrap script below>"
         name = instance_name(spec)
         requests: list[dict[str, Any]] = []
-        coordinator = (
-            self.plan_coordinator(spec.job_id, project, zone, requests) if self.config.instances > 1 else None
-        )
+        with planned_hosting(self, spec.job_id) as planned:
+            coordinator = self.plan_coordinator(spec.job_id, project, zone, requests) if planned else None
         requests.append(
             {
                 "api": "compute_v1.InstancesClient.insert",

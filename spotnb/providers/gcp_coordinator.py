@@ -36,12 +36,14 @@ from spotnb.providers.coordinator import (
     MAX_COORDINATOR_LAUNCHES,
     ROLE_TAG,
     SETTLED_S,
+    HostedController,
     KnownCoordinator,
     coordinator_boot_script,
     coordinator_price,
     coordinator_record,
     coordinator_type,
     failed_starts,
+    host_on_coordinator,
 )
 
 __all__ = [
@@ -159,11 +161,22 @@ def address_resource(job_id: str, subnetwork: str | None) -> compute_v1.Address:
 
 
 def build_coordinator_instance(
-    job_id: str, config: Any, *, zone: str, machine_type: str, image: str, ip: str, name: str, script: str
+    job_id: str,
+    config: Any,
+    *,
+    zone: str,
+    machine_type: str,
+    image: str,
+    ip: str,
+    name: str,
+    script: str,
+    service_account: str | None = None,
 ) -> compute_v1.Instance:
     """The Instance inserted for the job's coordinator: the STANDARD provisioning model (on
     demand, never preempted; GCE restarts it after a host failure), on the job's reserved
-    address and network tag, no service account (it reads nothing of the job)."""
+    address and network tag, no service account (the lighthouse reads nothing of the job)
+    unless it hosts the job's controller (`service_account`: Config.controller_identity, which
+    launches the job's instances and reads the store)."""
     nic = compute_v1.NetworkInterface(
         network=config.gcp_network or "global/networks/default",
         network_i_p=ip,
@@ -196,6 +209,13 @@ def build_coordinator_instance(
             provisioning_model="STANDARD", automatic_restart=True, on_host_maintenance="MIGRATE"
         ),
         metadata=compute_v1.Metadata(items=[compute_v1.Items(key="startup-script", value=script)]),
+        service_accounts=[
+            compute_v1.ServiceAccount(
+                email=service_account, scopes=["https://www.googleapis.com/auth/cloud-platform"]
+            )
+        ]
+        if service_account
+        else [],
     )
 
 
@@ -216,6 +236,8 @@ class GCPCoordinator:
     instances: Any
     describe_interval: ClassVar[float]
     _terminated: set[str]
+
+    _hosted: dict[str, HostedController]
 
     if TYPE_CHECKING:  # what GCPProvider supplies; declared for mypy, never defined here
 
@@ -259,6 +281,11 @@ class GCPCoordinator:
         if not first:
             raise ConfigError("Config.region: give a GCP region or zone such as 'us-central1'")
         return self.zones(first)[0][0]
+
+    def host_controller(self, job_id: str, store_url: str, job_key: str) -> None:
+        """The job's coordinator, started (or found) with the controller on board and
+        Config.controller_identity as its service account; then forgotten, so `close` leaves it."""
+        host_on_coordinator(self, job_id, store_url, job_key)
 
     def _validate_one_region(self) -> None:
         """The job's reserved address is regional: its VMs share one region (zones are fine)."""
@@ -411,7 +438,10 @@ class GCPCoordinator:
             image=self.coordinator_image(),
             ip=known.private_ip,
             name=name,
-            script=coordinator_boot_script(self.config, known.job_id, "gcp", min_replicas),
+            script=coordinator_boot_script(
+                self.config, known.job_id, "gcp", min_replicas, self._hosted.get(known.job_id)
+            ),
+            service_account=self.config.controller_identity if known.job_id in self._hosted else None,
         )
         try:
             self.instances.insert(
@@ -510,7 +540,7 @@ class GCPCoordinator:
         """Append the coordinator's requests to `requests`; return what the dry run says of it."""
         region = zone.rsplit("-", 1)[0]
         when = "once per job, if missing"
-        script = coordinator_boot_script(self.config, job_id, "gcp")
+        script = coordinator_boot_script(self.config, job_id, "gcp", None, self._hosted.get(job_id))
         for rule in job_firewalls(job_id, self.config.gcp_network or "global/networks/default"):
             requests.append(
                 {
@@ -537,6 +567,7 @@ class GCPCoordinator:
             ip="<the reserved address>",
             name=_name("spotnb-", job_id, "-coord-<n>"),
             script="<the coordinator script below>",
+            service_account=self.config.controller_identity if job_id in self._hosted else None,
         )
         requests.append(
             {

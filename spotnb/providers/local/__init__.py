@@ -296,6 +296,16 @@ class LocalProvider(Provider):
                 if injector is not None:
                     injector.kill_now("preempted")
 
+    def host_controller(self, job_id: str, store_url: str, job_key: str) -> None:
+        """The market is this machine: it hosts the controller as a process of its own session
+        (it outlives the notebook's kernel), unless one holds the job's lease already. The key
+        is where the controller reads it (this machine's spotnb home)."""
+        from spotnb.jobdb import JobDB
+        from spotnb.supervise import start_controller
+
+        if not JobDB().controller_alive(job_id):
+            start_controller(job_id, store_url)
+
     def coordinator(self, job_id: str, min_replicas: int) -> str:
         """torchft's lighthouse as a process of this market (like the metadata server), so it
         outlives every local instance; it ends with the market (`close`, or its stdin pipe
