@@ -106,3 +106,34 @@ def tiny(
         "step": trainer.global_step,
         "resumed_from": ctx.resumed_from,
     }
+
+
+def fabric_tiny(ctx: Any, steps: int = 30, step_delay: float = 0.0) -> dict[str, Any]:
+    """A hand-written Fabric loop over the same shuffled, noisy loader (10 batches an epoch):
+    dropout, AdamW and a per-step LR schedule, driven by `fabric_batches`."""
+    import lightning as L
+    import torch
+    from torch import nn
+
+    from spotnb.integrations.fabric import fabric_batches
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    Net, Data = _parts()
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)
+    model, opt = fabric.setup(net, opt)
+    loader = fabric.setup_dataloaders(Data().train_dataloader())
+    ctx.track(model=model, optimizer=opt, scheduler=sched)
+    for _step, (x, y) in fabric_batches(ctx, loader, steps):
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        fabric.backward(loss)
+        opt.step()
+        sched.step()
+        ctx.log(loss=loss.item())
+        if step_delay:
+            time.sleep(step_delay)
+    return {"weights": {k: v.detach().clone() for k, v in net.state_dict().items()}, "step": ctx.step_index}

@@ -187,3 +187,29 @@ def test_sigterm_stays_spotnb_s_notice_under_lightning(tmp_path: Path) -> None:
         assert signal.signal(signal.SIGTERM, previous) is not None
     assert calls == [signal.SIGTERM]
     assert out["step"] == 6  # trained on: the notice's save and exit are spotnb's to decide
+
+
+def test_a_fabric_loop_resumes_exactly_mid_epoch() -> None:
+    """Lightning Fabric: a hand-written loop over `fabric_batches`, noticed at step 14 (in the
+    middle of the second epoch), resumes from its emergency save and ends with the calm run's
+    weights and losses bit for bit: the shuffle and the random noise of the epoch included."""
+    fn = functools.partial(lightningjobs.fabric_tiny, steps=20)
+    calm = spot.train(fn, spot.Config(checkpoint="static:100", ship_modules=SHIP))
+    spotted = spot.train(
+        functools.partial(fn, step_delay=0.05),
+        spot.Config(
+            checkpoint="static:100",
+            ship_modules=SHIP,
+            local_grace=3.0,
+            notice_poll=0.1,
+            local_schedule=[{"step": 14, "notice": True}],
+        ),
+    )
+    ref, got = calm.result(timeout=120), spotted.result(timeout=120)
+    assert spotted.breakdown().preemptions == 1
+    (resumed,) = _kinds(spotted, "resumed")
+    assert resumed["save_kind"] == "emergency" and resumed["from_step"] % 10 != 0, resumed  # mid-epoch
+    assert ref["step"] == got["step"] == 20
+    for name, w in ref["weights"].items():
+        assert torch.equal(w, got["weights"][name]), name
+    assert dict(spotted.metrics["loss"]) == dict(calm.metrics["loss"])
