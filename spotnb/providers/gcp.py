@@ -229,13 +229,20 @@ class GCPProvider(GCPCoordinator, Provider):
         zones: Any = None,
         addresses: Any = None,
         firewalls: Any = None,
+        machine_types: Any = None,
+        catalog: Any = None,
     ) -> None:
         """`instances` is an InstancesClient, `zones` a ZonesClient, `addresses` an
-        AddressesClient and `firewalls` a FirewallsClient (each built from Application Default
-        Credentials if None)."""
+        AddressesClient, `firewalls` a FirewallsClient, `machine_types` a MachineTypesClient
+        and `catalog` an authorized session for the Cloud Billing catalog (each built from
+        Application Default Credentials if None)."""
         super().__init__(config)
         self._client = instances
         self._zones_client = zones
+        self._machine_types = machine_types
+        self._catalog = catalog
+        self._catalog_failed = False
+        self._catalog_rates: dict[str, Any] = {}
         self._launched: dict[str, Instance] = {}
         self._terminated: set[str] = set()
         self._region_zones: dict[str, tuple[list[str], str]] = {}
@@ -487,15 +494,92 @@ class GCPProvider(GCPCoordinator, Provider):
         self.instances.simulate_maintenance_event(request=simulate_request(project, zone, instance.id))
 
     def _prices(self, instance_type: str, regions: list[str] | None) -> dict[str, Price]:
+        """The Cloud Billing catalog's prices where credentials allow, else the dated table."""
         table = lookup_price(instance_type, "gcp")
-        if table is None:
-            return {}
         zones = (
             regions
             or (self.config.regions if isinstance(self.config.regions, list) else None)
             or ([self.config.region] if self.config.region else [])
         )
-        return {z: Price(table.spot, table.on_demand, table.source) for z in zones if z}
+        found: dict[str, Price] = {}
+        for z in zones:
+            if not z:
+                continue
+            live = self._catalog_price(instance_type, z)
+            if live is not None:
+                found[z] = live
+            elif table is not None:
+                found[z] = Price(table.spot, table.on_demand, table.source)
+        return found
+
+    def _catalog_price(self, machine_type: str, where: str) -> Price | None:
+        """`machine_type`'s $/h in `where` (a region or zone) from the Cloud Billing catalog
+        (`spotnb.providers.gcp_catalog`); None without credentials to read it, or when the
+        catalog cannot price the type (then the table answers). A failure is logged once."""
+        from spotnb.price_cache import cached, describe_age
+        from spotnb.providers.gcp_catalog import (
+            CATALOG_TTL,
+            MachineShape,
+            catalog_skus,
+            machine_price,
+            rates_from_skus,
+        )
+
+        if self._catalog_failed:
+            return None
+        match = re.match(r"^(.*\d)-[a-z]$", where)  # a zone: its region is all but the letter
+        region = match.group(1) if match else where
+        try:
+            session = self.catalog
+            if session is None:
+                return None
+            skus, age = cached("gcp-catalog-skus", CATALOG_TTL, lambda: catalog_skus(session))
+            if region not in self._catalog_rates:
+                self._catalog_rates[region] = rates_from_skus(skus, region)
+            zone = where if match else self.zones(region)[0][0]
+
+            def shape() -> dict[str, Any]:
+                mt = self.machine_types.get(project=self.project(), zone=zone, machine_type=machine_type)
+                return {
+                    "cpus": int(mt.guest_cpus),
+                    "memory_gb": float(mt.memory_mb) / 1024,
+                    "gpus": [
+                        [a.guest_accelerator_type, int(a.guest_accelerator_count)] for a in mt.accelerators
+                    ],
+                }
+
+            raw, _ = cached(f"gcp-machine-{machine_type}", 30 * CATALOG_TTL, shape)
+        except Exception as exc:  # noqa: BLE001 - no credentials, API off, quota: the table answers
+            self._catalog_failed = True
+            log.info("GCP prices: the Cloud Billing catalog is not readable (%s); using the dated table", exc)
+            return None
+        machine = MachineShape(
+            int(raw["cpus"]), float(raw["memory_gb"]), tuple((g, int(c)) for g, c in raw["gpus"])
+        )
+        prices = machine_price(machine_type, machine, self._catalog_rates[region])
+        if prices is None:
+            return None
+        return Price(prices[0], prices[1], f"GCP Cloud Billing catalog, {region} ({describe_age(age)})")
+
+    @property
+    def catalog(self) -> Any:
+        """An authorized `requests` session for the Cloud Billing catalog, from Application
+        Default Credentials (None without any)."""
+        if self._catalog is None:
+            import google.auth
+            from google.auth.transport.requests import AuthorizedSession
+
+            credentials, _ = google.auth.default(
+                scopes=["https://www.googleapis.com/auth/cloud-billing.readonly"]
+            )
+            self._catalog = AuthorizedSession(credentials)
+        return self._catalog
+
+    @property
+    def machine_types(self) -> Any:
+        if self._machine_types is None:
+            self._machine_types = compute_v1.MachineTypesClient()
+        return self._machine_types
 
     # -- cleanup ---------------------------------------------------------------------------
     def list_tagged(self) -> Iterator[tuple[Instance, str]]:
