@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import math
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any, ClassVar
@@ -199,6 +200,9 @@ class AnyCloudProvider(Provider):
         fails, is slower than `price_wait` or answers prices that are not finite numbers is
         left out of this answer (logged), the others are not."""
         asks: dict[str, list[str] | None] = {}
+        if regions is None and self.config.regions != "cheapest":  # the job's own zones
+            named = self.config.regions if isinstance(self.config.regions, list) else [self.config.region]
+            regions = [r for r in named if r]
         if regions is None:
             asks = {cloud: None for cloud in self.clouds()}
         else:
@@ -215,9 +219,10 @@ class AnyCloudProvider(Provider):
             for cloud, zones in asks.items()
         }
         pool.shutdown(wait=False)  # a slow cloud's call finishes on its own
+        deadline = time.monotonic() + self.price_wait  # one wait for all the clouds
         for cloud, fut in futures.items():
             try:
-                got = fut.result(timeout=self.price_wait)
+                got = fut.result(timeout=max(0.0, deadline - time.monotonic()))
             except FuturesTimeout:
                 log.warning("%s prices: no answer in %.0f s; its zones are left out", cloud, self.price_wait)
                 continue
