@@ -147,9 +147,7 @@ class MockedGCP(GCPProvider):
 
 
 @pytest.fixture
-def clouds(
-    aws_env: str, retail: _Retail, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> _Retail:
+def clouds(aws_env: str, retail: _Retail, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> _Retail:
     """Credentials for the three clouds (AWS: moto's canaries; Azure: a service principal in
     the environment; GCP: an ADC file), and the mocked control planes."""
     monkeypatch.setenv("AZURE_CLIENT_ID", "spotnb-canary-client")
@@ -209,7 +207,10 @@ def test_the_dry_run_ranks_the_zones_of_every_cloud_with_the_cloud_column(
     assert order[:2] == ["aws/us-east-1a", "aws/us-west-2a"]
     assert rows["aws/us-east-1a"]["transfer"] == 0.0 < rows["aws/us-west-2a"]["transfer"]
     assert "across regions" in rows["aws/us-west-2a"]["text"]
-    assert "$0.158/h" in rows["azure/eastus"]["text"] and "across clouds (aws → azure)" in rows["azure/eastus"]["text"]
+    assert (
+        "$0.158/h" in rows["azure/eastus"]["text"]
+        and "across clouds (aws → azure)" in rows["azure/eastus"]["text"]
+    )
     assert "$0.224/h" in rows["gcp/us-central1-a"]["text"]
     text = str(plan)
     assert "1. aws   aws/us-east-1a" in text and "azure aws" not in text  # the cloud column

@@ -61,7 +61,9 @@ def test_the_egress_table_and_the_store_s_cloud() -> None:
     assert store_cloud("az://c/p") == "azure" and store_cloud("file:///tmp/x") is None
     assert egress_per_gb(STORE, ("aws", "us-east-1")) == (0.0, "same region")
     assert egress_per_gb(STORE, ("gcp", "us-central1"))[0] == EGRESS["aws"]["internet"]
-    assert egress_per_gb(("aws", None), ("aws", "us-east-1"))[0] == EGRESS["aws"]["region"]  # unknown: crossing
+    assert (
+        egress_per_gb(("aws", None), ("aws", "us-east-1"))[0] == EGRESS["aws"]["region"]
+    )  # unknown: crossing
     assert egress_per_gb((None, None), (None, "zone-a")) == (0.0, "same place")  # the local market
     # restores leave the store's cloud, saves the zone's: each at its own cloud's rate
     t = transfer_to(STORE, ("gcp", "us-central1"), 1e9, False)

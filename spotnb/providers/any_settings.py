@@ -24,7 +24,7 @@ _EXAMPLE = "{'aws': 'g5.xlarge', 'azure': 'Standard_NC4as_T4_v3', 'gcp': 'g2-sta
 
 
 def split_zone(name: str | None) -> tuple[str | None, str | None]:
-    """"aws/us-east-1a" → ("aws", "us-east-1a"); a name without a cloud → (None, name)."""
+    """ "aws/us-east-1a" → ("aws", "us-east-1a"); a name without a cloud → (None, name)."""
     if not name or "/" not in name:
         return None, name
     cloud, _, zone = name.partition("/")

@@ -184,7 +184,7 @@ class AnyCloudProvider(Provider):
 
         cloud = store_cloud(self.config.store_url())
         if cloud in self.clouds():
-            return self.sub(cloud).store_location()  # type: ignore[arg-type]
+            return self.sub(cloud).store_location()
         return (cloud, None)
 
     def _where(self, zone: str | None) -> tuple[str, str | None]:
@@ -287,7 +287,9 @@ class AnyCloudProvider(Provider):
         cloud = str(info.pop("cloud", "") or split_zone(record.get("region"))[0] or "")
         if cloud not in ANY_CLOUDS:
             return None
-        theirs = self.sub(cloud).reclaim({**record, "region": split_zone(record.get("region"))[1], "info": info})
+        theirs = self.sub(cloud).reclaim(
+            {**record, "region": split_zone(record.get("region"))[1], "info": info}
+        )
         return self._wrap(cloud, theirs) if theirs is not None else None
 
     def close(self) -> None:
