@@ -294,3 +294,35 @@ def test_azure_retail_api_answering_garbage_or_aws_down_falls_back_to_the_dated_
     assert "built-in table" in prices["azure/eastus"].source and clouds.asked >= 1
     assert "built-in table" in prices["aws/us-east-1a"].source
     assert prices["aws/us-east-1a"].spot == 0.302  # the table's g5.xlarge
+
+
+def test_the_controller_launches_on_the_zone_s_cloud_with_its_notices_and_records_its_market(
+    clouds: _Retail, s3_store_url: str
+) -> None:
+    """The real controller's allocation on provider="any" (GCP's control plane mocked): the
+    incarnation document the agent reads names the zone's cloud's notice format (not the
+    first cloud's), the job DB records the incarnation under that cloud and type (its market's
+    history), and the zones' prices are written at the allocation."""
+    from spotnb.controller import Controller
+    from spotnb.job import Job
+    from spotnb.store import Store
+
+    cfg = _config(store=s3_store_url, regions=["gcp/us-central1-a", "aws/us-east-1a", "azure/eastus"])
+    store, db = Store(s3_store_url), JobDB()
+    job = Job("20261125-000002-any002", store, db, {})
+    p = multi.AnyCloudProvider(cfg)
+    ctl = Controller(job, cfg, p, store, db)
+    assert ctl._take_lease() is not None
+    inst = ctl._allocate(1)
+    ctl.writer.flush()
+    events = ctl.pump()
+    assert inst is not None and inst.region == "gcp/us-central1-a"
+    doc = json.loads(store.read_bytes(store.job(job.id, "incarnations", "0001.json")))
+    assert doc["notice"]["format"] == "gcp" and doc["market"]["grace"] == 30.0
+    (allocated,) = [e for e in events if e["kind"] == "allocated"]
+    assert allocated["region"] == "gcp/us-central1-a" and allocated["spot_price"] == 0.224
+    (prices,) = [e for e in events if e["kind"] == "prices"]
+    assert set(prices["zones"]) == {"gcp/us-central1-a", "aws/us-east-1a", "azure/eastus"}
+    row = db._exec("SELECT provider, region, instance_type FROM incarnations WHERE job_id=?", (job.id,))
+    assert [tuple(r) for r in row] == [("gcp", "us-central1-a", "g2-standard-4")]
+    p.close()
