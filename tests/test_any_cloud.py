@@ -326,3 +326,25 @@ def test_the_controller_launches_on_the_zone_s_cloud_with_its_notices_and_record
     row = db._exec("SELECT provider, region, instance_type FROM incarnations WHERE job_id=?", (job.id,))
     assert [tuple(r) for r in row] == [("gcp", "us-central1-a", "g2-standard-4")]
     p.close()
+
+
+def test_a_cloud_without_credentials_is_left_out_and_said_and_a_cloud_s_own_checks_still_apply(
+    aws_env: str, s3_store_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Only AWS credentials here: Azure and GCP are left out (the dry run says why and how to
+    set theirs) and AWS's zones are ranked; a cloud with credentials whose own settings are
+    incomplete is refused before launch with its provider's message, naming the cloud."""
+    for key in ("AZURE_CLIENT_ID", "IDENTITY_ENDPOINT", "MSI_ENDPOINT", "GOOGLE_APPLICATION_CREDENTIALS"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AZURE_CONFIG_DIR", str(tmp_path / "azure"))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    plan = spot.train(jobfns.slow_steps, _config(store=s3_store_url), dry_run=True)
+    assert {r["cloud"] for r in plan["placement"]} == {"aws"}
+    assert set(plan["clouds_left_out"]) == {"azure", "gcp"}
+    text = str(plan)
+    assert "cloud left out" in text and "az login" in text and "gcloud auth" in text
+    monkeypatch.setenv("AZURE_CLIENT_ID", "c")
+    monkeypatch.setenv("AZURE_TENANT_ID", "t")
+    monkeypatch.setenv("AZURE_CLIENT_SECRET", "s")
+    with pytest.raises(ConfigError, match="provider='any', on azure: Config.azure_subnet_id: required"):
+        spot.train(jobfns.slow_steps, _config(store=s3_store_url, azure_subnet_id=None), dry_run=True)
