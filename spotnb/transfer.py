@@ -105,11 +105,11 @@ def transfer_to(
 
 
 def checkpoint_bytes(state: Any) -> tuple[float, bool]:
-    """(bytes of the job's latest committed checkpoint, whether one exists) from a JobState;
+    """(bytes of one checkpoint, whether one was committed) from a JobState: the largest of
+    the last ten checkpoints' `bytes` (a checkpoint counts only the bytes it wrote, so one
+    whose files an earlier one already held says less than a restore reads);
     `NOMINAL_CHECKPOINT_BYTES` before the first save."""
-    saves = getattr(state, "checkpoints", None) or []
-    for save in reversed(saves):
-        n = getattr(save, "nbytes", 0) or 0
-        if n > 0:
-            return float(n), True
-    return NOMINAL_CHECKPOINT_BYTES, bool(saves)
+    saves = list(getattr(state, "checkpoints", None) or [])
+    sizes = [float(getattr(save, "nbytes", 0) or 0) for save in saves[-10:]]
+    biggest = max(sizes, default=0.0)
+    return (biggest if biggest > 0 else NOMINAL_CHECKPOINT_BYTES), bool(saves)

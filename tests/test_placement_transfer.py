@@ -116,3 +116,15 @@ def test_every_allocation_of_a_multi_zone_job_writes_the_zones_prices() -> None:
     preempted = kinds.index("preempted")
     assert any(job.events.index(e) > preempted for e in said)
     assert set(job.state.zone_prices) == {"zone-a", "zone-b"}
+
+
+def test_the_checkpoint_size_is_the_largest_recent_one_or_an_estimate_before_the_first() -> None:
+    """A checkpoint counts the bytes it wrote: one whose files an earlier one held says little,
+    while a restore reads them all; before the first save an estimate stands in."""
+    from types import SimpleNamespace
+
+    from spotnb.transfer import NOMINAL_CHECKPOINT_BYTES, checkpoint_bytes
+
+    assert checkpoint_bytes(SimpleNamespace(checkpoints=[])) == (NOMINAL_CHECKPOINT_BYTES, False)
+    saves = [SimpleNamespace(nbytes=n) for n in (4e9, 1e6, 2e6)]
+    assert checkpoint_bytes(SimpleNamespace(checkpoints=saves)) == (4e9, True)
