@@ -229,6 +229,13 @@ class AnyCloudProvider(Provider):
             except Exception as exc:  # noqa: BLE001 - one cloud's API down is not the job's end
                 log.warning("%s prices could not be read (%r); its zones are left out", cloud, exc)
                 continue
+            if not got and asks[cloud] is None:
+                log.warning(
+                    "%s priced no zone for regions='cheapest' (GCP's dated table has no regions); "
+                    "list its zones in regions, e.g. '%s/<zone>'",
+                    cloud,
+                    cloud,
+                )
             for zone, price in (got or {}).items():
                 if _sane(price):
                     out[f"{cloud}/{zone}"] = price
