@@ -984,9 +984,10 @@ class Controller:
         is down or answers garbage costs the job nothing but the lines."""
         try:
             prices = self.provider.prices(self.config.instance_type_name(), regions)
-            self._note_prices(prices, n, always=True)
         except Exception as exc:  # noqa: BLE001 - prices are shown, not needed, here
             self.log.debug("job %s: no prices of %s to show: %r", self.job.id, regions, exc)
+            return
+        self._note_prices(prices, n, always=True)  # a lost lease must still stop the controller
 
     def _note_prices(self, prices: dict[str, Any], n: int = 0, always: bool = False) -> None:
         """Write the zones' spot prices: at each allocation (`always`), and at each look for a
