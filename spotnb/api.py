@@ -198,7 +198,7 @@ def dry_run_plan(fn: Any, config: Config) -> Plan:
         job_id="<job-id>",
         incarnation=1,
         store_url=config.store_url(),
-        instance_type=config.instance_type,
+        instance_type=config.instance_type_name(),
         region=region,
         command=[
             "python",
@@ -224,7 +224,7 @@ def dry_run_plan(fn: Any, config: Config) -> Plan:
             f.value: why for f, why in provider.unsupported.items() if not provider.supports(f)
         }
         plan["providers"] = sorted(registry())
-        plan.setdefault("instance_type", config.instance_type)
+        plan.setdefault("instance_type", config.instance_type_name())
         return Plan(plan)
     return plan
 
@@ -245,23 +245,45 @@ def _every(seconds: float) -> str:
 def _placement_rows(provider: Any, config: Config, regions: list[str] | str) -> list[dict[str, Any]]:
     """The candidate zones ranked as the controller would rank them at the first launch
     (`spotnb.placement`: expected cost of an hour of training there, from this machine's job
-    DB and the prices now); with a list of regions the list's order is what is tried, and the
-    ranking is shown for information."""
+    DB and the prices now, moving the checkpoint between the store and the zone included);
+    with a list of regions the list's order is what is tried, and the ranking is shown for
+    information."""
     from spotnb.placement import rank_zones
-    from spotnb.providers import provider_info
+    from spotnb.transfer import NOMINAL_CHECKPOINT_BYTES, store_cloud, transfer_to
 
     try:
-        prices = provider.prices(config.instance_type, None if regions == "cheapest" else list(regions))
+        prices = provider.prices(
+            config.instance_type_name(), None if regions == "cheapest" else list(regions)
+        )
     except Exception as exc:  # noqa: BLE001 - a dry run shows what it could not learn
         return [{"zone": "?", "text": f"prices unavailable: {exc}"}]
-    settings = provider_info(provider.name).settings
     db = JobDB()
     markets = {}
     for zone in prices:
-        stats = db.market(provider.name, zone, config.instance_type, **settings.market_priors(config, zone))
+        name, key, itype, priors = provider.market_key(zone)
+        stats = db.market(name, key, itype, **priors)
         markets[zone] = (stats.mttp, stats.restart)
-    ranked = rank_zones({z: p.spot for z, p in prices.items()}, markets)
-    return [{"zone": z.zone, "cost": z.cost, "hours": z.hours, "text": z.describe()} for z in ranked]
+    try:
+        store = provider.store_location()
+    except Exception:  # noqa: BLE001 - unknown: priced as another region
+        store = (store_cloud(config.store_url()), None)
+    transfer, clouds = {}, {}
+    for zone in prices:  # no checkpoint yet: the first start restores nothing
+        where = provider.zone_location(zone)
+        transfer[zone] = transfer_to(store, where, NOMINAL_CHECKPOINT_BYTES, False)
+        clouds[zone] = where[0] or provider.name
+    ranked = rank_zones({z: p.spot for z, p in prices.items()}, markets, transfer=transfer, clouds=clouds)
+    return [
+        {
+            "zone": z.zone,
+            "cloud": z.cloud,
+            "cost": z.cost,
+            "hours": z.hours,
+            "transfer": z.transfer_cost,
+            "text": z.describe(),
+        }
+        for z in ranked
+    ]
 
 
 def _open_store(url: str) -> Any:
@@ -294,7 +316,7 @@ def _submit(
         name=config.name,
         provider=config.provider,
         region=config.region,
-        instance_type=config.instance_type,
+        instance_type=config.instance_type_name(),
         store=store.url,
     )
     if config.controller == "cloud":
@@ -304,7 +326,7 @@ def _submit(
         ev.Submitted(
             name=config.name,
             provider=config.provider,
-            instance_type=config.instance_type,
+            instance_type=config.instance_type_name(),
             config=_public_config(config),
             spotnb_version=_version(),
             detached=detach,

@@ -33,6 +33,7 @@ from spotnb.durations import DAY, Duration, bounded, parse_duration
 from spotnb.errors import ConfigError
 from spotnb.home import spotnb_home
 from spotnb.providers import registry
+from spotnb.providers.any_settings import ANY_CLOUDS, AnySettings
 from spotnb.providers.aws_settings import AWSSettings
 from spotnb.providers.azure_settings import AzureSettings
 from spotnb.providers.gcp_settings import GCPSettings
@@ -74,8 +75,16 @@ class _GenericConfig(BaseModel):
 
     # --- generic -----------------------------------------------------------------------
     name: str | None = Field(None, description="A label for the job (shown in lists and widgets).")
-    provider: str = Field("local", description="Where instances run: local, aws, azure or gcp.")
-    instance_type: str = Field("g4dn.xlarge", description="Cloud instance type; also prices the ledger.")
+    provider: str = Field(
+        "local",
+        description="Where instances run: local, aws, azure, gcp, or any (the cheapest zone of the "
+        "clouds you have credentials for).",
+    )
+    instance_type: str | dict[str, str] = Field(
+        "g4dn.xlarge",
+        description="Cloud instance type; also prices the ledger. With provider='any', one per "
+        "cloud: {'aws': 'g5.xlarge', 'azure': 'Standard_NC4as_T4_v3', 'gcp': 'g2-standard-4'}.",
+    )
     region: str | None = Field(None, description="One region (or zone) to launch in.")
     regions: list[str] | Literal["cheapest"] | None = Field(
         None, description="Candidate regions in order, or 'cheapest' to order them by spot price."
@@ -355,12 +364,31 @@ class _GenericConfig(BaseModel):
         resolve_policy(v)  # raises ValueError with the valid names
         return v
 
+    @field_validator("instance_type")
+    @classmethod
+    def _instance_type(cls, v: str | dict[str, str]) -> str | dict[str, str]:
+        if isinstance(v, dict):
+            if not v:
+                raise ValueError("the mapping is empty; give one type per cloud, e.g. {'aws': 'g5.xlarge'}")
+            bad = [k for k, t in v.items() if not str(t).strip()]
+            if bad:
+                raise ValueError(f"no instance type given for {bad}; give e.g. {{'aws': 'g5.xlarge'}}")
+        elif not v.strip():
+            raise ValueError("empty; give a cloud instance type such as 'g4dn.xlarge'")
+        return v
+
     @model_validator(mode="after")
     def _provider_fields(self) -> Any:
         own = f"{self.provider}_"
+        if isinstance(self.instance_type, dict) and self.provider != "any":
+            raise ValueError(
+                f"instance_type: a mapping per cloud applies to provider='any', but provider is "
+                f"{self.provider!r}; give one type (e.g. instance_type="
+                f"{next(iter(self.instance_type.values()))!r}) or set provider='any'"
+            )
         for prefix in provider_prefixes():
-            if prefix == own:
-                continue
+            if prefix == own or (self.provider == "any" and prefix[:-1] in ANY_CLOUDS):
+                continue  # provider='any' launches on the clouds: their fields apply
             for name in self.model_fields_set:
                 if name.startswith(prefix):
                     raise ValueError(
@@ -449,6 +477,13 @@ class _GenericConfig(BaseModel):
         return self.instances > 1
 
     # -- derived ---------------------------------------------------------------------------
+    def instance_type_name(self) -> str:
+        """The instance type as text (lists, events, the job DB): a mapping per cloud of
+        provider='any' reads "aws:g5.xlarge, gcp:g2-standard-4"."""
+        if isinstance(self.instance_type, dict):
+            return ", ".join(f"{cloud}:{t}" for cloud, t in self.instance_type.items())
+        return self.instance_type
+
     def store_url(self) -> str:
         return self.store or (spotnb_home() / "store").as_uri()
 
@@ -498,7 +533,7 @@ def _has_userinfo(text: str) -> bool:
     return bool(re.search(r"[a-z][a-z0-9+.-]*://[^/\s@]+@", text, re.I))
 
 
-class Config(_GenericConfig, LocalSettings, AWSSettings, AzureSettings, GCPSettings):
+class Config(_GenericConfig, LocalSettings, AWSSettings, AzureSettings, GCPSettings, AnySettings):
     """What to run where. Durations take seconds or strings such as "90s", "2m", "3h".
 
     The generic fields, then each provider's (`local_*`, `aws_*`, `azure_*`, `gcp_*`, and those

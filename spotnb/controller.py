@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import socket
 import sqlite3
@@ -27,13 +28,13 @@ from spotnb.events import EventReader, EventWriter
 from spotnb.job import Job
 from spotnb.jobdb import JobDB
 from spotnb.migration import MoveGate, best_move
-from spotnb.placement import ZoneEstimate, rank_zones
+from spotnb.placement import Transfer, ZoneEstimate, rank_zones
 from spotnb.policy import Observation, resolve_policy
 from spotnb.protocol import TERMINAL, Event, JobStatus, Outcome
-from spotnb.providers import provider_info
 from spotnb.providers.base import Instance, InstanceState, InstanceStatus, LaunchSpec, Provider
 from spotnb.store import Store
 from spotnb.supervise import job_vanished, mark_lost
+from spotnb.transfer import checkpoint_bytes, store_cloud, transfer_to
 
 __all__ = ["Controller"]
 
@@ -124,6 +125,7 @@ class Controller:
         self.policy = resolve_policy(config.checkpoint)
         self._market_now: dict[str, float] = {}
         self._prices_said: dict[str, float] = {}  # the zone prices last written (`prices` event)
+        self._store_location: tuple[str | None, str | None] | None = None  # (cloud, region)
         job._stop_hook = self.request_stop
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -644,15 +646,14 @@ class Controller:
         }
         if self.config.migrate == "best-price":  # the agent looks for a request to move
             inc_doc["move_poll"] = MOVE_POLL if self.store.local else MOVE_POLL_REMOTE
-        self.store.write_bytes(
-            self.store.job(self.job.id, "incarnations", f"{n:04d}.json"), json.dumps(inc_doc).encode()
-        )
-        regions: list[str | None] = [only] if only else self._regions()
+        inc_path = self.store.job(self.job.id, "incarnations", f"{n:04d}.json")
+        self.store.write_bytes(inc_path, json.dumps(inc_doc).encode())
+        regions: list[str | None] = [only] if only else self._regions(n)
         spec_base = dict(
             job_id=self.job.id,
             incarnation=n,
             store_url=self.store.url,
-            instance_type=self.config.instance_type,
+            instance_type=self.config.instance_type_name(),
             command=[
                 "python",
                 "-m",
@@ -676,14 +677,14 @@ class Controller:
             n,
             requested=requested,
             provider=self.provider.name,
-            instance_type=self.config.instance_type,
+            instance_type=self.config.instance_type_name(),
         )
         while not self._stop_requested() and not (cancel is not None and cancel.is_set()):
             waited = time.time() - requested
             if self.config.max_wait is not None and attempt and waited >= self.config.max_wait:
                 self._stop_reason = (
                     f"max_wait={self.config.max_wait:g}s reached: no spot capacity for "
-                    f"{self.config.instance_type} in {waited:.0f} s and {attempt} attempt(s), "
+                    f"{self.config.instance_type_name()} in {waited:.0f} s and {attempt} attempt(s), "
                     f"regions tried: {', '.join(tried)}. Add regions (Config.regions), choose "
                     "another instance_type, or raise max_wait"
                 )
@@ -691,6 +692,11 @@ class Controller:
             region = regions[attempt % len(regions)]
             if (region or self.provider.name) not in tried:
                 tried.append(region or self.provider.name)
+            notice = self.provider.notice_settings(region)
+            if notice != inc_doc["notice"]:  # provider='any': this zone's cloud's notices
+                inc_doc["notice"] = notice
+                inc_doc["market"] = {**market, "grace": notice["grace"]}
+                self.store.write_bytes(inc_path, json.dumps(inc_doc).encode())
             self.emit(ev.Allocating(region=region, attempt=attempt + 1, slot=slot), n)
             try:
                 instance = self.provider.launch(LaunchSpec(region=region, **spec_base))
@@ -727,7 +733,7 @@ class Controller:
                     return None
                 attempt += 1
                 continue
-            price = self.provider.prices(self.config.instance_type, [region] if region else None)
+            price = self.provider.prices(self.config.instance_type_name(), [region] if region else None)
             p = price.get(instance.region or "") or next(iter(price.values()), None)
             spot = self.config.price_spot if self.config.price_spot is not None else (p.spot if p else 0.0)
             od = (
@@ -751,8 +757,16 @@ class Controller:
                 ),
                 n,
             )
+            # under the zone's own cloud and type (provider='any'): its market's history
+            cloud, zone, itype, _ = self.provider.market_key(instance.region)
             self.db.record_incarnation(
-                self.job.id, n, instance_id=instance.id, region=instance.region, allocated=now
+                self.job.id,
+                n,
+                instance_id=instance.id,
+                region=zone,
+                allocated=now,
+                provider=cloud,
+                instance_type=itype,
             )
             return instance
         return None
@@ -791,17 +805,17 @@ class Controller:
     def _market(self) -> dict[str, float]:
         """What the policy assumes of this market: the job DB's measurements, shrunk toward the
         provider's priors (a configured market, like the local one, knows its own)."""
-        priors = provider_info(self.provider.name).settings.market_priors(self.config)
-        stats = self.db.market(self.provider.name, self.config.region, self.config.instance_type, **priors)
-        return {**stats.as_dict(), "grace": self.provider.notice_settings()["grace"]}
+        name, zone, itype, priors = self.provider.market_key(self.config.region)
+        stats = self.db.market(name, zone, itype, **priors)
+        return {**stats.as_dict(), "grace": self.provider.notice_settings(self.config.region)["grace"]}
 
-    def _regions(self) -> list[str | None]:
+    def _regions(self, n: int = 0) -> list[str | None]:
         regions = self.config.candidate_regions()
         if regions == "cheapest":
-            prices = self.provider.prices(self.config.instance_type, None)
+            prices = self.provider.prices(self.config.instance_type_name(), None)
             if not prices:
                 return [None]
-            self._note_prices(prices)
+            self._note_prices(prices, n, always=True)
             ranked = self._placement({r: p.spot for r, p in prices.items()})
             log.debug(
                 "job %s: zones by expected cost: %s",
@@ -811,6 +825,8 @@ class Controller:
             order: list[str | None] = [z.zone for z in ranked]
         else:
             order = list(regions) or [None]
+            if len(set(regions)) > 1:  # the widget draws every multi-zone job's prices
+                self._follow_prices(list(regions), n)
         if self.config.migrate == "never":  # back where it ran, the others only as a fallback
             last = max(
                 (inc for inc in self.job.state.incs.values() if inc.region and inc.allocated),
@@ -825,11 +841,10 @@ class Controller:
     def _placement(self, prices: dict[str, float]) -> list[ZoneEstimate]:
         """The zones by the expected cost of the job's remaining work there (`spotnb.placement`):
         each zone's market from the job DB, this job's recent trouble there as a penalty."""
-        settings = provider_info(self.provider.name).settings
         markets = {}
         for zone in prices:
-            priors = settings.market_priors(self.config, zone)
-            stats = self.db.market(self.provider.name, zone, self.config.instance_type, **priors)
+            name, key, itype, priors = self.provider.market_key(zone)
+            stats = self.db.market(name, key, itype, **priors)
             markets[zone] = (stats.mttp, stats.restart)
         st = self.job.state
         work = None
@@ -841,7 +856,28 @@ class Controller:
                 trouble.setdefault(inc.region, []).append(inc.end)
         for zone, t in st.alloc_failures:  # folded by the state: no scan of every event
             trouble.setdefault(zone, []).append(t)
-        return rank_zones(prices, markets, work_s=work, trouble=trouble, now=time.time())
+        transfer, clouds = self._transfers(prices)
+        return rank_zones(
+            prices, markets, work_s=work, trouble=trouble, now=time.time(), transfer=transfer, clouds=clouds
+        )
+
+    def _transfers(self, zones: Any) -> tuple[dict[str, Transfer], dict[str, str]]:
+        """Moving the checkpoint to each zone (`spotnb.transfer`): the latest checkpoint's
+        bytes (an estimate before the first save) between the store and the zone; and each
+        zone's cloud. The store's place is asked once per controller."""
+        if self._store_location is None:
+            try:
+                self._store_location = self.provider.store_location()
+            except Exception as exc:  # noqa: BLE001 - unknown: priced as another region
+                self.log.debug("job %s: the store's region is unknown: %r", self.job.id, exc)
+                self._store_location = (store_cloud(self.store.url), None)
+        nbytes, saved = checkpoint_bytes(self.job.state)
+        transfer, clouds = {}, {}
+        for zone in zones:
+            where = self.provider.zone_location(zone)
+            transfer[zone] = transfer_to(self._store_location, where, nbytes, saved)
+            clouds[zone] = where[0] or self.provider.name
+        return transfer, clouds
 
     def _watch(self, n: int, instance: Instance) -> tuple[_Outcome, Future | None]:
         pre: Future | None = None
@@ -920,7 +956,7 @@ class Controller:
         regions = self.config.candidate_regions()
         try:
             prices = self.provider.prices(
-                self.config.instance_type, None if regions == "cheapest" else list(regions)
+                self.config.instance_type_name(), None if regions == "cheapest" else list(regions)
             )
         except Exception as exc:  # noqa: BLE001 - a price API down is no reason to stop training
             self.log.debug("job %s: no prices for a move: %r", self.job.id, exc)
@@ -946,11 +982,30 @@ class Controller:
         )
         return move.there.zone
 
-    def _note_prices(self, prices: dict[str, Any], n: int = 0) -> None:
-        """Write the zones' spot prices when they changed since the last written (the widget
-        draws them over time; an unchanged look writes nothing)."""
-        now = {zone: round(float(p.spot), 6) for zone, p in prices.items()}
-        if now == self._prices_said:
+    def _follow_prices(self, regions: list[str], n: int) -> None:
+        """The listed zones' prices at an allocation of a job that does not rank them (a list
+        of regions is tried in order): written for the widget's price lines. A price API that
+        is down or answers garbage costs the job nothing but the lines."""
+        try:
+            prices = self.provider.prices(self.config.instance_type_name(), regions)
+        except Exception as exc:  # noqa: BLE001 - prices are shown, not needed, here
+            self.log.debug("job %s: no prices of %s to show: %r", self.job.id, regions, exc)
+            return
+        self._note_prices(prices, n, always=True)  # a lost lease must still stop the controller
+
+    def _note_prices(self, prices: dict[str, Any], n: int = 0, always: bool = False) -> None:
+        """Write the zones' spot prices: at each allocation (`always`), and at each look for a
+        move when they changed since the last written (the widget draws them over time; an
+        unchanged look writes nothing). A price that is not a finite number is left out."""
+        now = {}
+        for zone, p in prices.items():
+            try:
+                spot = float(p.spot)
+            except (TypeError, ValueError, AttributeError):
+                continue
+            if math.isfinite(spot) and spot >= 0:
+                now[str(zone)] = round(spot, 6)
+        if not now or (now == self._prices_said and not always):
             return
         self._prices_said = now
         sources = sorted({str(p.source) for p in prices.values()})

@@ -5,8 +5,10 @@ seconds of work left, staying costs what the work costs here (`rank_zones`' esti
 the first start: the job already runs here); moving costs what the work costs there, plus the
 move itself — the save before leaving (δ at this zone's price: training pauses for it) and the
 new instance's start (its restart time at the new price, in the new zone's estimate) — plus
-moving the checkpoint (nothing yet: the store stays where it is and the new zone reads it;
-see the README's "Placement and migration"). The job moves when
+moving the checkpoint there (`ZoneEstimate.restore_cost`: its bytes × the egress $/GB from
+the store's region, `spotnb.transfer`; the store stays where it is and the new zone reads it,
+and the estimates of both zones already count the saves written back across). The job moves
+when
 
     saving = stay − (there + δ·p_here)  >  MIN_GAIN · stay
 
@@ -46,7 +48,7 @@ class Move:
     here: ZoneEstimate
     there: ZoneEstimate
     stay: float  # $ the remaining work is expected to cost here
-    cost: float  # $ of the move: the save here and the start there
+    cost: float  # $ of the move: the save here, the start there and moving the checkpoint
     saving: float  # $ expected to be saved by moving, the move paid
     payback_s: float = 0.0  # seconds the saving, at its rate, takes to pay for the move
 
@@ -56,7 +58,9 @@ class Move:
             f"{self.there.zone} at ${self.there.spot:.3f}/h against ${self.here.spot:.3f}/h here: "
             f"the remaining work is expected to cost ${self.stay:.4f} here and "
             f"${self.stay - self.saving - self.cost:.4f} there, and the move ${self.cost:.4f} "
-            "(a save here, a start there)"
+            "(a save here, a start there"
+            + (f", the checkpoint moved ${self.there.restore_cost:.4f}" if self.there.restore_cost else "")
+            + ")"
         )
 
 
@@ -69,8 +73,9 @@ def best_move(ranked: list[ZoneEstimate], here: str | None, save_s: float | None
         return None
     there = ranked[0]
     delta = save_s if save_s is not None and save_s >= 0 else NOMINAL_SAVE
-    stay = current.cost - current.spot * current.restart / 3600.0  # no new start to pay here
-    start_there = there.spot * there.restart / 3600.0
+    # no new start nor restore to pay here
+    stay = current.cost - current.spot * current.restart / 3600.0 - current.restore_cost
+    start_there = there.spot * there.restart / 3600.0 + there.restore_cost
     work_there = there.cost - start_there
     cost = current.spot * delta / 3600.0 + start_there
     saving = stay - work_there - cost

@@ -14,6 +14,15 @@ counts as extra hazard, the zone's MTTP divided by 1 + Σ exp(−age / `PENALTY_
 right after a preemption the zone looks as if it preempted twice as often, and the penalty
 fades over ~`PENALTY_DECAY` seconds as the market recovers.
 
+Moving the checkpoint counts too (`Transfer`, priced by `spotnb.transfer`): the store stays
+where it is, so a zone in another region or cloud than the store reads the checkpoint across
+at each start there and writes each save back across. Its bytes × the egress $/GB over the
+expected number of copies (the restores of the expected starts, the first one only when there
+is a checkpoint to restore, plus the saves every τ) is added to the zone's cost, and the
+transfer time at an assumed bandwidth is added to its restart time, so two zones at the same
+price rank the one beside the store first, and a big checkpoint can make a cheaper far zone
+lose.
+
 Used by the controller for `regions="cheapest"` (at every allocation, so a relaunch goes to
 the zone that is best then) and by the dry run (the ranked table with each term).
 """
@@ -26,7 +35,15 @@ from dataclasses import dataclass
 
 from spotnb.policy.intervals import daly_interval, expected_total
 
-__all__ = ["PENALTY_DECAY", "NOMINAL_WORK", "NOMINAL_SAVE", "ZoneEstimate", "rank_zones", "penalty"]
+__all__ = [
+    "PENALTY_DECAY",
+    "NOMINAL_WORK",
+    "NOMINAL_SAVE",
+    "Transfer",
+    "ZoneEstimate",
+    "rank_zones",
+    "penalty",
+]
 
 #: seconds over which a preemption or capacity failure in a zone stops counting against it
 PENALTY_DECAY = 600.0
@@ -38,23 +55,55 @@ NOMINAL_SAVE = 10.0
 
 
 @dataclass(frozen=True)
+class Transfer:
+    """Moving the checkpoint between the store and one zone (`spotnb.transfer.transfer_to`)."""
+
+    nbytes: float  # bytes of one checkpoint (the latest one's, or an estimate)
+    per_gb: float  # $/GB each way between the store and the zone (0: same region)
+    seconds: float  # extra seconds each restore there takes (0 beside the store)
+    restore_first: bool = True  # the first start there restores (False before the first save)
+    route: str = "same region"  # in words, for the dry run
+    per_gb_back: float | None = None  # $/GB of a save written back (None: as `per_gb`)
+
+    @property
+    def gb(self) -> float:
+        return self.nbytes / 1e9
+
+
+_NO_TRANSFER = Transfer(0.0, 0.0, 0.0, False)
+
+
+@dataclass(frozen=True)
 class ZoneEstimate:
-    """One zone's terms: its price, its market, the penalty, and what the work would cost."""
+    """One zone's terms: its price, its market, the penalty, moving the checkpoint there, and
+    what the work would cost."""
 
     zone: str
     spot: float  # $/h now
     mttp: float  # seconds, from the job DB (shrunk toward the prior), before the penalty
-    restart: float  # seconds: allocation + preparation
+    restart: float  # seconds: allocation + preparation (+ the checkpoint's transfer time)
     penalty: float  # >= 1: how many times its hazard counts (recent trouble there)
     hours: float  # expected wall hours of the work there, saves, lost work and restarts included
-    cost: float  # expected $ of the work there
+    cost: float  # expected $ of the work there, moving the checkpoint included
+    transfer: Transfer = _NO_TRANSFER
+    transfer_cost: float = 0.0  # expected $ of moving the checkpoint (restores and saves)
+    copies: float = 0.0  # expected checkpoint copies between the store and the zone
+    restore_cost: float = 0.0  # $ of the first start's restore (what a move there pays)
+    cloud: str = ""  # the zone's cloud, for a placement across clouds
 
     def describe(self) -> str:
         """One line for the dry run and the log."""
         extra = f", penalty ×{self.penalty:.2f} (recent trouble)" if self.penalty > 1.005 else ""
+        t = self.transfer
+        moved = ""
+        if t.per_gb > 0 or t.seconds > 0:
+            moved = (
+                f" + checkpoint {t.gb:.2f} GB {t.route} at ${t.per_gb:.3f}/GB × {self.copies:.1f} "
+                f"copies = ${self.transfer_cost:.4f} (+{_duration(t.seconds)} per restore)"
+            )
         return (
             f"${self.spot:.3f}/h × {self.hours:.2f} h expected (MTTP {_duration(self.mttp)}, "
-            f"restart {_duration(self.restart)}{extra}) = ${self.cost:.4f}"
+            f"restart {_duration(self.restart)}{extra}){moved} = ${self.cost:.4f}"
         )
 
 
@@ -72,23 +121,51 @@ def rank_zones(
     save_s: float | None = None,
     trouble: Mapping[str, Iterable[float]] | None = None,
     now: float = 0.0,
+    transfer: Mapping[str, Transfer] | None = None,
+    clouds: Mapping[str, str] | None = None,
 ) -> list[ZoneEstimate]:
     """`prices`: zone → spot $/h; `markets`: zone → (MTTP, restart) seconds; `trouble`: zone →
-    times of this job's recent preemptions and capacity failures there. Cheapest expected
-    cost first; ties keep the order of `prices` (the user's order)."""
+    times of this job's recent preemptions and capacity failures there; `transfer`: zone →
+    moving the checkpoint there (none: beside the store); `clouds`: zone → its cloud (shown).
+    Cheapest expected cost first; ties keep the order of `prices` (the user's order)."""
     work = work_s if work_s and work_s > 0 else NOMINAL_WORK
     delta = save_s if save_s is not None and save_s >= 0 else NOMINAL_SAVE
     out: list[ZoneEstimate] = []
     for zone, spot in prices.items():
         mttp, restart = markets[zone]
+        move = (transfer or {}).get(zone, _NO_TRANSFER)
+        restart = restart + move.seconds  # each restore there reads the checkpoint across
         p = penalty((trouble or {}).get(zone, ()), now)
         effective = mttp / p
         if math.isinf(effective):  # a market that never preempts: the work and one start
             wall = work + restart
+            saves = starts = 0.0
         else:
             tau = max(daly_interval(delta, effective, restart), 1e-3)
             wall = expected_total(work, tau, delta, effective, restart) + restart  # + the first start
-        out.append(ZoneEstimate(zone, spot, mttp, restart, p, wall / 3600.0, spot * wall / 3600.0))
+            saves = work / tau
+            starts = max(0.0, wall - restart) / effective  # the preemptions' relaunches
+        restores = starts + (1.0 if move.restore_first else 0.0)
+        copies = saves + restores
+        one = move.gb * move.per_gb
+        back = move.per_gb if move.per_gb_back is None else move.per_gb_back
+        moving = one * restores + move.gb * back * saves
+        out.append(
+            ZoneEstimate(
+                zone,
+                spot,
+                mttp,
+                restart,
+                p,
+                wall / 3600.0,
+                spot * wall / 3600.0 + moving,
+                move,
+                moving,
+                copies,
+                one if move.restore_first else 0.0,
+                (clouds or {}).get(zone, ""),
+            )
+        )
     order = {zone: i for i, zone in enumerate(prices)}
     return sorted(out, key=lambda z: (z.cost, order[z.zone]))
 

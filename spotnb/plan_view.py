@@ -86,9 +86,13 @@ def summary_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
                 )
             )
     rows.extend(_fleet_rows(plan))
+    across = plan.get("provider") == "any"  # zones of several clouds: the cloud column
     for i, zone in enumerate(plan.get("placement") or []):
         label = "zones by expected cost" if i == 0 else ""
-        rows.append((label, f"{i + 1}. {zone.get('zone', '?')}: {zone.get('text', '')}"))
+        cloud = f"{zone.get('cloud') or '?':<6}" if across else ""
+        rows.append((label, f"{i + 1}. {cloud}{zone.get('zone', '?')}: {zone.get('text', '')}"))
+    for cloud, why in (plan.get("clouds_left_out") or {}).items():
+        rows.append(("cloud left out", f"{cloud}: {why}"))
     if plan.get("migrate"):
         rows.append(("migrate", str(plan["migrate"])))
     cap = _find(plan.get("requests"), ("MaxPrice", "maxPrice", "max_price"))

@@ -364,9 +364,10 @@ class AllocFailed(Event):
 @_kind(EventKind.PRICES)
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Prices(Event):
-    """The spot prices the controller saw (zone → $/h), written when they changed since the
-    last ones it wrote: at each allocation of a job with several candidate zones, and at each
-    look for a move (`Config.migrate="best-price"`). The widget draws them over time."""
+    """The spot prices the controller saw (zone → $/h): at each allocation of a job with
+    several candidate zones (a list of regions or "cheapest"), and at each look for a move
+    (`Config.migrate="best-price"`) when they changed since the last ones it wrote. The widget
+    draws them over time."""
 
     zones: dict[str, Any]  # zone → spot $/h
     source: str = ""

@@ -118,7 +118,11 @@ class JobSpec(_Model):
         uses the default policy for its own decisions (pre-allocation)."""
         from spotnb.config import RENAMED, Config, provider_prefixes
 
-        own = f"{self.provider}_"
+        own: tuple[str, ...] = (f"{self.provider}_",)
+        if self.provider == "any":  # it launches on the clouds: their fields are its own
+            from spotnb.providers.any_settings import ANY_CLOUDS
+
+            own += tuple(f"{cloud}_" for cloud in ANY_CLOUDS)
         # a spec written before a rename holds the old names: the job goes on, without a warning
         # about a name its user may never have written (the old spec dumps every field)
         renamed = {RENAMED.get(k, k): v for k, v in self.config.items()}

@@ -93,7 +93,7 @@ export interface AllocFailedEvent {
   [extra: string]: unknown;
 }
 
-/** The spot prices the controller saw (zone → $/h), written when they changed since the last ones it wrote: at each allocation of a job with several candidate zones, and at each look for a move (`Config.migrate="best-price"`). The widget draws them over time. */
+/** The spot prices the controller saw (zone → $/h): at each allocation of a job with several candidate zones (a list of regions or "cheapest"), and at each look for a move (`Config.migrate="best-price"`) when they changed since the last ones it wrote. The widget draws them over time. */
 export interface PricesEvent {
   kind: "prices";
   t: number;

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from spotnb.errors import ProviderUnavailable
+from spotnb.providers.any_settings import AnySettings
 from spotnb.providers.aws_settings import AWSSettings
 from spotnb.providers.azure_settings import AzureSettings
 from spotnb.providers.gcp_settings import GCPSettings
@@ -67,6 +68,14 @@ _BUILTIN = (
         GCPSettings,
         install="pip install 'spotnb[gcp]'",
         description="GCP Spot VMs",
+        builtin=True,
+    ),
+    ProviderInfo(
+        "any",
+        "spotnb.providers.multi:AnyCloudProvider",
+        AnySettings,
+        install="pip install 'spotnb[aws,azure,gcp]' (the clouds you use)",
+        description="the cheapest zone of the clouds you have credentials for (AWS, Azure, GCP)",
         builtin=True,
     ),
 )

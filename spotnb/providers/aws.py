@@ -324,6 +324,20 @@ class AWSProvider(Provider):
         "(aws:ec2:send-spot-instance-interruptions), outside spotnb",
     }
 
+    credentials_hint: ClassVar[str] = (
+        "AWS: `aws configure` (or `aws sso login`), or $AWS_ACCESS_KEY_ID and "
+        "$AWS_SECRET_ACCESS_KEY, or $AWS_PROFILE"
+    )
+
+    @classmethod
+    def has_credentials(cls) -> bool:
+        """botocore's credential chain (environment, shared files, SSO, instance role) finds
+        a set; resolving it calls no AWS API."""
+        try:
+            return boto3.session.Session().get_credentials() is not None
+        except BotoCoreError:  # a broken profile: no usable credentials
+            return False
+
     def __init__(self, config: Any, session: Any = None) -> None:
         super().__init__(config)
         self.session = session or boto3.session.Session()
@@ -809,6 +823,32 @@ class AWSProvider(Provider):
                 f"{instance_type!r}; check the name (e.g. 'g4dn.xlarge') or enable a region"
             )
         return list(regions)
+
+    def zone_location(self, zone: str | None) -> tuple[str | None, str | None]:
+        return ("aws", split_zone(zone)[0] if zone else self.default_region())
+
+    def store_location(self) -> tuple[str | None, str | None]:
+        """An s3:// store's bucket region (`GetBucketLocation`, cached for a day); None when
+        it cannot be asked (no permission: the store is then priced as another region)."""
+        from spotnb.price_cache import cached
+        from spotnb.transfer import store_cloud
+
+        url = self.config.store_url()
+        cloud = store_cloud(url)
+        if cloud != "aws":
+            return (cloud, None)
+        bucket = _bucket(url)[0]
+
+        def fetch() -> str:
+            where = self.client("s3").get_bucket_location(Bucket=bucket).get("LocationConstraint")
+            return str(where or "us-east-1")  # the API says None for us-east-1
+
+        try:
+            region, _ = cached(f"aws-bucket-region-{bucket}", 86400.0, fetch)
+        except (ClientError, BotoCoreError, OSError) as exc:
+            log.debug("region of bucket %s: %r", bucket, exc)
+            return ("aws", None)
+        return ("aws", str(region))
 
     # -- the coordinator of a job on several instances -------------------------------------
     network_cleanup_timeout: ClassVar[float] = 300.0  # seconds `close` waits to delete the network

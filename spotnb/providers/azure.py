@@ -216,6 +216,39 @@ class AzureProvider(AzureCoordinator, Provider):
         Feature.REBALANCE_HINT: "Azure Scheduled Events give no early rebalance recommendation",
     }
 
+    credentials_hint: ClassVar[str] = (
+        "Azure: `az login`, or $AZURE_CLIENT_ID, $AZURE_TENANT_ID and $AZURE_CLIENT_SECRET (a "
+        "service principal), or a managed identity; and the subscription in "
+        "$AZURE_SUBSCRIPTION_ID or azure_subscription_id"
+    )
+
+    @classmethod
+    def has_credentials(cls) -> bool:
+        """What DefaultAzureCredential would find, looked for without asking for a token (that
+        is a network round trip per source): a service principal in the environment, a managed
+        identity endpoint, or an `az login` token cache."""
+        env = os.environ
+        if (
+            env.get("AZURE_CLIENT_ID")
+            and env.get("AZURE_TENANT_ID")
+            and any(
+                env.get(k)
+                for k in (
+                    "AZURE_CLIENT_SECRET",
+                    "AZURE_CLIENT_CERTIFICATE_PATH",
+                    "AZURE_FEDERATED_TOKEN_FILE",
+                )
+            )
+        ):
+            return True
+        if env.get("IDENTITY_ENDPOINT") or env.get("MSI_ENDPOINT"):
+            return True
+        home = env.get("AZURE_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".azure")
+        return any(
+            os.path.isfile(os.path.join(home, name))
+            for name in ("msal_token_cache.json", "msal_token_cache.bin")
+        )
+
     def __init__(self, config: Any, compute: Any = None, resources: Any = None) -> None:
         """`compute` is a ComputeManagementClient and `resources` a ResourceManagementClient
         (each built from DefaultAzureCredential if None)."""

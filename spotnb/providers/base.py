@@ -113,11 +113,20 @@ class Provider(ABC):
     price_interval: ClassVar[float] = 300.0
     boot_timeout: ClassVar[float] = 1200.0  # VM boot + bootstrap install before the agent speaks
 
+    #: how to give this provider credentials, for the error of provider="any" without any
+    credentials_hint: ClassVar[str] = ""
+
     def __init__(self, config: Config) -> None:
         self.config = config
         # jobs whose coordinator this provider is starting with their controller on board
         # (`host_controller`), by job id: the coordinator's boot script and identity differ
         self._hosted: dict[str, Any] = {}
+
+    @classmethod
+    def has_credentials(cls) -> bool:
+        """Whether credentials for this provider are found here, cheaply: no API call and no
+        launch (provider="any" places only on the clouds that answer True)."""
+        return True
 
     # -- public, concrete ----------------------------------------------------------------
     def validate(self) -> None:
@@ -144,9 +153,19 @@ class Provider(ABC):
             )
         self._validate()
 
-    def notice_settings(self) -> dict[str, Any]:
-        """How the agent hears of a preemption: protocol (aws | azure | gcp) and grace seconds."""
+    def notice_settings(self, zone: str | None = None) -> dict[str, Any]:
+        """How the agent hears of a preemption: protocol (aws | azure | gcp) and grace seconds
+        (`zone`: where the instance is asked for; a provider across clouds answers per zone)."""
         return {"format": self.name, "grace": NOTICE_GRACE[self.name]}
+
+    def market_key(self, zone: str | None) -> tuple[str, str | None, str, dict[str, float]]:
+        """(provider, zone, instance type, priors) the job DB keys a zone's market by (its
+        preemptions and restart times, `JobDB.market`); a provider across clouds answers
+        with the zone's own cloud, so that its jobs and single-cloud jobs share their history."""
+        from spotnb.providers import provider_info
+
+        priors = provider_info(self.name).settings.market_priors(self.config, zone)
+        return (self.name, zone, str(self.config.instance_type), priors)
 
     def supports(self, feature: Feature) -> bool:
         if feature == Feature.ELASTIC and type(self).coordinator is Provider.coordinator:
@@ -203,6 +222,20 @@ class Provider(ABC):
     def prices(self, instance_type: str, regions: list[str] | None = None) -> dict[str, Price]:
         """Current $/h per region (or "" for a provider without regions)."""
         return self._prices(instance_type, regions)
+
+    def zone_location(self, zone: str | None) -> tuple[str | None, str | None]:
+        """(cloud, region) of one of this provider's zones, to price moving the checkpoint
+        there (`spotnb.transfer`); a provider off the clouds (the local market) is None."""
+        from spotnb.transfer import EGRESS
+
+        return (self.name if self.name in EGRESS else None, zone)
+
+    def store_location(self) -> tuple[str | None, str | None]:
+        """(cloud, region) of the job's store: its cloud from the URL; the region where the
+        provider can ask for it cheaply (None: unknown, priced as another region)."""
+        from spotnb.transfer import store_cloud
+
+        return (store_cloud(self.config.store_url()), None)
 
     def plan_launch(self, spec: LaunchSpec) -> dict[str, Any]:
         """The exact requests `launch` would send (API bodies, bootstrap script), sending nothing.

@@ -222,6 +222,31 @@ class GCPProvider(GCPCoordinator, Provider):
         Feature.REBALANCE_HINT: "GCE gives no early rebalance recommendation",
     }
 
+    credentials_hint: ClassVar[str] = (
+        "GCP: `gcloud auth application-default login`, or $GOOGLE_APPLICATION_CREDENTIALS "
+        "naming a service account key file; and the project in gcp_project or "
+        "$GOOGLE_CLOUD_PROJECT"
+    )
+
+    @classmethod
+    def has_credentials(cls) -> bool:
+        """What Application Default Credentials would find, without its metadata-server probe
+        (seconds of timeouts off GCE): a key file, gcloud's ADC file, or a GCE machine."""
+        named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        if named:
+            return os.path.isfile(named)
+        config_dir = os.environ.get("CLOUDSDK_CONFIG") or os.path.join(
+            os.path.expanduser("~"), ".config", "gcloud"
+        )
+        if os.path.isfile(os.path.join(config_dir, "application_default_credentials.json")):
+            return True
+        try:
+            from google.auth.compute_engine import _metadata
+
+            return bool(_metadata.detect_gce_residency_linux())
+        except Exception:  # noqa: BLE001 - a private helper of google-auth: absent means no
+            return False
+
     def __init__(
         self,
         config: Any,
@@ -580,6 +605,10 @@ class GCPProvider(GCPCoordinator, Provider):
         if self._machine_types is None:
             self._machine_types = compute_v1.MachineTypesClient()
         return self._machine_types
+
+    def zone_location(self, zone: str | None) -> tuple[str | None, str | None]:
+        where = zone or self.config.region
+        return ("gcp", where.rsplit("-", 1)[0] if where and is_zone(where) else where)
 
     # -- cleanup ---------------------------------------------------------------------------
     def list_tagged(self) -> Iterator[tuple[Instance, str]]:

@@ -142,7 +142,7 @@ class LocalProvider(Provider):
         if cfg.local_mttp and cfg.local_schedule:
             raise ConfigError("Config.local_schedule: give local_schedule or local_mttp, not both")
 
-    def notice_settings(self) -> dict[str, Any]:
+    def notice_settings(self, zone: str | None = None) -> dict[str, Any]:
         return {"format": self.notice_format, "grace": self.grace}
 
     def _launch(self, spec: LaunchSpec) -> Instance:
