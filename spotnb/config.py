@@ -433,6 +433,11 @@ class _GenericConfig(BaseModel):
     def _check_controller(self) -> None:
         if self.controller != "cloud" or self.provider == "local":
             return  # the local market hosts a cloud controller itself: nothing to name
+        if self.provider == "any":
+            raise ValueError(
+                "controller='cloud' runs the controller on the job's coordinator, which lives on "
+                "one cloud; with provider='any' keep controller='notebook', or pick the cloud"
+            )
         if not self.controller_identity:
             example = {
                 "aws": "an instance profile name, e.g. 'spotnb-controller'",

@@ -105,6 +105,15 @@ def test_a_cloud_controller_needs_an_identity_on_a_cloud() -> None:
         spot.Config(provider="aws", store="s3://bucket/spotnb", controller="cloud")
     with pytest.raises(ConfigError, match="controller"):
         spot.Config(controller="laptop")
+    with pytest.raises(ConfigError, match="provider='any'"):
+        spot.Config(
+            provider="any",
+            instance_type={"aws": "g5.xlarge"},
+            regions=["aws/us-east-1a"],
+            store="s3://bucket/spotnb",
+            controller="cloud",
+            controller_identity="x",
+        )
     cfg = spot.Config(
         provider="aws", store="s3://bucket/spotnb", controller="cloud", controller_identity="spotnb-ctl"
     )
