@@ -137,6 +137,8 @@ _LOSS_POINTS = """() => {
   const t = gd.data.find(t => t.name === 'loss');
   return t && t.x ? t.x.length : 0;
 }"""
+_TRACES = """() => Array.from(document.querySelectorAll('.spotnb-job-widget .js-plotly-plot')).map(
+  gd => (gd.data || []).map(t => `${t.name}:${t.x ? t.x.length : '-'}`).join(' '))"""
 _STATUS = """() => {
   const s = document.querySelector('.spotnb-job-widget .spotnb-status');
   return s ? s.dataset.status : null;
@@ -164,6 +166,7 @@ def test_quickstart_widget_in_jupyterlab(lab: dict[str, Any]) -> None:
                 page.screenshot(path=str(shot), full_page=True)
                 print(f"failure screenshot: {shot}\nbrowser console (last 30):\n" + "\n".join(console[-30:]))
                 print("status:", page.evaluate(_STATUS), "loss points:", page.evaluate(_LOSS_POINTS))
+                print("plots and their traces (name:points):", page.evaluate(_TRACES))
                 raise
         finally:
             browser.close()

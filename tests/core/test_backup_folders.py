@@ -99,9 +99,10 @@ def test_backing_up_a_path_that_is_not_there_says_which() -> None:
 
 
 def test_a_trainer_with_its_own_checkpoint_folder_resumes_exactly_after_a_kill(tmp_path: Path) -> None:
-    """The whole loop on the local market: the job is killed while the save of step 40 uploads,
-    after the trainer wrote `checkpoint-40/`; the relaunch gets the folder as committed (no
-    `checkpoint-40/`), resumes from step 30 like spotnb, and ends with a calm run's total."""
+    """The whole loop on the local market: the job is killed while a save uploads (the first at
+    or after step 40: on a busy machine the market may see a later one), after the trainer wrote
+    that save's `checkpoint-<step>/`; the relaunch gets the folder as last committed (without
+    the uploading one), resumes from the same step as spotnb, and ends with a calm run's total."""
     out = str(tmp_path / "out")
     fn = functools.partial(jobfns.folder_trainer, steps=60, out=out)
     config = spot.Config(
@@ -113,6 +114,11 @@ def test_a_trainer_with_its_own_checkpoint_folder_resumes_exactly_after_a_kill(t
     result = job.result(timeout=120)
     assert result["total"] == sum(range(60))
     resumed = [e for e in job.events if e["kind"] == "resumed"]
-    assert resumed and result["resumed_from"] == resumed[0]["from_step"] == 30, (result, resumed)
+    kills = [e for e in job.events if e["kind"] == "preempted"]
+    assert len(kills) == 1 and kills[0]["phase"] == "upload", kills
+    committed = [e["step"] for e in job.events if e["kind"] == "checkpoint" and e["incarnation"] == 1]
+    # the folder's newest checkpoint is the newest *committed* one, not the one being uploaded
+    assert resumed and result["resumed_from"] == resumed[0]["from_step"] == committed[-1], (result, resumed)
+    assert committed[-1] >= 30, committed
     sizes = [e["bytes"] for e in job.events if e["kind"] == "checkpoint"]
     assert sizes[0] > 1 << 20 and max(sizes[1:]) < 1 << 19, sizes  # the frozen base once
