@@ -63,6 +63,7 @@ from spotnb import protocol as ev
 from spotnb.policy.base import SaveKind
 from spotnb.runtime.context import Context, Evacuate
 from spotnb.runtime.script_client import NOTICE_ENV, RESULT_ENV, SOCKET_ENV, WORKDIR_ENV, encode
+from spotnb.runtime.torchrun_group import FAILED_FILE_ENV, Rounds, TorchrunGroup
 from spotnb.signing import KEY_ENV
 from spotnb.spec import ScriptSpec
 
@@ -71,6 +72,9 @@ __all__ = ["ScriptRunner", "ScriptFailed", "ScriptResult", "CtxServer", "STDERR_
 log = logging.getLogger("spotnb.agent.script")
 
 STDERR_TAIL = 16 * 1024  # bytes of the script's stderr kept for the failure event
+#: times in a row the agent starts torchrun again after it lost its rendezvous (the coordinator
+#: restarted) before the instance gives up as failed
+TORCHRUN_RELAUNCHES = 5
 #: seconds the agent waits past a notice's deadline for the market to end the instance after
 #: the script left without an emergency backup (then it reports the evacuation itself)
 PAST_DEADLINE_S = 10.0
@@ -104,6 +108,8 @@ class ScriptResult:
     """The pickled result the script set (`ctx.set_result`), or the pickle of None."""
 
     pickled: bytes
+    #: whether this is the job's result (False: another instance's rank 0 writes it)
+    primary: bool = True
 
 
 class CtxServer:
@@ -111,8 +117,11 @@ class CtxServer:
     connection (a script's signal handler opens a second one); calls into the Context run one
     at a time, as they would in a function's single training thread."""
 
-    def __init__(self, ctx: Context, path: str, emit: Callable[[ev.Event], None]) -> None:
+    def __init__(
+        self, ctx: Context, path: str, emit: Callable[[ev.Event], None], rounds: Rounds | None = None
+    ) -> None:
         self.ctx, self.path, self._emit = ctx, path, emit
+        self._rounds = rounds  # a script on several instances: its workers' round starts
         self.connected = threading.Event()  # the script asked for spotnb.ctx() at least once
         self._lock = threading.Lock()
         self._handles: dict[int, Any] = {}
@@ -165,6 +174,8 @@ class CtxServer:
 
     def _dispatch(self, op: Any, request: dict[str, Any]) -> dict[str, Any]:
         ctx = self.ctx
+        if op == "group_round" and self._rounds is not None:
+            return self._rounds.handle(request)
         if op == "attr":
             name = str(request.get("name", ""))
             if name.startswith("_") or not hasattr(ctx, name):
@@ -236,9 +247,11 @@ class ScriptRunner:
         *,
         job_id: str,
         incarnation: int,
+        group: TorchrunGroup | None = None,
     ) -> None:
         self.ctx, self.script, self._emit = ctx, script, emit
         self.job_id, self.incarnation = job_id, incarnation
+        self.group = group  # several instances: torchrun runs the script (`torchrun_group`)
         self.signalled = False  # the script was sent SIGTERM for a notice
         self._notice_written = False
         self._tail: collections.deque[bytes] = collections.deque()
@@ -248,7 +261,8 @@ class ScriptRunner:
         """Restore, start the script, forward a notice, and read how it ended: returns the
         result, or raises Evacuate (preempted) or ScriptFailed."""
         tmp = tempfile.mkdtemp(prefix="spotnb-script-")  # 0700: only this user reaches the socket
-        server = CtxServer(self.ctx, os.path.join(tmp, "ctx.sock"), self._emit)
+        rounds = Rounds(self.ctx, self._emit, self.job_id) if self.group is not None else None
+        server = CtxServer(self.ctx, os.path.join(tmp, "ctx.sock"), self._emit, rounds)
         try:
             return self._run(tmp, server)
         finally:
@@ -257,11 +271,14 @@ class ScriptRunner:
 
     def _run(self, tmp: str, server: CtxServer) -> ScriptResult:
         ctx = self.ctx
-        ctx.restore()  # the backed-up folders are back before the script looks for them
+        if self.group is None:
+            ctx.restore()  # the backed-up folders are back before the script looks for them
+        # (on several instances each rendezvous round restores the checkpoint rank 0 chose)
         ctx._ready_sent = True
         self._emit(ev.Ready(prep_s=time.time() - ctx._started, step=ctx.step_index, total=ctx.total))
         self.notice_file = os.path.join(tmp, "notice.json")
         result_file = os.path.join(tmp, "result.pkl")
+        self.failed_file = os.path.join(tmp, "failed.json")
         env = {
             **os.environ,
             SOCKET_ENV: server.path,
@@ -274,7 +291,39 @@ class ScriptRunner:
         env.pop("SPOTNB_BEACON", None)  # the local market's view of the agent, not the script's
         env.pop(KEY_ENV, None)  # the agent dropped it at start; never hand it on regardless
         env.setdefault("PYTHONUNBUFFERED", "1")  # its prints reach the instance log as they happen
-        argv = [sys.executable, "-c", _BOOT, str(os.getpid()), self.script.path, *self.script.args]
+        if self.group is None:
+            code = self._start(self._argv([self.script.path, *self.script.args]), env, server)
+            return self._ended(code, result_file)
+        env.update(self.group.env())
+        env[FAILED_FILE_ENV] = self.failed_file
+        for attempt in range(TORCHRUN_RELAUNCHES + 1):
+            try:
+                epoch = self.group.epoch()
+            except RuntimeError as exc:
+                raise ScriptFailed(str(exc), self.tail(), "CoordinatorLost") from None
+            command = self.group.command(epoch, self.script.path, self.script.args)
+            code = self._start(self._argv(command[1:]), env, server)
+            if code == 0 or self.signalled or ctx.notice is not None or ctx._evacuating:
+                break
+            if os.path.exists(self.failed_file) or attempt == TORCHRUN_RELAUNCHES:
+                break
+            # torchrun itself gave up (its rendezvous store vanished: the coordinator restarted,
+            # or its restarts ran out): a new rendezvous, with the coordinator's new epoch
+            log.warning("torchrun exited with %d without a script failure; starting it again", code)
+            self._emit(
+                ev.JobWarning(
+                    message=f"torchrun on this instance lost its rendezvous (exit code {code}); "
+                    "starting it again with the coordinator"
+                )
+            )
+        return self._ended(code, result_file)
+
+    def _argv(self, command: list[str]) -> list[str]:
+        return [sys.executable, "-c", _BOOT, str(os.getpid()), *command]
+
+    def _start(self, argv: list[str], env: dict[str, str], server: CtxServer) -> int:
+        """Run one child to its end (forwarding a notice); its exit code."""
+        ctx = self.ctx
         _become_subreaper()  # what the script leaves behind is reparented here, to be ended
         before = _children(os.getpid())
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -294,11 +343,13 @@ class ScriptRunner:
                     # it ignored the SIGTERM (or is stopped, or never steps) and the instance
                     # was not ended at the deadline: it must not train on unseen; a preemption
                     proc.kill()
+                if self.group is not None and os.path.exists(self.failed_file):
+                    proc.kill()  # the script failed: torchrun must not start it again
         finally:
             _end_leftovers(before | {proc.pid})
             _become_subreaper(False)  # nothing of the script is left to adopt
         pump.join(timeout=5)
-        return self._ended(code, result_file)
+        return code
 
     def _deliver(self, proc: subprocess.Popen, server: CtxServer) -> None:
         """Write the notice file, then SIGTERM the script: unless it uses spotnb.ctx() and has
@@ -359,13 +410,29 @@ class ScriptRunner:
                     return ScriptResult(f.read())
             import cloudpickle
 
-            return ScriptResult(cloudpickle.dumps(None))
+            # on several instances only rank 0's agent holds the job's result
+            return ScriptResult(cloudpickle.dumps(None), primary=self.group is None)
+        if self.group is not None and os.path.exists(self.failed_file):
+            raise self._group_failure()
         tail = self.tail()
         how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
         last = next((line for line in reversed(tail.strip().splitlines()) if line.strip()), "")
         exc_type = last.split(":", 1)[0].strip() if ":" in last and " " not in last.split(":", 1)[0] else ""
         message = f"{self.script.path} {how}" + (f": {last.strip()}" if last else "")
         raise ScriptFailed(message, tail, exc_type or "ScriptFailed")
+
+    def _group_failure(self) -> ScriptFailed:
+        """The script failed on a rank of this instance (the wrapper's `failed.json`)."""
+        with open(self.failed_file, encoding="utf-8") as f:
+            doc = json.load(f)
+        text = str(doc.get("traceback", ""))
+        last = next((line for line in reversed(text.strip().splitlines()) if line.strip()), "")
+        head = last.split(":", 1)[0].strip()
+        exc_type = head if ":" in last and " " not in head else "ScriptFailed"
+        message = f"{self.script.path} failed on rank {doc.get('rank')}" + (
+            f": {last.strip()}" if last else ""
+        )
+        return ScriptFailed(message, text[-STDERR_TAIL:], exc_type)
 
     def _left_on_notice(self, code: int) -> None:
         """The script ended after the notice without an emergency backup: not a failure. Stay

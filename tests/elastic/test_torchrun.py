@@ -1,0 +1,116 @@
+"""A torchrun DDP script on several instances (`spot.run(script, config=Config(instances=2))`):
+real agents on the local market, each running torch's elastic launcher with the rendezvous in
+the job's coordinator (a process of the market), real gloo workers, a real SIGKILL. Nothing is
+mocked.
+
+`tests/core/scripts/ddp_train.py` makes every value a multiple of 1/8, so its final weights say
+to the bit whether each step was applied exactly once from the checkpoint it resumed from.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import spotnb as spot
+from spotnb.errors import ConfigError
+from spotnb.jobdb import JobDB
+
+pytest.importorskip("torchft", reason="spotnb[elastic] is installed by scripts/setup.sh")
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "core" / "scripts"
+
+
+def _by(job: spot.Job, kind: str, n: int | None = None) -> list[Any]:
+    return [e for e in job.events if e["kind"] == kind and (n is None or e["incarnation"] == n)]
+
+
+def _expected(steps: int) -> list[float]:
+    return [sum((s % 7) + i + 1 for s in range(steps)) / 8 for i in range(8)]
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(SCRIPTS / "ddp_train.py", tmp_path / "ddp_train.py")
+    return tmp_path
+
+
+def test_a_lost_instance_the_group_resumes_from_the_checkpoint_and_the_replacement_joins(here: Path) -> None:
+    """Instance 1 is killed without notice at step 13: the survivor's workers restart in a
+    group of one from the newest checkpoint (step 10: nothing lost beyond it), the controller
+    refills the slot, the replacement joins at the next restart, and the job ends with the
+    weights of a calm run, on which both ranks agree."""
+    steps = 30
+    config = spot.Config(instances=2, local_alloc_delay=0.1, local_schedule=[{"instance": 1, "step": 13}])
+    job = spot.run("ddp_train.py", [str(steps), "ckpt", "5", "0.02"], config)
+    result = job.result(timeout=150)
+    assert result["weights"] == _expected(steps) and result["agree"] and result["world"] == 2
+    (killed,) = _by(job, "preempted")
+    assert killed["incarnation"] == 2 and killed["how"] == "preempted"
+    checkpoints = _by(job, "checkpoint")
+    resumed = [r for r in _by(job, "resumed") if r["t"] > killed["t"]]
+    assert resumed
+    for r in resumed:  # every round starts from the newest checkpoint committed before it
+        assert r["from_step"] == max(c["step"] for c in checkpoints if c["t"] < r["t"]), r
+    assert resumed[0]["from_step"] >= 10  # the kill came at step 13, after the save of step 10
+    replacement = max(e["incarnation"] for e in _by(job, "allocated"))
+    assert replacement == 3 and any(r["incarnation"] == 3 for r in resumed)  # it joined a round
+    # the survivor's torchrun started its workers again (a new round), it never was replaced
+    survivor = _logs(job, 1)
+    assert len(re.findall(r"round \w+ starts", survivor)) >= 2 and "Connection closed by peer" in survivor
+    assert {e["incarnation"] for e in _by(job, "done")} == {1, 3}
+    saved = [c["step"] for c in checkpoints]
+    assert len(saved) == len(set(saved))  # one writer (rank 0), and no round went back
+
+
+def test_a_script_that_fails_ends_the_job_failed_with_its_error_not_a_restart_loop(here: Path) -> None:
+    """Rank 0 raises at step 5: the job fails with the script's exception and traceback, once;
+    torchrun does not start the script again and no instance is relaunched."""
+    job = spot.run(
+        "ddp_train.py", ["30", "ckpt", "5", "0.02", "bug"], spot.Config(instances=2, local_alloc_delay=0.1)
+    )
+    with pytest.raises(spot.JobFailed, match=r"a bug in the script at step 5"):
+        job.result(timeout=120)
+    (error,) = _by(job, "error")
+    assert error["exc_type"] == "ValueError" and "rank 0" in error["message"]
+    assert 'ddp_train.py", line' in error["traceback"]
+    assert len(_by(job, "allocated")) == 2  # nothing relaunched (max_retries=0)
+    rounds = [m for m in re.findall(r"round \w+ starts", _logs(job))]
+    assert len(rounds) == 2  # one round, one start per instance: not restarted
+
+
+def _logs(job: spot.Job, n: int | None = None) -> str:
+    """The instance logs of the job (of incarnation n)."""
+    from spotnb.home import spotnb_home
+
+    pattern = f"{n:04d}-*.log" if n is not None else "0*.log"
+    return "".join(p.read_text(errors="replace") for p in (spotnb_home() / "logs" / job.id).glob(pattern))
+
+
+@pytest.mark.parametrize(
+    ("args", "overrides", "message"),
+    [
+        (["--nnodes=2", "10"], {"instances": 2}, r"args\[0\]: '--nnodes=2' is an option of torchrun"),
+        (["10", "--nproc-per-node", "2"], {"instances": 2}, r"args\[1\]: '--nproc-per-node' is an option"),
+        (["10"], {"instances": 2, "sync": "local_sgd:5"}, r"Config\.sync: 'local_sgd:5' .* remove sync"),
+        (["10"], {"instances": 2, "min_instances": 3}, r"min_instances=3 is more than instances=2"),
+    ],
+)
+def test_conflicting_torchrun_settings_are_refused_before_anything_is_written(
+    here: Path, args: list[str], overrides: dict, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        spot.run("ddp_train.py", args, **overrides)
+    assert JobDB().jobs() == []
+
+
+def test_torchrun_itself_as_the_script_is_refused(here: Path) -> None:
+    (here / "torchrun").write_text("")
+    with pytest.raises(ConfigError, match=r"script: 'torchrun' is not a \.py file"):
+        spot.run("torchrun", ["--nnodes=2", "ddp_train.py"], instances=2)
+    assert JobDB().jobs() == []
