@@ -9,8 +9,11 @@ to the bit whether each step was applied exactly once from the checkpoint it res
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +69,51 @@ def test_a_lost_instance_the_group_resumes_from_the_checkpoint_and_the_replaceme
     assert {e["incarnation"] for e in _by(job, "done")} == {1, 3}
     saved = [c["step"] for c in checkpoints]
     assert len(saved) == len(set(saved))  # one writer (rank 0), and no round went back
+
+
+def test_the_coordinator_dies_mid_run_and_the_group_goes_on_from_the_checkpoint(here: Path) -> None:
+    """The job's coordinator (the rendezvous store's host) is killed after step 5 was saved:
+    the market starts it again (an empty store, a new epoch), torchrun on every instance loses
+    its rendezvous and is started again by its agent in a fresh one, the workers restore the
+    newest checkpoint, and the job ends with a calm run's weights, on the same instances."""
+    steps = 30
+    job = spot.run(
+        "ddp_train.py", [str(steps), "ckpt", "5", "0.1"], spot.Config(instances=2, local_alloc_delay=0.1)
+    )
+    deadline = time.monotonic() + 120
+    while not any(c["step"] >= 5 for c in _by(job, "checkpoint")):
+        assert time.monotonic() < deadline, "no checkpoint of step 5"
+        time.sleep(0.1)
+    (pid,) = _coordinator(job.id)
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+    result = job.result(timeout=150)
+    assert result["weights"] == _expected(steps) and result["agree"] and result["world"] == 2
+    lost = [w for w in _by(job, "warning") if "lost its rendezvous" in w["message"]]
+    assert {w["incarnation"] for w in lost} == {1, 2}
+    checkpoints = _by(job, "checkpoint")
+    resumed = [r for r in _by(job, "resumed") if r["t"] > killed_at]
+    assert {r["incarnation"] for r in resumed} == {1, 2}
+    for r in resumed:
+        assert r["from_step"] == max(c["step"] for c in checkpoints if c["t"] < r["t"]) >= 5, r
+    assert max(r["from_step"] for r in resumed) < steps  # it came mid-run
+    assert len(_by(job, "allocated")) == 2 and not _by(job, "preempted")  # no instance was lost
+
+
+def _coordinator(job_id: str) -> list[int]:
+    """The pid of the job's coordinator process on the local market (by its command line)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"spotnb.runtime.lighthouse" in argv and job_id.encode() in argv:
+            found.append(int(name))
+    return found
 
 
 def test_a_script_that_fails_ends_the_job_failed_with_its_error_not_a_restart_loop(here: Path) -> None:
