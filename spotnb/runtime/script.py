@@ -63,7 +63,7 @@ from spotnb import protocol as ev
 from spotnb.policy.base import SaveKind
 from spotnb.runtime.context import Context, Evacuate
 from spotnb.runtime.script_client import NOTICE_ENV, RESULT_ENV, SOCKET_ENV, WORKDIR_ENV, encode
-from spotnb.runtime.torchrun_group import FAILED_FILE_ENV, Rounds, TorchrunGroup
+from spotnb.runtime.torchrun_group import FAILED_FILE_ENV, NoticeBoard, Rounds, TorchrunGroup
 from spotnb.signing import KEY_ENV
 from spotnb.spec import ScriptSpec
 
@@ -75,6 +75,9 @@ STDERR_TAIL = 16 * 1024  # bytes of the script's stderr kept for the failure eve
 #: times in a row the agent starts torchrun again after it lost its rendezvous (the coordinator
 #: restarted) before the instance gives up as failed
 TORCHRUN_RELAUNCHES = 5
+#: the share of a notice's grace left when a group member signals torchrun without the group's
+#: checkpoint (its workers then have that long to end)
+GROUP_NOTICE_MARGIN = 0.25
 #: seconds the agent waits past a notice's deadline for the market to end the instance after
 #: the script left without an emergency backup (then it reports the evacuation itself)
 PAST_DEADLINE_S = 10.0
@@ -176,6 +179,9 @@ class CtxServer:
         ctx = self.ctx
         if op == "group_round" and self._rounds is not None:
             return self._rounds.handle(request)
+        if op == "group_backup_skipped":  # a rank other than 0 answered should_save(): asked
+            ctx._save_due = None
+            return {}
         if op == "attr":
             name = str(request.get("name", ""))
             if name.startswith("_") or not hasattr(ctx, name):
@@ -254,6 +260,10 @@ class ScriptRunner:
         self.group = group  # several instances: torchrun runs the script (`torchrun_group`)
         self.signalled = False  # the script was sent SIGTERM for a notice
         self._notice_written = False
+        self._board = NoticeBoard(group, ctx) if group is not None else None
+        self._posted: float | None = None  # when this instance's notice was told to the group
+        self._looked = 0.0
+        self.group_saved = False  # the group committed a checkpoint after this instance's notice
         self._tail: collections.deque[bytes] = collections.deque()
         self._tail_size = 0
 
@@ -263,9 +273,13 @@ class ScriptRunner:
         tmp = tempfile.mkdtemp(prefix="spotnb-script-")  # 0700: only this user reaches the socket
         rounds = Rounds(self.ctx, self._emit, self.job_id) if self.group is not None else None
         server = CtxServer(self.ctx, os.path.join(tmp, "ctx.sock"), self._emit, rounds)
+        if self._board is not None:
+            self._board.start()
         try:
             return self._run(tmp, server)
         finally:
+            if self._board is not None:
+                self._board.stop()
             server.close()
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -338,7 +352,10 @@ class ScriptRunner:
                     pass
                 notice = ctx.notice
                 if notice is not None and not self.signalled:
-                    self._deliver(proc, server)
+                    if self.group is None or self._group_notice():
+                        self._deliver(proc, server)
+                if self.group is not None and ctx._evacuating:
+                    proc.kill()  # rank 0 ran here and made the emergency checkpoint: leave now
                 if notice is not None and time.time() > notice.deadline + PAST_DEADLINE_S:
                     # it ignored the SIGTERM (or is stopped, or never steps) and the instance
                     # was not ended at the deadline: it must not train on unseen; a preemption
@@ -351,25 +368,54 @@ class ScriptRunner:
         pump.join(timeout=5)
         return code
 
+    def _group_notice(self) -> bool:
+        """A notice on an instance of a group: tell the group (its rank 0 saves at its next
+        step boundary, wherever it runs), and say whether to signal torchrun now: once a
+        checkpoint newer than the notice is committed, or `GROUP_NOTICE_MARGIN` of the grace
+        before the deadline (the workers need a moment to end)."""
+        notice = self.ctx.notice
+        assert notice is not None and self._board is not None
+        now = time.time()
+        if self._posted is None:
+            self._write_notice()
+            self._posted = now
+            if not self._board.post():
+                log.warning("the coordinator cannot be reached: the group is not asked to save")
+        if now - self._looked >= 0.25:
+            self._looked = now
+            try:
+                newest = next(iter(self.ctx._ckpt.list_manifests()), None)
+            except OSError:
+                newest = None
+            if newest is not None and newest.created >= self._posted:
+                self.group_saved = True
+                return True
+        grace = max(notice.deadline - self._posted, 0.0)
+        return now >= notice.deadline - GROUP_NOTICE_MARGIN * grace
+
+    def _write_notice(self) -> None:
+        notice = self.ctx.notice
+        assert notice is not None
+        if self._notice_written:
+            return
+        doc = {
+            "deadline": notice.deadline,
+            "time_left": notice.deadline - time.time(),
+            "source": notice.source,
+            "action": notice.action,
+        }
+        tmp = f"{self.notice_file}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        os.replace(tmp, self.notice_file)
+        self._notice_written = True
+
     def _deliver(self, proc: subprocess.Popen, server: CtxServer) -> None:
         """Write the notice file, then SIGTERM the script: unless it uses spotnb.ctx() and has
         no SIGTERM handler (the default action would kill it before it could save; it learns
         of the notice from ctx.should_save() at its next step instead). Asked again at every
         tick until it is signalled: a handler installed after the notice still gets it."""
-        notice = self.ctx.notice
-        assert notice is not None
-        if not self._notice_written:
-            doc = {
-                "deadline": notice.deadline,
-                "time_left": notice.deadline - time.time(),
-                "source": notice.source,
-                "action": notice.action,
-            }
-            tmp = f"{self.notice_file}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(doc, f)
-            os.replace(tmp, self.notice_file)
-            self._notice_written = True
+        self._write_notice()
         if server.connected.is_set() and not _catches(proc.pid, signal.SIGTERM):
             return
         try:
@@ -402,6 +448,9 @@ class ScriptRunner:
         if ctx._evacuating:  # the emergency backup is committed (Evacuated was written)
             raise Evacuate()
         if self.signalled or (code != 0 and ctx.notice is not None):
+            if self.group_saved:  # the group's rank 0 saved after the notice: nothing is lost
+                self._emit(ev.Evacuated(step=ctx.step_index))
+                raise Evacuate()
             self._left_on_notice(code)
             raise Evacuate()
         if code == 0:

@@ -33,7 +33,15 @@ from typing import Any
 
 from spotnb.runtime.lighthouse import EPOCH_KEY, rendezvous_endpoint
 
-__all__ = ["TorchrunGroup", "Rounds", "group_from", "FAILED_FILE_ENV", "ROUND_DIR_ENV", "MAX_RESTARTS"]
+__all__ = [
+    "TorchrunGroup",
+    "Rounds",
+    "NoticeBoard",
+    "group_from",
+    "FAILED_FILE_ENV",
+    "ROUND_DIR_ENV",
+    "MAX_RESTARTS",
+]
 
 #: restarts of the workers one torchrun may make (each lost peer costs one on each survivor)
 MAX_RESTARTS = 1000
@@ -192,6 +200,7 @@ class Rounds:
         ctx._step = ctx._last_save_step = step
         ctx.resumed_from = step if found is not None else None
         ctx._restored, ctx._in_loop = True, False
+        ctx._requested = ctx._save_due = None  # a save asked of the last round: this one starts saved
         if found is not None:
             self._emit(
                 ev.Resumed(
@@ -199,3 +208,59 @@ class Rounds:
                 )
             )
         return {"seq": found.seq if found is not None else None, "step": step}
+
+
+#: the coordinator-store counter of notices: each one asks the group for a checkpoint
+NOTICES_KEY = "spotnb/notices"
+
+
+class NoticeBoard:
+    """A preemption notice on one instance asks the *group* for a checkpoint: rank 0 (wherever
+    it runs) must write it, so the noticed agent counts the notice up in the coordinator's
+    store and every agent's watcher, seeing the count grow, asks its context for a save at the
+    next step boundary (`ctx.should_save()` turns true; rank 0's `ctx.backup` is the one that
+    counts). The noticed instance leaves once a checkpoint newer than its notice is committed,
+    or shortly before its deadline (`ScriptRunner`)."""
+
+    def __init__(self, group: TorchrunGroup, ctx: Any) -> None:
+        import threading
+
+        self.group, self.ctx = group, ctx
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="spotnb-notices", daemon=True)
+
+    def _client(self) -> Any:
+        from torch.distributed import TCPStore
+
+        host, port = self.group.endpoint.rsplit(":", 1)
+        return TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def post(self) -> bool:
+        """Tell the group (False if the coordinator cannot be reached now)."""
+        try:
+            self._client().add(NOTICES_KEY, 1)
+            return True
+        except (RuntimeError, OSError):
+            return False
+
+    def _watch(self) -> None:
+        from spotnb.protocol import SaveKind
+
+        store, seen = None, None
+        while not self._stop.wait(0.2):
+            try:
+                if store is None:
+                    store, seen = self._client(), None
+                count = int(store.add(NOTICES_KEY, 0))
+            except (RuntimeError, OSError):  # the coordinator is (re)starting: a new count
+                store = None
+                continue
+            if seen is not None and count > seen:
+                self.ctx._request_save(SaveKind.INSURANCE)
+            seen = count

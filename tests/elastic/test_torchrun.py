@@ -71,6 +71,46 @@ def test_a_lost_instance_the_group_resumes_from_the_checkpoint_and_the_replaceme
     assert len(saved) == len(set(saved))  # one writer (rank 0), and no round went back
 
 
+def test_a_notice_on_an_instance_without_rank_0_makes_rank_0_save_before_it_leaves(here: Path) -> None:
+    """A notice on the instance that does not hold rank 0: the group is told through the
+    coordinator, rank 0 (on the other instance) saves at its next step, the noticed instance
+    leaves as soon as that checkpoint is committed (well before its deadline, as evacuated),
+    and the next rounds resume from it: nothing done before the notice is redone."""
+    steps = 40
+    config = spot.Config(instances=2, local_alloc_delay=0.1, local_grace=10.0, notice_poll=0.1)
+    job = spot.run("ddp_train.py", [str(steps), "ckpt", "100", "0.05"], config, detach=False)
+    deadline = time.monotonic() + 120
+    while not _by(job, "progress") or max(p["step"] for p in _by(job, "progress")) < 5:
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.05)
+    live = {r["incarnation"] for r in _by(job, "ready")}
+    writer = _rank0(job)
+    (other,) = [s for s in job.driver.slots if s.n in live - {writer}]
+    job.driver.provider.inject(other.instance, grace=10.0)
+    result = job.result(timeout=150)
+    assert result["weights"] == _expected(steps) and result["agree"] and result["world"] == 2
+    (notice,) = _by(job, "notice")
+    assert notice["incarnation"] == other.n
+    (left,) = _by(job, "preempted", other.n)
+    assert left["how"] == "evacuated"
+    (saved,) = [c for c in _by(job, "checkpoint") if notice["t"] < c["t"] < left["t"]]
+    assert saved["incarnation"] == writer and saved["save_kind"] == "insurance"
+    assert left["t"] < notice["deadline"] - 2.5  # it left once the checkpoint was in
+    resumed = [r for r in _by(job, "resumed") if r["t"] > left["t"]]
+    assert resumed and all(r["from_step"] == saved["step"] for r in resumed)
+
+
+def _rank0(job: spot.Job) -> int:
+    """The incarnation whose workers hold rank 0 (its instance log says so)."""
+    deadline = time.monotonic() + 60
+    while True:
+        for n in {r["incarnation"] for r in _by(job, "ready")}:
+            if re.search(r"rank 0 of 2: round", _logs(job, n)):
+                return n
+        assert time.monotonic() < deadline, "no rank 0 in the logs"
+        time.sleep(0.1)
+
+
 def test_the_coordinator_dies_mid_run_and_the_group_goes_on_from_the_checkpoint(here: Path) -> None:
     """The job's coordinator (the rendezvous store's host) is killed after step 5 was saved:
     the market starts it again (an empty store, a new epoch), torchrun on every instance loses

@@ -62,7 +62,7 @@ while step < steps:
         if ctx:
             ctx.log(loss=float(loss.item()), world=world)
         time.sleep(delay)
-    if step % every == 0:
+    if step % every == 0 or (ctx and ctx.should_save()):  # the policy's saves, a notice's
         if rank == 0:
             os.makedirs(out, exist_ok=True)
             torch.save({"step": step, "weight": model.weight.detach().clone()}, path + ".tmp")
