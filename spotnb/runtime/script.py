@@ -351,9 +351,9 @@ class ScriptRunner:
                 except subprocess.TimeoutExpired:
                     pass
                 notice = ctx.notice
-                if notice is not None and not self.signalled:
-                    if self.group is None or self._group_notice():
-                        self._deliver(proc, server)
+                # on several instances the group saves first (`_group_notice`)
+                if notice is not None and not self.signalled and (self.group is None or self._group_notice()):
+                    self._deliver(proc, server)
                 if self.group is not None and ctx._evacuating:
                     proc.kill()  # rank 0 ran here and made the emergency checkpoint: leave now
                 if notice is not None and time.time() > notice.deadline + PAST_DEADLINE_S:
