@@ -75,6 +75,8 @@ STDERR_TAIL = 16 * 1024  # bytes of the script's stderr kept for the failure eve
 #: times in a row the agent starts torchrun again after it lost its rendezvous (the coordinator
 #: restarted) before the instance gives up as failed
 TORCHRUN_RELAUNCHES = 5
+#: a torchrun that ran this long before it lost its rendezvous starts the count again
+RELAUNCH_RESET_S = 120.0
 #: the share of a notice's grace left when a group member signals torchrun without the group's
 #: checkpoint (its workers then have that long to end)
 GROUP_NOTICE_MARGIN = 0.25
@@ -310,16 +312,19 @@ class ScriptRunner:
             return self._ended(code, result_file)
         env.update(self.group.env())
         env[FAILED_FILE_ENV] = self.failed_file
-        for attempt in range(TORCHRUN_RELAUNCHES + 1):
+        lost = 0  # torchrun's rendezvous lost in a row (each start that lasted resets it)
+        while True:
             try:
                 epoch = self.group.epoch()
             except RuntimeError as exc:
                 raise ScriptFailed(str(exc), self.tail(), "CoordinatorLost") from None
             command = self.group.command(epoch, self.script.path, self.script.args)
+            started = time.monotonic()
             code = self._start(self._argv(command[1:]), env, server)
             if code == 0 or self.signalled or ctx.notice is not None or ctx._evacuating:
                 break
-            if os.path.exists(self.failed_file) or attempt == TORCHRUN_RELAUNCHES:
+            lost = 1 if time.monotonic() - started > RELAUNCH_RESET_S else lost + 1
+            if os.path.exists(self.failed_file) or lost > TORCHRUN_RELAUNCHES:
                 break
             # torchrun itself gave up (its rendezvous store vanished: the coordinator restarted,
             # or its restarts ran out): a new rendezvous, with the coordinator's new epoch

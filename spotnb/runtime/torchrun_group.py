@@ -129,8 +129,15 @@ def group_from(spec: dict[str, Any], inc: dict[str, Any], job_id: str) -> Torchr
         endpoint=rendezvous_endpoint(str(inc["lighthouse"])),
         min_nodes=int(spec.get("min_instances", 1)),
         max_nodes=instances,
-        procs=int(spec.get("procs_per_instance") or 1),
+        procs=int(spec.get("procs_per_instance") or _gpus() or 1),
     )
+
+
+def _gpus() -> int:
+    """The instance's GPU count (Config.procs_per_instance's default), 0 without CUDA."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 class Rounds:

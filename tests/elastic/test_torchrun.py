@@ -9,6 +9,7 @@ to the bit whether each step was applied exactly once from the checkpoint it res
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -69,6 +70,9 @@ def test_a_lost_instance_the_group_resumes_from_the_checkpoint_and_the_replaceme
     assert {e["incarnation"] for e in _by(job, "done")} == {1, 3}
     saved = [c["step"] for c in checkpoints]
     assert len(saved) == len(set(saved))  # one writer (rank 0), and no round went back
+    # the policy plans for the group rolling back whenever any instance is lost
+    market = json.loads(job.store.read_bytes(job.store.job(job.id, "incarnations", "0003.json")))["market"]
+    assert market["mttp"] == pytest.approx(market["instance_mttp"] / 2)
 
 
 def test_a_notice_on_an_instance_without_rank_0_makes_rank_0_save_before_it_leaves(here: Path) -> None:
