@@ -20,6 +20,9 @@ torchrun), which starts the script's workers through `spotnb.runtime.torchrun_wo
   lose their rendezvous and exit. The run id carries the coordinator's epoch (a key it writes
   when it starts), so the agent starts torchrun again in a fresh rendezvous with the new one
   (`ScriptRunner`), and the workers restore from the store as in any round.
+- **A notice.** Rank 0 may run on another instance, so the noticed agent asks the whole group
+  for a checkpoint (`NoticeBoard`) and signals its torchrun only once one newer than the notice
+  is committed (or near the deadline): the survivors then restart from it, nothing lost.
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ __all__ = [
     "NoticeBoard",
     "group_from",
     "FAILED_FILE_ENV",
-    "ROUND_DIR_ENV",
     "MAX_RESTARTS",
 ]
 
@@ -47,8 +49,6 @@ __all__ = [
 MAX_RESTARTS = 1000
 #: the file the worker wrapper writes when the script itself failed (not a lost peer)
 FAILED_FILE_ENV = "SPOTNB_TORCHRUN_FAILED"
-#: where the wrappers of one instance note which round's checkpoint is on its disk
-ROUND_DIR_ENV = "SPOTNB_TORCHRUN_ROUNDS"
 #: the rendezvous timing: how long a round waits for more nodes once min_instances joined
 #: (a replacement still booting joins the round after), and how fast a dead node is dropped
 LAST_CALL_S = float(os.environ.get("SPOTNB_RDZV_LAST_CALL", "2"))
@@ -71,6 +71,7 @@ class TorchrunGroup:
         from torch.distributed import TCPStore
 
         host, port = self.endpoint.rsplit(":", 1)
+        host = host.strip("[]")
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -100,6 +101,7 @@ class TorchrunGroup:
             f"--rdzv-endpoint={self.endpoint}",
             f"--rdzv-id={self.job_id}.{epoch}",
             f"--rdzv-conf={conf}",
+            f"--local-addr={self.local_addr()}",
             f"--max-restarts={MAX_RESTARTS}",
             "--monitor-interval=0.2",
             "-m",
@@ -107,6 +109,20 @@ class TorchrunGroup:
             script,
             *args,
         ]
+
+    def local_addr(self) -> str:
+        """The address of this instance the others reach (the one it reaches the coordinator
+        from), so that the round's store, hosted by rank 0, is not looked up by host name."""
+        import socket
+
+        host = self.endpoint.rsplit(":", 1)[0].strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.connect((host, 9))  # a UDP connect sends nothing: it only picks the route
+                return str(probe.getsockname()[0])
+            except OSError:
+                return socket.getfqdn()
 
     def env(self) -> dict[str, str]:
         """What torchrun itself needs in its environment (the workers inherit it)."""
@@ -240,7 +256,7 @@ class NoticeBoard:
         from torch.distributed import TCPStore
 
         host, port = self.group.endpoint.rsplit(":", 1)
-        return TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
+        return TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timedelta(seconds=5))
 
     def start(self) -> None:
         self._thread.start()

@@ -206,3 +206,26 @@ def test_torchrun_itself_as_the_script_is_refused(here: Path) -> None:
     with pytest.raises(ConfigError, match=r"script: 'torchrun' is not a \.py file"):
         spot.run("torchrun", ["--nnodes=2", "ddp_train.py"], instances=2)
     assert JobDB().jobs() == []
+
+
+def test_what_a_lost_peer_raises_is_told_from_a_bug() -> None:
+    """The worker wrapper lets torchrun restart the workers only for a lost peer's errors; any
+    other exception fails the job (the texts are the ones gloo and c10d raise)."""
+    from torch.distributed import DistNetworkError
+
+    from spotnb.runtime.torchrun_worker import is_collective_error
+
+    lost = "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:31439"
+    assert is_collective_error(RuntimeError(lost))
+    assert is_collective_error(DistNetworkError("Failed to recv, got 0 bytes. Connection was likely closed."))
+    assert is_collective_error(ConnectionResetError(104, "Connection reset by peer"))
+    assert not is_collective_error(ValueError("a bug in the script at step 5"))
+    assert not is_collective_error(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 3x1)"))
+    assert not is_collective_error(KeyError("gloo"))
+
+
+def test_the_rendezvous_is_beside_the_lighthouse() -> None:
+    from spotnb.runtime.lighthouse import rendezvous_endpoint
+
+    assert rendezvous_endpoint("http://10.0.0.7:29510") == "10.0.0.7:29511"
+    assert rendezvous_endpoint("http://[fd00::7]:29510/") == "[fd00::7]:29511"
