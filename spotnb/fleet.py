@@ -19,6 +19,7 @@ ended) is the one-instance `Controller`'s.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import Future
@@ -301,8 +302,23 @@ class FleetController(Controller):
         instance is down at once, so its MTTP is the group's (`spotnb.policy.group`)."""
         market = super()._market()
         market["instance_mttp"] = market["mttp"]
-        market["mttp"] = group_mttp(market["mttp"], self.config.instances, market["restart"])
+        if self._runs_script():
+            # torchrun (`runtime/torchrun_group.py`): any lost instance sends every worker back
+            # to the checkpoint, so the group rolls back N times as often as one instance dies
+            market["mttp"] = market["mttp"] / self.config.instances
+        else:
+            market["mttp"] = group_mttp(market["mttp"], self.config.instances, market["restart"])
         return market
+
+    def _runs_script(self) -> bool:
+        """Whether the job is a script (`spot.run`), read once from its spec."""
+        if not hasattr(self, "_script"):
+            try:
+                doc = json.loads(self.store.read_bytes(self.store.job(self.job.id, "spec.json")))
+                self._script = doc.get("script") is not None
+            except (OSError, ValueError):
+                self._script = False
+        return self._script
 
     def _close_open_incarnations(self) -> None:
         """After a controller restart: every incarnation the dead controller left open is

@@ -21,7 +21,29 @@ from spotnb.job import Job
 from spotnb.providers import get_provider_class
 from spotnb.spec import ScriptSpec
 
-__all__ = ["run", "check_script"]
+__all__ = ["run", "check_script", "check_group"]
+
+#: torchrun's own options: spotnb starts torchrun, so in a script's args they are a mistake
+_TORCHRUN_OPTIONS = (
+    "--nnodes",
+    "--nproc-per-node",
+    "--nproc_per_node",
+    "--rdzv-endpoint",
+    "--rdzv_endpoint",
+    "--rdzv-backend",
+    "--rdzv_backend",
+    "--rdzv-id",
+    "--rdzv_id",
+    "--standalone",
+    "--master-addr",
+    "--master_addr",
+    "--master-port",
+    "--master_port",
+    "--node-rank",
+    "--node_rank",
+    "--max-restarts",
+    "--max_restarts",
+)
 
 
 def check_script(script: Any, args: Any) -> tuple[str, list[str]]:
@@ -60,6 +82,27 @@ def check_script(script: Any, args: Any) -> tuple[str, list[str]]:
     return path, list(args)
 
 
+def check_group(path: str, argv: list[str], config: Config) -> None:
+    """A script on several instances runs under torchrun, which spotnb starts: refuse what
+    would conflict with that, naming the field and the fix."""
+    if config.instances <= 1:
+        return
+    if config.sync != "ddp":
+        raise ConfigError(
+            f"Config.sync: {config.sync!r} is how spot.train's ctx.replicate synchronises; a script "
+            "on several instances synchronises itself (torchrun, DistributedDataParallel): "
+            "remove sync"
+        )
+    for i, arg in enumerate(argv):
+        if arg.split("=", 1)[0] in _TORCHRUN_OPTIONS:
+            raise ConfigError(
+                f"args[{i}]: {arg!r} is an option of torchrun, which spotnb starts itself "
+                f"(--nnodes={config.min_instances}:{config.instances} from Config.min_instances and "
+                "Config.instances, --nproc-per-node from Config.procs_per_instance, the "
+                "rendezvous on the job's coordinator): give only the script's own arguments"
+            )
+
+
 def run(
     script: str | os.PathLike[str],
     args: list[str] | None = None,
@@ -83,17 +126,19 @@ def run(
     in the failure (`Config.max_retries` relaunches apply) — unless a notice came first: a
     script that exits or dies after the notice was preempted, and runs again elsewhere.
 
-    Bad input (a missing file, not a .py, args that are not a list of str, several instances)
-    raises ConfigError before anything is written or launched.
+    With `Config.instances = N > 1` the script runs under torchrun on every instance
+    (`--nnodes=min_instances:N`, rendezvous on the job's coordinator, which no preemption
+    takes): a torchrun/DDP script as written. A lost instance makes the others restart their
+    workers in a smaller group from the newest checkpoint (rank 0's `ctx.backup`); its
+    replacement joins at the next restart. See `spotnb.runtime.torchrun_group`.
+
+    Bad input (a missing file, not a .py, args that are not a list of str, torchrun's own
+    options among the args of a script on several instances, a `sync` mode) raises
+    ConfigError before anything is written or launched.
     """
     path, argv = check_script(script, args)
     config = _merge(config, overrides)
-    if config.instances > 1:
-        raise ConfigError(
-            f"Config.instances: a script runs on one instance (got instances={config.instances}); "
-            "spotnb does not start torchrun across instances. Set instances=1, or train on "
-            "several instances with spot.train and ctx.replicate(model, opt)"
-        )
+    check_group(path, argv, config)
     if config.name is None:
         config = _merge(config, {"name": os.path.basename(path)[:40]})
     _check_inputs(config)

@@ -198,6 +198,7 @@ class Agent:
         from spotnb.runtime.context import Context, Evacuate, GroupFinished, _set_current
         from spotnb.runtime.notice import make_watcher
         from spotnb.runtime.script import ScriptFailed, ScriptRunner
+        from spotnb.runtime.torchrun_group import group_from
 
         self.emit(
             ev.Started(
@@ -315,7 +316,12 @@ class Agent:
         try:
             if script is not None:
                 result = ScriptRunner(
-                    ctx, script, self.emit, job_id=self.job_id, incarnation=self.incarnation
+                    ctx,
+                    script,
+                    self.emit,
+                    job_id=self.job_id,
+                    incarnation=self.incarnation,
+                    group=group_from(self.spec, self.inc, self.job_id),  # torchrun (several instances)
                 ).run()
             else:
                 result = payload["fn"](ctx)
@@ -358,7 +364,8 @@ class Agent:
         # on several instances replica 0 returns the job's result; the others hold the same
         # state and write theirs only if replica 0's has not landed in time (it died after the
         # last commit), so a finished job never ends without a result
-        writes = ctx.replica == 0 or not self._wait_for(path, RESULT_WAIT_S)
+        primary = result.primary if script is not None else True  # torchrun: rank 0's instance
+        writes = (ctx.replica == 0 and primary) or not self._wait_for(path, RESULT_WAIT_S)
         if writes:
             assert self.key is not None  # _load_spec refused the job otherwise
             self.store.write_bytes(path, seal(self.key, self.job_id, "result.pkl", pickled))
@@ -384,6 +391,8 @@ class Agent:
         """The job's group, when it trains on several instances (None: one instance)."""
         if int(self.spec.get("instances", 1)) <= 1:
             return None
+        if self.job_spec is not None and self.job_spec.script is not None:
+            return None  # a script on several instances runs under torchrun (torchrun_group)
         from spotnb.runtime.elastic import Elastic
         from spotnb.sync import parse_sync
 

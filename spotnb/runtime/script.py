@@ -63,6 +63,7 @@ from spotnb import protocol as ev
 from spotnb.policy.base import SaveKind
 from spotnb.runtime.context import Context, Evacuate
 from spotnb.runtime.script_client import NOTICE_ENV, RESULT_ENV, SOCKET_ENV, WORKDIR_ENV, encode
+from spotnb.runtime.torchrun_group import FAILED_FILE_ENV, NoticeBoard, Rounds, TorchrunGroup
 from spotnb.signing import KEY_ENV
 from spotnb.spec import ScriptSpec
 
@@ -71,6 +72,14 @@ __all__ = ["ScriptRunner", "ScriptFailed", "ScriptResult", "CtxServer", "STDERR_
 log = logging.getLogger("spotnb.agent.script")
 
 STDERR_TAIL = 16 * 1024  # bytes of the script's stderr kept for the failure event
+#: times in a row the agent starts torchrun again after it lost its rendezvous (the coordinator
+#: restarted) before the instance gives up as failed
+TORCHRUN_RELAUNCHES = 5
+#: a torchrun that ran this long before it lost its rendezvous starts the count again
+RELAUNCH_RESET_S = 120.0
+#: the share of a notice's grace left when a group member signals torchrun without the group's
+#: checkpoint (its workers then have that long to end)
+GROUP_NOTICE_MARGIN = 0.25
 #: seconds the agent waits past a notice's deadline for the market to end the instance after
 #: the script left without an emergency backup (then it reports the evacuation itself)
 PAST_DEADLINE_S = 10.0
@@ -104,6 +113,8 @@ class ScriptResult:
     """The pickled result the script set (`ctx.set_result`), or the pickle of None."""
 
     pickled: bytes
+    #: whether this is the job's result (False: another instance's rank 0 writes it)
+    primary: bool = True
 
 
 class CtxServer:
@@ -111,8 +122,11 @@ class CtxServer:
     connection (a script's signal handler opens a second one); calls into the Context run one
     at a time, as they would in a function's single training thread."""
 
-    def __init__(self, ctx: Context, path: str, emit: Callable[[ev.Event], None]) -> None:
+    def __init__(
+        self, ctx: Context, path: str, emit: Callable[[ev.Event], None], rounds: Rounds | None = None
+    ) -> None:
         self.ctx, self.path, self._emit = ctx, path, emit
+        self._rounds = rounds  # a script on several instances: its workers' round starts
         self.connected = threading.Event()  # the script asked for spotnb.ctx() at least once
         self._lock = threading.Lock()
         self._handles: dict[int, Any] = {}
@@ -165,6 +179,11 @@ class CtxServer:
 
     def _dispatch(self, op: Any, request: dict[str, Any]) -> dict[str, Any]:
         ctx = self.ctx
+        if op == "group_round" and self._rounds is not None:
+            return self._rounds.handle(request)
+        if op == "group_backup_skipped":  # a rank other than 0 answered should_save(): asked
+            ctx._save_due = None
+            return {}
         if op == "attr":
             name = str(request.get("name", ""))
             if name.startswith("_") or not hasattr(ctx, name):
@@ -236,11 +255,17 @@ class ScriptRunner:
         *,
         job_id: str,
         incarnation: int,
+        group: TorchrunGroup | None = None,
     ) -> None:
         self.ctx, self.script, self._emit = ctx, script, emit
         self.job_id, self.incarnation = job_id, incarnation
+        self.group = group  # several instances: torchrun runs the script (`torchrun_group`)
         self.signalled = False  # the script was sent SIGTERM for a notice
         self._notice_written = False
+        self._board = NoticeBoard(group, ctx) if group is not None else None
+        self._posted: float | None = None  # when this instance's notice was told to the group
+        self._looked = 0.0
+        self.group_saved = False  # the group committed a checkpoint after this instance's notice
         self._tail: collections.deque[bytes] = collections.deque()
         self._tail_size = 0
 
@@ -248,20 +273,28 @@ class ScriptRunner:
         """Restore, start the script, forward a notice, and read how it ended: returns the
         result, or raises Evacuate (preempted) or ScriptFailed."""
         tmp = tempfile.mkdtemp(prefix="spotnb-script-")  # 0700: only this user reaches the socket
-        server = CtxServer(self.ctx, os.path.join(tmp, "ctx.sock"), self._emit)
+        rounds = Rounds(self.ctx, self._emit, self.job_id) if self.group is not None else None
+        server = CtxServer(self.ctx, os.path.join(tmp, "ctx.sock"), self._emit, rounds)
+        if self._board is not None:
+            self._board.start()
         try:
             return self._run(tmp, server)
         finally:
+            if self._board is not None:
+                self._board.stop()
             server.close()
             shutil.rmtree(tmp, ignore_errors=True)
 
     def _run(self, tmp: str, server: CtxServer) -> ScriptResult:
         ctx = self.ctx
-        ctx.restore()  # the backed-up folders are back before the script looks for them
+        if self.group is None:
+            ctx.restore()  # the backed-up folders are back before the script looks for them
+        # (on several instances each rendezvous round restores the checkpoint rank 0 chose)
         ctx._ready_sent = True
         self._emit(ev.Ready(prep_s=time.time() - ctx._started, step=ctx.step_index, total=ctx.total))
         self.notice_file = os.path.join(tmp, "notice.json")
         result_file = os.path.join(tmp, "result.pkl")
+        self.failed_file = os.path.join(tmp, "failed.json")
         env = {
             **os.environ,
             SOCKET_ENV: server.path,
@@ -274,7 +307,42 @@ class ScriptRunner:
         env.pop("SPOTNB_BEACON", None)  # the local market's view of the agent, not the script's
         env.pop(KEY_ENV, None)  # the agent dropped it at start; never hand it on regardless
         env.setdefault("PYTHONUNBUFFERED", "1")  # its prints reach the instance log as they happen
-        argv = [sys.executable, "-c", _BOOT, str(os.getpid()), self.script.path, *self.script.args]
+        if self.group is None:
+            code = self._start(self._argv([self.script.path, *self.script.args]), env, server)
+            return self._ended(code, result_file)
+        env.update(self.group.env())
+        env[FAILED_FILE_ENV] = self.failed_file
+        lost = 0  # torchrun's rendezvous lost in a row (each start that lasted resets it)
+        while True:
+            try:
+                epoch = self.group.epoch()
+            except RuntimeError as exc:
+                raise ScriptFailed(str(exc), self.tail(), "CoordinatorLost") from None
+            command = self.group.command(epoch, self.script.path, self.script.args)
+            started = time.monotonic()
+            code = self._start(self._argv(command[1:]), env, server)
+            if code == 0 or self.signalled or ctx.notice is not None or ctx._evacuating:
+                break
+            lost = 1 if time.monotonic() - started > RELAUNCH_RESET_S else lost + 1
+            if os.path.exists(self.failed_file) or lost > TORCHRUN_RELAUNCHES:
+                break
+            # torchrun itself gave up (its rendezvous store vanished: the coordinator restarted,
+            # or its restarts ran out): a new rendezvous, with the coordinator's new epoch
+            log.warning("torchrun exited with %d without a script failure; starting it again", code)
+            self._emit(
+                ev.JobWarning(
+                    message=f"torchrun on this instance lost its rendezvous (exit code {code}); "
+                    "starting it again with the coordinator"
+                )
+            )
+        return self._ended(code, result_file)
+
+    def _argv(self, command: list[str]) -> list[str]:
+        return [sys.executable, "-c", _BOOT, str(os.getpid()), *command]
+
+    def _start(self, argv: list[str], env: dict[str, str], server: CtxServer) -> int:
+        """Run one child to its end (forwarding a notice); its exit code."""
+        ctx = self.ctx
         _become_subreaper()  # what the script leaves behind is reparented here, to be ended
         before = _children(os.getpid())
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -288,37 +356,71 @@ class ScriptRunner:
                 except subprocess.TimeoutExpired:
                     pass
                 notice = ctx.notice
-                if notice is not None and not self.signalled:
+                # on several instances the group saves first (`_group_notice`)
+                if notice is not None and not self.signalled and (self.group is None or self._group_notice()):
                     self._deliver(proc, server)
+                if self.group is not None and ctx._evacuating:
+                    proc.kill()  # rank 0 ran here and made the emergency checkpoint: leave now
                 if notice is not None and time.time() > notice.deadline + PAST_DEADLINE_S:
                     # it ignored the SIGTERM (or is stopped, or never steps) and the instance
                     # was not ended at the deadline: it must not train on unseen; a preemption
                     proc.kill()
+                if self.group is not None and os.path.exists(self.failed_file):
+                    proc.kill()  # the script failed: torchrun must not start it again
         finally:
             _end_leftovers(before | {proc.pid})
             _become_subreaper(False)  # nothing of the script is left to adopt
         pump.join(timeout=5)
-        return self._ended(code, result_file)
+        return code
+
+    def _group_notice(self) -> bool:
+        """A notice on an instance of a group: tell the group (its rank 0 saves at its next
+        step boundary, wherever it runs), and say whether to signal torchrun now: once a
+        checkpoint newer than the notice is committed, or `GROUP_NOTICE_MARGIN` of the grace
+        before the deadline (the workers need a moment to end)."""
+        notice = self.ctx.notice
+        assert notice is not None and self._board is not None
+        now = time.time()
+        if self._posted is None:
+            self._write_notice()
+            self._posted = now
+            if not self._board.post():
+                log.warning("the coordinator cannot be reached: the group is not asked to save")
+        if now - self._looked >= 0.25:
+            self._looked = now
+            try:
+                newest = next(iter(self.ctx._ckpt.list_manifests()), None)
+            except OSError:
+                newest = None
+            if newest is not None and newest.created >= self._posted:
+                self.group_saved = True
+                return True
+        grace = max(notice.deadline - self._posted, 0.0)
+        return now >= notice.deadline - GROUP_NOTICE_MARGIN * grace
+
+    def _write_notice(self) -> None:
+        notice = self.ctx.notice
+        assert notice is not None
+        if self._notice_written:
+            return
+        doc = {
+            "deadline": notice.deadline,
+            "time_left": notice.deadline - time.time(),
+            "source": notice.source,
+            "action": notice.action,
+        }
+        tmp = f"{self.notice_file}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        os.replace(tmp, self.notice_file)
+        self._notice_written = True
 
     def _deliver(self, proc: subprocess.Popen, server: CtxServer) -> None:
         """Write the notice file, then SIGTERM the script: unless it uses spotnb.ctx() and has
         no SIGTERM handler (the default action would kill it before it could save; it learns
         of the notice from ctx.should_save() at its next step instead). Asked again at every
         tick until it is signalled: a handler installed after the notice still gets it."""
-        notice = self.ctx.notice
-        assert notice is not None
-        if not self._notice_written:
-            doc = {
-                "deadline": notice.deadline,
-                "time_left": notice.deadline - time.time(),
-                "source": notice.source,
-                "action": notice.action,
-            }
-            tmp = f"{self.notice_file}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(doc, f)
-            os.replace(tmp, self.notice_file)
-            self._notice_written = True
+        self._write_notice()
         if server.connected.is_set() and not _catches(proc.pid, signal.SIGTERM):
             return
         try:
@@ -351,6 +453,9 @@ class ScriptRunner:
         if ctx._evacuating:  # the emergency backup is committed (Evacuated was written)
             raise Evacuate()
         if self.signalled or (code != 0 and ctx.notice is not None):
+            if self.group_saved:  # the group's rank 0 saved after the notice: nothing is lost
+                self._emit(ev.Evacuated(step=ctx.step_index))
+                raise Evacuate()
             self._left_on_notice(code)
             raise Evacuate()
         if code == 0:
@@ -359,13 +464,29 @@ class ScriptRunner:
                     return ScriptResult(f.read())
             import cloudpickle
 
-            return ScriptResult(cloudpickle.dumps(None))
+            # on several instances only rank 0's agent holds the job's result
+            return ScriptResult(cloudpickle.dumps(None), primary=self.group is None)
+        if self.group is not None and os.path.exists(self.failed_file):
+            raise self._group_failure()
         tail = self.tail()
         how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
         last = next((line for line in reversed(tail.strip().splitlines()) if line.strip()), "")
         exc_type = last.split(":", 1)[0].strip() if ":" in last and " " not in last.split(":", 1)[0] else ""
         message = f"{self.script.path} {how}" + (f": {last.strip()}" if last else "")
         raise ScriptFailed(message, tail, exc_type or "ScriptFailed")
+
+    def _group_failure(self) -> ScriptFailed:
+        """The script failed on a rank of this instance (the wrapper's `failed.json`)."""
+        with open(self.failed_file, encoding="utf-8") as f:
+            doc = json.load(f)
+        text = str(doc.get("traceback", ""))
+        last = next((line for line in reversed(text.strip().splitlines()) if line.strip()), "")
+        head = last.split(":", 1)[0].strip()
+        exc_type = head if ":" in last and " " not in head else "ScriptFailed"
+        message = f"{self.script.path} failed on rank {doc.get('rank')}" + (
+            f": {last.strip()}" if last else ""
+        )
+        return ScriptFailed(message, text[-STDERR_TAIL:], exc_type)
 
     def _left_on_notice(self, code: int) -> None:
         """The script ended after the notice without an emergency backup: not a failure. Stay

@@ -120,7 +120,7 @@ def test_the_cli_runs_a_script_follows_it_and_fails_with_its_error(tmp_path: Pat
         ("folder", None, {}, r"script: 'folder' is a folder"),
         ("train.py", "--lr 0.1", {}, r"args: expected a list of str, got the string .*shlex\.split"),
         ("train.py", ["--epochs", 3], {}, r"args\[1\]: expected a str, got int 3"),
-        ("train.py", None, {"instances": 2}, r"Config\.instances: a script runs on one instance"),
+        ("train.py", ["--nnodes=2"], {"instances": 2}, r"args\[0\]: '--nnodes=2' is an option of torchrun"),
         ("train.py", None, {"files": ["missing.csv"]}, r"Config\.files\[0\]: 'missing\.csv' does not exist"),
     ],
 )
