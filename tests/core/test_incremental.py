@@ -4,17 +4,21 @@ and checkpoints of the format before still restore."""
 
 from __future__ import annotations
 
+import functools
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+import spotnb as spot
 from spotnb.policy.base import Observation, emergency_feasible
 from spotnb.runtime.checkpoint import Checkpointer
 from spotnb.runtime.incremental import frozen_tensors
 from spotnb.store import Store
-from tests.core.helpers import Recorder
+from tests.core import jobfns
+from tests.core.helpers import Recorder, assert_matches_reference
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ckpt_v1"
 
@@ -230,3 +234,95 @@ def test_an_emergency_save_is_sized_by_what_it_would_write() -> None:
     assert not emergency_feasible(obs.with_(save_bytes=100_000_000), 5.0)
     assert emergency_feasible(obs.with_(save_bytes=1_000_000), 5.0)
     assert not emergency_feasible(obs.with_(save_bytes=1_000_000), 0.5)
+
+
+# -- a LoRA-style job on real local instances -------------------------------------------------
+
+SHIP = ["tests.core.jobfns"]
+#: the frozen base of `jobfns.lora_mlp` at width 512 stored as blobs: inp.weight + hidden.weight
+FROZEN_BYTES = (64 * 512 + 512 * 512) * 4
+LORA = functools.partial(jobfns.lora_mlp, steps=120, step_delay=0.02, settle_at=60)
+
+
+def _events(job: spot.Job, kind: str, incarnation: int) -> list[dict]:
+    return [e for e in job.events if e["kind"] == kind and e["incarnation"] == incarnation]
+
+
+def _manifests(job: spot.Job) -> list[dict]:
+    store = Store(spot.Config().store_url())
+    root = store.job(job.id, "ckpt")
+    return [json.loads(store.read_bytes(f"{root}/{n}/MANIFEST.json")) for n in store.ls(root) if n.isdigit()]
+
+
+@pytest.fixture(scope="module")
+def calm(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[tuple[int, float]]]:
+    """The LoRA job without a preemption."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPOTNB_HOME", str(tmp_path_factory.mktemp("calm-home")))
+    try:
+        job = spot.train(LORA, spot.Config(checkpoint="static:30", ship_modules=SHIP))
+        result = job.result(timeout=120)
+        assert job.breakdown().preemptions == 0
+        return result, job.metrics["loss"]
+    finally:
+        mp.undo()
+
+
+def test_a_lora_job_saves_its_base_once_and_an_emergency_delta_fits_a_notice_the_full_state_does_not(
+    calm,
+) -> None:
+    """At 0.5 MB/s the 1.2 MB state needs ~2.4 s, more than the 1.5 s notice; the delta (the
+    adapters, Adam's moments, the RNG: ~60 kB) fits. It is saved, and the resume is exact."""
+    config = spot.Config(
+        checkpoint="static:30",
+        local_upload_bps=0.5e6,
+        local_grace=1.5,
+        notice_poll=0.1,
+        local_schedule=[{"step": 80, "notice": True}],
+        ship_modules=SHIP,
+    )
+    job = spot.train(LORA, config)
+    assert_matches_reference(job, calm, timeout=120)
+    saves = _events(job, "checkpoint", 1)
+    first, later = saves[0], saves[1:]
+    assert first["bytes"] >= FROZEN_BYTES and first["upload_s"] > config.local_grace  # the full state
+    assert later and all(s["bytes"] < first["bytes"] / 10 for s in later)
+    assert all(s["referenced_bytes"] >= FROZEN_BYTES for s in later)
+    (emergency,) = [s for s in saves if s["save_kind"] == "emergency"]
+    (notice,) = _events(job, "notice", 1)
+    assert emergency["t"] < notice["deadline"]
+    (resumed,) = _events(job, "resumed", 2)
+    assert (resumed["save_kind"], resumed["from_step"]) == ("emergency", emergency["step"])
+    # every manifest after the first lists the frozen base without writing it
+    manifests = sorted(_manifests(job), key=lambda m: m["seq"])
+    assert len(manifests) >= 2
+    for doc in manifests:
+        blobs = {n: m for n, m in doc["files"].items() if n.startswith("tensors/")}
+        assert sum(m["size"] for m in blobs.values()) == FROZEN_BYTES
+        if doc["seq"] > 1:
+            assert all(m.get("reused") for m in blobs.values()), doc["seq"]
+
+
+def test_a_notice_too_short_even_for_the_delta_starts_no_upload_and_says_why(calm) -> None:
+    config = spot.Config(
+        checkpoint="static:30",
+        local_upload_bps=0.5e6,
+        local_grace=0.4,
+        notice_poll=0.1,
+        local_schedule=[{"step": 80, "notice": True}],
+        ship_modules=SHIP,
+    )
+    job = spot.train(LORA, config)
+    assert_matches_reference(job, calm, timeout=120)
+    (notice,) = _events(job, "notice", 1)
+    (skipped,) = _events(job, "emergency_skipped", 1)
+    assert skipped["needed"] > skipped["time_left"]
+    assert 0 < skipped["bytes"] < FROZEN_BYTES / 10  # sized by the delta, not the whole state
+    assert "no upload was started" in skipped["reason"] and "disk" in skipped["reason"]
+    saves = [e for e in job.events if e["incarnation"] == 1 and e["kind"].startswith("checkpoint")]
+    assert saves and not [e for e in saves if e["save_kind"] == "emergency"]  # none started
+    (preempted,) = _events(job, "preempted", 1)
+    assert preempted["how"] == "preempted"
+    (resumed,) = _events(job, "resumed", 2)  # from the last committed (planned) save
+    last = [e for e in saves if e["kind"] == "checkpoint"][-1]
+    assert (resumed["save_kind"], resumed["from_step"]) == ("periodic", last["step"])
