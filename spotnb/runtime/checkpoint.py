@@ -29,6 +29,7 @@ save fits a notice before starting one.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -908,7 +909,7 @@ class Checkpointer:
                 sha = _copy_slice_hashing(data, obj.offset, obj.nbytes, local)
             else:
                 sha = _write_tensor_hashing(obj, local)
-            written[path] = Seen(seen.tensor, seen.version, sha)
+            written[path] = dataclasses.replace(seen, sha256=sha)
             ref = written[path].ref()
             blobs[-1] = (local, ref)
             return ref

@@ -11,9 +11,12 @@ modules' buffers), and only above `BLOB_MIN` bytes (small ones cost more as file
 A candidate is *referenced* without being copied or hashed again when it is the same tensor as
 at the last committed save: same storage address, shape, strides and dtype, and the same
 version counter (`Tensor._version`, which every in-place op bumps, `load_state_dict` and the
-`torch.nn.init` functions included). Writes that bypass it (through `.data`, a numpy view, a
-raw kernel) are what rules trainable parameters and optimizer state out: old-style optimizers
-write `p.data`. To keep the storage address from being reused by another tensor of the same
+`torch.nn.init` functions included), and the same `PROBE` elements, evenly spaced (a few
+hundred bytes read, however large the tensor). Writes that bypass the counter (through `.data`,
+a numpy view, a raw kernel) are what rules trainable parameters and optimizer state out:
+old-style optimizers write `p.data`. The probe catches such a write to a frozen tensor when it
+touches the whole of it (an EMA teacher updated through `.data`), not one that changes a few
+elements only. To keep the storage address from being reused by another tensor of the same
 shape (both at version 0), the record holds a reference to the tensor until the next commit.
 
 Anything else is written as before; a candidate that changed is copied, then hashed once in
@@ -37,6 +40,8 @@ BLOB_MIN = 64 * 1024
 PREFIX = "tensors/"
 
 Path = tuple[Any, ...]
+#: elements of a candidate compared at every save besides its version counter
+PROBE = 64
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class Seen:
 
     tensor: torch.Tensor  # held: its storage cannot be freed and its address reused meanwhile
     version: int
+    probe: torch.Tensor  # `PROBE` elements as they were at the snapshot
     sha256: str = ""
 
     def same(self, t: torch.Tensor) -> bool:
@@ -70,6 +76,7 @@ class Seen:
             and t.stride() == s.stride()
             and t.device == s.device
             and _version(t) == self.version
+            and torch.equal(_probe(t), self.probe)
         )
 
     def ref(self) -> BlobRef:
@@ -84,6 +91,14 @@ def _version(t: torch.Tensor) -> int | None:
         return None
 
 
+def _probe(t: torch.Tensor) -> torch.Tensor:
+    """`PROBE` evenly spaced elements of a contiguous tensor (a copy: a later write must not
+    reach it), as raw bytes so that NaNs compare equal."""
+    flat = t.detach().view(-1)
+    idx = torch.linspace(0, flat.numel() - 1, min(PROBE, flat.numel()), device=flat.device).long()
+    return flat[idx].view(torch.uint8).cpu()
+
+
 def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -94,9 +109,9 @@ def frozen_tensors(objects: Iterable[Any]) -> set[int]:
     tensor (trainable parameters, optimizer state, `ctx.state`) is always written."""
     objects = list(objects)
     trained: set[int] = set()
-    for obj in objects:
-        if isinstance(obj, torch.optim.Optimizer):
-            trained |= {p.data_ptr() for g in obj.param_groups for p in g["params"]}
+    for obj in objects:  # an optimizer, or a wrapper that exposes its param groups
+        for group in getattr(obj, "param_groups", None) or []:
+            trained |= {p.data_ptr() for p in group.get("params", []) if isinstance(p, torch.Tensor)}
     frozen: set[int] = set()
     for obj in objects:
         if isinstance(obj, torch.nn.Module):
@@ -139,6 +154,7 @@ class Incremental:
                 or t.layout != torch.strided
                 or t.element_size() * t.nelement() < self.blob_min
                 or t.data_ptr() not in frozen
+                or not t.is_contiguous()
             ):
                 return t
             seen = self.committed.get(path)
@@ -147,7 +163,7 @@ class Incremental:
                 return seen.ref()
             version = _version(t)
             if version is not None:
-                fresh[path] = Seen(t.detach(), version)
+                fresh[path] = Seen(t.detach(), version, _probe(t))
             return t
 
         return map_tensors(state, leaf), referenced, fresh

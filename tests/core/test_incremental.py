@@ -115,6 +115,21 @@ def test_a_frozen_tensor_changed_in_place_is_written_again(inc) -> None:
     assert torch.equal(state["objects"]["model"]["base.weight"], model.base.weight)
 
 
+def test_a_frozen_tensor_rewritten_through_data_is_written_again(inc) -> None:
+    """A write through `.data` (an EMA teacher's update in older code) leaves the version
+    counter as it was; the probe of evenly spaced elements sees the change."""
+    c, _ = inc
+    model, opt = _setup()
+    _save(c, 1, model, opt)
+    version = model.base.weight._version
+    model.base.weight.data.mul_(0.5).add_(1.0)
+    assert model.base.weight._version == version
+    _, second = _save(c, 2, model, opt)
+    assert _frozen_written(second) >= model.base.weight.nelement() * 4
+    _, state = c.load_latest()
+    assert torch.equal(state["objects"]["model"]["base.weight"], model.base.weight)
+
+
 def test_a_new_frozen_tensor_is_never_taken_for_the_old_one(inc) -> None:
     """A frozen weight replaced by another of the same shape (both never written in place, so
     both at version 0) is stored anew: the record holds the old one, whose address cannot be
