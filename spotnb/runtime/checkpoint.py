@@ -587,6 +587,12 @@ class Checkpointer:
         _, need = dense_layout(state)
         return need, sum(seen.ref().nbytes for seen in referenced.values())
 
+    def adopt(self, state: Any, frozen: set[int]) -> int:
+        """Call after loading a restored state into the live objects: its unchanged frozen
+        tensors are then referenced by the next save, as if this process had saved them
+        (`Incremental.adopt`). The bytes adopted."""
+        return self.incremental.adopt(state, frozen)
+
     def _take_pool(self, layout: tuple[Any, ...], need: int, budget: int) -> _BufferPool:
         """A pool for a state of `need` bytes, made room for within the budget: an idle one
         (one whose buffers already fit this state first), the queued save's, or a new one;
@@ -1097,6 +1103,7 @@ class Checkpointer:
     def _load(self, manifest: Manifest) -> Any | None:
         folder = f"{self.root}/{manifest.seq:08d}"
         paths: dict[str, str] = {}
+        read: dict[tuple, tuple[BlobRef, torch.Tensor]] = {}  # tensors read from blobs: to adopt
         try:
             for name, meta in manifest.files.items():
                 where = f"{self.root}/{BLOBS}/{meta['sha256']}" if meta.get("blob") else f"{folder}/{name}"
@@ -1105,7 +1112,7 @@ class Checkpointer:
             if DATA_NAME in paths:  # written chunked: the skeleton's tensors are in tensors.bin
                 state = fill_refs(state, paths[DATA_NAME])
             if any(name.startswith("tensors/") for name in paths):  # stored by content
-                state = fill_blobs(state, paths)
+                state = fill_blobs(state, paths, read)
             in_dirs = {n for n in manifest.dests if any(n.startswith(p + "/") for p in manifest.dirs)}
             for name, dest in manifest.dests.items():
                 if name not in in_dirs:
@@ -1122,6 +1129,7 @@ class Checkpointer:
             for path in paths.values():
                 if path.startswith(self.spool) and os.path.exists(path):
                     os.unlink(path)
+        self.incremental.restored = read  # for `adopt`, once the caller has loaded the state
         return state
 
     def _fetch_verified(self, path: str, meta: dict[str, Any]) -> str:

@@ -249,6 +249,7 @@ class Context:
                 )
         _set_rng_state(state["rng"])
         self.state.update(state.get("user", {}))
+        self._ckpt.adopt(self._full_state(), frozen_tensors(self._tracked.values()))  # not rehashed
         self._step = self._last_save_step = int(state["step"])
         self.resumed_from = self._step
         self._emit(

@@ -141,6 +141,8 @@ class Incremental:
         self.blob_min = blob_min
         #: path -> the candidate as committed (with its blob); replaced at every commit
         self.committed: dict[Path, Seen] = {}
+        #: path -> (blob, probe) of the tensors the last restore read from blobs (for `adopt`)
+        self.restored: dict[Path, tuple[BlobRef, torch.Tensor]] = {}
 
     def split(self, state: Any, frozen: set[int]) -> tuple[Any, dict[Path, Seen], dict[Path, Seen]]:
         """(the state with every unchanged candidate replaced by its `BlobRef`, those
@@ -149,13 +151,7 @@ class Incremental:
         fresh: dict[Path, Seen] = {}
 
         def leaf(path: Path, t: Any) -> Any:
-            if (
-                not isinstance(t, torch.Tensor)
-                or t.layout != torch.strided
-                or t.element_size() * t.nelement() < self.blob_min
-                or t.data_ptr() not in frozen
-                or not t.is_contiguous()
-            ):
+            if not self._candidate(t, frozen):
                 return t
             seen = self.committed.get(path)
             if seen is not None and seen.same(t):
@@ -168,6 +164,42 @@ class Incremental:
 
         return map_tensors(state, leaf), referenced, fresh
 
+    def _candidate(self, t: Any, frozen: set[int]) -> bool:
+        return (
+            isinstance(t, torch.Tensor)
+            and t.layout == torch.strided
+            and t.element_size() * t.nelement() >= self.blob_min
+            and t.data_ptr() in frozen
+            and t.is_contiguous()
+        )
+
+    def adopt(self, state: Any, frozen: set[int]) -> int:
+        """After a restore has loaded its state into the live tensors: each candidate that was
+        read from a blob, and still has that blob's dtype, shape and probe, is recorded as if
+        this process had committed it, so the first save of a new incarnation references the
+        frozen part instead of copying and hashing it again. The bytes adopted."""
+        restored, self.restored = self.restored, {}
+        adopted = 0
+
+        def leaf(path: Path, t: Any) -> Any:
+            nonlocal adopted
+            found = restored.get(path)
+            if found is None or path in self.committed or not self._candidate(t, frozen):
+                return t
+            ref, probe = found
+            version = _version(t)
+            if (
+                version is not None
+                and (_dtype(t), tuple(t.shape)) == (ref.dtype, ref.shape)
+                and torch.equal(_probe(t), probe)
+            ):
+                self.committed[path] = Seen(t.detach(), version, probe, ref.sha256)
+                adopted += ref.nbytes
+            return t
+
+        map_tensors(state, leaf)
+        return adopted
+
     def commit(self, referenced: dict[Path, Seen], written: dict[Path, Seen]) -> None:
         """A save committed: what it referenced or wrote is what the next one may reference."""
         self.committed = {**referenced, **written}
@@ -177,12 +209,15 @@ class Incremental:
         self.committed = {}
 
 
-def fill_blobs(skeleton: Any, paths: dict[str, str]) -> Any:
+def fill_blobs(
+    skeleton: Any, paths: dict[str, str], read: dict[Path, tuple[BlobRef, torch.Tensor]] | None = None
+) -> Any:
     """The state with every `BlobRef` read back from its verified local copy (`paths`: manifest
-    name -> file). A blob of the wrong size for its dtype and shape is damage: ValueError."""
+    name -> file); `read` gets each one's (ref, probe) by path. A blob of the wrong size for
+    its dtype and shape is damage: ValueError."""
     import os
 
-    def leaf(_path: Path, obj: Any) -> Any:
+    def leaf(path: Path, obj: Any) -> Any:
         if not isinstance(obj, BlobRef):
             return obj
         dtype = getattr(torch, obj.dtype, None)
@@ -198,6 +233,8 @@ def fill_blobs(skeleton: Any, paths: dict[str, str]) -> Any:
         if want:
             with open(local, "rb") as f:
                 f.readinto(t.reshape(-1).view(torch.uint8).numpy().data)
+        if read is not None and t.nelement():
+            read[path] = (obj, _probe(t))
         return t
 
     return map_tensors(skeleton, leaf)

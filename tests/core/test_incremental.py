@@ -341,3 +341,35 @@ def test_a_notice_too_short_even_for_the_delta_starts_no_upload_and_says_why(cal
     (resumed,) = _events(job, "resumed", 2)  # from the last committed (planned) save
     last = [e for e in saves if e["kind"] == "checkpoint"][-1]
     assert (resumed["save_kind"], resumed["from_step"]) == ("periodic", last["step"])
+
+
+def test_a_resumed_instance_references_the_frozen_tensors_it_restored(store_url: str) -> None:
+    """The first save of a new incarnation neither copies nor hashes the frozen part it loaded
+    from the checkpoint; a frozen tensor the resumed code changes is written again."""
+    first = Checkpointer(Store(store_url), "job", 1, Recorder())
+    model, opt = _setup()
+    try:
+        _save(first, 1, model, opt)
+    finally:
+        first.close()
+    c = Checkpointer(Store(store_url), "job", 2, Recorder())
+    try:
+        torch.manual_seed(1)
+        fresh = Lora()  # other initial values: the restore must overwrite them
+        fresh_opt = torch.optim.Adam([p for p in fresh.parameters() if p.requires_grad], lr=1e-2)
+        _, state = c.load_latest()
+        fresh.load_state_dict(state["objects"]["model"])
+        fresh_opt.load_state_dict(state["objects"]["opt"])
+        base = fresh.base.weight.nelement() * 4
+        assert c.adopt(_state(1, fresh, fresh_opt), frozen_tensors([fresh, fresh_opt])) == base
+        _train(fresh, fresh_opt)
+        snap, second = _save(c, 2, fresh, fresh_opt)
+        assert snap.nbytes < base and _frozen_written(second) == 0 and second.referenced >= base
+        _, state = c.load_latest()
+        assert torch.equal(state["objects"]["model"]["base.weight"], model.base.weight)
+        with torch.no_grad():
+            fresh.base.weight.add_(1)
+        _, third = _save(c, 3, fresh, fresh_opt)
+        assert _frozen_written(third) == base
+    finally:
+        c.close()
