@@ -149,11 +149,12 @@ class Incremental:
         referenced, the candidates that changed: to copy and write as new blobs)."""
         referenced: dict[Path, Seen] = {}
         fresh: dict[Path, Seen] = {}
+        committed = self.committed  # one commit's record (the writer thread replaces it whole)
 
         def leaf(path: Path, t: Any) -> Any:
             if not self._candidate(t, frozen):
                 return t
-            seen = self.committed.get(path)
+            seen = committed.get(path)
             if seen is not None and seen.same(t):
                 referenced[path] = seen
                 return seen.ref()
@@ -179,12 +180,13 @@ class Incremental:
         this process had committed it, so the first save of a new incarnation references the
         frozen part instead of copying and hashing it again. The bytes adopted."""
         restored, self.restored = self.restored, {}
+        committed = dict(self.committed)
         adopted = 0
 
         def leaf(path: Path, t: Any) -> Any:
             nonlocal adopted
             found = restored.get(path)
-            if found is None or path in self.committed or not self._candidate(t, frozen):
+            if found is None or path in committed or not self._candidate(t, frozen):
                 return t
             ref, probe = found
             version = _version(t)
@@ -193,11 +195,12 @@ class Incremental:
                 and (_dtype(t), tuple(t.shape)) == (ref.dtype, ref.shape)
                 and torch.equal(_probe(t), probe)
             ):
-                self.committed[path] = Seen(t.detach(), version, probe, ref.sha256)
+                committed[path] = Seen(t.detach(), version, probe, ref.sha256)
                 adopted += ref.nbytes
             return t
 
         map_tensors(state, leaf)
+        self.committed = committed
         return adopted
 
     def commit(self, referenced: dict[Path, Seen], written: dict[Path, Seen]) -> None:
