@@ -373,3 +373,25 @@ def test_a_resumed_instance_references_the_frozen_tensors_it_restored(store_url:
         assert _frozen_written(third) == base
     finally:
         c.close()
+
+
+def test_insurance_saves_follow_what_a_save_would_write() -> None:
+    """Adaptive takes no insurance saves when an emergency save is expected to fit the notice:
+    a 10 MB delta at 10 MB/s fits a 30 s notice, a 1 GB full state does not (the mean β of past
+    saves, 5 s, would say both fit)."""
+    from spotnb.policy import Adaptive
+
+    obs = Observation(
+        step=10,
+        step_time=0.1,
+        snapshot_time=0.2,
+        upload_time=5.0,
+        mttp=3600.0,
+        restart_time=60.0,
+        grace=30.0,
+        state_bytes=1_000_000_000,
+        upload_bps=10e6,
+    )
+    assert Adaptive().next_save(obs.with_(save_bytes=10_000_000), 10) is None
+    plan = Adaptive().next_save(obs.with_(save_bytes=1_000_000_000), 10)
+    assert plan is not None and plan.kind == "insurance"
