@@ -587,7 +587,9 @@ class Hint(Event):
 @_kind(EventKind.CHECKPOINT)
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Checkpoint(Event):
-    """A checkpoint was committed (its manifest is in the store). `nbytes` is `bytes` in JSON."""
+    """A checkpoint was committed (its manifest is in the store). `nbytes` (`bytes` in JSON)
+    is what it wrote; `referenced_bytes` what it lists from earlier checkpoints instead of
+    writing it again (unchanged frozen tensors, backed-up files already stored)."""
 
     seq: int
     save_kind: SaveKind
@@ -595,6 +597,7 @@ class Checkpoint(Event):
     snapshot_s: float
     upload_s: float
     nbytes: int = field(default=0, metadata={"json": "bytes"})
+    referenced_bytes: int = 0
 
 
 @_kind(EventKind.CHECKPOINT_SKIPPED)
@@ -626,11 +629,15 @@ class CheckpointInvalid(Event):
 @_kind(EventKind.EMERGENCY_SKIPPED)
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EmergencySkipped(Event):
-    """The notice left too little time for an emergency save."""
+    """The notice left too little time for an emergency save, so none was started: `needed`
+    is the estimated snapshot + upload time of the `nbytes` (`bytes` in JSON) it would have
+    written (only what changed since the last save), `reason` says so in words."""
 
     step: int
     time_left: float
     needed: float
+    nbytes: int = field(default=0, metadata={"json": "bytes"})
+    reason: str = ""
 
 
 @_kind(EventKind.EVACUATING)

@@ -106,10 +106,13 @@ def transfer_to(
 
 def checkpoint_bytes(state: Any) -> tuple[float, bool]:
     """(bytes of one checkpoint, whether one was committed) from a JobState: the largest of
-    the last ten checkpoints' `bytes` (a checkpoint counts only the bytes it wrote, so one
-    whose files an earlier one already held says less than a restore reads);
-    `NOMINAL_CHECKPOINT_BYTES` before the first save."""
+    the last ten checkpoints' `bytes` + `referenced_bytes` (what a restore reads: an incremental
+    checkpoint writes only what changed; a log older than that field counts only the bytes
+    written); `NOMINAL_CHECKPOINT_BYTES` before the first save."""
     saves = list(getattr(state, "checkpoints", None) or [])
-    sizes = [float(getattr(save, "nbytes", 0) or 0) for save in saves[-10:]]
+    sizes = [
+        float(getattr(save, "nbytes", 0) or 0) + float(getattr(save, "referenced_bytes", 0) or 0)
+        for save in saves[-10:]
+    ]
     biggest = max(sizes, default=0.0)
     return (biggest if biggest > 0 else NOMINAL_CHECKPOINT_BYTES), bool(saves)

@@ -128,3 +128,14 @@ def test_the_checkpoint_size_is_the_largest_recent_one_or_an_estimate_before_the
     assert checkpoint_bytes(SimpleNamespace(checkpoints=[])) == (NOMINAL_CHECKPOINT_BYTES, False)
     saves = [SimpleNamespace(nbytes=n) for n in (4e9, 1e6, 2e6)]
     assert checkpoint_bytes(SimpleNamespace(checkpoints=saves)) == (4e9, True)
+
+
+def test_an_incremental_checkpoint_counts_what_it_references_too() -> None:
+    """An incremental save writes only what changed, but moving to another region reads the
+    frozen part it references as well."""
+    from types import SimpleNamespace
+
+    from spotnb.transfer import checkpoint_bytes
+
+    saves = [SimpleNamespace(nbytes=n, referenced_bytes=4e9) for n in (1e6, 2e6)] * 6
+    assert checkpoint_bytes(SimpleNamespace(checkpoints=saves)) == (4e9 + 2e6, True)

@@ -98,6 +98,7 @@ def test_unknown_kinds_and_fields_from_a_newer_writer_are_kept_and_shown(tmp_pat
             "snapshot_s": 0.1,
             "upload_s": 0.2,
             "bytes": 5,
+            "referenced_bytes": 0,  # a field this version knows (written with its default)
             "tier": "nvme",
         },
         {"t": 5.0, "kind": "status", "incarnation": 0, "status": "paused"},

@@ -344,7 +344,7 @@ export interface HintEvent {
   [extra: string]: unknown;
 }
 
-/** A checkpoint was committed (its manifest is in the store). `nbytes` is `bytes` in JSON. */
+/** A checkpoint was committed (its manifest is in the store). `nbytes` (`bytes` in JSON) is what it wrote; `referenced_bytes` what it lists from earlier checkpoints instead of writing it again (unchanged frozen tensors, backed-up files already stored). */
 export interface CheckpointEvent {
   kind: "checkpoint";
   t: number;
@@ -356,6 +356,7 @@ export interface CheckpointEvent {
   snapshot_s: number;
   upload_s: number;
   bytes?: number;
+  referenced_bytes?: number;
   [extra: string]: unknown;
 }
 
@@ -395,7 +396,7 @@ export interface CheckpointInvalidEvent {
   [extra: string]: unknown;
 }
 
-/** The notice left too little time for an emergency save. */
+/** The notice left too little time for an emergency save, so none was started: `needed` is the estimated snapshot + upload time of the `nbytes` (`bytes` in JSON) it would have written (only what changed since the last save), `reason` says so in words. */
 export interface EmergencySkippedEvent {
   kind: "emergency_skipped";
   t: number;
@@ -404,6 +405,8 @@ export interface EmergencySkippedEvent {
   step: number;
   time_left: number;
   needed: number;
+  bytes?: number;
+  reason?: string;
   [extra: string]: unknown;
 }
 

@@ -21,6 +21,8 @@ __all__ = [
     "Plan",
     "BatchPlan",
     "emergency_feasible",
+    "snapshot_estimate",
+    "upload_estimate",
     "steps_for",
     "FOREVER",
     "PRIOR_MTTP",
@@ -55,6 +57,10 @@ class Observation:
     total_steps: int | None = None  # the job's length in steps, when known (end-of-job savings)
     snapshot_sd: float = 0.0  # spread (standard deviation) of δ, when measured
     upload_sd: float = 0.0  # spread of β: an emergency save must fit its slow uploads too
+    #: bytes the next save would write (incremental saves: only what changed since the last
+    #: one); 0 = unknown. With `upload_bps` it sizes β for that save instead of the mean.
+    save_bytes: int = 0
+    upload_bps: float = 0.0  # the store's measured upload bandwidth, bytes/s (0 = not yet)
 
     def with_(self, **changes: object) -> Observation:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -91,16 +97,28 @@ class BatchPlan:
     allocate_on_notice: bool = False
 
 
+def snapshot_estimate(obs: Observation) -> float:
+    """δ as measured, or guessed from the state size at 1 GB/s before the first save."""
+    return obs.snapshot_time or obs.state_bytes / 1e9
+
+
+def upload_estimate(obs: Observation) -> float:
+    """β of the next save: its bytes over the measured bandwidth when both are known (β grows
+    with size, and an incremental save's size varies: a delta after a full one), else β as
+    measured, else guessed from the state size at 50 MB/s before the first save."""
+    if obs.save_bytes and obs.upload_bps:
+        return obs.save_bytes / obs.upload_bps
+    return obs.upload_time or obs.state_bytes / 50e6
+
+
 def emergency_feasible(obs: Observation, time_left: float, margin: float = 0.5) -> bool:
     """The emergency-save rule (ARCHITECTURE.md, "The checkpoint model"), at a step boundary:
-    the save (δ) and its upload (β) must fit in what is left.
+    the save (δ) and its upload (β, of what that save would write) must fit in what is left.
 
     Before any save is measured we estimate δ and β from the state size at conservative
     bandwidths (1 GB/s to copy, 50 MB/s to upload) rather than assume they are free.
     """
-    delta = obs.snapshot_time or obs.state_bytes / 1e9
-    beta = obs.upload_time or obs.state_bytes / 50e6
-    return delta + beta + margin < time_left
+    return snapshot_estimate(obs) + upload_estimate(obs) + margin < time_left
 
 
 class Policy(ABC):
@@ -119,12 +137,7 @@ class Policy(ABC):
 
     def emergency_expected(self, obs: Observation) -> bool:
         """Whether a notice would leave room for an emergency save (insurance saves are moot)."""
-        return (
-            obs.step_time
-            + (obs.snapshot_time or obs.state_bytes / 1e9)
-            + (obs.upload_time or obs.state_bytes / 50e6)
-            < obs.grace
-        )
+        return obs.step_time + snapshot_estimate(obs) + upload_estimate(obs) < obs.grace
 
     def stationary_until(self, obs: Observation) -> int:
         """A step up to which the plan is a fixed stride: for every save at `last >= obs.step`
@@ -156,9 +169,7 @@ class Policy(ABC):
             getattr(owner, "allocate_on_notice", None),
         ):
             return None
-        delta = obs.snapshot_time or obs.state_bytes / 1e9
-        beta = obs.upload_time or obs.state_bytes / 50e6
-        return delta + beta + 0.5, bool(self.allocate_on_notice(obs))
+        return snapshot_estimate(obs) + upload_estimate(obs) + 0.5, bool(self.allocate_on_notice(obs))
 
     def _overrides(self, owner: type, *names: str) -> bool:
         """Whether the concrete class replaced any of `owner`'s methods `names` (then a

@@ -6,7 +6,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from spotnb.policy.base import BatchPlan, Observation, Plan, Policy, SaveKind, steps_for
+from spotnb.policy.base import (
+    BatchPlan,
+    Observation,
+    Plan,
+    Policy,
+    SaveKind,
+    snapshot_estimate,
+    steps_for,
+    upload_estimate,
+)
 from spotnb.policy.intervals import daly_interval
 
 _FOREVER = 2**62
@@ -20,16 +29,6 @@ __all__ = [
     "upload_estimate",
     "periodic_plan",
 ]
-
-
-def snapshot_estimate(obs: Observation) -> float:
-    """δ as measured, or guessed from the state size at 1 GB/s before the first save."""
-    return obs.snapshot_time or obs.state_bytes / 1e9
-
-
-def upload_estimate(obs: Observation) -> float:
-    """β as measured, or guessed from the state size at 50 MB/s before the first save."""
-    return obs.upload_time or obs.state_bytes / 50e6
 
 
 def periodic_plan(obs: Observation, last_save_step: int) -> Plan | None:

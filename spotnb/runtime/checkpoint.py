@@ -17,10 +17,19 @@ Files the script backs up (`ctx.backup(path)`, a file or a whole folder such as 
 `checkpoint-500/`) are stored by content, once: `<root>/blobs/<sha256>`, listed in each manifest
 that needs them. A file unchanged since an earlier checkpoint (a frozen base model, a tokenizer)
 is not uploaded again; pruning deletes a blob when the last checkpoint that listed it goes.
+
+Saves are incremental (`runtime/incremental.py`): a large tensor no optimizer trains is stored
+the same way, as a blob, and a later save references it, neither copied nor hashed again,
+while it is unchanged since the last committed save; the manifest lists it like a backed-up
+file (`tensors/<sha256>`), so restore verifies it and pruning keeps it while any kept
+checkpoint lists it. `Checkpointer.bandwidth` (bytes written per second of upload, measured)
+and `pending_bytes` (what a save now would write) let the policy tell whether an emergency
+save fits a notice before starting one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -36,6 +45,7 @@ from typing import IO, Any, cast
 import torch
 
 from spotnb import protocol as ev
+from spotnb.policy.base import Observation, snapshot_estimate, upload_estimate
 from spotnb.protocol import SaveKind
 from spotnb.runtime.beacon import Beacon, Phase
 from spotnb.runtime.chunked import (
@@ -43,15 +53,25 @@ from spotnb.runtime.chunked import (
     DATA_NAME,
     ChunkBuffers,
     Drain,
+    TensorRef,
     copy_chunked,
     dense_layout,
     fill_refs,
 )
+from spotnb.runtime.incremental import BlobRef, Incremental, Seen, fill_blobs, map_tensors
 from spotnb.signing import BadSignature, sign_doc, verify_doc
 from spotnb.sizes import available_memory, human_bytes, total_memory
 from spotnb.store import Store
 
-__all__ = ["Checkpointer", "Snapshot", "Manifest", "SaveCancelled", "InvalidManifest", "CHUNK"]
+__all__ = [
+    "Checkpointer",
+    "Snapshot",
+    "Manifest",
+    "SaveCancelled",
+    "InvalidManifest",
+    "CHUNK",
+    "emergency_skipped",
+]
 
 CHUNK = 4 * 1024 * 1024
 #: the folder of backed-up files, by content, beside the numbered checkpoint folders
@@ -60,6 +80,8 @@ _PERSISTENT = ("periodic", "final")
 #: the default snapshot budget keeps this much of the host's RAM free: 10 % of it, at least
 #: MARGIN_MIN (the training step's own allocations grow and shrink between saves)
 MARGIN_MIN = 256 * 1024 * 1024
+#: saves that wrote less than this measure the store's latency more than its bandwidth
+BANDWIDTH_MIN = 256 * 1024
 #: the default budget never goes below this (a host already short of memory still saves, slowly)
 AUTO_MIN = 16 * 1024 * 1024
 
@@ -89,6 +111,10 @@ class Snapshot:
     #: a chunked snapshot: (its tensors.bin in the spool, the drain writing it); `state` is then
     #: the skeleton that points into it
     data: tuple[str, Drain] | None = None
+    #: tensors stored by content (runtime/incremental.py): unchanged ones, already `BlobRef`s in
+    #: `state`, and changed ones, copied, which the writer turns into new blobs
+    referenced: dict[tuple, Seen] = field(default_factory=dict)
+    fresh: dict[tuple, Seen] = field(default_factory=dict)
 
 
 @dataclass
@@ -101,7 +127,10 @@ class Manifest:
     created: float
     snapshot_s: float = 0.0
     upload_s: float = 0.0
-    nbytes: int = 0  # "bytes" in MANIFEST.json
+    nbytes: int = 0  # "bytes" in MANIFEST.json: bytes this checkpoint wrote
+    #: bytes it lists but did not write: blobs an earlier checkpoint stored (unchanged tensors,
+    #: backed-up files); a restore reads nbytes + referenced
+    referenced: int = 0
     dests: dict[str, str] = field(default_factory=dict)
     #: folders backed up whole: name prefix -> path. Restore makes each folder what it was
     #: (files written after the checkpoint go), so a trainer resuming from "the newest
@@ -150,7 +179,7 @@ class Manifest:
             raise InvalidManifest(f"MANIFEST.json seq {doc['seq']} does not match its folder {folder}")
         if not isinstance(doc["kind"], str):
             raise InvalidManifest(f"MANIFEST.json kind is {doc['kind']!r}, not a string")
-        for name in ("created", "snapshot_s", "upload_s", "bytes"):
+        for name in ("created", "snapshot_s", "upload_s", "bytes", "referenced"):
             if name in doc and (not isinstance(doc[name], (int, float)) or isinstance(doc[name], bool)):
                 raise InvalidManifest(f"MANIFEST.json {name} is {doc[name]!r}, not a number")
         files = doc["files"]
@@ -188,6 +217,24 @@ class Manifest:
 _SAVE_KINDS = {k.value for k in SaveKind}
 
 
+def emergency_skipped(obs: Observation, step: int, time_left: float) -> ev.EmergencySkipped:
+    """The event of a notice too short for the emergency save `obs` describes (`save_bytes`:
+    what it would write), saying what was not saved and why, in numbers."""
+    delta, beta = snapshot_estimate(obs), upload_estimate(obs)
+    size = obs.save_bytes or obs.state_bytes
+    measured = obs.save_bytes and obs.upload_bps
+    rate = f"at the measured {human_bytes(int(obs.upload_bps))}/s" if measured else "as measured"
+    reason = (
+        f"an emergency save would write {human_bytes(size)} (what changed since the last committed "
+        f"save), ~{beta:.1f} s of upload {rate} plus ~{delta:.1f} s of snapshot, and {time_left:.1f} s "
+        "were left: no upload was started (one that cannot finish before the kill would only abandon "
+        "the save in flight). Nothing was written to the instance's disk, which a spot preemption "
+        "does not keep; the job resumes from its last committed checkpoint"
+    )
+    needed = delta + beta
+    return ev.EmergencySkipped(step=step, time_left=time_left, needed=needed, nbytes=size, reason=reason)
+
+
 def _manifest_name(seq: int | str) -> str:
     """What a manifest's signature binds it to: its place, so it cannot be moved to another."""
     return f"ckpt/{int(seq):08d}/MANIFEST.json"
@@ -207,6 +254,34 @@ def _copy_hashing(src: str, dest: str) -> tuple[str, int]:
             fout.write(chunk)
             size += len(chunk)
     return digest.hexdigest(), size
+
+
+def _write_tensor_hashing(t: torch.Tensor, dest: str) -> str:
+    """Write a copied (contiguous, CPU) tensor's bytes to `dest`; their sha256."""
+    digest = hashlib.sha256()
+    raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().data if t.nelement() else memoryview(b"")
+    with open(dest, "wb") as out:
+        for i in range(0, len(raw), CHUNK):
+            part = raw[i : i + CHUNK]
+            digest.update(part)
+            out.write(part)
+    return digest.hexdigest()
+
+
+def _copy_slice_hashing(src: str, offset: int, nbytes: int, dest: str) -> str:
+    """Copy `nbytes` of `src` from `offset` to `dest`; their sha256."""
+    digest = hashlib.sha256()
+    with open(src, "rb") as fin, open(dest, "wb") as fout:
+        fin.seek(offset)
+        left = nbytes
+        while left:
+            chunk = fin.read(min(CHUNK, left))
+            if not chunk:
+                raise ValueError(f"{DATA_NAME} ends before a tensor at {offset} (+{nbytes})")
+            digest.update(chunk)
+            fout.write(chunk)
+            left -= len(chunk)
+    return digest.hexdigest()
 
 
 def _restore_dir(folder: str, files: dict[str, str]) -> None:
@@ -407,7 +482,12 @@ class Checkpointer:
         self.upload_ema = 0.0  # β
         self.snapshot_var = 0.0  # their spread: an emergency save must fit the slow ones too
         self.upload_var = 0.0
-        self.last_bytes = 0
+        self.last_bytes = 0  # the last checkpoint's size: written + referenced
+        self.last_written = 0  # what it wrote
+        #: bytes per second a save's upload achieved (EWMA over saves that wrote BANDWIDTH_MIN
+        #: or more; 0.0 until one has): β of a save of n bytes is about n / bandwidth
+        self.bandwidth = 0.0
+        self.incremental = Incremental()
         self.committed: list[Manifest] = []
         self.failures = 0
         existing = [int(n) for n in store.ls(self.root) if n.isdigit()]
@@ -441,10 +521,14 @@ class Checkpointer:
         kind: SaveKind,
         files: list[tuple[str, str]] | None = None,
         dirs: dict[str, str] | None = None,
+        frozen: set[int] | None = None,
     ) -> Snapshot:
         """Copy `state` (nested dicts/lists of tensors and plain values) into CPU memory, and
         the script's `files` ((path, manifest name); `dirs`: folders backed up whole) to the
         spool, hashing them.
+
+        `frozen`: storage addresses of tensors no optimizer trains (`incremental.frozen_tensors`);
+        those unchanged since the last committed save are referenced, not copied.
 
         A state that fits the budget is copied whole into a pool of buffers; a larger one is
         streamed through two half-budget buffers to a spool file (`runtime/chunked.py`) and
@@ -452,7 +536,11 @@ class Checkpointer:
         the budget: a snapshot waits for the writer to give some back rather than allocate more."""
         self.beacon.set_snapshot(True)
         t0 = time.perf_counter()
+        referenced: dict[tuple, Seen] = {}
+        fresh: dict[tuple, Seen] = {}
         try:
+            if frozen:
+                state, referenced, fresh = self.incremental.split(state, frozen)
             layout, need = dense_layout(state)
             budget = self.budget()
             data: tuple[str, Drain] | None = None
@@ -482,11 +570,28 @@ class Checkpointer:
         finally:
             self.beacon.set_snapshot(False)
         dt = time.perf_counter() - t0
-        snap = Snapshot(copied, step, kind, dt, need, spooled, dests, hashes, dict(dirs or {}), data)
+        snap = Snapshot(
+            copied, step, kind, dt, need, spooled, dests, hashes, dict(dirs or {}), data, referenced, fresh
+        )
         if pool is not None:
             snap._pool = pool  # type: ignore[attr-defined]
         self.snapshot_ema, self.snapshot_var = _ewm(self.snapshot_ema, self.snapshot_var, dt)
         return snap
+
+    def pending_bytes(self, state: Any, frozen: set[int] | None = None) -> tuple[int, int]:
+        """(bytes a save of `state` now would write, bytes it would reference): what decides
+        whether an emergency save fits a notice. Copies nothing."""
+        referenced: dict[tuple, Seen] = {}
+        if frozen:
+            state, referenced, _ = self.incremental.split(state, frozen)
+        _, need = dense_layout(state)
+        return need, sum(seen.ref().nbytes for seen in referenced.values())
+
+    def adopt(self, state: Any, frozen: set[int]) -> int:
+        """Call after loading a restored state into the live objects: its unchanged frozen
+        tensors are then referenced by the next save, as if this process had saved them
+        (`Incremental.adopt`). The bytes adopted."""
+        return self.incremental.adopt(state, frozen)
 
     def _take_pool(self, layout: tuple[Any, ...], need: int, budget: int) -> _BufferPool:
         """A pool for a state of `need` bytes, made room for within the budget: an idle one
@@ -703,14 +808,23 @@ class Checkpointer:
         t0 = time.perf_counter()
         committed = False
         spool = os.path.join(self.spool, f"state-{seq}.pt")
+        blobs: list[tuple[str, BlobRef]] = []
+        written: dict[tuple, Seen] = {}
         try:
             self.beacon.set_phase(Phase.SAVE)
+            state = snap.state
+            if snap.fresh:  # changed candidates: each to its own spool file, hashed once
+                state, blobs, written = self._spool_blobs(snap)
             with open(spool, "wb") as f:
                 hashed = _HashingFile(f)
-                torch.save(snap.state, cast(IO[bytes], hashed))  # hashed as it is written: no second read
+                torch.save(state, cast(IO[bytes], hashed))  # hashed as it is written: no second read
             self._release(snap)
             files: dict[str, dict[str, Any]] = {}
             self.beacon.set_phase(Phase.UPLOAD)
+            if snap.referenced:
+                files.update(self._referenced(snap.referenced))
+            for local, ref in blobs:
+                files[ref.name] = self._upload_blob(local, ref.sha256, ref.nbytes)
             files["state.pt"] = self._upload(spool, f"{folder}/state.pt", hashed.digest())
             if snap.data is not None:  # a chunked snapshot: its tensors, once the drain is done
                 data, drain = snap.data
@@ -721,6 +835,7 @@ class Checkpointer:
                     os.unlink(local)
             upload_s = time.perf_counter() - t0
             total = sum(f["size"] for f in files.values() if not f.get("reused"))
+            reused = sum(f["size"] for f in files.values() if f.get("reused"))
             manifest = Manifest(
                 seq=seq,
                 step=snap.step,
@@ -731,6 +846,7 @@ class Checkpointer:
                 snapshot_s=snap.snapshot_s,
                 upload_s=upload_s,
                 nbytes=total,
+                referenced=reused,
                 dests=snap.dests,
                 dirs=snap.dirs,
             )
@@ -742,7 +858,11 @@ class Checkpointer:
             self.beacon.set_phase(Phase.COMMIT)
             self.store.write_bytes(f"{folder}/MANIFEST.json", manifest.to_json(self.key, self.job_id))
             committed = True
+            self.incremental.commit(snap.referenced, written)
         finally:
+            for local, _ in blobs:
+                if os.path.exists(local):
+                    os.unlink(local)
             self._release(snap)
             if not committed:
                 self.beacon.set_phase(Phase.IDLE)
@@ -752,7 +872,9 @@ class Checkpointer:
                 snap.data[1].wait()  # a failed save still ends with its chunk buffers given back
             _remove_spooled(snap)
         self.upload_ema, self.upload_var = _ewm(self.upload_ema, self.upload_var, upload_s)
-        self.last_bytes = total
+        if total >= BANDWIDTH_MIN and upload_s > 0:  # smaller ones measure latency, not bandwidth
+            self.bandwidth = _ewm(self.bandwidth, 0.0, total / upload_s)[0]
+        self.last_bytes, self.last_written = total + reused, total
         self.committed.append(manifest)
         self.emit(
             ev.Checkpoint(
@@ -762,6 +884,7 @@ class Checkpointer:
                 snapshot_s=snap.snapshot_s,
                 upload_s=upload_s,
                 nbytes=total,
+                referenced_bytes=reused,
             )
         )
         # COMMIT lasts until the checkpoint is announced, so the local market can land a kill
@@ -769,6 +892,52 @@ class Checkpointer:
         self.beacon.set_phase(Phase.IDLE)
         self._prune(manifest)
         return manifest
+
+    def _spool_blobs(self, snap: Snapshot) -> tuple[Any, list[tuple[str, BlobRef]], dict[tuple, Seen]]:
+        """The snapshot's state with every changed candidate replaced by its `BlobRef`, each
+        written to a spool file and hashed on the way: (state, [(file, ref)], path -> the
+        candidate with its blob, for the next save to reference once this one commits)."""
+        data = None
+        if snap.data is not None:  # chunked: the candidates' bytes are slices of tensors.bin
+            data = snap.data[0]
+            snap.data[1].result()
+        blobs: list[tuple[str, BlobRef]] = []
+        written: dict[tuple, Seen] = {}
+
+        def leaf(path: tuple, obj: Any) -> Any:
+            seen = snap.fresh.get(path)
+            if seen is None or not isinstance(obj, (torch.Tensor, TensorRef)):
+                return obj
+            local = os.path.join(self.spool, f"blob-{uuid.uuid4().hex[:8]}")
+            blobs.append((local, BlobRef("", 0, "", ())))  # listed first: removed even if this fails
+            if isinstance(obj, TensorRef):
+                assert data is not None
+                sha = _copy_slice_hashing(data, obj.offset, obj.nbytes, local)
+            else:
+                sha = _write_tensor_hashing(obj, local)
+            written[path] = dataclasses.replace(seen, sha256=sha)
+            ref = written[path].ref()
+            blobs[-1] = (local, ref)
+            return ref
+
+        return map_tensors(snap.state, leaf), blobs, written
+
+    def _referenced(self, referenced: dict[tuple, Seen]) -> dict[str, dict[str, Any]]:
+        """Manifest entries of the unchanged tensors a save references, after one listing of
+        the blobs folder shows each is still there (one missing cannot be written from here:
+        its bytes were not copied, so the save fails and the next one writes them again)."""
+        have = set(self.store.ls(f"{self.root}/{BLOBS}"))
+        out: dict[str, dict[str, Any]] = {}
+        for seen in referenced.values():
+            ref = seen.ref()
+            if ref.sha256 not in have:
+                self.incremental.forget()
+                raise RuntimeError(
+                    f"{BLOBS}/{ref.sha256[:12]}…, an unchanged tensor this save references, is no "
+                    "longer in the store: save abandoned, the next one writes every tensor again"
+                )
+            out[ref.name] = {"size": ref.nbytes, "sha256": ref.sha256, "blob": True, "reused": True}
+        return out
 
     def _upload_blob(self, local: str, sha256: str, size: int) -> dict[str, Any]:
         """A backed-up file, stored by content: not uploaded again when the store has it (an
@@ -934,6 +1103,7 @@ class Checkpointer:
     def _load(self, manifest: Manifest) -> Any | None:
         folder = f"{self.root}/{manifest.seq:08d}"
         paths: dict[str, str] = {}
+        read: dict[tuple, tuple[BlobRef, torch.Tensor]] = {}  # tensors read from blobs: to adopt
         try:
             for name, meta in manifest.files.items():
                 where = f"{self.root}/{BLOBS}/{meta['sha256']}" if meta.get("blob") else f"{folder}/{name}"
@@ -941,6 +1111,8 @@ class Checkpointer:
             state = torch.load(paths["state.pt"], map_location="cpu", weights_only=False)
             if DATA_NAME in paths:  # written chunked: the skeleton's tensors are in tensors.bin
                 state = fill_refs(state, paths[DATA_NAME])
+            if any(name.startswith("tensors/") for name in paths):  # stored by content
+                state = fill_blobs(state, paths, read)
             in_dirs = {n for n in manifest.dests if any(n.startswith(p + "/") for p in manifest.dirs)}
             for name, dest in manifest.dests.items():
                 if name not in in_dirs:
@@ -957,6 +1129,7 @@ class Checkpointer:
             for path in paths.values():
                 if path.startswith(self.spool) and os.path.exists(path):
                     os.unlink(path)
+        self.incremental.restored = read  # for `adopt`, once the caller has loaded the state
         return state
 
     def _fetch_verified(self, path: str, meta: dict[str, Any]) -> str:

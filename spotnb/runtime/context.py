@@ -20,8 +20,9 @@ import torch
 from spotnb import protocol as ev
 from spotnb.policy.base import PRIOR_MTTP, PRIOR_RESTART, Observation, Plan, Policy, SaveKind
 from spotnb.runtime.beacon import Beacon, Phase
-from spotnb.runtime.checkpoint import Checkpointer
+from spotnb.runtime.checkpoint import Checkpointer, emergency_skipped
 from spotnb.runtime.elastic import Elastic, ReplicatedOptimizer, Replication
+from spotnb.runtime.incremental import frozen_tensors
 from spotnb.runtime.notice import Notice
 
 __all__ = ["Context", "Evacuate", "ctx"]
@@ -248,6 +249,7 @@ class Context:
                 )
         _set_rng_state(state["rng"])
         self.state.update(state.get("user", {}))
+        self._ckpt.adopt(self._full_state(), frozen_tensors(self._tracked.values()))  # not rehashed
         self._step = self._last_save_step = int(state["step"])
         self.resumed_from = self._step
         self._emit(
@@ -538,14 +540,13 @@ class Context:
             self._rep.leave()
             self._evacuate_after_save()
         obs = self._observation()
+        if self._tracked or self.state:  # sized by what it would write: the delta since the last save
+            pending = self._ckpt.pending_bytes(self._full_state(), frozen_tensors(self._tracked.values()))
+            obs = obs.with_(save_bytes=pending[0])
         moving = notice.source == "move"  # asked to move: no market deadline, always save
         kind = SaveKind.MOVE if moving else SaveKind.EMERGENCY
         if not moving and not self._policy.on_notice(obs, left):
-            self._emit(
-                ev.EmergencySkipped(
-                    step=self._step, time_left=left, needed=obs.snapshot_time + obs.upload_time
-                )
-            )
+            self._emit(emergency_skipped(obs, self._step, left))
             return
         self._emit(ev.Evacuating(step=self._step, time_left=left))
         if self._tracked or self.state:
@@ -589,13 +590,8 @@ class Context:
             self._replan()
             return
         t0 = time.perf_counter()
-        state = {
-            "step": self._step,
-            "rng": _rng_state(),
-            "user": self.state,
-            "objects": {name: obj.state_dict() for name, obj in self._tracked.items()},
-        }
-        snap = self._ckpt.snapshot(state, self._step, kind, files=files, dirs=dirs)
+        frozen = frozen_tensors(self._tracked.values())  # referenced while unchanged
+        snap = self._ckpt.snapshot(self._full_state(), self._step, kind, files, dirs, frozen)
         self._last_save_step = self._step
         self._replan()  # before the hand-off: once the writer thread runs, it competes for the GIL
         if wait:
@@ -604,6 +600,14 @@ class Context:
             self._ckpt.submit(snap)
         self._save_s += time.perf_counter() - t0
         self._t_last = time.perf_counter()  # the save is not step time
+
+    def _full_state(self) -> dict[str, Any]:
+        return {
+            "step": self._step,
+            "rng": _rng_state(),
+            "user": self.state,
+            "objects": {name: obj.state_dict() for name, obj in self._tracked.items()},
+        }
 
     def _replan(self) -> None:
         self._plan = self._policy.next_save(self._observation(), self._last_save_step)
@@ -624,6 +628,8 @@ class Context:
             snapshot_sd=self._ckpt.snapshot_var**0.5,
             upload_sd=self._ckpt.upload_var**0.5,
             state_bytes=self._ckpt.last_bytes or self._state_bytes(),
+            save_bytes=self._ckpt.last_written,
+            upload_bps=self._ckpt.bandwidth,
             age=time.time() - self._started,
             now=time.time(),
         )

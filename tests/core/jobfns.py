@@ -274,3 +274,54 @@ def finish_when_moving(ctx: Any, steps: int = 100_000, step_time: float = 0.01) 
         if store.exists(nxt):
             return step
     return steps
+
+
+def lora_mlp(
+    ctx: Any,
+    steps: int = 120,
+    width: int = 512,
+    rank: int = 4,
+    step_delay: float = 0.0,
+    settle_at: int | None = None,
+) -> dict[str, Any]:
+    """A LoRA-style fine-tune: a frozen base MLP (about 1.2 MB at width 512) and small trainable
+    low-rank adapters on its hidden layer, Adam on the adapters only. `settle_at`: at that step
+    the first instance waits until its checkpoint uploads are committed, so that a notice
+    after it finds the base model in the store whatever this machine's speed."""
+    import torch
+
+    torch.set_num_threads(1)  # bit-exact against the calm run (see seeded_mlp)
+    torch.manual_seed(0)
+    random.seed(0)
+    model = torch.nn.ModuleDict(
+        {
+            "inp": torch.nn.Linear(64, width),
+            "hidden": torch.nn.Linear(width, width),
+            "out": torch.nn.Linear(width, 1),
+            "down": torch.nn.Linear(width, rank, bias=False),
+            "up": torch.nn.Linear(rank, width, bias=False),
+        }
+    )
+    for name in ("inp", "hidden", "out"):
+        model[name].requires_grad_(False)
+    torch.nn.init.zeros_(model["up"].weight)
+    adapters = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(adapters, lr=1e-2)
+    ctx.track(model=model, optimizer=opt)
+    loss = torch.zeros(())
+    for step in ctx.steps(steps):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(32, 64, generator=g)
+        y = x[:, :1] * 2 + random.random() * 0.01
+        h = torch.relu(model["inp"](x))
+        h = torch.relu(model["hidden"](h) + model["up"](model["down"](torch.nn.functional.dropout(h, 0.1))))
+        loss = torch.nn.functional.mse_loss(model["out"](h), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(loss=loss.item())
+        if step_delay:
+            time.sleep(step_delay)
+        if step == settle_at and ctx.incarnation == 1:
+            ctx._ckpt.wait(timeout=60)
+    return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()}, "loss": loss.item()}
