@@ -68,6 +68,7 @@ class Agent:
         self._last_beat = time.time()
         self._flush_lock = threading.RLock()
         self._bad_metrics: set[str] = set()
+        self.local_group: Any = None  # Config.procs_per_instance > 1: the other ranks (local_group)
 
     # -- event plumbing --------------------------------------------------------------------
     _FLUSH_NOW = frozenset(
@@ -236,6 +237,7 @@ class Agent:
         except RuntimeError as exc:
             self.emit(ev.JobWarning(message=str(exc)))
             return self._finish(EXIT_GAVE_UP)
+        group = self._start_local_group()
         checkpointer = Checkpointer(
             self.store,
             self.job_id,
@@ -264,6 +266,7 @@ class Agent:
             high_water=int(self.inc.get("high_water", 0)),
             checkpointed=bool(self.inc.get("checkpointed", False)),
             elastic=self._elastic(),
+            group=group,
         )
         if notice_cfg.get("format"):
 
@@ -336,6 +339,8 @@ class Agent:
             )
             return self._finish(EXIT_USER_ERROR)
         except BaseException as exc:  # noqa: BLE001 - report everything the user's code raised
+            if self.local_group is not None:
+                self.local_group.settle()  # another rank died under it: the group is lost
             checkpointer.wait(timeout=30)
             checkpointer.close()
             if isinstance(exc, ScriptFailed):  # the script's stderr, not the agent's traceback
@@ -395,6 +400,23 @@ class Agent:
             join=bool(self.inc.get("join", False)),
             sync=parse_sync(self.spec.get("sync", "ddp")),
         )
+
+    def _start_local_group(self) -> Any:
+        """Ranks 1.. of this instance's replica group (`Config.procs_per_instance`), or None."""
+        from spotnb.runtime.local_group import LocalGroup, resolve_procs
+
+        procs = resolve_procs(self.spec.get("procs_per_instance"))
+        if procs <= 1 or (self.job_spec is not None and self.job_spec.script is not None):
+            return None
+        assert self.key is not None  # _load_spec refused the job otherwise
+        argv = ["--store", self.store.url, "--job", self.job_id, "--incarnation", str(self.incarnation)]
+        self.local_group = LocalGroup(procs, argv, self.key, self._group_ended)
+        return self.local_group.start()
+
+    def _group_ended(self, code: int, event: ev.Event) -> None:
+        """Another rank ended the group (watcher thread): say why, and leave as one."""
+        self.emit(event)
+        os._exit(self._finish(code))
 
     def _load_spec(self) -> str | None:
         """Read and verify the job spec; the reason to refuse the job, or None."""
@@ -486,6 +508,8 @@ class Agent:
         """Stop the flusher and write the last events, retrying for a while: a lost `done` or
         `error` would make the controller misread how the incarnation ended."""
         self._stop.set()
+        if self.local_group is not None:  # the others finish or leave at the same step
+            self.local_group.end(timeout=30.0 if code in (EXIT_DONE, EXIT_EVACUATED) else 0.0)
         deadline = time.time() + 60
         while True:
             try:
