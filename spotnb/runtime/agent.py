@@ -230,6 +230,7 @@ class Agent:
         except Exception:  # noqa: BLE001
             return self._fail("could not load the function on the instance")
         policy = resolve_policy(payload.get("policy") or self.spec.get("policy") or "hedged")
+        self._start_local_group()  # they load the job meanwhile
         beacon = Beacon(os.environ.get("SPOTNB_BEACON"))
         upload_bps = float(os.environ["SPOTNB_UPLOAD_BPS"]) if os.environ.get("SPOTNB_UPLOAD_BPS") else None
         try:
@@ -237,7 +238,7 @@ class Agent:
         except RuntimeError as exc:
             self.emit(ev.JobWarning(message=str(exc)))
             return self._finish(EXIT_GAVE_UP)
-        group = self._start_local_group()
+        group = self.local_group.join() if self.local_group is not None else None
         checkpointer = Checkpointer(
             self.store,
             self.job_id,
@@ -401,17 +402,17 @@ class Agent:
             sync=parse_sync(self.spec.get("sync", "ddp")),
         )
 
-    def _start_local_group(self) -> Any:
-        """Ranks 1.. of this instance's replica group (`Config.procs_per_instance`), or None."""
+    def _start_local_group(self) -> None:
+        """Start ranks 1.. of this instance's replica group (`Config.procs_per_instance`)."""
         from spotnb.runtime.local_group import LocalGroup, resolve_procs
 
         procs = resolve_procs(self.spec.get("procs_per_instance"))
         if procs <= 1 or (self.job_spec is not None and self.job_spec.script is not None):
-            return None
+            return
         assert self.key is not None  # _load_spec refused the job otherwise
         argv = ["--store", self.store.url, "--job", self.job_id, "--incarnation", str(self.incarnation)]
         self.local_group = LocalGroup(procs, argv, self.key, self._group_ended)
-        return self.local_group.start()
+        self.local_group.start()
 
     def _group_ended(self, code: int, event: ev.Event) -> None:
         """Another rank ended the group (watcher thread): say why, and leave as one."""

@@ -182,8 +182,10 @@ class LocalGroup:
         self._ending = False
         self._stopped_since: dict[int, float] = {}
 
-    def start(self) -> Group:
-        """Set this process up as rank 0, start ranks 1..P-1 and join the group."""
+    def start(self) -> None:
+        """Set this process up as rank 0 and start ranks 1..P-1. They load the job while rank
+        0 waits for the instance before it; none restores before `join` (they wait in
+        `Group.init` for rank 0), so they read no checkpoint too early."""
         port = _free_port()
         common = {
             "MASTER_ADDR": "127.0.0.1",
@@ -207,6 +209,9 @@ class LocalGroup:
             proc.stdin.close()
             self.children[rank] = proc
         threading.Thread(target=self._watch, name="spotnb-group", daemon=True).start()
+
+    def join(self) -> Group:
+        """Rank 0 joins the group (once the instance before it ended)."""
         group = Group(0, self.procs)
         group.init()
         return group
