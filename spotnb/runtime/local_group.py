@@ -180,6 +180,8 @@ class LocalGroup:
         self.reports = tempfile.mkdtemp(prefix="spotnb-group-")
         self._lock = threading.Lock()
         self._ending = False
+        self._lost = threading.Event()  # the watcher is ending the group (and the process)
+        self._watcher: threading.Thread | None = None
         self._stopped_since: dict[int, float] = {}
 
     def start(self) -> None:
@@ -208,7 +210,8 @@ class LocalGroup:
             proc.stdin.write(self.key.hex().encode() + b"\n")  # never in an environment
             proc.stdin.close()
             self.children[rank] = proc
-        threading.Thread(target=self._watch, name="spotnb-group", daemon=True).start()
+        self._watcher = threading.Thread(target=self._watch, name="spotnb-group", daemon=True)
+        self._watcher.start()
 
     def join(self) -> Group:
         """Rank 0 joins the group (once the instance before it ended)."""
@@ -241,6 +244,7 @@ class LocalGroup:
             if self._ending:
                 return
             self._ending = True
+            self._lost.set()
         report = self._report(rank) if code == 1 else None
         self._kill_all()
         if report is not None:
@@ -271,16 +275,24 @@ class LocalGroup:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self._ending:
             if any(p.poll() not in (None, *_EXITS_OK) for p in self.children.values()):
-                time.sleep(0.2)  # the watcher sees it within its tick, and exits the process
-                continue
+                deadline = max(deadline, time.monotonic() + 1.0)  # the watcher takes it
             time.sleep(0.05)
+        self._wait_if_lost()
         with self._lock:
             self._ending = True
+        self._wait_if_lost()
+
+    def _wait_if_lost(self) -> None:
+        """The watcher is ending the group and will exit the process: do nothing meanwhile
+        (another thread must not report the same end differently)."""
+        if self._lost.is_set() and threading.current_thread() is not self._watcher:
+            threading.Event().wait()
 
     def end(self, timeout: float = 30.0) -> None:
         """Rank 0 is finishing: wait for the others to finish too, then end stragglers."""
         with self._lock:
             self._ending = True
+        self._wait_if_lost()
         deadline = time.monotonic() + timeout
         for proc in self.children.values():
             try:
