@@ -2,7 +2,7 @@
 
 The agent is local rank 0, the process the controller sees (its events, its beacon, its exit
 code). Before it runs the user's function it starts ranks 1..P-1 as its children
-(`python -m spotnb.runtime.local_group`), in its own process group, so a preemption (the
+(`python -m spotnb.runtime.local_rank`), in its own process group, so a preemption (the
 market kills the process group, the cloud the VM) takes the whole group. Each child runs the
 same function with its own `Context` and writes no events: rank 0 speaks for the group.
 
@@ -26,8 +26,6 @@ The group lives and dies as one:
 
 from __future__ import annotations
 
-import argparse
-import ctypes
 import json
 import logging
 import os
@@ -38,12 +36,11 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["EXIT_GROUP_LOST", "Group", "LocalGroup", "resolve_procs", "main"]
+__all__ = ["EXIT_GROUP_LOST", "Group", "LocalGroup", "resolve_procs"]
 
 log = logging.getLogger("spotnb.local_group")
 
@@ -55,7 +52,7 @@ STOP_GRACE = float(os.environ.get("SPOTNB_GROUP_STOP_GRACE", "10"))
 #: longest a collective inside the group may wait: long, since rank 0's emergency save runs
 #: while the others wait for its decision; dead or frozen members are caught by the watcher
 GROUP_TIMEOUT = timedelta(seconds=float(os.environ.get("SPOTNB_GROUP_TIMEOUT", "900")))
-_ENV = "SPOTNB_LOCAL_GROUP"  # set in the group's processes: "<report dir>"
+ENV = "SPOTNB_LOCAL_GROUP"  # set in the group's processes: "<report dir>"
 _EXITS_OK = (0, 3)  # a child that finished or evacuated with the group
 
 
@@ -82,7 +79,7 @@ class Group:
     @classmethod
     def from_env(cls) -> Group | None:
         """The group this process belongs to (None: one process per instance)."""
-        if not os.environ.get(_ENV):
+        if not os.environ.get(ENV):
             return None
         return cls(int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]))
 
@@ -194,14 +191,14 @@ class LocalGroup:
             "MASTER_PORT": str(port),
             "WORLD_SIZE": str(self.procs),
             "LOCAL_WORLD_SIZE": str(self.procs),
-            _ENV: self.reports,
+            ENV: self.reports,
         }
         os.environ.update(common, RANK="0", LOCAL_RANK="0")
         for rank in range(1, self.procs):
             env = {**os.environ, **common, "RANK": str(rank), "LOCAL_RANK": str(rank)}
             env["SPOTNB_GROUP_PARENT"] = str(os.getpid())
             proc = subprocess.Popen(
-                [sys.executable, "-m", "spotnb.runtime.local_group", *self.argv],
+                [sys.executable, "-m", "spotnb.runtime.local_rank", *self.argv],
                 stdin=subprocess.PIPE,
                 env=env,
                 cwd=os.getcwd(),
@@ -328,124 +325,3 @@ def _stopped(pid: int) -> bool:
             return f.read().rsplit(")", 1)[-1].split()[0] in ("T", "t")
     except (OSError, IndexError):
         return False
-
-
-def _die_with_parent(parent: int) -> None:
-    """Linux: SIGKILL this process when rank 0 dies; elsewhere, a thread watches."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(EXIT_GROUP_LOST)
-
-    if os.getppid() != parent:  # it died before the signal was armed
-        os._exit(EXIT_GROUP_LOST)
-    threading.Thread(target=watch, name="spotnb-parent", daemon=True).start()
-
-
-def _member(store_url: str, job_id: str, incarnation: int) -> int:
-    """A rank other than 0: run the job's function with a Context that writes no events."""
-    import cloudpickle
-
-    from spotnb.policy import resolve_policy
-    from spotnb.runtime.beacon import Beacon
-    from spotnb.runtime.checkpoint import Checkpointer
-    from spotnb.runtime.context import Context, Evacuate, GroupFinished, _set_current
-    from spotnb.signing import KEY_ENV, unseal
-
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # rank 0 hears the soft shutdown for the group
-    os.environ[KEY_ENV] = sys.stdin.readline().strip()
-    member = _Member(store_url, job_id, incarnation)
-    refused = member._load_spec()
-    if refused:
-        raise RuntimeError(refused)
-    sys.path.insert(0, os.getcwd())
-    blob = member.store.read_bytes(member.store.job(job_id, "fn.pkl"))
-    payload = cloudpickle.loads(unseal(member.key, job_id, "fn.pkl", blob))
-    group = Group.from_env()
-    assert group is not None
-    group.init()
-    checkpointer = Checkpointer(
-        member.store, job_id, incarnation, _quiet, key=member.key, keep_last=member.spec.get("keep_last", 2)
-    )
-    ctx = Context(
-        job_id=job_id,
-        incarnation=incarnation,
-        checkpointer=checkpointer,
-        policy=resolve_policy(payload.get("policy") or member.spec.get("policy") or "hedged"),
-        emit=_quiet,
-        flush=lambda: None,
-        beacon=Beacon(None),
-        market=member.inc.get("market", {}),
-        save_every=member.spec.get("save_every"),
-        high_water=int(member.inc.get("high_water", 0)),
-        checkpointed=bool(member.inc.get("checkpointed", False)),
-        elastic=member._elastic(),
-        group=group,
-    )
-    _set_current(ctx)
-    try:
-        payload["fn"](ctx)
-    except Evacuate:
-        return 3
-    except GroupFinished:
-        return 0
-    finally:
-        checkpointer.close()
-    return 0
-
-
-def _quiet(event: Any) -> None:
-    """A rank other than 0 writes no events: rank 0 speaks for the group."""
-
-
-def _Member(store_url: str, job_id: str, incarnation: int) -> Any:
-    from spotnb.runtime.agent import Agent
-
-    class Member(Agent):
-        def emit(self, event: Any) -> None:  # nothing leaves a rank other than 0
-            pass
-
-        def flush(self) -> None:
-            pass
-
-    return Member(store_url, job_id, incarnation)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="spotnb-local-rank")
-    parser.add_argument("--store", required=True)
-    parser.add_argument("--job", required=True)
-    parser.add_argument("--incarnation", type=int, required=True)
-    args = parser.parse_args(argv)
-    _die_with_parent(int(os.environ.get("SPOTNB_GROUP_PARENT", os.getppid())))
-    try:
-        code = _member(args.store, args.job, args.incarnation)
-    except BaseException as exc:  # noqa: BLE001 - rank 0 reports it for the group
-        report = {
-            "message": f"{type(exc).__name__}: {exc}",
-            "exc_type": type(exc).__name__,
-            "traceback": "".join(traceback.format_exception(exc)),
-        }
-        path = os.path.join(
-            os.environ.get(_ENV, tempfile.gettempdir()), f"{os.environ.get('LOCAL_RANK')}.json"
-        )
-        try:
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                json.dump(report, f)
-            os.replace(path + ".tmp", path)
-        except OSError:
-            pass
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    main()

@@ -21,6 +21,8 @@ import psutil
 import pytest
 
 import spotnb as spot
+from spotnb.errors import ConfigError
+from spotnb.gpus import gpu_count
 from tests.core.helpers import wait_for, wait_progress
 from tests.elastic import procfns
 
@@ -53,7 +55,7 @@ def _children(job_id: str) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "spotnb.runtime.local_group" in cmd and job_id in cmd:
+        if "spotnb.runtime.local_rank" in cmd and job_id in cmd:
             found.append(p)
     return found
 
@@ -164,3 +166,36 @@ def test_a_noticed_group_leaves_after_its_step_and_no_step_fails(tmp_path: Path)
         assert not counts or max(counts.values()) == 1, f"incarnation {n} redid a step"
     # both ranks of the noticed group left with it: no process of the job is left behind
     wait_for(lambda: not _children(job.id), 10, "a rank outlived its group")
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"procs_per_instance": 0}, "Config.procs_per_instance"),
+        ({"procs_per_instance": True}, "whole number"),
+        (
+            {"provider": "aws", "instance_type": "g5.12xlarge", "procs_per_instance": 8},
+            "procs_per_instance=8 is more than the 4 GPUs of instance_type='g5.12xlarge'",
+        ),
+        (
+            {"provider": "gcp", "instance_type": "a2-highgpu-2g", "procs_per_instance": 4},
+            "set procs_per_instance=2",
+        ),
+        ({"instances": 2, "procs_per_instance": 2, "sync": "local_sgd:4"}, "sync='ddp' only"),
+    ],
+)
+def test_bad_procs_per_instance_is_refused_before_anything_launches(fields: dict, words: str) -> None:
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace("[", r"\[")):
+        spot.Config(**fields)
+
+
+def test_procs_up_to_the_gpus_and_on_unknown_types_are_accepted() -> None:
+    assert gpu_count("g5.12xlarge") == 4 and gpu_count("aws/p3.2xlarge") == 1
+    assert gpu_count("a3-highgpu-8g") == 8 and gpu_count("m5.large") is None
+    assert (
+        spot.Config(provider="aws", instance_type="g5.12xlarge", procs_per_instance=4).procs_per_instance == 4
+    )
+    # the type's GPUs are unknown: nothing to check against (the VM's count is the default)
+    assert (
+        spot.Config(provider="aws", instance_type="x9.huge", procs_per_instance=16).procs_per_instance == 16
+    )
