@@ -16,12 +16,14 @@ def expected(steps: int, width: int = 8) -> list[float]:
     return [sum(exact_c(s, i) for s in range(steps)) / width for i in range(width)]
 
 
-def group_dp(ctx: Any, steps: int, out: str, step_delay: float = 0.02, width: int = 8) -> dict[str, Any]:
+def group_dp(
+    ctx: Any, steps: int, out: str, step_delay: float = 0.02, width: int = 8, fail: int | None = None
+) -> dict[str, Any]:
     """`jobfns.exact_dp` over every process of every instance: the global batch of a step is
     split by (replica, local rank), every value a multiple of 1/8, so the final weights say to
     the bit whether each step was applied exactly once. Every rank saves its final weights to
     `out/<incarnation>-<local rank>.pt`. Ranks other than 0 start from different weights
-    (ctx.replicate must give them rank 0's)."""
+    (ctx.replicate must give them rank 0's). `fail`: local rank 1 raises at that step."""
     import torch
 
     torch.set_num_threads(1)
@@ -31,6 +33,8 @@ def group_dp(ctx: Any, steps: int, out: str, step_delay: float = 0.02, width: in
     model, opt = ctx.replicate(model, opt)
     ctx.track(model=model, optimizer=opt)
     for step in ctx.steps(steps):
+        if step == fail and ctx.local_rank == 1:
+            raise ValueError(f"rank 1 cannot go on at step {step}")
         shards = ctx.replicas * ctx.local_world_size
         me = ctx.replica * ctx.local_world_size + ctx.local_rank
         mine = [i for i in range(width) if i % shards == me]

@@ -168,6 +168,43 @@ def test_a_noticed_group_leaves_after_its_step_and_no_step_fails(tmp_path: Path)
     wait_for(lambda: not _children(job.id), 10, "a rank outlived its group")
 
 
+def test_a_notice_on_one_instance_saves_once_and_both_ranks_resume_from_it(tmp_path: Path) -> None:
+    """instances=1: the notice reaches rank 0, which takes the emergency checkpoint alone while
+    rank 1 waits for its word; both leave at that step, and the next instance restores the
+    checkpoint on both ranks and ends exactly."""
+    steps = 60
+    job = spot.train(
+        functools.partial(procfns.group_dp, steps=steps, out=str(tmp_path), step_delay=0.05),
+        _config(
+            local_schedule=[{"instance": 0, "step": 15, "notice": True}], local_grace=10.0, notice_poll=0.1
+        ),
+    )
+    result = job.result(timeout=120)
+    assert result["weights"] == procfns.expected(steps)
+    (preempted,) = _by(job, "preempted", 1)
+    assert preempted["how"] == "evacuated"
+    (saved,) = [c for c in _by(job, "checkpoint", 1) if c["save_kind"] == "emergency"]  # one rank saves
+    (evacuated,) = _by(job, "evacuated", 1)
+    assert evacuated["step"] == saved["step"] >= 15
+    (resumed,) = _by(job, "resumed", 2)
+    assert resumed["from_step"] == saved["step"]
+    assert not [w for w in _by(job, "warning") if "local rank" in w["message"]]
+    finals = _final_weights(tmp_path)
+    assert sorted(finals) == ["2-0", "2-1"]
+    expected = torch.tensor([procfns.expected(steps)], dtype=torch.float64)
+    assert all(torch.equal(w, expected) for w in finals.values())
+
+
+def test_an_exception_in_another_rank_fails_the_job_with_its_traceback(tmp_path: Path) -> None:
+    job = spot.train(functools.partial(procfns.group_dp, steps=30, out=str(tmp_path), fail=5), _config())
+    with pytest.raises(spot.JobFailed) as err:
+        job.result(timeout=120)
+    assert "local rank 1 of 2: ValueError: rank 1 cannot go on at step 5" in str(err.value)
+    (error,) = _by(job, "error")
+    assert error["exc_type"] == "ValueError" and "procfns.py" in error["traceback"]
+    assert not _by(job, "preempted")  # a user error, not a lost instance
+
+
 @pytest.mark.parametrize(
     "fields, words",
     [
