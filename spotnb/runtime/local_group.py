@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -297,6 +298,7 @@ class LocalGroup:
             except subprocess.TimeoutExpired:
                 pass
         self._kill_all()
+        shutil.rmtree(self.reports, ignore_errors=True)
 
     def _kill_all(self) -> None:
         for proc in self.children.values():
