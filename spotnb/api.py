@@ -161,6 +161,7 @@ def _spec(
             instances=config.instances,
             min_instances=config.min_instances,
             sync=config.sync,
+            procs_per_instance=config.procs_per_instance,
         ),
         files=[ShippedFile(**{k: v for k, v in f.items() if k != "source"}) for f in files],
         script=script,

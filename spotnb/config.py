@@ -409,19 +409,13 @@ class _GenericConfig(BaseModel):
                 f"min_instances={self.min_instances} is more than instances={self.instances}: "
                 f"the job could never train; lower min_instances or raise instances"
             )
+        self._check_procs()
         if self.instances == 1:
-            if self.sync != "ddp" or self.procs_per_instance not in (None, 1):
-                field = "sync" if self.sync != "ddp" else "procs_per_instance"
+            if self.sync != "ddp":
                 raise ValueError(
-                    f"{field} applies to jobs on several instances; set instances=N (N > 1) or remove {field}"
+                    "sync applies to jobs on several instances; set instances=N (N > 1) or remove sync"
                 )
             return
-        if self.procs_per_instance not in (None, 1):
-            raise ValueError(
-                f"procs_per_instance={self.procs_per_instance}: one process per instance is what "
-                "this version runs (several GPUs per instance are not split into a replica group "
-                "yet); remove procs_per_instance or set it to 1"
-            )
         from importlib.util import find_spec
 
         if find_spec("torchft") is None:
@@ -429,6 +423,32 @@ class _GenericConfig(BaseModel):
                 f"instances={self.instances} trains with torchft, which is not installed here: "
                 "pip install 'spotnb[elastic]' (or instances=1)"
             )
+
+    def _check_procs(self) -> None:
+        """`procs_per_instance`: one replica group of that many processes per instance (DDP
+        inside it; `spotnb.runtime.local_group`)."""
+        procs = self.procs_per_instance
+        if procs is None or procs == 1:
+            return
+        if self.sync != "ddp":
+            raise ValueError(
+                f"procs_per_instance={procs} trains with sync='ddp' only (every process of the "
+                f"group steps together); sync={self.sync!r} is for one process per instance: "
+                "set sync='ddp' or procs_per_instance=1"
+            )
+        if self.provider == "local":
+            return  # the local market runs CPU processes; its instance_type only prices them
+        from spotnb.gpus import gpu_count
+
+        types = self.instance_type.values() if isinstance(self.instance_type, dict) else [self.instance_type]
+        for kind in types:
+            gpus = gpu_count(str(kind))
+            if gpus and procs > gpus:
+                raise ValueError(
+                    f"procs_per_instance={procs} is more than the {gpus} GPU"
+                    f"{'s' if gpus > 1 else ''} of instance_type={kind!r}: one process drives one "
+                    f"GPU; set procs_per_instance={gpus} (or leave it None: the GPU count)"
+                )
 
     def _check_controller(self) -> None:
         if self.controller != "cloud" or self.provider == "local":

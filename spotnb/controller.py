@@ -1101,6 +1101,11 @@ class Controller:
             return _Outcome(Outcome.EVACUATED, status.exit_code)
         if "error" in kinds:
             return _Outcome(Outcome.USER_ERROR, status.exit_code)
+        from spotnb.runtime.local_group import EXIT_GROUP_LOST
+
+        if status.exit_code == EXIT_GROUP_LOST:  # a process of its replica group died: the
+            # instance is lost to the job as a whole (Config.procs_per_instance), not failed
+            return _Outcome(Outcome.LOST, status.exit_code, {"why": "a process of its group died"})
         if status.state == InstanceState.TERMINATED:
             return _Outcome(Outcome.STOPPED if self._stop.is_set() else Outcome.LOST, status.exit_code)
         return _Outcome(Outcome.CRASHED, status.exit_code, {"log": str(instance.info.get("log", ""))})

@@ -70,6 +70,7 @@ class RuntimeSettings(_Model):
     instances: int = 1
     min_instances: int = 1
     sync: str = "ddp"
+    procs_per_instance: int | None = None  # None: the instance's GPU count, 1 on CPU
 
 
 class ShippedFile(_Model):

@@ -68,6 +68,7 @@ class Agent:
         self._last_beat = time.time()
         self._flush_lock = threading.RLock()
         self._bad_metrics: set[str] = set()
+        self.local_group: Any = None  # Config.procs_per_instance > 1: the other ranks (local_group)
 
     # -- event plumbing --------------------------------------------------------------------
     _FLUSH_NOW = frozenset(
@@ -230,6 +231,7 @@ class Agent:
         except Exception:  # noqa: BLE001
             return self._fail("could not load the function on the instance")
         policy = resolve_policy(payload.get("policy") or self.spec.get("policy") or "hedged")
+        self._start_local_group()  # they load the job meanwhile
         beacon = Beacon(os.environ.get("SPOTNB_BEACON"))
         upload_bps = float(os.environ["SPOTNB_UPLOAD_BPS"]) if os.environ.get("SPOTNB_UPLOAD_BPS") else None
         try:
@@ -237,6 +239,7 @@ class Agent:
         except RuntimeError as exc:
             self.emit(ev.JobWarning(message=str(exc)))
             return self._finish(EXIT_GAVE_UP)
+        group = self.local_group.join() if self.local_group is not None else None
         checkpointer = Checkpointer(
             self.store,
             self.job_id,
@@ -265,6 +268,7 @@ class Agent:
             high_water=int(self.inc.get("high_water", 0)),
             checkpointed=bool(self.inc.get("checkpointed", False)),
             elastic=self._elastic(),
+            group=group,
         )
         if notice_cfg.get("format"):
 
@@ -342,6 +346,8 @@ class Agent:
             )
             return self._finish(EXIT_USER_ERROR)
         except BaseException as exc:  # noqa: BLE001 - report everything the user's code raised
+            if self.local_group is not None:
+                self.local_group.settle()  # another rank died under it: the group is lost
             checkpointer.wait(timeout=30)
             checkpointer.close()
             if isinstance(exc, ScriptFailed):  # the script's stderr, not the agent's traceback
@@ -404,6 +410,23 @@ class Agent:
             join=bool(self.inc.get("join", False)),
             sync=parse_sync(self.spec.get("sync", "ddp")),
         )
+
+    def _start_local_group(self) -> None:
+        """Start ranks 1.. of this instance's replica group (`Config.procs_per_instance`)."""
+        from spotnb.runtime.local_group import LocalGroup, resolve_procs
+
+        procs = resolve_procs(self.spec.get("procs_per_instance"))
+        if procs <= 1 or (self.job_spec is not None and self.job_spec.script is not None):
+            return
+        assert self.key is not None  # _load_spec refused the job otherwise
+        argv = ["--store", self.store.url, "--job", self.job_id, "--incarnation", str(self.incarnation)]
+        self.local_group = LocalGroup(procs, argv, self.key, self._group_ended)
+        self.local_group.start()
+
+    def _group_ended(self, code: int, event: ev.Event) -> None:
+        """Another rank ended the group (watcher thread): say why, and leave as one."""
+        self.emit(event)
+        os._exit(self._finish(code))
 
     def _load_spec(self) -> str | None:
         """Read and verify the job spec; the reason to refuse the job, or None."""
@@ -495,6 +518,8 @@ class Agent:
         """Stop the flusher and write the last events, retrying for a while: a lost `done` or
         `error` would make the controller misread how the incarnation ended."""
         self._stop.set()
+        if self.local_group is not None:  # the others finish or leave at the same step
+            self.local_group.end(timeout=30.0 if code in (EXIT_DONE, EXIT_EVACUATED) else 0.0)
         deadline = time.time() + 60
         while True:
             try:

@@ -21,8 +21,9 @@ from spotnb import protocol as ev
 from spotnb.policy.base import PRIOR_MTTP, PRIOR_RESTART, Observation, Plan, Policy, SaveKind
 from spotnb.runtime.beacon import Beacon, Phase
 from spotnb.runtime.checkpoint import Checkpointer, emergency_skipped
-from spotnb.runtime.elastic import Elastic, ReplicatedOptimizer, Replication
+from spotnb.runtime.elastic import Elastic, GroupOptimizer, ReplicatedOptimizer, Replication
 from spotnb.runtime.incremental import frozen_tensors
+from spotnb.runtime.local_group import Group
 from spotnb.runtime.notice import Notice
 
 __all__ = ["Context", "Evacuate", "ctx"]
@@ -90,11 +91,16 @@ class Context:
         acknowledge: Any = None,
         checkpointed: bool = False,
         elastic: Elastic | None = None,
+        group: Group | None = None,
     ) -> None:
         self.job_id = job_id
         self.incarnation = incarnation
         self.resumed_from: int | None = None
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self._group = group  # the instance's processes (Config.procs_per_instance > 1), or None
+        if torch.cuda.is_available():
+            self.device = torch.device("cuda", group.local_rank if group is not None else 0)
+        else:
+            self.device = torch.device("cpu")
         self.total: int | None = None
         self.state: dict[str, Any] = {}  # the user's own picklable extras, saved too
         self._tracked: dict[str, Any] = {}
@@ -130,6 +136,9 @@ class Context:
         self._rep: Replication | None = None
         self._replicated = False
         self._window_compute = 0.0  # compute seconds counted when the current window began
+        self._group_owes = False  # rank 0 has yet to tell its group what it does on a notice
+        if group is not None:
+            group.deliver = self._group_notice
 
     # -- public API ------------------------------------------------------------------------
     @property
@@ -147,6 +156,18 @@ class Context:
         """How many replicas train the current step (1 on a one-instance job). It may change
         between steps: split each step's global batch by `replica` / `replicas`."""
         return self._rep.replicas if self._rep is not None else 1
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank among the instance's processes (`Config.procs_per_instance`;
+        0 with one process). Split each replica's share of the batch by `local_rank` /
+        `local_world_size`: the group averages its gradients before they cross instances."""
+        return self._group.local_rank if self._group is not None else 0
+
+    @property
+    def local_world_size(self) -> int:
+        """How many processes of this instance train together (1 with one process)."""
+        return self._group.local_world_size if self._group is not None else 1
 
     def replicate(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
         """Data parallel over the job's live instances (`Config.instances`): returns the model
@@ -172,9 +193,16 @@ class Context:
             got = type(optimizer).__name__
             raise TypeError(f"ctx.replicate(..., optimizer): expected a torch.optim.Optimizer, got {got}")
         self._replicated = True
+        if self._group is not None:
+            self._group.same_start(model)  # as DDP does: every rank from rank 0's weights
         if self._elastic is None:
-            return model, optimizer
-        self._rep = Replication(self._elastic, self.job_id, self._peer_state, self._load_peer_state)
+            if self._group is None:
+                return model, optimizer
+            buffers = [b for b in model.buffers() if b.is_floating_point()]
+            return model, GroupOptimizer(optimizer, self._group, buffers)
+        self._rep = Replication(
+            self._elastic, self.job_id, self._peer_state, self._load_peer_state, group=self._group
+        )
         self._tracked[SYNC_KEY] = self._rep.sync  # checkpointed and sent to peers with the rest
         self._rep.buffers = [b for b in model.buffers() if b.is_floating_point()]
         return model, ReplicatedOptimizer(optimizer, self._rep)
@@ -385,6 +413,8 @@ class Context:
                 f"{'is' if len(bad) == 1 else 'are'} recorded with every row for you; "
                 f"name the metric differently, e.g. ctx.log(my_{bad[0]}=...)"
             )
+        if self._group is not None and self._group.local_rank != 0:
+            return  # rank 0 logs for the group (every rank holds the same model)
         metrics["step"] = self._step
         metrics["t"] = time.time()
         if self._rep is not None:
@@ -447,6 +477,12 @@ class Context:
     def _begin_loop(self, total: int | None) -> None:
         if total is not None:
             self.total = total
+        if self._group is not None and not self._replicated:
+            raise RuntimeError(
+                f"this job runs {self._group.local_world_size} processes per instance: call "
+                "model, opt = ctx.replicate(model, opt) before ctx.track(...) and the loop, so "
+                "they train one model together (or set procs_per_instance=1)"
+            )
         if self._elastic is not None and self._rep is None:
             raise RuntimeError(
                 f"this job runs on {self._elastic.instances} instances: call "
@@ -464,6 +500,8 @@ class Context:
             return
         if not self._restored:
             self.restore()
+            if self._group is not None:
+                self._group.check_step(self._step)
         self._in_loop = True
         if not self._ready_sent:
             self._ready_sent = True
@@ -530,6 +568,28 @@ class Context:
             self._next_save = 0
 
     def _on_notice_at_boundary(self) -> None:
+        group = self._group
+        if group is None:
+            return self._handle_notice()
+        if group.local_rank != 0:  # the group does what rank 0 decided at this same step
+            if group.agree(False):
+                if self._rep is not None:
+                    self._rep.leave()
+                self._evacuating = True
+                raise Evacuate()
+            return None
+        self._group_owes = True
+        self._handle_notice()  # raises Evacuate when it leaves (having told the group)
+        self._answer_group(False)
+        return None
+
+    def _answer_group(self, leave: bool) -> None:
+        """Rank 0: tell the group, once per notice, whether it leaves now."""
+        if self._group is not None and self._group_owes:
+            self._group_owes = False
+            self._group.agree(leave)
+
+    def _handle_notice(self) -> None:
         notice = self._notice
         assert notice is not None
         left = notice.deadline - time.time()
@@ -569,6 +629,7 @@ class Context:
             self._due(SaveKind.EMERGENCY)  # the script saves; backup() then evacuates
 
     def _evacuate_after_save(self) -> None:
+        self._answer_group(True)
         self._evacuating = True
         self._emit(ev.Evacuated(step=self._step))
         self._flush()
@@ -583,7 +644,9 @@ class Context:
         files: list[tuple[str, str]] | None = None,
         dirs: dict[str, str] | None = None,
     ) -> None:
-        if self._rep is not None and self._rep.replica != 0:
+        if (self._rep is not None and self._rep.replica != 0) or (
+            self._group is not None and self._group.local_rank != 0
+        ):
             # one replica writes the store's checkpoints (all hold the same state); the others
             # keep the same plan, so whoever is replica 0 next saves on time
             self._last_save_step = self._step
@@ -643,7 +706,15 @@ class Context:
 
     # -- called from other threads ---------------------------------------------------------
     def _receive_notice(self, notice: Notice) -> None:
-        """Watcher thread: move the next boundary to now."""
+        """Watcher thread: move the next boundary to now. In a group of processes the notice
+        waits for the next gradient all-reduce, which shares it (`Group.average`), so that
+        every rank handles it at the same step."""
+        if self._group is not None:
+            self._group.pending = notice
+            return
+        self._group_notice(notice)
+
+    def _group_notice(self, notice: Notice) -> None:
         self._notice = notice
         self._next_save = 0
 

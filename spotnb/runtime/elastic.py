@@ -37,13 +37,16 @@ import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from spotnb.sync import SyncSpec, choose_sync
 
-__all__ = ["Replication", "ReplicatedOptimizer", "Elastic", "SyncState", "Communicators"]
+if TYPE_CHECKING:
+    from spotnb.runtime.local_group import Group
+
+__all__ = ["Replication", "ReplicatedOptimizer", "GroupOptimizer", "Elastic", "SyncState", "Communicators"]
 
 log = logging.getLogger("spotnb.elastic")
 
@@ -190,17 +193,34 @@ class Replication:
     """This replica's membership: the torchft Manager, its process group and its own store.
 
     `state_fn` / `load_fn` give and take the state a recovering peer receives (the tracked
-    objects and `ctx.state`); the Manager adds its step."""
+    objects and `ctx.state`); the Manager adds its step.
+
+    With several processes per instance (`group`), each has its own Manager (group_rank,
+    group_world_size; rank 0's runs the server the lighthouse talks to) and its own process
+    group to the same rank of the other replicas; the group's gradients are averaged inside
+    it first, and `should_commit` answers for the group as a whole."""
 
     def __init__(
-        self, elastic: Elastic, job_id: str, state_fn: Callable[[], Any], load_fn: Callable[[Any], None]
+        self,
+        elastic: Elastic,
+        job_id: str,
+        state_fn: Callable[[], Any],
+        load_fn: Callable[[Any], None],
+        group: Group | None = None,
     ) -> None:
         from torch.distributed import TCPStore
         from torchft import Manager, ProcessGroupGloo
 
         self.elastic = elastic
-        # the replica group's rendezvous store: one process per instance, so it is private
-        self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.group = group
+        if group is None:
+            # the replica group's rendezvous store: one process per instance, so it is private
+            self._store: Any = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            store_addr, store_port, rank, world = "127.0.0.1", int(self._store.port), 0, 1
+        else:  # the group's torch.distributed store (rank 0 hosts it, as under torchrun)
+            self._store = None
+            store_addr, store_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+            rank, world = group.local_rank, group.local_world_size
         if torch.cuda.is_available():
             from torchft import ProcessGroupBabyNCCL
 
@@ -215,10 +235,10 @@ class Replication:
             state_dict=lambda: copy.deepcopy(state_fn()) if self.windowed else state_fn(),
             min_replica_size=elastic.min_instances,
             use_async_quorum=False,  # the batch split must be known before the forward pass
-            rank=0,
-            world_size=1,
-            store_addr="127.0.0.1",
-            store_port=self._store.port,
+            rank=rank,
+            world_size=world,
+            store_addr=store_addr,
+            store_port=store_port,
             lighthouse_addr=elastic.lighthouse,
             replica_id=f"{job_id}-slot{elastic.slot}",
             hostname=os.environ.get("SPOTNB_ADVERTISE_HOST") or socket.gethostname(),
@@ -286,7 +306,9 @@ class Replication:
         self.manager.start_quorum()
         if first and not self.elastic.join:
             deadline = time.monotonic() + COLD_START_WAIT
-            while self.manager.num_participants() < self.elastic.instances and time.monotonic() < deadline:
+            while self._again(
+                self.manager.num_participants() < self.elastic.instances and time.monotonic() < deadline
+            ):
                 time.sleep(0.05)  # a poll of the lighthouse, which has no "wait for N" request
                 self.manager.start_quorum()
         wait_s = time.perf_counter() - t0
@@ -314,6 +336,11 @@ class Replication:
             "heal_s": wait_s if healed else None,
             "wait_s": wait_s,
         }
+
+    def _again(self, wanted: bool) -> bool:
+        """Every rank of the group asks for a quorum the same number of times (the Manager's
+        server waits for all of them): rank 0's clock decides."""
+        return self.group.agree(wanted) if self.group is not None else wanted
 
     @property
     def window_open(self) -> bool:
@@ -406,6 +433,8 @@ class Replication:
         flat = None
         if grads:
             flat = torch.cat([g.reshape(-1) for g in grads] + self._buffer_parts(grads[0].dtype))
+            if self.group is not None:
+                self.group.average(flat)  # inside the instance first (DDP), then across
             stats = self._allreduce(flat)
             offset = 0
             for p, g in zip(params, grads, strict=True):
@@ -487,6 +516,71 @@ class Replication:
             self.manager.shutdown(wait=False)
         except Exception as exc:  # noqa: BLE001 - leaving must not fail the exit
             log.warning("leaving the quorum: %r", exc)
+
+
+class GroupOptimizer(torch.optim.Optimizer):
+    """The user's optimizer on one instance with several processes (`ctx.replicate` with
+    instances=1): each `step()` averages the gradients and float buffers over the group (one
+    flat all-reduce, as DDP's), then steps. A member that dies ends the group: the job
+    restores from the store, so nothing needs a commit protocol here."""
+
+    def __init__(self, optim: torch.optim.Optimizer, group: Group, buffers: list[torch.Tensor]) -> None:
+        # deliberately not calling Optimizer.__init__: every attribute is the wrapped one's
+        self.optim, self._group, self._buffers = optim, group, buffers
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optim.param_groups
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optim.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optim.defaults
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optim.zero_grad(set_to_none)
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        if closure is not None:
+            raise ValueError("optimizers that use a closure (LBFGS) cannot be replicated step by step")
+        params = [p for group in self.optim.param_groups for p in group["params"] if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        if grads:
+            dtype = grads[0].dtype
+            flat = torch.cat(
+                [g.reshape(-1) for g in grads] + [b.detach().reshape(-1).to(dtype) for b in self._buffers]
+            )
+            self._group.average(flat)
+            offset = 0
+            with torch.no_grad():
+                for p, g in zip(params, grads, strict=True):
+                    n = g.numel()
+                    chunk = flat[offset : offset + n].view_as(g)
+                    if p.grad is None:
+                        p.grad = chunk.clone()
+                    else:
+                        p.grad.copy_(chunk)
+                    offset += n
+                for b in self._buffers:
+                    n = b.numel()
+                    b.copy_(flat[offset : offset + n].view_as(b))
+                    offset += n
+        self.optim.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optim.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optim.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optim.add_param_group(param_group)
+
+    def __repr__(self) -> str:
+        return f"GroupOptimizer({self.optim!r})"
 
 
 class ReplicatedOptimizer(torch.optim.Optimizer):

@@ -170,7 +170,10 @@ def test_replicas_log_their_index_and_the_job_draws_replica_0() -> None:
         ({"instances": 2, "sync": "auto:5"}, "chooses K itself"),
         ({"instances": 2, "local_link_delay": {2: 0.1}}, "local_link_delay"),
         ({"instances": 2, "local_link_delay": {1: "2 min"}}, "0 to 60 seconds"),
-        ({"instances": 2, "procs_per_instance": 4}, "procs_per_instance=4"),
+        (
+            {"instances": 2, "procs_per_instance": 2, "sync": "diloco:5"},
+            "sync='ddp' only",
+        ),
         ({"instances": True}, "whole number"),
         ({"instances": 1000}, "Config.instances"),
     ],
