@@ -1,0 +1,112 @@
+"""Moving the replicas of a job on several instances to a cheaper zone (`Config.migrate=
+"best-price"`, issue 10), on the local market's emulated zones: real agent processes training
+together through a real torchft lighthouse, a real new instance joining from a peer, a real
+old one leaving the quorum. Nothing is mocked.
+
+`movefns.paced_dp` is `jobfns.exact_dp` (every gradient a multiple of 1/8: the final weights say to the
+bit whether each step's global batch was applied exactly once) whose first replicas train
+slowly: the group trains at the pace of its slowest member, so the job cannot end before the
+moves are made however slow this machine is, and ends soon after them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter, defaultdict
+from typing import Any
+
+import pytest
+
+import spotnb as spot
+from tests.core import jobfns
+from tests.elastic.movefns import paced_dp
+
+SHIP = ["tests.core.jobfns", "tests.elastic.movefns"]
+
+pytest.importorskip("torchft", reason="spotnb[elastic] is installed by scripts/setup.sh")
+
+
+def _by(job: spot.Job, kind: str, n: int | None = None) -> list[Any]:
+    return [e for e in job.events if e["kind"] == kind and (n is None or e["incarnation"] == n)]
+
+
+def test_replicas_move_one_at_a_time_without_a_pause_and_the_job_pays_less() -> None:
+    """zone-a costs $0.10/h; zone-b $0.30/h at first and $0.02/h from 2 s on. Both replicas
+    start in zone-a; each is moved to zone-b in turn: its new instance joins the group (3
+    replicas), then the old one leaves (2 again). The weights are the calm run's to the bit,
+    no step is redone, nobody restores from the store, and the job costs less than staying."""
+    steps = 500
+    zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["2s", 0.02]]}}
+    job = spot.train(
+        functools.partial(paced_dp, steps=steps, first=2, slow=0.06),
+        spot.Config(
+            ship_modules=SHIP,
+            instances=2,
+            local_regions=zones,
+            regions="cheapest",
+            migrate="best-price",
+            local_alloc_delay=0.1,
+        ),
+    )
+    result = job.result(timeout=120)
+    assert result["weights"] == jobfns.exact_dp_expected(steps)  # exactly once, as a calm run
+    slot = {e["incarnation"]: e["slot"] for e in _by(job, "allocating")}
+    region = {e["incarnation"]: e["region"] for e in _by(job, "allocated")}
+    assert region == {1: "zone-a", 2: "zone-a", 3: "zone-b", 4: "zone-b"}
+    assert sorted(slot.values()) == [0, 0, 1, 1]
+    # one slot at a time: the second move is decided after the first one's old replica left
+    first, second = _by(job, "moving")
+    assert {first["incarnation"], second["incarnation"]} == {1, 2}
+    assert (first["from_region"], first["to_region"]) == ("zone-a", "zone-b")
+    assert first["slot"] == slot[first["incarnation"]] and first["to_incarnation"] == 3
+    assert slot[3] == slot[first["incarnation"]] and slot[4] == slot[second["incarnation"]]
+    assert first["saving"] > 0 and first["move_cost"] > 0
+    (first_end,) = _by(job, "exited", first["incarnation"])
+    assert first_end["reason"] == "moved" and first_end["t"] <= second["t"]
+    (second_end,) = _by(job, "exited", second["incarnation"])
+    assert second_end["reason"] == "moved"
+    # the old replicas left like after a notice: no save, no preemption; the new ones healed
+    # from a peer (no store restore); the survivor of the first move was never restarted
+    assert not _by(job, "preempted") and not _by(job, "checkpoint_failed")
+    assert not [c for c in _by(job, "checkpoint") if c["save_kind"] in ("move", "emergency")]
+    assert not _by(job, "resumed")
+    for n in (3, 4):
+        assert _by(job, "quorum", n)[0]["healed"]
+    assert second["incarnation"] not in {e["incarnation"] for e in _by(job, "started") if e["t"] > first["t"]}
+    # the quorum never shrank below two during the moves (two → three → two, twice)
+    sizes = [q["replicas"] for q in _by(job, "quorum") if q["t"] >= first["t"]]
+    assert min(sizes) >= 2 and max(sizes) == 3
+    # no failed step anywhere: no replica logged the same step twice
+    rows: dict[int, list[dict]] = defaultdict(list)
+    for e in _by(job, "metrics"):
+        rows[e["incarnation"]].extend(e["rows"])
+    for n, logged in rows.items():
+        counts = Counter(r["step"] for r in logged if "loss" in r)
+        assert max(counts.values()) == 1, f"incarnation {n} redid a step: {counts.most_common(2)}"
+    finals = {n: r["final"] for n, logged in rows.items() for r in logged if "final" in r}
+    assert set(finals) == {3, 4} and len(set(finals.values())) == 1  # identical weights
+    # money: both instances of a slot are billed while they overlap; still less than staying
+    incs = job.state.incs
+    assert incs[3].allocated < incs[first["incarnation"]].end
+    b = job.breakdown()
+    billed = sum((inc.end - inc.allocated) * inc.spot_price / 3600 for inc in incs.values())
+    assert b.spot_cost == pytest.approx(billed, rel=1e-6)
+    end = max(inc.end for inc in incs.values())
+    staying = sum((end - incs[n].allocated) * 0.10 / 3600 for n in (1, 2))
+    assert b.spot_cost < staying
+    assert b.preemptions == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"instances": 2, "migrate": "best-price"}, "only one zone"),
+        ({"instances": 2, "migrate": "best-price", "regions": ["a", "a"]}, "only one zone"),
+        ({"instances": 2, "migrate": "best-price", "regions": "cheapest"}, "local market has only one"),
+    ],
+)
+def test_moves_of_several_instances_are_refused_where_they_cannot_work(
+    fields: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(spot.ConfigError, match=words):
+        spot.Config(**fields)
