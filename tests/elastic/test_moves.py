@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 import spotnb as spot
+from spotnb.migration import MIN_GAIN, best_move, best_replica_move
+from spotnb.placement import rank_zones
 from tests.core import jobfns
 from tests.elastic.movefns import paced_dp
 
@@ -71,7 +73,8 @@ def test_replicas_move_one_at_a_time_without_a_pause_and_the_job_pays_less() -> 
     assert not [c for c in _by(job, "checkpoint") if c["save_kind"] in ("move", "emergency")]
     assert not _by(job, "resumed")
     for n in (3, 4):
-        assert _by(job, "quorum", n)[0]["healed"]
+        quorums = _by(job, "quorum", n)
+        assert quorums and quorums[0]["healed"], f"incarnation {n} did not heal from a peer"
     assert second["incarnation"] not in {e["incarnation"] for e in _by(job, "started") if e["t"] > first["t"]}
     # the quorum never shrank below two during the moves (two → three → two, twice)
     sizes = [q["replicas"] for q in _by(job, "quorum") if q["t"] >= first["t"]]
@@ -95,6 +98,33 @@ def test_replicas_move_one_at_a_time_without_a_pause_and_the_job_pays_less() -> 
     staying = sum((end - incs[n].allocated) * 0.10 / 3600 for n in (1, 2))
     assert b.spot_cost < staying
     assert b.preemptions == 0
+
+
+def _ranked(prices: dict[str, float], work_s: float) -> Any:
+    markets = {zone: (float("inf"), 60.0) for zone in prices}  # calm zones, a minute to start
+    return rank_zones(prices, markets, work_s=work_s, save_s=5.0)
+
+
+def test_a_replica_moves_when_its_saving_pays_for_the_overlap_and_nothing_is_saved() -> None:
+    """An hour of the group's work left, $1/h here and $0.5/h there, a minute to start, 2 s
+    to leave: moving bills the old instance here for the start and the leave, and the new one
+    there for the hour; the move's own cost is the new instance idle while it starts plus the
+    leave (no save, unlike a single instance's move). 30 s left: the overlap costs more than
+    it saves; a zone cheaper by less than MIN_GAIN: no move."""
+    move = best_replica_move(_ranked({"here": 1.0, "there": 0.5}, 3600), "here", 2.0)
+    assert move is not None and move.there.zone == "there" and move.replica
+    assert move.saving == pytest.approx((3600 * 1.0 - 3600 * 0.5 - (60 + 2) * 1.0) / 3600)
+    assert move.cost == pytest.approx((60 * 0.5 + 2 * 1.0) / 3600)
+    assert "nothing is saved" in move.reason() and "slot" not in move.reason()
+    single = best_move(_ranked({"here": 1.0, "there": 0.5}, 3600), "here", 5.0)
+    assert single is not None and move.saving != single.saving
+    # the state crossing from the peer's zone is part of the move
+    priced = best_replica_move(_ranked({"here": 1.0, "there": 0.5}, 3600), "here", 2.0, 0.01, 30.0)
+    assert priced is not None and priced.saving == pytest.approx(move.saving - 0.01 - 30 * 1.0 / 3600)
+    assert best_replica_move(_ranked({"here": 1.0, "there": 0.5}, 30), "here", 2.0) is None
+    slightly = 1.0 - MIN_GAIN / 2
+    assert best_replica_move(_ranked({"here": 1.0, "there": slightly}, 3600), "here", 2.0) is None
+    assert best_replica_move(_ranked({"here": 0.5, "there": 1.0}, 3600), "here", 2.0) is None
 
 
 @pytest.mark.parametrize(
