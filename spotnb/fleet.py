@@ -68,6 +68,7 @@ class _Slot:
     target: _Slot | None = None
     replaces: _Slot | None = None
     asked: bool = False
+    zone_only: bool = False  # allocated for a move: in the move's zone only, asked once
 
 
 class FleetController(Controller):
@@ -190,16 +191,20 @@ class FleetController(Controller):
         if slot.pending is not None:
             if not slot.pending.done():
                 return None
-            if slot.replaces is not None:  # a move's new instance: no capacity there, it stays
+            if slot.zone_only:  # a move's new instance, asked in that zone only
                 try:
                     instance = slot.pending.result()
                 except Exception as exc:  # noqa: BLE001 - the provider failed: stay, say why
                     instance, why = None, repr(exc)
                 else:
                     why = "no instance could be allocated there"
+                slot.zone_only = False
                 if instance is None:
                     slot.pending = None
-                    self._abandon_move(slot, why)
+                    if slot.replaces is not None:  # the replica it was to replace stays
+                        self._abandon_move(slot, why)
+                    elif not self._succeeded:  # it had taken over a slot left meanwhile: refill
+                        self._refill(slot)
                     return None
             instance = slot.pending.result()  # a controller bug here ends the job visibly
             slot.pending = None
@@ -347,32 +352,39 @@ class FleetController(Controller):
         if new is not None:
             old = new.replaces
             assert old is not None
-            if new.instance is not None and new.committed and not (old.asked or old.noticed):
+            ready = new.instance is not None and new.committed
+            if ready and not (new.noticed or new.reported_end or old.asked or old.noticed):
                 self._ask_to_leave(old, new)
-            return
         now = time.time()
         if now - self._looked < self.provider.price_interval:
             return
         self._looked = now
+        # the gate keeps looking during a move (the next replica's wait goes on), but a move
+        # starts only when every slot trains: none moving, starting, leaving or allocating
         found = self._consider_replica_move()
-        if found is not None:
+        every = len(self.slots) == self.config.instances and all(self._trains(s) for s in self.slots)
+        if found is not None and new is None and every:
             self._start_move(*found)
 
+    @staticmethod
+    def _trains(slot: _Slot) -> bool:
+        """Whether the slot's replica trains and nothing is happening to it."""
+        return (
+            slot.instance is not None
+            and slot.ready
+            and not slot.noticed
+            and slot.reported_end is None
+            and slot.target is None
+            and slot.replaces is None
+        )
+
     def _consider_replica_move(self) -> tuple[_Slot, Move] | None:
-        """The replica to move now and its move (`best_replica_move` through the gate), when
-        every slot trains (none starting, leaving or allocating) and the remaining work is
-        known. Of several replicas worth moving, the one whose move saves the most."""
+        """The replica worth moving now and its move (`best_replica_move` through the gate),
+        once the remaining work is known: of the replicas that train, the one whose move saves
+        the most."""
         st = self.job.state
-        live = [
-            s
-            for s in self.slots
-            if s.instance is not None and s.ready and not s.noticed and s.reported_end is None
-        ]
-        if (
-            not (st.total and st.step_time)
-            or len(self.slots) != self.config.instances
-            or len(live) != len(self.slots)
-        ):
+        live = [s for s in self.slots if self._trains(s)]
+        if not (st.total and st.step_time) or not live:
             return None
         regions = self.config.candidate_regions()
         try:
@@ -401,7 +413,7 @@ class FleetController(Controller):
             move = best_replica_move(ranked, here, leave_s, peer.gb * peer.per_gb, peer.seconds)
             if move is not None and (best is None or move.saving > best[1].saving):
                 best = (s, move)
-        admitted = self._move_gate.admit(best[1] if best else None, time.time())
+        admitted = self._move_gate.admit(best[1] if best else None, time.time(), keep=True)
         return (best[0], admitted) if best is not None and admitted is not None else None
 
     def _start_move(self, old: _Slot, move: Move) -> None:
@@ -421,7 +433,7 @@ class FleetController(Controller):
             ),
             old.n,
         )
-        new = _Slot(old.index, n=n, replaces=old)
+        new = _Slot(old.index, n=n, replaces=old, zone_only=True)
         old.target = new
         self.slots.append(new)
         extra = {"slot": old.index, "lighthouse": self.lighthouse, "join": True, "wait_for": []}
@@ -457,6 +469,8 @@ class FleetController(Controller):
             self.slots.remove(new)
         if old is not None:
             old.target = None
+            if self._succeeded:  # cancelled: the job is done, nothing to say
+                return
             region = old.instance.region if old.instance is not None else None
             self.emit(
                 ev.JobWarning(

@@ -154,8 +154,12 @@ class MoveGate:
     def __init__(self) -> None:
         self._wanted: tuple[str, str, float] | None = None  # (here, there, since)
 
-    def admit(self, move: Move | None, now: float) -> Move | None:
-        """`move`: this look's `best_move`; returns it once it has held for its payback."""
+    def admit(self, move: Move | None, now: float, keep: bool = False) -> Move | None:
+        """`move`: this look's `best_move`; returns it once it has held for its payback.
+        `keep`: the wait is not started over once a move is admitted, for the replicas of a
+        job on several instances, which move one at a time between the same two zones: the gap
+        that held for the first one's payback admits the next at the next look that still
+        finds it (a look that does not, or the next move's longer payback, still waits)."""
         if move is None:
             self._wanted = None
             return None
@@ -164,5 +168,6 @@ class MoveGate:
             self._wanted = (*key, now)
         if now - self._wanted[2] < move.payback_s:
             return None
-        self._wanted = None
+        if not keep:
+            self._wanted = None
         return move

@@ -20,6 +20,8 @@ import pytest
 import spotnb as spot
 from spotnb.migration import MIN_GAIN, best_move, best_replica_move
 from spotnb.placement import rank_zones
+from spotnb.widget.figures import timeline_traces
+from spotnb.widget.text import event_line
 from tests.core import jobfns
 from tests.elastic.movefns import paced_dp
 
@@ -37,7 +39,7 @@ def test_replicas_move_one_at_a_time_without_a_pause_and_the_job_pays_less() -> 
     start in zone-a; each is moved to zone-b in turn: its new instance joins the group (3
     replicas), then the old one leaves (2 again). The weights are the calm run's to the bit,
     no step is redone, nobody restores from the store, and the job costs less than staying."""
-    steps = 500
+    steps = 800  # at most 48 s at the slow pace; ends within seconds of the last move
     zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["2s", 0.02]]}}
     job = spot.train(
         functools.partial(paced_dp, steps=steps, first=2, slow=0.06),
@@ -98,6 +100,12 @@ def test_replicas_move_one_at_a_time_without_a_pause_and_the_job_pays_less() -> 
     staying = sum((end - incs[n].allocated) * 0.10 / 3600 for n in (1, 2))
     assert b.spot_cost < staying
     assert b.preemptions == 0
+    # shown: each move in the feed (which slot, the saving) and on its lane of the timeline
+    line = event_line(first)
+    assert line is not None and "zone-a to zone-b" in line and f"slot {first['slot']}" in line
+    traces = dict(timeline_traces(job.state))
+    marks = [text for text in traces["tl:notice"]["text"] if text.startswith("move to zone-b")]
+    assert len(marks) == 2
 
 
 def _ranked(prices: dict[str, float], work_s: float) -> Any:
