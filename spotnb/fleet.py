@@ -233,6 +233,7 @@ class FleetController(Controller):
             if not old.asked and not old.noticed and old.instance is not None:
                 # before the old replica was asked to leave: it still trains, the move is off
                 self.slots.remove(slot)
+                self._move_gate.admit(None, time.time())  # wait a whole payback again
                 self.emit(
                     ev.JobWarning(
                         message=f"the move of slot {slot.index}'s replica is abandoned: its new "
@@ -462,9 +463,11 @@ class FleetController(Controller):
         old.asked = True
 
     def _abandon_move(self, new: _Slot, why: str) -> None:
-        """The move's new instance could not be had: the replica stays where it is."""
+        """The move's new instance could not be had: the replica stays where it is, and a move
+        waits a whole payback again (the zone's failure also counts against it in the ranking)."""
         old = new.replaces
         new.replaces = None
+        self._move_gate.admit(None, time.time())
         if new in self.slots:
             self.slots.remove(new)
         if old is not None:

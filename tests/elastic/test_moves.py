@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -106,6 +107,43 @@ def test_replicas_move_one_at_a_time_without_a_pause_and_the_job_pays_less() -> 
     traces = dict(timeline_traces(job.state))
     marks = [text for text in traces["tl:notice"]["text"] if text.startswith("move to zone-b")]
     assert len(marks) == 2
+
+
+def test_a_move_without_capacity_in_the_new_zone_is_abandoned_and_the_replica_stays(
+    tmp_path: Path,
+) -> None:
+    """The market has room for exactly the job's two instances (a node-count trace that never
+    changes), so a move's extra instance is refused: the move is abandoned with a warning,
+    both replicas train on in zone-a untouched, and the job ends exact."""
+    trace = tmp_path / "full.csv"
+    trace.write_text("0,2\n600000,2\n")  # Parcae's format: (time_ms, available nodes)
+    steps = 150
+    zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["2s", 0.02]]}}
+    job = spot.train(
+        functools.partial(paced_dp, steps=steps, first=2, slow=0.06),
+        spot.Config(
+            ship_modules=SHIP,
+            instances=2,
+            local_regions=zones,
+            regions="cheapest",
+            migrate="best-price",
+            local_alloc_delay=0.1,
+            local_trace=str(trace),
+        ),
+    )
+    result = job.result(timeout=120)
+    assert result["weights"] == jobfns.exact_dp_expected(steps)
+    moving = _by(job, "moving")
+    assert moving and all(m["incarnation"] in (1, 2) for m in moving)
+    refused = [e for e in _by(job, "alloc_failed") if e["region"] == "zone-b"]
+    assert len(refused) == len(moving)  # each move's instance asked once, in zone-b only
+    warnings = [w["message"] for w in _by(job, "warning") if "abandoned" in w.get("message", "")]
+    assert len(warnings) == len(moving) and "it stays in zone-a" in warnings[0]
+    assert [e["region"] for e in _by(job, "allocated")] == ["zone-a", "zone-a"]
+    for n in (1, 2):
+        (exited,) = _by(job, "exited", n)
+        assert exited["reason"] == "done"
+    assert not _by(job, "evacuated") and not _by(job, "preempted")
 
 
 def _ranked(prices: dict[str, float], work_s: float) -> Any:
