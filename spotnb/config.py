@@ -481,12 +481,6 @@ class _GenericConfig(BaseModel):
                 "zone to run in: set regions='cheapest' or regions=[...] with several zones, or "
                 "migrate='on-interrupt'"
             )
-        if self.instances > 1:
-            raise ValueError(
-                "migrate='best-price' moves jobs on one instance; a job on several instances "
-                f"(instances={self.instances}) is not moved yet: use migrate='on-interrupt' (its "
-                "replacements go to the best zone then)"
-            )
         zones = getattr(self, "local_regions", None) or {"local": None}
         if self.provider == "local" and self.regions == "cheapest" and len(zones) < 2:
             raise ValueError(

@@ -11,7 +11,13 @@ survivor:
 - the job succeeds when a replica returns; it fails when a replica's function raises and no
   retry is left (the others would raise too);
 - the policy is told the *group* loss rate (`spotnb.policy.group`), in the incarnation
-  document's market, so a job of N instances saves far less often than a job of one.
+  document's market, so a job of N instances saves far less often than a job of one;
+- with `Config.migrate="best-price"` a replica in a zone dearer than the best one by enough
+  (`spotnb.migration.best_replica_move`, behind the same `MoveGate`) is moved: its new instance
+  is allocated first, as a temporary extra slot that joins the quorum from a peer; once it has
+  committed a step the old one is asked (`incarnations/<n>.move`) to leave the quorum at its
+  next step boundary, as after a notice, and ends as `moved`. One replica moves at a time, so
+  the quorum goes N → N+1 → N and nobody restarts or redoes a step.
 
 Everything else (leases, fencing, events, the job DB, stopping, classifying how an instance
 ended) is the one-instance `Controller`'s.
@@ -27,10 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spotnb import protocol as ev
-from spotnb.controller import _FAILURES, EXIT_GRACE, Controller, _Outcome
+from spotnb.controller import _FAILURES, EXIT_GRACE, MOVE_POLL, MOVE_POLL_REMOTE, Controller, _Outcome
+from spotnb.migration import Move, best_replica_move
 from spotnb.policy.group import group_mttp
 from spotnb.protocol import TERMINAL, JobStatus, Outcome
 from spotnb.providers.base import Instance, InstanceState, InstanceStatus
+from spotnb.transfer import checkpoint_bytes, transfer_to
 
 __all__ = ["FleetController", "make_controller", "AFTER_DONE_GRACE"]
 
@@ -53,6 +61,14 @@ class _Slot:
     described: float = 0.0
     reported_end: float | None = None
     done: bool = False
+    ready_step: int | None = None  # the group's step when it joined (its `ready`)
+    committed: bool = False  # it took part in a committed step since (a `progress` past it)
+    # a move (Config.migrate="best-price"): the old slot's `target` is the new instance's slot,
+    # whose `replaces` is the old one, until the old one ends; `asked`: told to leave
+    target: _Slot | None = None
+    replaces: _Slot | None = None
+    asked: bool = False
+    zone_only: bool = False  # allocated for a move: in the move's zone only, asked once
 
 
 class FleetController(Controller):
@@ -70,6 +86,7 @@ class FleetController(Controller):
         self.slots = [_Slot(k) for k in range(self.config.instances)]
         self._succeeded = False
         self._succeeded_at: float | None = None
+        self._looked = time.time()  # the last look at the prices for a move
         self._status(JobStatus.PENDING if self._next_n == 1 else JobStatus.RESTORING)
         for slot in self.slots:
             self._refill(slot)
@@ -84,7 +101,7 @@ class FleetController(Controller):
                 self._end_all(Outcome.STOPPED)
                 self._end_stopped()
                 return
-            for slot in self.slots:
+            for slot in list(self.slots):  # (a slot that ended for good leaves the list)
                 verdict = self._tend(slot)
                 if verdict is not None:
                     self._end_all(Outcome.NOT_NEEDED if verdict == JobStatus.SUCCEEDED else Outcome.STOPPED)
@@ -95,6 +112,8 @@ class FleetController(Controller):
                             verdict, reason=None if verdict == JobStatus.SUCCEEDED else "user_error"
                         )
                     return
+            if self.config.migrate == "best-price" and not self._succeeded:
+                self._tend_moves()
             if self._succeeded:
                 self._dismiss_latecomers()
             if self._succeeded and not any(s.instance or s.pending for s in self.slots):
@@ -125,13 +144,13 @@ class FleetController(Controller):
         slot.reported_end = None
         slot.pending = self._allocate_async(n, slot.index, extra)
 
-    def _allocate_async(self, n: int, slot: int, extra: dict[str, Any]) -> Future:
+    def _allocate_async(self, n: int, slot: int, extra: dict[str, Any], only: str | None = None) -> Future:
         fut: Future = Future()
         fut.cancel_event = cancel = threading.Event()  # type: ignore[attr-defined]
 
         def run() -> None:
             try:
-                fut.set_result(self._allocate(n, cancel, extra=extra, slot=slot))
+                fut.set_result(self._allocate(n, cancel, extra=extra, slot=slot, only=only))
             except BaseException as exc:  # noqa: BLE001 - seen by the main loop
                 fut.set_exception(exc)
 
@@ -147,9 +166,16 @@ class FleetController(Controller):
         slot.heard = slot.heard or kind not in ("launched", "allocated", "allocating", "alloc_failed")
         if kind == "ready":
             slot.ready = True
+            slot.ready_step = getattr(e, "step", None)
+        elif kind == "progress" and slot.ready_step is not None and getattr(e, "step", 0) > slot.ready_step:
+            slot.committed = True
         elif kind == "notice" and not slot.noticed:
             # the replica finishes its step and leaves; its replacement is asked for now
             slot.noticed = True
+            if slot.target is not None:
+                return  # it was being moved: the move's new instance is its replacement
+            if slot.replaces is not None and not slot.replaces.asked:
+                return  # a move's new instance: the replica it was to replace still trains
             spare = _Slot(slot.index)
             self.slots.append(spare)
             self._refill(spare)
@@ -165,6 +191,21 @@ class FleetController(Controller):
         if slot.pending is not None:
             if not slot.pending.done():
                 return None
+            if slot.zone_only:  # a move's new instance, asked in that zone only
+                try:
+                    instance = slot.pending.result()
+                except Exception as exc:  # noqa: BLE001 - the provider failed: stay, say why
+                    instance, why = None, repr(exc)
+                else:
+                    why = "no instance could be allocated there"
+                slot.zone_only = False
+                if instance is None:
+                    slot.pending = None
+                    if slot.replaces is not None:  # the replica it was to replace stays
+                        self._abandon_move(slot, why)
+                    elif not self._succeeded:  # it had taken over a slot left meanwhile: refill
+                        self._refill(slot)
+                    return None
             instance = slot.pending.result()  # a controller bug here ends the job visibly
             slot.pending = None
             if instance is None:  # stopped, or max_wait without capacity
@@ -181,8 +222,28 @@ class FleetController(Controller):
             return None
         self._finish_incarnation(slot.n, slot.instance, outcome)
         slot.instance = None
-        if slot in self.slots and len(self.slots) > self.config.instances and slot.noticed:
-            self.slots.remove(slot)  # its replacement was already asked for on the notice
+        if slot.target is not None:  # moved (or lost while moving): its new instance takes over
+            slot.target.replaces, slot.target = None, None
+            if slot in self.slots:
+                self.slots.remove(slot)
+            return self._after(slot, outcome, refill=False)
+        if slot.replaces is not None:  # a move's new instance ended
+            old, slot.replaces = slot.replaces, None
+            old.target = None
+            if not old.asked and not old.noticed and old.instance is not None:
+                # before the old replica was asked to leave: it still trains, the move is off
+                self.slots.remove(slot)
+                self._move_gate.admit(None, time.time())  # wait a whole payback again
+                self.emit(
+                    ev.JobWarning(
+                        message=f"the move of slot {slot.index}'s replica is abandoned: its new "
+                        f"instance ended ({outcome.reason.value}) before it took over"
+                    ),
+                    old.n,
+                )
+                return self._after(slot, outcome, refill=False)
+        if slot in self.slots and len(self.slots) > self.config.instances and (slot.noticed or slot.asked):
+            self.slots.remove(slot)  # its replacement was already asked for (notice or move)
             return None
         return self._after(slot, outcome)
 
@@ -213,8 +274,9 @@ class FleetController(Controller):
             return _Outcome(Outcome.LOST, detail={"why": f"no event for {limit:.0f} s"})
         return None
 
-    def _after(self, slot: _Slot, outcome: _Outcome) -> JobStatus | None:
-        """What the job does after one slot's instance ended."""
+    def _after(self, slot: _Slot, outcome: _Outcome, refill: bool = True) -> JobStatus | None:
+        """What the job does after one slot's instance ended (`refill`: start another one in
+        the slot when the job goes on; not when a move's other instance fills it)."""
         if outcome.reason == Outcome.DONE:
             self._succeeded = True
             self._succeeded_at = self._succeeded_at or time.time()
@@ -226,7 +288,8 @@ class FleetController(Controller):
             if self.retries >= self.config.max_retries:
                 return JobStatus.FAILED
             self.retries += 1
-            self._refill(slot)
+            if refill:
+                self._refill(slot)
             return None
         if outcome.reason.is_preemption:
             self.preemptions += 1
@@ -238,7 +301,8 @@ class FleetController(Controller):
             if self.config.max_cost is not None and cost >= self.config.max_cost:
                 self._stop_reason = f"max_cost=${self.config.max_cost} reached (spent ${cost:.4f})"
                 return JobStatus.STOPPED
-            self._refill(slot)
+            if refill:
+                self._refill(slot)
         return None
 
     def _dismiss_latecomers(self) -> None:
@@ -281,6 +345,143 @@ class FleetController(Controller):
                 outcome = self._ended(slot) or _Outcome(reason)
                 self._finish_incarnation(slot.n, slot.instance, outcome)
                 slot.instance = None
+
+    # -- moves (Config.migrate="best-price") -----------------------------------------------
+    def _tend_moves(self) -> None:
+        """Advance the move under way (one at a time), or look at the prices for the next."""
+        new = next((s for s in self.slots if s.replaces is not None), None)
+        if new is not None:
+            old = new.replaces
+            assert old is not None
+            ready = new.instance is not None and new.committed
+            if ready and not (new.noticed or new.reported_end or old.asked or old.noticed):
+                self._ask_to_leave(old, new)
+        now = time.time()
+        if now - self._looked < self.provider.price_interval:
+            return
+        self._looked = now
+        # the gate keeps looking during a move (the next replica's wait goes on), but a move
+        # starts only when every slot trains: none moving, starting, leaving or allocating
+        found = self._consider_replica_move()
+        every = len(self.slots) == self.config.instances and all(self._trains(s) for s in self.slots)
+        if found is not None and new is None and every:
+            self._start_move(*found)
+
+    @staticmethod
+    def _trains(slot: _Slot) -> bool:
+        """Whether the slot's replica trains and nothing is happening to it."""
+        return (
+            slot.instance is not None
+            and slot.ready
+            and not slot.noticed
+            and slot.reported_end is None
+            and slot.target is None
+            and slot.replaces is None
+        )
+
+    def _consider_replica_move(self) -> tuple[_Slot, Move] | None:
+        """The replica worth moving now and its move (`best_replica_move` through the gate),
+        once the remaining work is known: of the replicas that train, the one whose move saves
+        the most."""
+        st = self.job.state
+        live = [s for s in self.slots if self._trains(s)]
+        if not (st.total and st.step_time) or not live:
+            return None
+        regions = self.config.candidate_regions()
+        try:
+            prices = self.provider.prices(
+                self.config.instance_type_name(), None if regions == "cheapest" else list(regions)
+            )
+        except Exception as exc:  # noqa: BLE001 - a price API down is no reason to stop training
+            self.log.debug("job %s: no prices for a move: %r", self.job.id, exc)
+            return None
+        self._note_prices(prices)
+        if len(prices) < 2:
+            return None
+        ranked = self._placement({zone: p.spot for zone, p in prices.items()})
+        # the old replica is billed until it sees the request and ends its step
+        poll = MOVE_POLL if self.store.local else MOVE_POLL_REMOTE
+        leave_s = float(st.step_time) + poll + self.store.poll_interval
+        nbytes, _ = checkpoint_bytes(st)
+        best: tuple[_Slot, Move] | None = None
+        for s in live:
+            here = s.instance.region if s.instance is not None else None
+            if here not in prices:
+                continue
+            peer = transfer_to(
+                self.provider.zone_location(here), self.provider.zone_location(ranked[0].zone), nbytes, True
+            )
+            move = best_replica_move(ranked, here, leave_s, peer.gb * peer.per_gb, peer.seconds)
+            if move is not None and (best is None or move.saving > best[1].saving):
+                best = (s, move)
+        admitted = self._move_gate.admit(best[1] if best else None, time.time(), keep=True)
+        return (best[0], admitted) if best is not None and admitted is not None else None
+
+    def _start_move(self, old: _Slot, move: Move) -> None:
+        """Say so (`moving`, on the old instance's lane) and allocate the new instance in the
+        move's zone only, as a temporary extra slot that joins the live group."""
+        assert old.instance is not None
+        n = self._next_n
+        self._next_n += 1
+        self.emit(
+            ev.Moving(
+                from_region=old.instance.region,
+                to_region=move.there.zone,
+                reason=f"the replica in slot {old.index}: {move.reason()}",
+                saving=move.saving,
+                move_cost=move.cost,
+                extra={"slot": old.index, "to_incarnation": n},
+            ),
+            old.n,
+        )
+        new = _Slot(old.index, n=n, replaces=old, zone_only=True)
+        old.target = new
+        self.slots.append(new)
+        extra = {"slot": old.index, "lighthouse": self.lighthouse, "join": True, "wait_for": []}
+        new.pending = self._allocate_async(n, old.index, extra, only=move.there.zone)
+
+    def _ask_to_leave(self, old: _Slot, new: _Slot) -> None:
+        """The new instance has committed a step with the group: ask the old one to leave the
+        quorum at its next step boundary (`incarnations/<n>.move`; the agent's move watcher)."""
+        self._fence()  # a controller that lost the job must not move its instance
+        try:
+            self.store.write_bytes(
+                self.store.job(self.job.id, "incarnations", f"{old.n:04d}.move"),
+                json.dumps(
+                    {
+                        "to": new.instance.region if new.instance else None,
+                        "incarnation": new.n,
+                        "t": time.time(),
+                    }
+                ).encode(),
+            )
+        except OSError as exc:  # the store refused it (full, briefly down): ask again next poll
+            self.log.warning(
+                "job %s: could not ask incarnation %d to move (%r); asking again", self.job.id, old.n, exc
+            )
+            return
+        old.asked = True
+
+    def _abandon_move(self, new: _Slot, why: str) -> None:
+        """The move's new instance could not be had: the replica stays where it is, and a move
+        waits a whole payback again (the zone's failure also counts against it in the ranking)."""
+        old = new.replaces
+        new.replaces = None
+        self._move_gate.admit(None, time.time())
+        if new in self.slots:
+            self.slots.remove(new)
+        if old is not None:
+            old.target = None
+            if self._succeeded:  # cancelled: the job is done, nothing to say
+                return
+            region = old.instance.region if old.instance is not None else None
+            self.emit(
+                ev.JobWarning(
+                    message=f"the move of slot {old.index}'s replica is abandoned ({why}); "
+                    f"it stays in {region}"
+                ),
+                old.n,
+            )
 
     # -- status --------------------------------------------------------------------------
     def _current_status(self) -> JobStatus:

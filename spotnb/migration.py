@@ -24,6 +24,21 @@ for its payback time — the time the saving takes to pay for the move (`Move.pa
 that has lasted that long is taken to last as long again, and a gap shorter than a move's
 payback could not have paid for it anyway.
 
+A job on several instances (`Config.instances > 1`) moves one replica at a time
+(`best_replica_move`): the new instance joins the live group and receives the state from a
+peer, so nothing is saved to the store and nobody pauses; the old replica trains on until the
+new one has committed a step, then leaves the quorum. Its terms, with W the group's remaining
+wall time, R the new instance's start there (allocation, preparation, the state's transfer
+from the peer) and L the old one's last step and goodbye: staying bills W here; moving bills
+R + L here (the old replica still trains while the new one starts) and W there (the new one
+from its allocation to the end), plus the state's bytes from the peer's zone. So
+
+    saving = (p_here − p_there)·W − p_here·(R + L) − bytes·$/GB
+
+and `Move.cost` is what the overlap spends beyond staying: the new instance billed idle while it
+starts (p_there·R), the old one's leave (p_here·L) and the bytes. The same gate and payback
+apply.
+
 Billing boundaries (DeepSpotCloud's third heuristic) are not modelled: the three clouds bill
 Linux VMs by the second (AWS and GCP after the first minute), so no moment of the hour is
 cheaper to leave at.
@@ -31,11 +46,11 @@ cheaper to leave at.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spotnb.placement import NOMINAL_SAVE, ZoneEstimate
 
-__all__ = ["MIN_GAIN", "Move", "MoveGate", "best_move"]
+__all__ = ["MIN_GAIN", "Move", "MoveGate", "best_move", "best_replica_move"]
 
 #: the share of staying's expected cost a move must save, after paying for itself
 MIN_GAIN = 0.05
@@ -51,9 +66,19 @@ class Move:
     cost: float  # $ of the move: the save here, the start there and moving the checkpoint
     saving: float  # $ expected to be saved by moving, the move paid
     payback_s: float = 0.0  # seconds the saving, at its rate, takes to pay for the move
+    replica: bool = False  # one replica of several: it joins from a peer, nothing is saved
 
     def reason(self) -> str:
         """The two zones' terms in words, for the event feed."""
+        if self.replica:
+            return (
+                f"{self.there.zone} at ${self.there.spot:.3f}/h against ${self.here.spot:.3f}/h here: "
+                f"this replica's remaining work is expected to cost ${self.stay:.4f} here and "
+                f"${self.stay - self.saving:.4f} moved, of which the move itself ${self.cost:.4f} "
+                "(the new instance's start and its join from a peer, the old one's last step"
+                + (", the state's transfer" if self.there.restore_cost else "")
+                + "; nothing is saved)"
+            )
         return (
             f"{self.there.zone} at ${self.there.spot:.3f}/h against ${self.here.spot:.3f}/h here: "
             f"the remaining work is expected to cost ${self.stay:.4f} here and "
@@ -87,6 +112,40 @@ def best_move(ranked: list[ZoneEstimate], here: str | None, save_s: float | None
     return Move(current, there, stay, cost, saving, cost / rate)
 
 
+def best_replica_move(
+    ranked: list[ZoneEstimate],
+    here: str | None,
+    leave_s: float,
+    peer_bytes_cost: float = 0.0,
+    peer_s: float = 0.0,
+) -> Move | None:
+    """The move to make now for one replica of a job on several instances, if any (see the
+    module's docstring for the terms). `ranked`: `rank_zones` with the group's remaining wall
+    time as the work; `here`: the replica's zone; `leave_s`: seconds the old replica is billed
+    after the new one committed its first step (it finishes its step and leaves);
+    `peer_bytes_cost` / `peer_s`: the state's copy from a peer's zone to the new one ($, s),
+    which replaces the store restore that `ranked` priced."""
+    current = next((z for z in ranked if z.zone == here), None)
+    if current is None or not ranked or ranked[0].zone == here:
+        return None
+    there = ranked[0]
+    store_s = there.transfer.seconds if there.transfer.restore_first else 0.0
+    start_s = max(0.0, there.restart - store_s) + max(0.0, peer_s)  # allocation, prep, the heal
+    stay = current.cost - current.spot * current.restart / 3600.0 - current.restore_cost
+    work_there = there.cost - there.spot * there.restart / 3600.0 - there.restore_cost
+    # the group's work during the new instance's start is still done here, at this price
+    overlap_here = current.spot * (start_s + max(0.0, leave_s)) / 3600.0
+    moving = work_there + overlap_here + peer_bytes_cost
+    saving = stay - moving
+    if saving <= MIN_GAIN * stay:
+        return None
+    cost = there.spot * start_s / 3600.0 + current.spot * max(0.0, leave_s) / 3600.0 + peer_bytes_cost
+    wall_here = max(1.0, current.hours * 3600.0 - current.restart)
+    rate = (stay - work_there) / wall_here
+    estimate = replace(there, restore_cost=peer_bytes_cost)
+    return Move(current, estimate, stay, cost, saving, cost / rate, replica=True)
+
+
 class MoveGate:
     """Hysteresis for `best_move`: a move is made only when every look for its payback time
     (`Move.payback_s`) found it worth making, to the same zone from the same zone; a look that
@@ -95,8 +154,12 @@ class MoveGate:
     def __init__(self) -> None:
         self._wanted: tuple[str, str, float] | None = None  # (here, there, since)
 
-    def admit(self, move: Move | None, now: float) -> Move | None:
-        """`move`: this look's `best_move`; returns it once it has held for its payback."""
+    def admit(self, move: Move | None, now: float, keep: bool = False) -> Move | None:
+        """`move`: this look's `best_move`; returns it once it has held for its payback.
+        `keep`: the wait is not started over once a move is admitted, for the replicas of a
+        job on several instances, which move one at a time between the same two zones: the gap
+        that held for the first one's payback admits the next at the next look that still
+        finds it (a look that does not, or the next move's longer payback, still waits)."""
         if move is None:
             self._wanted = None
             return None
@@ -105,5 +168,6 @@ class MoveGate:
             self._wanted = (*key, now)
         if now - self._wanted[2] < move.payback_s:
             return None
-        self._wanted = None
+        if not keep:
+            self._wanted = None
         return move

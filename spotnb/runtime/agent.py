@@ -470,7 +470,9 @@ class Agent:
         """The controller asks this instance to move (`Config.migrate="best-price"`) by writing
         `incarnations/<n>.move` once the new instance runs: then it saves at the next step
         boundary and leaves, like after a notice but with no market deadline (and no notice
-        event: nothing preempts it)."""
+        event: nothing preempts it). A replica of a job on several instances is asked once its
+        successor has joined the group: it saves nothing and leaves the quorum at the boundary
+        (`Context._on_notice_at_boundary`), so its peers train on without a failed step."""
         from spotnb.runtime.notice import Notice
 
         path = self.store.job(self.job_id, "incarnations", f"{self.incarnation:04d}.move")

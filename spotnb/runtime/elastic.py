@@ -510,8 +510,9 @@ class Replication:
         return ok
 
     def leave(self) -> None:
-        """Stop taking part (after a notice, or at the end): the lighthouse drops this replica
-        from the next quorum without a failed step."""
+        """Stop taking part (after a notice, a request to move, or at the end): the lighthouse
+        drops this replica from the next quorum without a failed step (its peers wait at most
+        `JOIN_TIMEOUT_MS` for it)."""
         try:
             self.manager.shutdown(wait=False)
         except Exception as exc:  # noqa: BLE001 - leaving must not fail the exit

@@ -118,7 +118,6 @@ def test_a_move_is_made_only_when_the_saving_over_the_remaining_work_pays_for_it
         ({"migrate": "best-price"}, "only one zone"),
         ({"migrate": "best-price", "regions": ["a", "a"]}, "only one zone"),
         ({"migrate": "cheapest"}, "migrate"),
-        ({"migrate": "best-price", "regions": "cheapest", "instances": 2}, "several instances"),
     ],
 )
 def test_bad_migrate_settings_are_refused_before_anything_runs(fields: dict[str, Any], words: str) -> None:
