@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         sys.stderr.write("usage: python -m spotnb.runtime.torchrun_worker script.py [args ...]\n")
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     store = _round_store(rank, world)
