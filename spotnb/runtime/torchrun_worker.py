@@ -47,7 +47,10 @@ __all__ = ["main", "is_collective_error", "RankContext"]
 log = logging.getLogger("spotnb.torchrun")
 
 ROUND_KEY = "spotnb/round"
-ROUND_TIMEOUT = timedelta(seconds=float(os.environ.get("SPOTNB_ROUND_TIMEOUT", "300")))
+#: how long the other ranks wait for rank 0's store and choice: its restore may download a
+#: large checkpoint first (if rank 0 dies after it made the store, they fail at once; before,
+#: a replacement's arrival restarts the round)
+ROUND_TIMEOUT = timedelta(seconds=float(os.environ.get("SPOTNB_ROUND_TIMEOUT", "600")))
 
 #: words of the errors a lost peer causes in a collective or the store (gloo, NCCL, c10d)
 _LOST_PEER = (
