@@ -39,6 +39,12 @@ How an incarnation ends:
 
 Whatever the script leaves running when it exits (a worker it did not wait for) is killed
 then: the agent is a child subreaper, so those orphans become its children and are found.
+
+On several instances (`Config.instances > 1`) the child is torchrun, which runs the script's
+workers (`spotnb.runtime.torchrun_group`): the restore happens at each rendezvous round
+(`Rounds`, asked by the workers), a notice first asks the group's rank 0 for a checkpoint
+(`NoticeBoard`), a worker's `failed.json` ends the incarnation as the script's failure, and a
+torchrun that lost its rendezvous (the coordinator restarted) is started again.
 """
 
 from __future__ import annotations

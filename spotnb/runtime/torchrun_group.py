@@ -54,6 +54,9 @@ FAILED_FILE_ENV = "SPOTNB_TORCHRUN_FAILED"
 LAST_CALL_S = float(os.environ.get("SPOTNB_RDZV_LAST_CALL", "2"))
 KEEP_ALIVE_S = float(os.environ.get("SPOTNB_RDZV_KEEP_ALIVE", "1"))
 JOIN_TIMEOUT_S = 600
+#: how long an agent waits for the coordinator's store (a cloud's coordinator VM may be booting,
+#: or being replaced after it died) before the instance gives up as failed
+COORDINATOR_WAIT_S = float(os.environ.get("SPOTNB_COORDINATOR_WAIT", "900"))
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class TorchrunGroup:
     max_nodes: int
     procs: int
 
-    def epoch(self, timeout: float = 120.0) -> str:
+    def epoch(self, timeout: float = COORDINATOR_WAIT_S) -> str:
         """The coordinator's current epoch, waiting while it is (re)starting."""
         from torch.distributed import TCPStore
 

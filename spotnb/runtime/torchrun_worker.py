@@ -47,7 +47,10 @@ __all__ = ["main", "is_collective_error", "RankContext"]
 log = logging.getLogger("spotnb.torchrun")
 
 ROUND_KEY = "spotnb/round"
-ROUND_TIMEOUT = timedelta(seconds=float(os.environ.get("SPOTNB_ROUND_TIMEOUT", "300")))
+#: how long the other ranks wait for rank 0's store and choice: its restore may download a
+#: large checkpoint first (if rank 0 dies after it made the store, they fail at once; before,
+#: a replacement's arrival restarts the round)
+ROUND_TIMEOUT = timedelta(seconds=float(os.environ.get("SPOTNB_ROUND_TIMEOUT", "600")))
 
 #: words of the errors a lost peer causes in a collective or the store (gloo, NCCL, c10d)
 _LOST_PEER = (
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         sys.stderr.write("usage: python -m spotnb.runtime.torchrun_worker script.py [args ...]\n")
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     store = _round_store(rank, world)

@@ -5,7 +5,9 @@ Its arithmetic is exact: sample i of step s adds c(s, i) / 8 to weight i whateve
 (each rank takes its share of the 8 samples and DDP averages), with every value a multiple of
 1/8, so the final weights say to the bit whether each step was applied exactly once.
 
-    python -m torch.distributed.run --nproc-per-node=2 ddp_train.py STEPS CKPT EVERY DELAY [fail]
+    python -m torch.distributed.run --nproc-per-node=2 ddp_train.py STEPS CKPT EVERY DELAY [bugR]
+
+(`bugR`: rank R raises at step 5.)
 """
 
 import contextlib
@@ -49,7 +51,7 @@ mine = [i for i in range(WIDTH) if i % world == rank]
 step = start
 while step < steps:
     with ctx.step() if ctx else contextlib.nullcontext():
-        if fail == "bug" and rank == 0 and step == 5:
+        if fail.startswith("bug") and rank == int(fail[3:] or 0) and step == 5:  # "bug1": rank 1
             raise ValueError(f"a bug in the script at step {step}")
         x = torch.zeros(len(mine), WIDTH, dtype=torch.float64)
         for row, i in enumerate(mine):
