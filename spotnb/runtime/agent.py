@@ -4,7 +4,8 @@
 It reads the job spec from the store, waits until the previous incarnation is over (so a
 replacement can be allocated and prepared during the old one's grace period), runs the user's
 function with a `Context`, streams events, and exits with a code the controller reads:
-0 done, 1 the user's function raised, 3 evacuated after an emergency checkpoint.
+0 done, 1 the user's function raised, 3 evacuated after an emergency checkpoint, 5 another
+process of its replica group died (`Config.procs_per_instance`, `local_group.EXIT_GROUP_LOST`).
 """
 
 from __future__ import annotations

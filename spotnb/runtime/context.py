@@ -138,7 +138,7 @@ class Context:
         self._window_compute = 0.0  # compute seconds counted when the current window began
         self._group_owes = False  # rank 0 has yet to tell its group what it does on a notice
         if group is not None:
-            group.deliver = self._group_notice
+            group.deliver = self._shared_notice
 
     # -- public API ------------------------------------------------------------------------
     @property
@@ -532,7 +532,10 @@ class Context:
 
     def _boundary(self) -> None:
         if self._move_again is not None and self._notice is None and self._plan_due():
-            self._notice, self._move_again = self._move_again, None  # at a planned save
+            if self._group is not None:  # the group learns it with the next all-reduce
+                self._group.pending, self._move_again = self._move_again, None
+            else:
+                self._notice, self._move_again = self._move_again, None  # at a planned save
         if self._notice is not None and not self._notice_handled:
             self._notice_handled = True
             self._on_notice_at_boundary()
@@ -712,9 +715,15 @@ class Context:
         if self._group is not None:
             self._group.pending = notice
             return
-        self._group_notice(notice)
+        self._set_notice(notice)
 
-    def _group_notice(self, notice: Notice) -> None:
+    def _shared_notice(self, notice: Notice) -> None:
+        """The group learnt of a notice in this step's all-reduce: every rank handles it at
+        this boundary, also one after an earlier notice (each must answer rank 0's word)."""
+        self._notice_handled = False
+        self._set_notice(notice)
+
+    def _set_notice(self, notice: Notice) -> None:
         self._notice = notice
         self._next_save = 0
 

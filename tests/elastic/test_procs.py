@@ -195,6 +195,36 @@ def test_a_notice_on_one_instance_saves_once_and_both_ranks_resume_from_it(tmp_p
     assert all(torch.equal(w, expected) for w in finals.values())
 
 
+def test_a_notice_too_short_to_save_keeps_the_group_training_together(tmp_path: Path) -> None:
+    """Rank 0 decides not to attempt an emergency save that cannot finish (a slow upload, a
+    0.5 s notice): rank 1 hears that word at the same boundary and both train on until the
+    market kills them; the next instance resumes from the last periodic checkpoint."""
+    steps = 60
+    job = spot.train(
+        functools.partial(procfns.group_dp, steps=steps, out=str(tmp_path), step_delay=0.05),
+        _config(
+            local_schedule=[{"instance": 0, "step": 40, "notice": True}],
+            local_grace=0.5,
+            notice_poll=0.1,
+            checkpoint="static:10",
+            local_upload_bps=8000,  # ~2 s for the ~15 kB checkpoint: it cannot fit in 0.5 s
+        ),
+    )
+    result = job.result(timeout=120)
+    assert result["weights"] == procfns.expected(steps)
+    assert _by(job, "emergency_skipped", 1)
+    (preempted,) = _by(job, "preempted", 1)
+    assert preempted["how"] == "preempted"  # trained on until the kill, no rank lost before
+    assert not [w for w in _by(job, "warning") if "local rank" in w["message"]]
+    reached = max(e["step"] for e in _by(job, "progress", 1))
+    assert (
+        reached > _by(job, "emergency_skipped", 1)[0]["step"]
+    )  # the group went on past the notice's step, together
+    finals = _final_weights(tmp_path)
+    expected = torch.tensor([procfns.expected(steps)], dtype=torch.float64)
+    assert all(torch.equal(w, expected) for w in finals.values()) and len(finals) == 2
+
+
 def test_an_exception_in_another_rank_fails_the_job_with_its_traceback(tmp_path: Path) -> None:
     job = spot.train(functools.partial(procfns.group_dp, steps=30, out=str(tmp_path), fail=5), _config())
     with pytest.raises(spot.JobFailed) as err:
