@@ -86,6 +86,13 @@ def check_group(path: str, argv: list[str], config: Config) -> None:
     """A script on several instances runs under torchrun, which spotnb starts: refuse what
     would conflict with that, naming the field and the fix."""
     if config.instances <= 1:
+        if (config.procs_per_instance or 1) > 1:
+            raise ConfigError(
+                f"Config.procs_per_instance={config.procs_per_instance}: a script on one instance "
+                "runs as one process (`python script`); spotnb starts torchrun only for a script on "
+                "several instances. Start the processes from the script (torch.multiprocessing), "
+                "or remove procs_per_instance"
+            )
         return
     if config.sync != "ddp":
         raise ConfigError(

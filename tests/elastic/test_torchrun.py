@@ -196,6 +196,8 @@ def _logs(job: spot.Job, n: int | None = None) -> str:
         (["10", "--nproc-per-node", "2"], {"instances": 2}, r"args\[1\]: '--nproc-per-node' is an option"),
         (["10"], {"instances": 2, "sync": "local_sgd:5"}, r"Config\.sync: 'local_sgd:5' .* remove sync"),
         (["10"], {"instances": 2, "min_instances": 3}, r"min_instances=3 is more than instances=2"),
+        # one instance runs `python script`: several processes there would be silently one
+        (["10"], {"procs_per_instance": 2}, r"procs_per_instance=2: a script on one instance"),
     ],
 )
 def test_conflicting_torchrun_settings_are_refused_before_anything_is_written(
