@@ -257,6 +257,8 @@ SHIP = ["tests.core.jobfns"]
 #: the frozen base of `jobfns.lora_mlp` at width 512 stored as blobs: inp.weight + hidden.weight
 FROZEN_BYTES = (64 * 512 + 512 * 512) * 4
 LORA = functools.partial(jobfns.lora_mlp, steps=120, step_delay=0.02, settle_at=60)
+#: the same job, held at step 80 until the notice scheduled there is seen
+NOTICED = functools.partial(LORA, hold_at=80)
 
 
 def _events(job: spot.Job, kind: str, incarnation: int) -> list[dict]:
@@ -296,7 +298,7 @@ def test_a_lora_job_saves_its_base_once_and_an_emergency_delta_fits_a_notice_the
         local_schedule=[{"step": 80, "notice": True}],
         ship_modules=SHIP,
     )
-    job = spot.train(LORA, config)
+    job = spot.train(NOTICED, config)
     assert_matches_reference(job, calm, timeout=120)
     saves = _events(job, "checkpoint", 1)
     first, later = saves[0], saves[1:]
@@ -325,11 +327,11 @@ def test_a_notice_too_short_even_for_the_delta_starts_no_upload_and_says_why(cal
         checkpoint="static:30",
         local_upload_bps=0.5e6,
         local_grace=0.4,
-        notice_poll=0.1,
+        notice_poll=0.05,
         local_schedule=[{"step": 80, "notice": True}],
         ship_modules=SHIP,
     )
-    job = spot.train(LORA, config)
+    job = spot.train(NOTICED, config)
     assert_matches_reference(job, calm, timeout=120)
     (notice,) = _events(job, "notice", 1)
     (skipped,) = _events(job, "emergency_skipped", 1)
