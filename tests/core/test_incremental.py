@@ -288,12 +288,12 @@ def calm(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[tuple[int
 def test_a_lora_job_saves_its_base_once_and_an_emergency_delta_fits_a_notice_the_full_state_does_not(
     calm,
 ) -> None:
-    """At 0.25 MB/s the 1.2 MB state needs ~5 s, more than the 3 s notice; the delta (the
+    """At 0.4 MB/s the 1.2 MB state needs ~3 s, more than the 2 s notice; the delta (the
     adapters, Adam's moments, the RNG: ~70 kB) fits. It is saved, and the resume is exact."""
     config = spot.Config(
         checkpoint="static:30",
-        local_upload_bps=0.25e6,
-        local_grace=3.0,
+        local_upload_bps=0.4e6,
+        local_grace=2.0,
         notice_poll=0.1,
         local_schedule=[{"step": 80, "notice": True}],
         ship_modules=SHIP,
