@@ -148,6 +148,8 @@ def test_trainable_parameters_and_optimizer_state_are_always_written(store_url: 
     frozen = frozen_tensors([model, opt])
     assert model.base.weight.data_ptr() in frozen and model.base.bias.data_ptr() in frozen
     assert model.down.weight.data_ptr() not in frozen and model.up.weight.data_ptr() not in frozen
+    bn = torch.nn.BatchNorm1d(64)  # buffers: updated by forward passes, always written
+    assert {b.data_ptr() for b in bn.buffers()}.isdisjoint(frozen_tensors([bn.requires_grad_(False)]))
     # a frozen parameter an optimizer nevertheless holds is trained: never referenced
     opt2 = torch.optim.SGD([model.base.weight], lr=0.1)
     assert model.base.weight.data_ptr() not in frozen_tensors([model, opt2])
