@@ -21,6 +21,7 @@ __all__ = [
     "Plan",
     "BatchPlan",
     "emergency_feasible",
+    "EMERGENCY_MARGIN",
     "snapshot_estimate",
     "upload_estimate",
     "steps_for",
@@ -37,6 +38,8 @@ FOREVER = 2**62
 #: allocation plus ~60 s of preparation.
 PRIOR_MTTP = 3 * 3600.0
 PRIOR_RESTART = 170.0
+#: seconds an emergency save must have to spare before the kill (the model's rule)
+EMERGENCY_MARGIN = 0.5
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ def upload_estimate(obs: Observation) -> float:
     return obs.upload_time or obs.state_bytes / 50e6
 
 
-def emergency_feasible(obs: Observation, time_left: float, margin: float = 0.5) -> bool:
+def emergency_feasible(obs: Observation, time_left: float, margin: float = EMERGENCY_MARGIN) -> bool:
     """The emergency-save rule (ARCHITECTURE.md, "The checkpoint model"), at a step boundary:
     the save (δ) and its upload (β, of what that save would write) must fit in what is left.
 
@@ -169,7 +172,8 @@ class Policy(ABC):
             getattr(owner, "allocate_on_notice", None),
         ):
             return None
-        return snapshot_estimate(obs) + upload_estimate(obs) + 0.5, bool(self.allocate_on_notice(obs))
+        needed = snapshot_estimate(obs) + upload_estimate(obs) + EMERGENCY_MARGIN
+        return needed, bool(self.allocate_on_notice(obs))
 
     def _overrides(self, owner: type, *names: str) -> bool:
         """Whether the concrete class replaced any of `owner`'s methods `names` (then a

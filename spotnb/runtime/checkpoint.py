@@ -45,7 +45,7 @@ from typing import IO, Any, cast
 import torch
 
 from spotnb import protocol as ev
-from spotnb.policy.base import Observation, snapshot_estimate, upload_estimate
+from spotnb.policy.base import EMERGENCY_MARGIN, Observation, snapshot_estimate, upload_estimate
 from spotnb.protocol import SaveKind
 from spotnb.runtime.beacon import Beacon, Phase
 from spotnb.runtime.chunked import (
@@ -219,19 +219,21 @@ _SAVE_KINDS = {k.value for k in SaveKind}
 
 def emergency_skipped(obs: Observation, step: int, time_left: float) -> ev.EmergencySkipped:
     """The event of a notice too short for the emergency save `obs` describes (`save_bytes`:
-    what it would write), saying what was not saved and why, in numbers."""
+    what it would write), saying what was not saved and why, in numbers: `needed` is the
+    model's δ + β + margin."""
     delta, beta = snapshot_estimate(obs), upload_estimate(obs)
     size = obs.save_bytes or obs.state_bytes
     measured = obs.save_bytes and obs.upload_bps
     rate = f"at the measured {human_bytes(int(obs.upload_bps))}/s" if measured else "as measured"
     reason = (
         f"an emergency save would write {human_bytes(size)} (what changed since the last committed "
-        f"save), ~{beta:.1f} s of upload {rate} plus ~{delta:.1f} s of snapshot, and {time_left:.1f} s "
-        "were left: no upload was started (one that cannot finish before the kill would only abandon "
-        "the save in flight). Nothing was written to the instance's disk, which a spot preemption "
-        "does not keep; the job resumes from its last committed checkpoint"
+        f"save), ~{beta:.2f} s of upload {rate}, ~{delta:.2f} s of snapshot and {EMERGENCY_MARGIN} s to "
+        f"spare, and {time_left:.2f} s were left: no upload was started (one that cannot finish "
+        "before the kill would only abandon the save in flight). Nothing was written to the "
+        "instance's disk, which a spot preemption does not keep; the job resumes from its last "
+        "committed checkpoint"
     )
-    needed = delta + beta
+    needed = delta + beta + EMERGENCY_MARGIN
     return ev.EmergencySkipped(step=step, time_left=time_left, needed=needed, nbytes=size, reason=reason)
 
 

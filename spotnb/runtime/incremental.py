@@ -6,8 +6,10 @@ tensor is stored once, by content, as `<ckpt>/blobs/<sha256>` (the folder `ctx.b
 already share), and every later checkpoint lists the same blob instead of writing it again.
 
 Only tensors that no optimizer trains are candidates (`frozen_tensors`: parameters of tracked
-modules with `requires_grad=False` that are in no tracked optimizer's param groups, and the
-modules' buffers), and only above `BLOB_MIN` bytes (small ones cost more as files than inline).
+modules with `requires_grad=False` that are in no tracked optimizer's param groups), and only
+above `BLOB_MIN` bytes (small ones cost more as files than inline). Buffers are not: the forward
+pass itself updates them (running statistics, MoCo-style queues, caches), in every style
+including partial writes through `.data` that neither the version counter nor the probe sees.
 A candidate is *referenced* without being copied or hashed again when it is the same tensor as
 at the last committed save: same storage address, shape, strides and dtype, and the same
 version counter (`Tensor._version`, which every in-place op bumps, `load_state_dict` and the
@@ -105,8 +107,8 @@ def _dtype(t: torch.Tensor) -> str:
 
 def frozen_tensors(objects: Iterable[Any]) -> set[int]:
     """Storage addresses of the tensors of tracked modules that nothing trains: parameters
-    with `requires_grad=False` in no tracked optimizer's param groups, and buffers. Every other
-    tensor (trainable parameters, optimizer state, `ctx.state`) is always written."""
+    with `requires_grad=False` in no tracked optimizer's param groups. Every other tensor
+    (trainable parameters, buffers, optimizer state, `ctx.state`) is always written."""
     objects = list(objects)
     trained: set[int] = set()
     for obj in objects:  # an optimizer, or a wrapper that exposes its param groups
@@ -120,7 +122,6 @@ def frozen_tensors(objects: Iterable[Any]) -> set[int]:
                     trained.add(p.data_ptr())
                 else:
                     frozen.add(p.data_ptr())
-            frozen |= {b.data_ptr() for b in obj.buffers()}
     return frozen - trained - {0}
 
 

@@ -68,7 +68,9 @@ def event_text(e: Event | Mapping[str, Any]) -> str:
     if kind == "evacuated":
         return f"{who}saved and left cleanly at step {e.get('step')}"
     if kind == "emergency_skipped":
-        return f"{who}emergency save skipped ({num('time_left'):.1f} s left, needs {num('needed'):.1f} s)"
+        size = f" of {format_bytes(e.get('bytes'))}" if e.get("bytes") else ""
+        left = f"{num('time_left'):.1f} s left, needs {num('needed'):.1f} s"
+        return f"{who}emergency save{size} skipped ({left})"
     if kind == "preempted":
         return f"{who}✖ PREEMPTED: {describe_kill(e)}, lifetime {num('lifetime_s'):.1f} s"
     if kind == "exited" and e.get("reason") == "moved":
@@ -76,10 +78,12 @@ def event_text(e: Event | Mapping[str, Any]) -> str:
     if kind == "exited":
         return f"{who}exited: {e.get('reason')} (code {e.get('code')})"
     if kind == "checkpoint":
+        same = e.get("referenced_bytes")
         return (
             f"{who}checkpoint {e.get('save_kind')} at step {e.get('step')}: "
             f"{format_bytes(e.get('bytes'))} in {num('snapshot_s'):.3f} s "
             f"+ {num('upload_s'):.3f} s upload"
+            + (f" ({format_bytes(same)} unchanged, referenced)" if same else "")
         )
     if kind in ("checkpoint_failed", "checkpoint_invalid"):
         return f"{who}{kind.replace('_', ' ')}: {e.get('error') or e.get('reason') or ''}"

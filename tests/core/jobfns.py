@@ -283,11 +283,14 @@ def lora_mlp(
     rank: int = 4,
     step_delay: float = 0.0,
     settle_at: int | None = None,
+    hold_at: int | None = None,
 ) -> dict[str, Any]:
     """A LoRA-style fine-tune: a frozen base MLP (about 1.2 MB at width 512) and small trainable
     low-rank adapters on its hidden layer, Adam on the adapters only. `settle_at`: at that step
     the first instance waits until its checkpoint uploads are committed, so that a notice
-    after it finds the base model in the store whatever this machine's speed."""
+    after it finds the base model in the store whatever this machine's speed. `hold_at`: there
+    the first instance waits for a notice, so the step boundary that acts on it comes as soon
+    as the notice is seen, however loaded the machine."""
     import torch
 
     torch.set_num_threads(1)  # bit-exact against the calm run (see seeded_mlp)
@@ -324,4 +327,8 @@ def lora_mlp(
             time.sleep(step_delay)
         if step == settle_at and ctx.incarnation == 1:
             ctx._ckpt.wait(timeout=60)
+        if step == hold_at and ctx.incarnation == 1:
+            deadline = time.monotonic() + 60
+            while ctx.notice is None and time.monotonic() < deadline:
+                time.sleep(0.005)
     return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()}, "loss": loss.item()}
