@@ -36,12 +36,13 @@ def _by(job: spot.Job, kind: str, n: int | None = None) -> list[Any]:
 
 
 def test_replicas_move_one_at_a_time_without_a_pause_and_the_job_pays_less() -> None:
-    """zone-a costs $0.10/h; zone-b $0.30/h at first and $0.02/h from 2 s on. Both replicas
-    start in zone-a; each is moved to zone-b in turn: its new instance joins the group (3
-    replicas), then the old one leaves (2 again). The weights are the calm run's to the bit,
-    no step is redone, nobody restores from the store, and the job costs less than staying."""
+    """zone-a costs $0.10/h; zone-b $0.30/h at first and $0.005/h from 4 s on (the market's
+    time starts at its first launch). Both replicas start in zone-a; each is moved to zone-b in
+    turn: its new instance joins the group (3 replicas), then the old one leaves (2 again).
+    The weights are the calm run's to the bit, no step is redone, nobody restores from the
+    store, and the job costs less than staying."""
     steps = 800  # at most 48 s at the slow pace; ends within seconds of the last move
-    zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["2s", 0.02]]}}
+    zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["4s", 0.005]]}}
     job = spot.train(
         functools.partial(paced_dp, steps=steps, first=2, slow=0.06),
         spot.Config(
@@ -118,7 +119,7 @@ def test_a_move_without_capacity_in_the_new_zone_is_abandoned_and_the_replica_st
     trace = tmp_path / "full.csv"
     trace.write_text("0,2\n600000,2\n")  # Parcae's format: (time_ms, available nodes)
     steps = 150
-    zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["2s", 0.02]]}}
+    zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["4s", 0.02]]}}
     job = spot.train(
         functools.partial(paced_dp, steps=steps, first=2, slow=0.06),
         spot.Config(
