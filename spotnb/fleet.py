@@ -95,8 +95,7 @@ class FleetController(Controller):
             # the coordinator must outlive every instance: if it died, the provider starts it
             # again at the same address (the replicas' quorum requests retry until it answers)
             self.provider.coordinator(self.job.id, self.config.min_instances)
-            for e in self.pump():
-                self._on_event(e)
+            self.pump()  # each new event goes through `_on_event`
             if self._stop_requested():
                 self._end_all(Outcome.STOPPED)
                 self._end_stopped()
@@ -157,8 +156,17 @@ class FleetController(Controller):
         threading.Thread(target=run, name=f"spotnb-alloc-{self.job.id}-{n}", daemon=True).start()
         return fut
 
+    def pump(self) -> list[ev.Event]:
+        """Read new events, and let each tell its slot what happened: every pump, not only the
+        main loop's (`set_status` and `_ended` pump too; an event they read, such as a replica's
+        `ready` right behind another's, must not be missed by its slot)."""
+        events = super().pump()
+        for e in events:
+            self._on_event(e)
+        return events
+
     def _on_event(self, e: ev.Event) -> None:
-        slot = next((s for s in self.slots if s.n == e.incarnation and s.n), None)
+        slot = next((s for s in getattr(self, "slots", ()) if s.n == e.incarnation and s.n), None)
         if slot is None:
             return
         slot.last_seen = max(slot.last_seen, time.time())

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.migration import MIN_GAIN, best_move, best_replica_move
+from spotnb.migration import MIN_GAIN, MoveGate, best_move, best_replica_move
 from spotnb.placement import rank_zones
 from spotnb.widget.figures import timeline_traces
 from spotnb.widget.text import event_line
@@ -36,12 +36,13 @@ def _by(job: spot.Job, kind: str, n: int | None = None) -> list[Any]:
 
 
 def test_replicas_move_one_at_a_time_without_a_pause_and_the_job_pays_less() -> None:
-    """zone-a costs $0.10/h; zone-b $0.30/h at first and $0.02/h from 2 s on. Both replicas
-    start in zone-a; each is moved to zone-b in turn: its new instance joins the group (3
-    replicas), then the old one leaves (2 again). The weights are the calm run's to the bit,
-    no step is redone, nobody restores from the store, and the job costs less than staying."""
+    """zone-a costs $0.10/h; zone-b $0.30/h at first and $0.005/h from 4 s on (the market's
+    time starts at its first launch). Both replicas start in zone-a; each is moved to zone-b in
+    turn: its new instance joins the group (3 replicas), then the old one leaves (2 again).
+    The weights are the calm run's to the bit, no step is redone, nobody restores from the
+    store, and the job costs less than staying."""
     steps = 800  # at most 48 s at the slow pace; ends within seconds of the last move
-    zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["2s", 0.02]]}}
+    zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["4s", 0.005]]}}
     job = spot.train(
         functools.partial(paced_dp, steps=steps, first=2, slow=0.06),
         spot.Config(
@@ -118,7 +119,7 @@ def test_a_move_without_capacity_in_the_new_zone_is_abandoned_and_the_replica_st
     trace = tmp_path / "full.csv"
     trace.write_text("0,2\n600000,2\n")  # Parcae's format: (time_ms, available nodes)
     steps = 150
-    zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["2s", 0.02]]}}
+    zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["4s", 0.02]]}}
     job = spot.train(
         functools.partial(paced_dp, steps=steps, first=2, slow=0.06),
         spot.Config(
@@ -171,6 +172,23 @@ def test_a_replica_moves_when_its_saving_pays_for_the_overlap_and_nothing_is_sav
     slightly = 1.0 - MIN_GAIN / 2
     assert best_replica_move(_ranked({"here": 1.0, "there": slightly}, 3600), "here", 2.0) is None
     assert best_replica_move(_ranked({"here": 0.5, "there": 1.0}, 3600), "here", 2.0) is None
+
+
+def test_the_gate_admits_the_next_replica_without_a_new_wait_while_the_gap_holds() -> None:
+    """The replicas move one at a time between the same zones: once the gap has held for the
+    payback, the next replica's move is admitted at the next look that still finds it; a look
+    that finds no move starts the wait over, as for one instance."""
+    move = best_replica_move(_ranked({"here": 1.0, "there": 0.5}, 3600), "here", 2.0)
+    assert move is not None and move.payback_s > 0
+    gate = MoveGate()
+    assert gate.admit(move, 0.0, keep=True) is None  # the wait starts
+    assert gate.admit(move, move.payback_s, keep=True) is move  # the first replica
+    assert gate.admit(move, move.payback_s + 1, keep=True) is move  # the next, no new wait
+    assert gate.admit(None, move.payback_s + 2, keep=True) is None  # the gap closed
+    assert gate.admit(move, move.payback_s + 3, keep=True) is None  # a whole payback again
+    single = MoveGate()  # one instance: every move waits its payback
+    assert single.admit(move, 0.0) is None and single.admit(move, move.payback_s) is move
+    assert single.admit(move, move.payback_s + 1) is None
 
 
 @pytest.mark.parametrize(
