@@ -438,7 +438,8 @@ class FleetController(Controller):
                 reason=f"the replica in slot {old.index}: {move.reason()}",
                 saving=move.saving,
                 move_cost=move.cost,
-                extra={"slot": old.index, "to_incarnation": n},
+                slot=old.index,
+                to_incarnation=n,
             ),
             old.n,
         )

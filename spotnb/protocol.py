@@ -379,13 +379,17 @@ class Moving(Event):
     """The controller moves the job (Config.migrate="best-price"): incarnation `incarnation`
     in `from_region` will save and leave once its replacement runs in `to_region`. `saving`:
     the expected $ saved over the remaining work, after `move_cost` (the save and the new
-    start); `reason`: the two zones' terms in words."""
+    start); `reason`: the two zones' terms in words. A job on several instances moves one
+    replica at a time: `slot` is the replica's lane, `to_incarnation` its new instance (None for
+    a job on one instance)."""
 
     from_region: str | None
     to_region: str
     reason: str
     saving: float
     move_cost: float
+    slot: int | None = None
+    to_incarnation: int | None = None
 
 
 @_kind(EventKind.LAUNCHED)

@@ -104,7 +104,7 @@ export interface PricesEvent {
   [extra: string]: unknown;
 }
 
-/** The controller moves the job (Config.migrate="best-price"): incarnation `incarnation` in `from_region` will save and leave once its replacement runs in `to_region`. `saving`: the expected $ saved over the remaining work, after `move_cost` (the save and the new start); `reason`: the two zones' terms in words. */
+/** The controller moves the job (Config.migrate="best-price"): incarnation `incarnation` in `from_region` will save and leave once its replacement runs in `to_region`. `saving`: the expected $ saved over the remaining work, after `move_cost` (the save and the new start); `reason`: the two zones' terms in words. A job on several instances moves one replica at a time: `slot` is the replica's lane, `to_incarnation` its new instance (None for a job on one instance). */
 export interface MovingEvent {
   kind: "moving";
   t: number;
@@ -115,6 +115,8 @@ export interface MovingEvent {
   reason: string;
   saving: number;
   move_cost: number;
+  slot?: number | null;
+  to_incarnation?: number | null;
   [extra: string]: unknown;
 }
 
