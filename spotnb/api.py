@@ -50,6 +50,7 @@ __all__ = [
     "job_vanished",
     "mark_lost",
     "run_controller",
+    "EXIT_LEASE_HELD",
 ]
 
 _LIVE: weakref.WeakValueDictionary[str, Job] = weakref.WeakValueDictionary()
@@ -424,8 +425,11 @@ def run_controller(job_id: str, store_url: str | None = None) -> int:
         )
         return 0
     provider = get_provider_class(config.provider)(config)
-    make_controller(job, config, provider, store, db).run()
-    return 0
+    controller = make_controller(job, config, provider, store, db)
+    controller.run()
+    # a live lease held by another (or a just-killed) controller is not the job's end: the
+    # coordinator's boot script powers off on 0, so it must retry until the lease runs out
+    return 0 if controller.generation else EXIT_LEASE_HELD
 
 
 def _refuse(job: Job, message: str, reason: str) -> None:
@@ -443,6 +447,9 @@ def _refuse(job: Job, message: str, reason: str) -> None:
 
 
 RESUMABLE = frozenset({JobStatus.FAILED, JobStatus.STOPPED})
+#: `spotnb controller`'s exit code when another controller holds the job's lease (nothing was
+#: driven; EX_TEMPFAIL): a loop that restarts a crashed controller tries again later.
+EXIT_LEASE_HELD = 75
 
 
 def resume(
@@ -544,7 +551,10 @@ def resume(
     )
     writer.emit(ev.Status(status=JobStatus.PENDING))
     writer.flush()
-    db.update_job(full_id, status=JobStatus.PENDING.value)
+    # where its controller now runs: a "cloud" row is never driven from this machine
+    db.update_job(
+        full_id, status=JobStatus.PENDING.value, controller="cloud" if new.controller == "cloud" else None
+    )
     fresh_job = Job(full_id, store, db, {"name": new.name})
     with _LIVE_LOCK:
         _LIVE.pop(full_id, None)

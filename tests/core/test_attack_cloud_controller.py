@@ -1,0 +1,128 @@
+"""`Config.controller="cloud"` under attack: the coordinator's real boot script run on this
+machine as a VM would run it (its own spotnb home, this interpreter as the image's Python, the
+local market as the cloud), with its controller killed mid-job; and the notebook side's record
+of where a job's controller runs, which decides whether this machine may ever drive it."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import spotnb as spot
+from spotnb import api, supervise
+from spotnb.job import Job
+from spotnb.jobdb import JobDB
+from spotnb.providers.bootstrap import controller_script
+from spotnb.signing import load_key
+from tests.core import jobfns
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _submit(store_url: str, steps: int, step_time: float, **fields: Any) -> Job:
+    config = spot.Config(
+        controller="cloud",
+        store=store_url,
+        checkpoint="static:10",
+        ship_modules=["tests.core.jobfns"],
+        **fields,
+    )
+    fn = functools.partial(jobfns.slow_steps, steps=steps, step_time=step_time)
+    _, payload, files = api._prepare(fn, config)
+    return api._submit(payload, config, files, detach=True)
+
+
+def _wait(what: str, cond: Any, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_killed_hosted_controller_is_restarted_and_ends_the_job_before_power_off(
+    store_url: str, tmp_path: Path
+) -> None:
+    """SIGKILL (an OOM kill) of the controller the coordinator runs: the script starts it
+    again, and the new one takes the job over once the dead one's lease runs out. The
+    coordinator must not read the restarted controller's "a live controller holds the job"
+    as the job's end and power off, leaving its instance unmanaged and the job unfinished."""
+    job = _submit(store_url, steps=80, step_time=0.05)
+    key = load_key(job.id)
+    assert key is not None
+    script = tmp_path / "coordinator.sh"
+    script.write_text(
+        controller_script(
+            job.id,
+            store_url=job.store.url,
+            job_key=key.hex(),
+            cloud="local",
+            instances=1,
+            min_replicas=1,
+            spotnb_version=spot.__version__,
+        )
+    )
+    vm_home, log, off = tmp_path / "vm-home", tmp_path / "coordinator.log", tmp_path / "powered-off"
+    env = {
+        **os.environ,
+        "SPOTNB_HOME": str(vm_home),
+        "SPOTNB_PYTHON": sys.executable,
+        "SPOTNB_LOG": str(log),
+        "SPOTNB_POWEROFF_CMD": f"touch {off}",
+        "PYTHONPATH": str(ROOT),
+    }
+    follower = Job(job.id, job.store, None, {})
+    follower.follow()
+    proc = subprocess.Popen(["bash", str(script)], env=env, start_new_session=True)
+    try:
+        vm_db = JobDB(vm_home / "jobs.db")
+        lease = _wait("the hosted controller's lease", lambda: vm_db.path.exists() and vm_db.lease(job.id))
+        _wait("the job's first steps", lambda: follower.metrics.get("step_value"))
+        os.kill(int(lease["pid"]), signal.SIGKILL)
+        assert follower.result(timeout=40) == 80
+        assert proc.wait(timeout=30) == 0
+        assert off.exists()
+        assert "starting it again" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_resume_records_where_the_job_s_controller_now_runs(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job DB's `controller` column is what keeps this machine from driving a job whose
+    controller runs on its coordinator (two controllers on two machines share no lease).
+    A resume that moves the controller to the cloud must record it, or the next `spot.jobs()`
+    / `attach` here starts a second controller beside the coordinator's; one that brings it
+    back to the notebook must record that too, or the notebook asks the cloud for a hosted
+    controller (a coordinator VM) while its own drives the job."""
+    fn = functools.partial(jobfns.fails_at, step_fail=1)
+    config = spot.Config(store=store_url, ship_modules=["tests.core.jobfns"])
+    job = spot.train(fn, config)
+    with pytest.raises(spot.JobFailed):
+        job.result(timeout=60)
+    assert JobDB().job(job.id)["controller"] is None
+    again = spot.resume(job.id, controller="cloud")  # the local market hosts it
+    assert JobDB().job(job.id)["controller"] == "cloud"
+    with pytest.raises(spot.JobFailed):
+        again.result(timeout=60)
+    hosted: list[str] = []
+    with monkeypatch.context() as m:
+        m.setattr(supervise, "ensure_hosted_controller", lambda row: hosted.append(row["id"]) or False)
+        supervise.ensure_controller({**JobDB().job(job.id), "status": "running"})
+    assert hosted == [job.id]  # followed through its host, never started here
+    back = spot.resume(job.id, controller="notebook")
+    assert JobDB().job(job.id)["controller"] is None
+    with pytest.raises(spot.JobFailed):
+        back.result(timeout=60)
