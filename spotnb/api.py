@@ -258,6 +258,14 @@ def _placement_rows(provider: Any, config: Config, regions: list[str] | str) -> 
         )
     except Exception as exc:  # noqa: BLE001 - a dry run shows what it could not learn
         return [{"zone": "?", "text": f"prices unavailable: {exc}"}]
+    if not prices and regions == "cheapest":
+        return [
+            {
+                "zone": "?",
+                "text": f"no zone prices {config.instance_type_name()}: a launch would have no zone to "
+                "go to. Check the instance type's name, or list zones in Config.regions",
+            }
+        ]
     db = JobDB()
     markets = {}
     for zone in prices:

@@ -126,3 +126,54 @@ def test_resume_records_where_the_job_s_controller_now_runs(
     assert JobDB().job(job.id)["controller"] is None
     with pytest.raises(spot.JobFailed):
         back.result(timeout=60)
+
+
+@pytest.mark.parametrize(
+    "provider, identity, words",
+    [
+        ("aws", "arn:aws:iam::123456789012:instance-profile/spotnb-ctl", "name 'spotnb-ctl'"),
+        ("aws", "spotnb ctl", "instance profile name"),
+        ("aws", "spotnb-ctl\nrm -rf /", "instance profile name"),
+        ("aws", "x" * 129, "instance profile name"),
+        ("azure", "spotnb-ctl", "resource id"),
+        (
+            "azure",
+            "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/v",
+            "resource id",
+        ),
+        ("gcp", "spotnb-ctl", "service account email"),
+        ("gcp", "someone@gmail.com", "service account email"),
+        ("gcp", " ctl@p.iam.gserviceaccount.com", "service account email"),
+    ],
+)
+def test_a_controller_identity_of_the_wrong_shape_is_refused_before_anything_is_written(
+    provider: str, identity: str, words: str
+) -> None:
+    """Caught at the Config, not after the job was submitted and its coordinator asked for
+    (an ARN where AWS wants a name fails there with an opaque ValidationError)."""
+    stores = {"aws": "s3://bucket/spotnb", "azure": "az://container/spotnb", "gcp": "gs://bucket/spotnb"}
+    with pytest.raises(spot.ConfigError, match=f"controller_identity.*{words}"):
+        spot.Config(
+            provider=provider, store=stores[provider], controller="cloud", controller_identity=identity
+        )
+
+
+@pytest.mark.parametrize(
+    "provider, identity",
+    [
+        ("aws", "spotnb-controller"),
+        ("aws", "team+spotnb=ctl,1.2@x"),
+        (
+            "azure",
+            "/subscriptions/0000/resourcegroups/rg/providers/Microsoft.ManagedIdentity/userAssignedIdentities/ctl",
+        ),
+        ("gcp", "spotnb-ctl@my-project.iam.gserviceaccount.com"),
+        ("gcp", "123456789-compute@developer.gserviceaccount.com"),
+    ],
+)
+def test_controller_identities_of_the_right_shape_are_taken(provider: str, identity: str) -> None:
+    stores = {"aws": "s3://bucket/spotnb", "azure": "az://container/spotnb", "gcp": "gs://bucket/spotnb"}
+    cfg = spot.Config(
+        provider=provider, store=stores[provider], controller="cloud", controller_identity=identity
+    )
+    assert cfg.controller_identity == identity
