@@ -37,7 +37,7 @@ from spotnb.spec import (
     write_spec,
 )
 from spotnb.store import Store
-from spotnb.supervise import ensure_controller, job_vanished, mark_lost, start_controller
+from spotnb.supervise import ensure_controller, hosting_error, job_vanished, mark_lost, start_controller
 
 __all__ = [
     "train",
@@ -398,8 +398,9 @@ def _host(job: Job, provider: Any) -> None:
     try:
         provider.host_controller(job.id, job.store.url, key.hex())
     except Exception as exc:
-        _refuse(job, f"the job's controller could not be started on its coordinator: {exc}", "no controller")
-        raise
+        safe = hosting_error(exc, key.hex())  # a refusal quoting the boot script: no key
+        _refuse(job, f"the job's controller could not be started on its coordinator: {safe}", "no controller")
+        raise safe from None
     finally:
         provider.close()
     job.follow()

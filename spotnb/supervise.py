@@ -15,6 +15,7 @@ from typing import Any
 
 import fsspec
 
+from spotnb.errors import ConfigError, SpotnbError
 from spotnb.home import spotnb_home
 from spotnb.jobdb import JobDB
 from spotnb.protocol import TERMINAL, JobStatus
@@ -27,6 +28,7 @@ __all__ = [
     "ensure_controller",
     "ensure_hosted_controller",
     "HOSTED_CHECK_S",
+    "hosting_error",
 ]
 
 #: How often a notebook asks a cloud whether a job's hosted controller (its coordinator) is
@@ -119,6 +121,17 @@ def ensure_hosted_controller(row: dict[str, Any]) -> bool:
     provider = get_provider_class(config.provider)(config)
     try:
         provider.host_controller(job_id, store.url, key.hex())
+    except Exception as exc:
+        raise hosting_error(exc, key.hex()) from None
     finally:
         provider.close()
     return True
+
+
+def hosting_error(exc: BaseException, job_key: str) -> SpotnbError:
+    """`exc` from `Provider.host_controller` as an error safe to show and record: a cloud's
+    refusal may quote the request it refused (the coordinator's boot script carries the job
+    key), so the key is cut out of its text and the original is not chained."""
+    if isinstance(exc, ConfigError):  # spotnb's own words: kept as they are, and their type
+        return ConfigError(str(exc).replace(job_key, "<the job key>"))
+    return SpotnbError(f"{type(exc).__name__}: {exc}".replace(job_key, "<the job key>"))

@@ -177,3 +177,30 @@ def test_controller_identities_of_the_right_shape_are_taken(provider: str, ident
         provider=provider, store=stores[provider], controller="cloud", controller_identity=identity
     )
     assert cfg.controller_identity == identity
+
+
+def test_a_hosting_error_that_echoes_the_boot_script_does_not_leak_the_job_key(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cloud API error may quote the request it refused (the coordinator's user data, which
+    carries the job key). The job is refused with the error's text, in the store's event log
+    and in what the notebook shows: the key must appear in neither. (The cloud's refusal is
+    stood in for: the local market's host raises it.)"""
+    from spotnb.providers.local import LocalProvider
+
+    def refuse(self: Any, job_id: str, store_url: str, job_key: str) -> None:
+        raise RuntimeError(f"InvalidParameterValue: UserData 'export SPOTNB_JOB_KEY={job_key}' is too long")
+
+    monkeypatch.setattr(LocalProvider, "host_controller", refuse)
+    fn = functools.partial(jobfns.slow_steps, steps=3)
+    with pytest.raises(Exception) as err:
+        spot.train(fn, spot.Config(controller="cloud", store=store_url, ship_modules=["tests.core.jobfns"]))
+    (row,) = JobDB().jobs()
+    key = load_key(row["id"])
+    assert key is not None
+    assert "UserData" in str(err.value) and key.hex() not in str(err.value)
+    assert err.value.__cause__ is None or key.hex() not in str(err.value.__cause__)
+    assert key.hex() not in caplog.text
+    events = Path(store_url.removeprefix("file://")) / "jobs" / row["id"] / "events"
+    text = "".join(p.read_text() for p in events.iterdir())
+    assert "UserData" in text and key.hex() not in text
