@@ -117,6 +117,11 @@ def ensure_hosted_controller(row: dict[str, Any]) -> bool:
     if key is None:
         return False  # submitted on another machine: that one, or its coordinator, drives it
     store = Store(row["store"])
+    ended = _ended_in_store(store, job_id)
+    if ended is not None:  # it ended while no notebook here followed: nothing to host
+        JobDB().update_job(job_id, status=ended.value, burn_rate=0.0)
+        row["status"] = ended.value
+        return False
     config = load_spec(store, job_id, key).to_config()
     provider = get_provider_class(config.provider)(config)
     try:
@@ -126,6 +131,20 @@ def ensure_hosted_controller(row: dict[str, Any]) -> bool:
     finally:
         provider.close()
     return True
+
+
+def _ended_in_store(store: Store, job_id: str) -> JobStatus | None:
+    """The job's final status if its event log says it ended (the last `status` event, so a
+    resumed job is running again), else None. Read before asking a cloud for the job's
+    coordinator: a hosted job usually ends while no notebook follows it."""
+    from spotnb.events import EventReader
+    from spotnb.protocol import Status
+
+    last = None
+    for event in EventReader(store, job_id).poll():
+        if isinstance(event, Status):
+            last = event.status
+    return last if last in TERMINAL else None
 
 
 def hosting_error(exc: BaseException, job_key: str) -> SpotnbError:

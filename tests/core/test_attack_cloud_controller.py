@@ -107,6 +107,7 @@ def test_resume_records_where_the_job_s_controller_now_runs(
     / `attach` here starts a second controller beside the coordinator's; one that brings it
     back to the notebook must record that too, or the notebook asks the cloud for a hosted
     controller (a coordinator VM) while its own drives the job."""
+    monkeypatch.setenv("SPOTNB_LEASE_TTL", "3")  # the controllers it starts: a quick handover
     fn = functools.partial(jobfns.fails_at, step_fail=1)
     config = spot.Config(store=store_url, ship_modules=["tests.core.jobfns"])
     job = spot.train(fn, config)
@@ -204,3 +205,27 @@ def test_a_hosting_error_that_echoes_the_boot_script_does_not_leak_the_job_key(
     events = Path(store_url.removeprefix("file://")) / "jobs" / row["id"] / "events"
     text = "".join(p.read_text() for p in events.iterdir())
     assert "UserData" in text and key.hex() not in text
+
+
+def test_a_hosted_job_that_ended_while_no_notebook_watched_is_not_hosted_again(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The common case of a job that outlives the notebook: it ended on its coordinator (which
+    powered off) while no notebook followed, so this machine's job DB still says running. The
+    next `spot.jobs()` must read the end from the store, not ask the cloud for the job's
+    coordinator again (on a cloud: a new on-demand VM that boots, installs spotnb, finds the
+    job ended and powers off, at every listing). (The cloud's host is stood in for.)"""
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=5, step_time=0.01),
+        spot.Config(controller="cloud", store=store_url, ship_modules=["tests.core.jobfns"]),
+    )
+    assert job.result(timeout=60) == 5
+    JobDB().update_job(job.id, status="running")  # what a notebook that was closed knew
+    from spotnb.providers.local import LocalProvider
+
+    asked: list[str] = []
+    monkeypatch.setattr(LocalProvider, "host_controller", lambda self, job_id, *a: asked.append(job_id))
+    rows = spot.jobs()
+    assert asked == []
+    assert [r["status"] for r in rows if r["id"] == job.id] == ["succeeded"]
+    assert JobDB().job(job.id)["status"] == "succeeded"
