@@ -7,6 +7,7 @@ it imports none of them.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -35,6 +36,7 @@ __all__ = [
 #: still there: each ask is a describe call, and a listing of jobs asks for every one.
 HOSTED_CHECK_S = 300.0
 _hosted_checked: dict[str, float] = {}
+log = logging.getLogger("spotnb.supervise")
 
 
 def start_controller(job_id: str, store_url: str) -> int:
@@ -87,7 +89,11 @@ def ensure_controller(row: dict[str, Any]) -> bool:
     if row.get("status") in TERMINAL:
         return False
     if row.get("controller") == "cloud":
-        return ensure_hosted_controller(row)
+        try:
+            return ensure_hosted_controller(row)
+        except Exception as exc:  # noqa: BLE001 - one job's trouble must not break a listing
+            log.warning("job %s: its hosted controller could not be checked: %s", row["id"], exc)
+            return False
     if JobDB().controller_alive(row["id"]):
         return False
     why = job_vanished(row)

@@ -6,6 +6,7 @@ of where a job's controller runs, which decides whether this machine may ever dr
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 import subprocess
@@ -50,14 +51,9 @@ def _wait(what: str, cond: Any, timeout: float = 60.0) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_a_killed_hosted_controller_is_restarted_and_ends_the_job_before_power_off(
-    store_url: str, tmp_path: Path
-) -> None:
-    """SIGKILL (an OOM kill) of the controller the coordinator runs: the script starts it
-    again, and the new one takes the job over once the dead one's lease runs out. The
-    coordinator must not read the restarted controller's "a live controller holds the job"
-    as the job's end and power off, leaving its instance unmanaged and the job unfinished."""
-    job = _submit(store_url, steps=80, step_time=0.05)
+def _run_coordinator(job: Job, tmp_path: Path, **env_extra: str) -> tuple[subprocess.Popen, Path, Path, Path]:
+    """The coordinator's boot script, started as a VM would run it: (process, its spotnb
+    home, its log, the file its power-off makes)."""
     key = load_key(job.id)
     assert key is not None
     script = tmp_path / "coordinator.sh"
@@ -80,22 +76,48 @@ def test_a_killed_hosted_controller_is_restarted_and_ends_the_job_before_power_o
         "SPOTNB_LOG": str(log),
         "SPOTNB_POWEROFF_CMD": f"touch {off}",
         "PYTHONPATH": str(ROOT),
+        **env_extra,
     }
+    proc = subprocess.Popen(["bash", str(script)], env=env, start_new_session=True)
+    return proc, vm_home, log, off
+
+
+@pytest.mark.parametrize("attack", ["kill", "stop"])
+def test_a_killed_or_frozen_hosted_controller_is_replaced_and_ends_the_job_before_power_off(
+    store_url: str, tmp_path: Path, attack: str
+) -> None:
+    """SIGKILL (an OOM kill) of the controller the coordinator runs: the script starts it
+    again, and the new one takes the job over once the dead one's lease runs out. The
+    coordinator must not read the restarted controller's "a live controller holds the job"
+    as the job's end and power off, leaving its instance unmanaged and the job unfinished.
+    SIGSTOP (a controller frozen whole, its lease no longer renewed): nothing else on the
+    machine would ever drive the job again, so the script ends the frozen one and starts
+    another."""
+    job = _submit(store_url, steps=80, step_time=0.05)
     follower = Job(job.id, job.store, None, {})
     follower.follow()
-    proc = subprocess.Popen(["bash", str(script)], env=env, start_new_session=True)
+    # the frozen controller's lease runs out in 3 s; the script looks every 2 s
+    proc, vm_home, log, off = _run_coordinator(job, tmp_path, SPOTNB_LEASE_TTL="3", SPOTNB_WATCHDOG_S="2")
     try:
         vm_db = JobDB(vm_home / "jobs.db")
         lease = _wait("the hosted controller's lease", lambda: vm_db.path.exists() and vm_db.lease(job.id))
         _wait("the job's first steps", lambda: follower.metrics.get("step_value"))
-        os.kill(int(lease["pid"]), signal.SIGKILL)
+        os.kill(int(lease["pid"]), signal.SIGKILL if attack == "kill" else signal.SIGSTOP)
         assert follower.result(timeout=40) == 80
         assert proc.wait(timeout=30) == 0
         assert off.exists()
-        assert "starting it again" in log.read_text()
+        text = log.read_text()
+        assert "starting it again" in text
+        if attack == "stop":
+            assert "stopped renewing its lease" in text
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        if attack == "stop":
+            try:
+                os.kill(int(lease["pid"]), signal.SIGKILL)
+            except (ProcessLookupError, UnboundLocalError):
+                pass
 
 
 def test_resume_records_where_the_job_s_controller_now_runs(
@@ -229,3 +251,19 @@ def test_a_hosted_job_that_ended_while_no_notebook_watched_is_not_hosted_again(
     assert asked == []
     assert [r["status"] for r in rows if r["id"] == job.id] == ["succeeded"]
     assert JobDB().job(job.id)["status"] == "succeeded"
+
+
+def test_one_hosted_job_with_a_spec_that_cannot_be_read_does_not_break_the_listing(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`spot.jobs()` asks after every unfinished job's controller; a hosted job whose spec
+    was tampered with (or whose store refuses this machine right now) must not make the
+    listing of every job raise. It is said in the log, and the other jobs are listed."""
+    bad = _submit(store_url, steps=5, step_time=0.01)
+    good = _submit(store_url, steps=5, step_time=0.01)
+    spec = Path(store_url.removeprefix("file://")) / "jobs" / bad.id / "spec.json"
+    spec.write_text(spec.read_text().replace('"steps"', '"stepz"').replace("}", ' , "x": 1}', 1))
+    caplog.set_level(logging.WARNING, logger="spotnb")
+    rows = spot.jobs()
+    assert {r["id"] for r in rows} >= {bad.id, good.id}
+    assert bad.id in caplog.text
