@@ -225,6 +225,13 @@ def dry_run_plan(fn: Any, config: Config) -> Plan:
             f.value: why for f, why in provider.unsupported.items() if not provider.supports(f)
         }
         plan["providers"] = sorted(registry())
+        if config.controller == "cloud":  # where the job is driven from: not this notebook
+            plan["controller"] = (
+                "hosted by the local market (a process of its own session, not this kernel's)"
+                if config.provider == "local"
+                else f"on the job's on-demand coordinator, as {config.controller_identity!r}; "
+                "this notebook only follows the store"
+            )
         plan.setdefault("instance_type", config.instance_type_name())
         return Plan(plan)
     return plan

@@ -267,3 +267,13 @@ def test_one_hosted_job_with_a_spec_that_cannot_be_read_does_not_break_the_listi
     rows = spot.jobs()
     assert {r["id"] for r in rows} >= {bad.id, good.id}
     assert bad.id in caplog.text
+
+
+def test_the_dry_run_says_where_a_cloud_controller_runs_on_the_local_market(store_url: str) -> None:
+    """On a cloud the plan shows the coordinator that hosts it; on the local market there is
+    no coordinator to show, and the plan said nothing of where the job would be driven from."""
+    plan = spot.train(jobfns.slow_steps, spot.Config(controller="cloud", store=store_url), dry_run=True)
+    assert "hosted by the local market" in str(plan)
+    assert JobDB().jobs() == []
+    plain = spot.train(jobfns.slow_steps, spot.Config(store=store_url), dry_run=True)
+    assert "controller" not in plain
