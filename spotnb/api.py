@@ -37,7 +37,7 @@ from spotnb.spec import (
     write_spec,
 )
 from spotnb.store import Store
-from spotnb.supervise import ensure_controller, job_vanished, mark_lost, start_controller
+from spotnb.supervise import ensure_controller, hosting_error, job_vanished, mark_lost, start_controller
 
 __all__ = [
     "train",
@@ -50,6 +50,7 @@ __all__ = [
     "job_vanished",
     "mark_lost",
     "run_controller",
+    "EXIT_LEASE_HELD",
 ]
 
 _LIVE: weakref.WeakValueDictionary[str, Job] = weakref.WeakValueDictionary()
@@ -225,6 +226,13 @@ def dry_run_plan(fn: Any, config: Config) -> Plan:
             f.value: why for f, why in provider.unsupported.items() if not provider.supports(f)
         }
         plan["providers"] = sorted(registry())
+        if config.controller == "cloud":  # where the job is driven from: not this notebook
+            plan["controller"] = (
+                "hosted by the local market (a process of its own session, not this kernel's)"
+                if config.provider == "local"
+                else f"on the job's on-demand coordinator, as {config.controller_identity!r}; "
+                "this notebook only follows the store"
+            )
         plan.setdefault("instance_type", config.instance_type_name())
         return Plan(plan)
     return plan
@@ -258,6 +266,14 @@ def _placement_rows(provider: Any, config: Config, regions: list[str] | str) -> 
         )
     except Exception as exc:  # noqa: BLE001 - a dry run shows what it could not learn
         return [{"zone": "?", "text": f"prices unavailable: {exc}"}]
+    if not prices and regions == "cheapest":
+        return [
+            {
+                "zone": "?",
+                "text": f"no zone prices {config.instance_type_name()}: a launch would have no zone to "
+                "go to. Check the instance type's name, or list zones in Config.regions",
+            }
+        ]
     db = JobDB()
     markets = {}
     for zone in prices:
@@ -390,8 +406,9 @@ def _host(job: Job, provider: Any) -> None:
     try:
         provider.host_controller(job.id, job.store.url, key.hex())
     except Exception as exc:
-        _refuse(job, f"the job's controller could not be started on its coordinator: {exc}", "no controller")
-        raise
+        safe = hosting_error(exc, key.hex())  # a refusal quoting the boot script: no key
+        _refuse(job, f"the job's controller could not be started on its coordinator: {safe}", "no controller")
+        raise safe from None
     finally:
         provider.close()
     job.follow()
@@ -425,8 +442,11 @@ def run_controller(job_id: str, store_url: str | None = None) -> int:
         )
         return 0
     provider = get_provider_class(config.provider)(config)
-    make_controller(job, config, provider, store, db).run()
-    return 0
+    controller = make_controller(job, config, provider, store, db)
+    controller.run()
+    # a live lease held by another (or a just-killed) controller is not the job's end: the
+    # coordinator's boot script powers off on 0, so it must retry until the lease runs out
+    return 0 if controller.generation else EXIT_LEASE_HELD
 
 
 def _refuse(job: Job, message: str, reason: str) -> None:
@@ -444,6 +464,9 @@ def _refuse(job: Job, message: str, reason: str) -> None:
 
 
 RESUMABLE = frozenset({JobStatus.FAILED, JobStatus.STOPPED})
+#: `spotnb controller`'s exit code when another controller holds the job's lease (nothing was
+#: driven; EX_TEMPFAIL): a loop that restarts a crashed controller tries again later.
+EXIT_LEASE_HELD = 75
 
 
 def resume(
@@ -545,7 +568,10 @@ def resume(
     )
     writer.emit(ev.Status(status=JobStatus.PENDING))
     writer.flush()
-    db.update_job(full_id, status=JobStatus.PENDING.value)
+    # where its controller now runs: a "cloud" row is never driven from this machine
+    db.update_job(
+        full_id, status=JobStatus.PENDING.value, controller="cloud" if new.controller == "cloud" else None
+    )
     fresh_job = Job(full_id, store, db, {"name": new.name})
     with _LIVE_LOCK:
         _LIVE.pop(full_id, None)

@@ -469,6 +469,9 @@ class _GenericConfig(BaseModel):
                 "own cloud identity to launch instances and reach the store (spotnb never ships "
                 f"credentials): set controller_identity to {example}, or controller='notebook'"
             )
+        bad = _identity_shape(self.provider, self.controller_identity)
+        if bad:
+            raise ValueError(f"controller_identity: {self.controller_identity!r} {bad}")
 
     def _check_migrate(self) -> None:
         if self.migrate != "best-price":
@@ -550,6 +553,34 @@ def _check_store(url: str) -> None:
 def _has_userinfo(text: str) -> bool:
     """True for a URL with `user:secret@host` in it (anywhere in a pip spec)."""
     return bool(re.search(r"[a-z][a-z0-9+.-]*://[^/\s@]+@", text, re.I))
+
+
+# What each cloud's launch API takes as the identity a hosted controller runs as.
+_IDENTITY_SHAPES = {
+    "aws": (r"[\w+=,.@-]{1,128}", "is not an instance profile name (letters, digits and +=,.@_-)"),
+    "azure": (
+        r"/subscriptions/[^/\s]+/resourceGroups/[^/\s]+/providers/Microsoft\.ManagedIdentity/"
+        r"userAssignedIdentities/[^/\s]+",
+        "is not a user-assigned identity's resource id (/subscriptions/…/resourceGroups/…/providers/"
+        "Microsoft.ManagedIdentity/userAssignedIdentities/NAME)",
+    ),
+    "gcp": (
+        r"[a-z0-9][\w.+-]*@([a-z0-9.-]+\.iam|developer|appspot)\.gserviceaccount\.com",
+        "is not a service account email (NAME@PROJECT.iam.gserviceaccount.com)",
+    ),
+}
+
+
+def _identity_shape(provider: str, identity: str | None) -> str | None:
+    """Why `identity` cannot be `provider`'s controller identity (None: it can, or unchecked):
+    caught here rather than as an opaque API error after the job was submitted."""
+    shape = _IDENTITY_SHAPES.get(provider)
+    if shape is None or identity is None or re.fullmatch(shape[0], identity, re.IGNORECASE):
+        return None
+    arn = re.fullmatch(r"arn:aws[\w-]*:iam::\d+:instance-profile/(?:.*/)?([^/]+)", identity)
+    if provider == "aws" and arn:
+        return f"is an ARN; give the instance profile's name {arn.group(1)!r}"
+    return shape[1]
 
 
 class Config(_GenericConfig, LocalSettings, AWSSettings, AzureSettings, GCPSettings, AnySettings):

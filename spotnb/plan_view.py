@@ -95,6 +95,8 @@ def summary_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("cloud left out", f"{cloud}: {why}"))
     if plan.get("migrate"):
         rows.append(("migrate", str(plan["migrate"])))
+    if plan.get("controller"):
+        rows.append(("controller", str(plan["controller"])))
     cap = _find(plan.get("requests"), ("MaxPrice", "maxPrice", "max_price"))
     if cap not in (None, "", -1, "-1"):
         rows.append(("max price", f"${float(cap):.3f}/h"))

@@ -7,6 +7,7 @@ it imports none of them.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 
 import fsspec
 
+from spotnb.errors import ConfigError, SpotnbError
 from spotnb.home import spotnb_home
 from spotnb.jobdb import JobDB
 from spotnb.protocol import TERMINAL, JobStatus
@@ -27,12 +29,14 @@ __all__ = [
     "ensure_controller",
     "ensure_hosted_controller",
     "HOSTED_CHECK_S",
+    "hosting_error",
 ]
 
 #: How often a notebook asks a cloud whether a job's hosted controller (its coordinator) is
 #: still there: each ask is a describe call, and a listing of jobs asks for every one.
 HOSTED_CHECK_S = 300.0
 _hosted_checked: dict[str, float] = {}
+log = logging.getLogger("spotnb.supervise")
 
 
 def start_controller(job_id: str, store_url: str) -> int:
@@ -85,7 +89,11 @@ def ensure_controller(row: dict[str, Any]) -> bool:
     if row.get("status") in TERMINAL:
         return False
     if row.get("controller") == "cloud":
-        return ensure_hosted_controller(row)
+        try:
+            return ensure_hosted_controller(row)
+        except Exception as exc:  # noqa: BLE001 - one job's trouble must not break a listing
+            log.warning("job %s: its hosted controller could not be checked: %s", row["id"], exc)
+            return False
     if JobDB().controller_alive(row["id"]):
         return False
     why = job_vanished(row)
@@ -115,10 +123,40 @@ def ensure_hosted_controller(row: dict[str, Any]) -> bool:
     if key is None:
         return False  # submitted on another machine: that one, or its coordinator, drives it
     store = Store(row["store"])
+    ended = _ended_in_store(store, job_id)
+    if ended is not None:  # it ended while no notebook here followed: nothing to host
+        JobDB().update_job(job_id, status=ended.value, burn_rate=0.0)
+        row["status"] = ended.value
+        return False
     config = load_spec(store, job_id, key).to_config()
     provider = get_provider_class(config.provider)(config)
     try:
         provider.host_controller(job_id, store.url, key.hex())
+    except Exception as exc:
+        raise hosting_error(exc, key.hex()) from None
     finally:
         provider.close()
     return True
+
+
+def _ended_in_store(store: Store, job_id: str) -> JobStatus | None:
+    """The job's final status if its event log says it ended (the last `status` event, so a
+    resumed job is running again), else None. Read before asking a cloud for the job's
+    coordinator: a hosted job usually ends while no notebook follows it."""
+    from spotnb.events import EventReader
+    from spotnb.protocol import Status
+
+    last = None
+    for event in EventReader(store, job_id).poll():
+        if isinstance(event, Status):
+            last = event.status
+    return last if last in TERMINAL else None
+
+
+def hosting_error(exc: BaseException, job_key: str) -> SpotnbError:
+    """`exc` from `Provider.host_controller` as an error safe to show and record: a cloud's
+    refusal may quote the request it refused (the coordinator's boot script carries the job
+    key), so the key is cut out of its text and the original is not chained."""
+    if isinstance(exc, ConfigError):  # spotnb's own words: kept as they are, and their type
+        return ConfigError(str(exc).replace(job_key, "<the job key>"))
+    return SpotnbError(f"{type(exc).__name__}: {exc}".replace(job_key, "<the job key>"))

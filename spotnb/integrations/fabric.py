@@ -16,7 +16,7 @@ sampler's epoch from its saved count instead, but the per-rank loaders are not c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from spotnb.integrations.loader import ResumableLoader
@@ -54,7 +54,45 @@ def fabric_batches(ctx: Any, loader: Any, steps: int) -> Iterator[tuple[int, Any
     tracks the loader's position and the epoch itself (as `spotnb_loader`, `spotnb_epoch`).
 
     A batch counts as trained once your loop body for it ran: a save at the step boundary
-    then resumes at the next batch. An empty loader is an error, not an endless loop."""
+    then resumes at the next batch. An empty loader is an error, not an endless loop.
+
+    Bad arguments are refused here, at the call, before anything is tracked: `steps` not a
+    positive int, a `loader` that is not iterable or is a one-shot iterator (it could not give
+    a second epoch, nor replay its batches on a resume), a `ctx` that is not the job's."""
+    _check(ctx, loader, steps)
+    return _batches(ctx, loader, steps)
+
+
+def _check(ctx: Any, loader: Any, steps: Any) -> None:
+    """`fabric_batches`'s arguments, each refused with the fix."""
+    if not (callable(getattr(ctx, "track", None)) and callable(getattr(ctx, "steps", None))):
+        raise TypeError(
+            f"fabric_batches: ctx must be the job's context (the argument your train function "
+            f"receives), got {type(ctx).__name__}"
+        )
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise TypeError(f"fabric_batches: steps must be an int (the number of steps to train), got {steps!r}")
+    if steps <= 0:
+        raise ValueError(
+            f"fabric_batches: steps must be at least 1 (the number of steps to train), got {steps}"
+        )
+    inner = loader.loader if isinstance(loader, ResumableLoader) else loader
+    # not iter(inner): a DataLoader's iterator starts its workers and draws its base seed from
+    # the RNG, which would shift every random draw of the run
+    if isinstance(inner, Iterator):
+        raise TypeError(
+            f"fabric_batches: loader is an iterator ({type(inner).__name__}), which gives one "
+            "epoch and cannot replay its batches on a resume; pass the DataLoader itself "
+            "(or another re-iterable loader), not iter(loader) or a generator"
+        )
+    if not isinstance(inner, Iterable):
+        raise TypeError(
+            f"fabric_batches: loader is not iterable ({type(inner).__name__}); pass a DataLoader "
+            "(or what fabric.setup_dataloaders returned)"
+        )
+
+
+def _batches(ctx: Any, loader: Any, steps: int) -> Iterator[tuple[int, Any]]:
     resumable = loader if isinstance(loader, ResumableLoader) else ResumableLoader(loader)
     epochs = _Epochs()
     ctx.track(spotnb_loader=resumable, spotnb_epoch=epochs)

@@ -85,6 +85,11 @@ class AnySettings(ProviderSettings):
                 )
         named = [config.region] if config.region else []
         if isinstance(config.regions, list):
+            if not config.regions:
+                raise ValueError(
+                    "regions: the list is empty; give zones as '<cloud>/<zone>' "
+                    "(e.g. ['aws/us-east-1a', 'gcp/us-central1-a']) or regions='cheapest'"
+                )
             named += config.regions
         elif config.regions != "cheapest" and not named:
             raise ValueError(
@@ -103,6 +108,11 @@ class AnySettings(ProviderSettings):
                 raise ValueError(
                     f"instance_type: {name!r} is on {cloud}, which has no instance type in the "
                     f"mapping {mapping!r}; add instance_type[{cloud!r}] or remove the zone"
+                )
+            if config.any_clouds and cloud not in config.any_clouds:
+                raise ValueError(
+                    f"any_clouds: {name!r} is on {cloud}, which any_clouds={config.any_clouds!r} "
+                    f"leaves out; add {cloud!r} to any_clouds or remove the zone"
                 )
         if config.instances > 1:
             raise ValueError(

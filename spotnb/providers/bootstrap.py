@@ -324,8 +324,31 @@ echo "spotnb coordinator: start $(date -u +%FT%TZ)"
 ( umask 077 && mkdir -p "$SPOTNB_HOME/keys" && printf '%s' "$SPOTNB_JOB_KEY" > "$SPOTNB_HOME/keys/"{job}.key )
 unset SPOTNB_JOB_KEY
 {lighthouse}
-until "$PY" -m spotnb.cli controller {job} --store {store}; do
-  echo "spotnb coordinator: the controller exited with $?, starting it again in 5 s"
+# a controller frozen whole (its lease no longer renewed, its process still there) would hold
+# the job forever on this machine: it is ended, and started again like one that crashed
+spotnb_frozen() {{  # pid: whether it holds the job's lease and let it run out
+  "$PY" - "$1" {job} <<'PYEOF'
+import sys, time
+from spotnb.jobdb import JobDB
+lease = JobDB().lease(sys.argv[2])
+sys.exit(0 if lease and lease["pid"] == int(sys.argv[1]) and lease["expires"] < time.time() else 1)
+PYEOF
+}}
+WATCH=${{SPOTNB_WATCHDOG_S:-30}}
+while true; do
+  "$PY" -m spotnb.cli controller {job} --store {store} &
+  CTL=$!
+  while kill -0 "$CTL" 2>/dev/null; do
+    sleep "$WATCH" & wait $!
+    if kill -0 "$CTL" 2>/dev/null && spotnb_frozen "$CTL"; then
+      echo "spotnb coordinator: the controller (pid $CTL) stopped renewing its lease; ending it"
+      kill -9 "$CTL" 2>/dev/null
+    fi
+  done
+  wait "$CTL"
+  CODE=$?
+  [ "$CODE" -eq 0 ] && break
+  echo "spotnb coordinator: the controller exited with $CODE, starting it again in 5 s"
   sleep 5
 done
 echo "spotnb coordinator: the job ended, powering off"

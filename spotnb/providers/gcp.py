@@ -574,13 +574,23 @@ class GCPProvider(GCPCoordinator, Provider):
                 }
 
             raw, _ = cached(f"gcp-machine-{machine_type}", 30 * CATALOG_TTL, shape)
+            if not isinstance(skus, list):
+                raise ValueError(f"the cached catalog is a {type(skus).__name__}, not a list of SKUs")
         except Exception as exc:  # noqa: BLE001 - no credentials, API off, quota: the table answers
             self._catalog_failed = True
             log.info("GCP prices: the Cloud Billing catalog is not readable (%s); using the dated table", exc)
             return None
-        machine = MachineShape(
-            int(raw["cpus"]), float(raw["memory_gb"]), tuple((g, int(c)) for g, c in raw["gpus"])
-        )
+        try:
+            machine = MachineShape(
+                int(raw["cpus"]), float(raw["memory_gb"]), tuple((str(g), int(c)) for g, c in raw["gpus"])
+            )
+        except (TypeError, ValueError, KeyError) as exc:  # a corrupt cache entry: not a crash
+            log.info(
+                "GCP prices: the cached shape of %s is unusable (%r); using the dated table",
+                machine_type,
+                exc,
+            )
+            return None
         prices = machine_price(machine_type, machine, self._catalog_rates[region])
         if prices is None:
             return None

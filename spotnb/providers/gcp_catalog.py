@@ -16,6 +16,7 @@ price shown says how old it is.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 __all__ = [
     "SERVICE",
     "CATALOG_TTL",
+    "MAX_PAGES",
     "MachineShape",
     "Rates",
     "rates_from_skus",
@@ -36,6 +38,8 @@ log = logging.getLogger("spotnb.gcp.catalog")
 SERVICE = "services/6F81-5844-456A"
 #: Seconds the fetched SKU list is reused (list prices change rarely; spot ones at most monthly).
 CATALOG_TTL = 24 * 3600.0
+#: Pages read at most (~20 in 2026): a catalog that pages on past this is a failed read.
+MAX_PAGES = 200
 
 # A machine family's words in its SKUs' descriptions ("<words> Core" / "<words> Ram").
 _FAMILY = {
@@ -82,13 +86,21 @@ class Rates:
 
 
 def _rate(sku: dict[str, Any]) -> float | None:
-    """The SKU's hourly unit price (its first tier with a price above zero)."""
-    for info in sku.get("pricingInfo") or []:
-        expr = info.get("pricingExpression") or {}
-        for tier in expr.get("tieredRates") or []:
-            price = tier.get("unitPrice") or {}
-            value = float(price.get("units") or 0) + float(price.get("nanos") or 0) / 1e9
-            if value > 0:
+    """The SKU's hourly unit price (its first tier with a finite price above zero); None for
+    a SKU whose pricing is missing or malformed (it is skipped, not the whole catalog)."""
+    infos = sku.get("pricingInfo")
+    for info in infos if isinstance(infos, list) else []:
+        expr = info.get("pricingExpression") if isinstance(info, dict) else None
+        tiers = expr.get("tieredRates") if isinstance(expr, dict) else None
+        for tier in tiers if isinstance(tiers, list) else []:
+            price = tier.get("unitPrice") if isinstance(tier, dict) else None
+            if not isinstance(price, dict):
+                continue
+            try:
+                value = float(price.get("units") or 0) + float(price.get("nanos") or 0) / 1e9
+            except (TypeError, ValueError):
+                return None
+            if math.isfinite(value) and value > 0:
                 return value
     return None
 
@@ -112,9 +124,12 @@ def rates_from_skus(skus: list[dict[str, Any]], region: str) -> Rates:
     spot: dict[str, dict[str, float]] = {"core": {}, "ram": {}, "gpu": {}}
     on_demand: dict[str, dict[str, float]] = {"core": {}, "ram": {}, "gpu": {}}
     for sku in skus:
-        cat = sku.get("category") or {}
-        usage = cat.get("usageType")
-        if usage not in ("OnDemand", "Preemptible") or region not in (sku.get("serviceRegions") or []):
+        if not isinstance(sku, dict):
+            continue
+        cat = sku.get("category")
+        usage = cat.get("usageType") if isinstance(cat, dict) else None
+        regions = sku.get("serviceRegions")
+        if usage not in ("OnDemand", "Preemptible") or not isinstance(regions, list) or region not in regions:
             continue
         description = str(sku.get("description") or "")
         if "Custom" in description or "Sole Tenancy" in description or "Commitment" in description:
@@ -130,8 +145,11 @@ def rates_from_skus(skus: list[dict[str, Any]], region: str) -> Rates:
 
 def machine_price(machine_type: str, shape: MachineShape, rates: Rates) -> tuple[float, float] | None:
     """(spot, on demand) $/h of `machine_type`, or None when a part of it has no rate (a family
-    or GPU this module does not know, or a region without that SKU)."""
+    or GPU this module does not know, or a region without that SKU), or the shape or rates
+    add up to no price at all (a machine is never priced at $0)."""
     family = machine_type.split("-", 1)[0].lower()
+    if shape.cpus <= 0 or not shape.memory_gb > 0:
+        return None
     totals = []
     for table in (rates.spot, rates.on_demand):
         core, ram = table["core"].get(family), table["ram"].get(family)
@@ -143,6 +161,8 @@ def machine_price(machine_type: str, shape: MachineShape, rates: Rates) -> tuple
             if rate is None:
                 return None
             total += count * rate
+        if not (math.isfinite(total) and total > 0):
+            return None
         totals.append(round(total, 6))
     return totals[0], totals[1]
 
@@ -153,7 +173,8 @@ def catalog_skus(session: Any) -> list[dict[str, Any]]:
     url = f"https://cloudbilling.googleapis.com/v1/{SERVICE}/skus"
     skus: list[dict[str, Any]] = []
     token = ""
-    for _ in range(200):  # ~20 pages in 2026; a bound against a token that never ends
+    seen: set[str] = set()
+    for _ in range(MAX_PAGES):
         params = {"currencyCode": "USD", "pageSize": 5000}
         if token:
             params["pageToken"] = token
@@ -163,22 +184,33 @@ def catalog_skus(session: Any) -> list[dict[str, Any]]:
         skus.extend(_slim(s) for s in page.get("skus") or [])
         token = page.get("nextPageToken") or ""
         if not token:
-            break
-    return skus
+            return skus
+        if token in seen:  # the same page again and again: no catalog, not a repeated one
+            raise ValueError(f"the catalog's nextPageToken {token[:20]!r} repeats after {len(seen)} page(s)")
+        seen.add(token)
+    # a partial list cached for a day would price some families from a subset
+    raise ValueError(f"the catalog did not end within {MAX_PAGES} pages")
 
 
-def _slim(sku: dict[str, Any]) -> dict[str, Any]:
-    """What `rates_from_skus` reads of a SKU (the cache holds a tenth of the catalog)."""
+def _slim(sku: Any) -> dict[str, Any]:
+    """What `rates_from_skus` reads of a SKU (the cache holds a tenth of the catalog); a field
+    of the wrong shape is dropped, so one malformed SKU is skipped later, not the catalog."""
+
+    def field(obj: Any, name: str, kind: type) -> Any:
+        value = obj.get(name) if isinstance(obj, dict) else None
+        return value if isinstance(value, kind) else kind()
+
+    infos = field(sku, "pricingInfo", list)[:1]
     return {
-        "description": sku.get("description"),
-        "category": {"usageType": (sku.get("category") or {}).get("usageType")},
-        "serviceRegions": sku.get("serviceRegions") or [],
+        "description": field(sku, "description", str),
+        "category": {"usageType": field(field(sku, "category", dict), "usageType", str) or None},
+        "serviceRegions": field(sku, "serviceRegions", list),
         "pricingInfo": [
             {
                 "pricingExpression": {
-                    "tieredRates": (i.get("pricingExpression") or {}).get("tieredRates") or []
+                    "tieredRates": field(field(i, "pricingExpression", dict), "tieredRates", list)
                 }
             }
-            for i in (sku.get("pricingInfo") or [])[:1]
+            for i in infos
         ],
     }

@@ -245,6 +245,15 @@ class AnyCloudProvider(Provider):
 
     # -- instances -------------------------------------------------------------------------
     def _launch(self, spec: LaunchSpec) -> Instance:
+        if spec.region is None:  # regions='cheapest' and no cloud priced a zone of its type
+            clouds = self.clouds()
+            example = f"{clouds[0]}/<zone>" if clouds else "aws/us-east-1a"
+            raise ConfigError(
+                f"Config.instance_type: no zone of {', '.join(clouds) or 'any cloud'} prices "
+                f"{self.config.instance_type_name()}, so regions='cheapest' has no zone to launch "
+                f"in (a type name one cloud does not offer; GCP prices no zone without a list). "
+                f"Check each cloud's type name, or list zones: regions=['{example}', ...]"
+            )
         cloud, inner = self._where(spec.region)
         if cloud not in self.clouds():
             raise ConfigError(
