@@ -32,6 +32,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -205,6 +206,16 @@ class ShardedCheckpointer:
         """Load the newest sharded checkpoint that verifies on every process into
         `state_dict` (in place, resharded to this group's layout); None when there is none.
         Every process returns the same manifest."""
+        found = self.load_with(lambda _keys: state_dict)
+        return found[0] if found is not None else None
+
+    def load_with(
+        self, prepare: Callable[[Collection[str]], dict[str, Any]]
+    ) -> tuple[Manifest, dict[str, Any]] | None:
+        """`load`, with the state dict to load into made by `prepare(keys)` once the
+        checkpoint to load is chosen (`keys`: the (flattened) keys it holds, e.g. per-process
+        entries that exist only for the processes that wrote it). Returns the manifest and
+        the loaded state dict."""
         ck = self.ckpt
         candidates = [m for m in ck.list_manifests() if is_sharded(m)] if self.rank == 0 else None
         candidates = self._broadcast(candidates)
@@ -213,12 +224,14 @@ class ShardedCheckpointer:
             try:
                 reason = self._fetch(manifest, local)
                 if self._all(reason is None):
+                    reader = dcp.FileSystemReader(local)
+                    state_dict = prepare(set(reader.read_metadata().state_dict_metadata))
                     dcp.load(
                         state_dict,
                         storage_reader=dcp.FileSystemReader(local),
                         process_group=self.group if self.distributed else None,
                     )
-                    return manifest
+                    return manifest, state_dict
                 if reason is not None:  # the process that saw the damage says what it was
                     ck.emit(ev.CheckpointInvalid(seq=manifest.seq, step=manifest.step, reason=reason))
             finally:
