@@ -64,3 +64,34 @@ def test_a_preempted_sharded_job_resumes_from_its_shards_exactly(tmp_path: Path)
         got = torch.load(hit_out / f"{name}.pt")
         assert sorted(got) == sorted(calm_w)
         assert all(torch.equal(got[k], calm_w[k]) for k in calm_w), name
+
+
+def test_a_noticed_sharded_group_saves_its_shards_together_and_resumes_exactly(tmp_path: Path) -> None:
+    """A notice reaches rank 0 only; rank 1 learns it, and rank 0's decision to save, at the
+    same step boundary, both write their shards of that step in one emergency checkpoint and
+    leave; the next instance resumes from exactly that step and ends with the calm weights."""
+    steps = 30
+    calm_out, hit_out = tmp_path / "calm", tmp_path / "hit"
+    calm_out.mkdir()
+    hit_out.mkdir()
+    fn = functools.partial(procfns.sharded_mlp, steps=steps, step_delay=0.03)
+    calm = spot.train(functools.partial(fn, out=str(calm_out)), _config())
+    hit = spot.train(
+        functools.partial(fn, out=str(hit_out)),
+        _config(
+            local_schedule=[{"instance": 0, "step": 13, "notice": True}], local_grace=10.0, notice_poll=0.1
+        ),
+    )
+    assert calm.result(timeout=90)["step"] == steps
+    assert hit.result(timeout=90)["step"] == steps
+    (preempted,) = _by(hit, "preempted", 1)
+    assert preempted["how"] == "evacuated"
+    (saved,) = [c for c in _by(hit, "checkpoint", 1) if c["save_kind"] == "emergency"]
+    (evacuated,) = _by(hit, "evacuated", 1)
+    assert evacuated["step"] == saved["step"] >= 13
+    (resumed,) = _by(hit, "resumed", 2)
+    assert resumed["from_step"] == saved["step"]
+    calm_w = torch.load(calm_out / "1-0.pt")
+    for name in ("2-0", "2-1"):
+        got = torch.load(hit_out / f"{name}.pt")
+        assert all(torch.equal(got[k], calm_w[k]) for k in calm_w), name
