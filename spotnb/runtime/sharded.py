@@ -41,7 +41,7 @@ import torch.distributed.checkpoint as dcp
 
 from spotnb import protocol as ev
 from spotnb.protocol import SaveKind
-from spotnb.runtime.checkpoint import Checkpointer, Manifest
+from spotnb.runtime.checkpoint import Checkpointer, Manifest, _ewm
 
 __all__ = ["ShardedCheckpointer", "SHARD_DIR", "MARKER", "is_sharded"]
 
@@ -187,6 +187,10 @@ class ShardedCheckpointer:
         except Exception as exc:  # noqa: BLE001 - not committed: say so, keep the older ones
             ck.emit(ev.CheckpointFailed(step=step, save_kind=kind, error=f"commit: {exc!r}"))
             return None
+        # the policy's δ and β (`Observation`): rank 0's write and upload, the whole size
+        ck.snapshot_ema, ck.snapshot_var = _ewm(ck.snapshot_ema, ck.snapshot_var, snapshot_s)
+        ck.upload_ema, ck.upload_var = _ewm(ck.upload_ema, ck.upload_var, max(0.0, upload_s - snapshot_s))
+        ck.last_bytes = ck.last_written = manifest.nbytes
         ck.committed.append(manifest)
         ck.emit(
             ev.Checkpoint(
