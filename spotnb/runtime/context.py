@@ -8,6 +8,7 @@ policy asked for, or when the notice watcher moves that boundary to "now".
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import random
 import time
@@ -25,10 +26,21 @@ from spotnb.runtime.elastic import Elastic, GroupOptimizer, ReplicatedOptimizer,
 from spotnb.runtime.incremental import frozen_tensors
 from spotnb.runtime.local_group import Group
 from spotnb.runtime.notice import Notice
+from spotnb.runtime.sharded import ShardedCheckpointer
+from spotnb.runtime.sharded_state import apply_loaded, has_dtensors, load_template, save_state
 
 __all__ = ["Context", "Evacuate", "ctx"]
 
+log = logging.getLogger(__name__)
+
 _NEVER = 2**62
+_SHARDED_ELASTIC = (
+    "a sharded model (DTensor parameters, e.g. FSDP's fully_shard) trains on one instance's "
+    "processes (procs_per_instance) only: set instances=1, or shard within the instance and "
+    "replicate an unsharded model across instances"
+)
+#: the save kinds as the numbers rank 0 shares with its group (0: no save at this boundary)
+_KIND_CODES = list(SaveKind)
 _RESERVED = frozenset({"step", "t", "incarnation", "replica"})  # row keys spotnb fills in
 #: the tracked entry holding a replicated job's sync mode, step and DiLoCo outer momentum
 SYNC_KEY = "_spotnb_sync"
@@ -137,6 +149,8 @@ class Context:
         self._replicated = False
         self._window_compute = 0.0  # compute seconds counted when the current window began
         self._group_owes = False  # rank 0 has yet to tell its group what it does on a notice
+        self._sharded: ShardedCheckpointer | None = None  # the tracked model holds DTensors
+        self._sharded_due: SaveKind | None = None  # the save every rank makes at this boundary
         if group is not None:
             group.deliver = self._shared_notice
 
@@ -192,6 +206,11 @@ class Context:
         if not isinstance(optimizer, torch.optim.Optimizer):
             got = type(optimizer).__name__
             raise TypeError(f"ctx.replicate(..., optimizer): expected a torch.optim.Optimizer, got {got}")
+        if has_dtensors({"model": model}):
+            if self._elastic is not None:
+                raise RuntimeError(_SHARDED_ELASTIC)
+            self._replicated = True  # FSDP already reduces the gradients over the group
+            return model, optimizer
         self._replicated = True
         if self._group is not None:
             self._group.same_start(model)  # as DDP does: every rank from rank 0's weights
@@ -245,23 +264,16 @@ class Context:
             return self.resumed_from
         self._restored = True
         t0 = time.perf_counter()
+        self._detect_sharded()
+        if self._sharded is not None:
+            return self._restore_sharded(t0)
         self._beacon.set_phase(Phase.RESTORE)
         try:
             found = self._ckpt.load_latest()
         finally:
             self._beacon.set_phase(Phase.IDLE)
         if found is None:
-            if self._high_water > 0 and self._checkpointed:
-                # an earlier incarnation got this far, yet nothing restores: say so, loudly
-                self._emit(
-                    ev.JobWarning(
-                        message=f"no checkpoint could be restored although an earlier instance reached "
-                        f"step {self._high_water}: every checkpoint is missing or failed verification, "
-                        "so training restarts from step 0",
-                        restart_from_zero=True,
-                        high_water=self._high_water,
-                    )
-                )
+            self._nothing_restored()
             return None
         manifest, state = found
         objects = state.get("objects", {})
@@ -279,6 +291,65 @@ class Context:
         self.state.update(state.get("user", {}))
         self._ckpt.adopt(self._full_state(), frozen_tensors(self._tracked.values()))  # not rehashed
         self._step = self._last_save_step = int(state["step"])
+        self.resumed_from = self._step
+        self._emit(
+            ev.Resumed(
+                from_step=self._step,
+                seq=manifest.seq,
+                save_kind=manifest.kind,
+                restore_s=time.perf_counter() - t0,
+            )
+        )
+        return self._step
+
+    def _nothing_restored(self) -> None:
+        if self._high_water > 0 and self._checkpointed:
+            # an earlier incarnation got this far, yet nothing restores: say so, loudly
+            self._emit(
+                ev.JobWarning(
+                    message=f"no checkpoint could be restored although an earlier instance reached "
+                    f"step {self._high_water}: every checkpoint is missing or failed verification, "
+                    "so training restarts from step 0",
+                    restart_from_zero=True,
+                    high_water=self._high_water,
+                )
+            )
+
+    def _detect_sharded(self) -> None:
+        """A tracked model with DTensor parameters (FSDP2 inside the instance's group) is
+        saved and restored by every rank in DCP's format (`runtime/sharded_state.py`)."""
+        if self._sharded is not None or not has_dtensors(self._tracked):
+            return
+        if self._elastic is not None:
+            raise RuntimeError(_SHARDED_ELASTIC)
+        self._sharded = ShardedCheckpointer(self._ckpt)
+
+    def _rank(self) -> int:
+        return self._sharded.rank if self._sharded is not None else 0
+
+    def _restore_sharded(self, t0: float) -> int | None:
+        """Every rank loads the newest sharded checkpoint that verifies on all of them,
+        resharded to this group's layout."""
+        assert self._sharded is not None
+        rank = self._rank()
+        self._beacon.set_phase(Phase.RESTORE)
+        try:
+            found = self._sharded.load_with(lambda keys: load_template(self._tracked, keys, rank))
+        finally:
+            self._beacon.set_phase(Phase.IDLE)
+        if found is None:
+            self._nothing_restored()
+            return None
+        manifest, loaded = found
+        shared, rng = apply_loaded(self._tracked, loaded, rank)
+        if rng is not None:
+            _set_rng_state(rng)
+        else:
+            log.warning(
+                "checkpoint %d was written by fewer processes: rank %d keeps a fresh RNG", manifest.seq, rank
+            )
+        self.state.update(shared.get("user", {}))
+        self._step = self._last_save_step = int(shared["step"])
         self.resumed_from = self._step
         self._emit(
             ev.Resumed(
@@ -477,7 +548,8 @@ class Context:
     def _begin_loop(self, total: int | None) -> None:
         if total is not None:
             self.total = total
-        if self._group is not None and not self._replicated:
+        self._detect_sharded()
+        if self._group is not None and not self._replicated and self._sharded is None:
             raise RuntimeError(
                 f"this job runs {self._group.local_world_size} processes per instance: call "
                 "model, opt = ctx.replicate(model, opt) before ctx.track(...) and the loop, so "
@@ -527,10 +599,91 @@ class Context:
         else:
             self._recompute_s += dt
         self._timed_steps += 1
+        if self._sharded is not None and self._group is not None:
+            self._share_decision()
         if boundary and self._step >= self._next_save:
             self._boundary()
 
+    def _share_decision(self) -> None:
+        """A sharded job: every rank takes part in each save, so rank 0 (whose policy and
+        notices decide) tells the group at every step boundary whether this one saves, and
+        what kind, together with a pending notice (one small all-reduce; FSDP's own
+        collectives carry no word of ours)."""
+        group = self._group
+        assert group is not None
+        kind: SaveKind | None = None
+        if group.local_rank == 0:
+            if self._move_again is not None and self._notice is None and self._plan_due():
+                group.pending, self._move_again = self._move_again, None
+            if self._requested is not None:
+                kind, self._requested = self._requested, None
+            elif self._plan_due():
+                assert self._plan is not None
+                kind = self._plan.kind
+        code = group.decide(_KIND_CODES.index(kind) + 1 if kind is not None else 0)
+        self._sharded_due = _KIND_CODES[code - 1] if code else None
+        if self._sharded_due is not None:
+            self._next_save = 0
+
+    def _sharded_boundary(self) -> None:
+        if self._notice is not None and not self._notice_handled:
+            self._notice_handled = True
+            self._sharded_notice()
+        if self._group is None:  # one process holding DTensors: its own policy decides
+            if self._requested is not None:
+                self._sharded_due, self._requested = self._requested, None
+            elif self._plan_due():
+                assert self._plan is not None
+                self._sharded_due = self._plan.kind
+        if self._sharded_due is not None:
+            kind, self._sharded_due = self._sharded_due, None
+            self._save_sharded(kind)
+        self._arm()
+
+    def _sharded_notice(self) -> None:
+        """Rank 0 decides whether to take the emergency save; the group learns the decision
+        at this boundary and, if so, saves with it and leaves once it committed."""
+        notice = self._notice
+        assert notice is not None
+        rank0 = self._rank() == 0
+        moving = notice.source == "move"
+        kind = SaveKind.MOVE if moving else SaveKind.EMERGENCY
+        save = True
+        if rank0:
+            left = notice.deadline - time.time()
+            if not moving and not self._policy.on_notice(self._observation(), left):
+                self._emit(emergency_skipped(self._observation(), self._step, left))
+                save = False
+            else:
+                self._emit(ev.Evacuating(step=self._step, time_left=left))
+        if self._group is not None:
+            save = self._group.agree(save)
+        if not save:
+            return
+        if self._save_sharded(kind) is not None:
+            self._evacuate_after_save()
+        if rank0 and moving:  # not committed: try the move again at the next planned save
+            if self._notice is notice:
+                self._notice = None
+            self._notice_handled = False
+            self._move_again = notice
+
+    def _save_sharded(self, kind: SaveKind) -> Any:
+        """Every rank writes its shard (synchronously); the committed manifest, or None."""
+        assert self._sharded is not None
+        t0 = time.perf_counter()
+        rank = self._rank()
+        state = save_state(self._tracked, {"step": self._step, "user": self.state}, _rng_state(), rank)
+        manifest = self._sharded.save(state, self._step, kind)
+        self._last_save_step = self._step
+        self._replan()
+        self._save_s += time.perf_counter() - t0
+        self._t_last = time.perf_counter()  # the save is not step time
+        return manifest
+
     def _boundary(self) -> None:
+        if self._sharded is not None:
+            return self._sharded_boundary()
         if self._move_again is not None and self._notice is None and self._plan_due():
             if self._group is not None:  # the group learns it with the next all-reduce
                 self._group.pending, self._move_again = self._move_again, None
@@ -647,6 +800,11 @@ class Context:
         files: list[tuple[str, str]] | None = None,
         dirs: dict[str, str] | None = None,
     ) -> None:
+        if self._sharded is not None:
+            if files:
+                raise ValueError("ctx.backup(...) of files is not supported with a sharded model")
+            self._save_sharded(kind)
+            return
         if (self._rep is not None and self._rep.replica != 0) or (
             self._group is not None and self._group.local_rank != 0
         ):

@@ -126,6 +126,23 @@ class Group:
         if self.deliver is not None:
             self.deliver(notice)
 
+    def decide(self, code: int) -> int:
+        """Rank 0's `code` on every rank, with its pending notice (as in `average`): a
+        sharded job's per-step word on whether this boundary saves (`Context`)."""
+        import torch
+        import torch.distributed as dist
+
+        left, mine = 0.0, 0.0
+        if self.local_rank == 0:
+            mine = float(code)
+            if self.pending is not None:
+                left = max(1e-3, float(self.pending.deadline - time.time()))
+        buf = torch.tensor([left, mine], dtype=torch.float64)
+        dist.all_reduce(buf)
+        if float(buf[0]) > 0.0:
+            self._noticed(float(buf[0]))
+        return int(buf[1])
+
     def agree(self, value: bool) -> bool:
         """Rank 0's `value`, on every rank (the others' argument is ignored)."""
         import torch

@@ -32,6 +32,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -40,7 +41,7 @@ import torch.distributed.checkpoint as dcp
 
 from spotnb import protocol as ev
 from spotnb.protocol import SaveKind
-from spotnb.runtime.checkpoint import Checkpointer, Manifest
+from spotnb.runtime.checkpoint import Checkpointer, Manifest, _ewm
 
 __all__ = ["ShardedCheckpointer", "SHARD_DIR", "MARKER", "is_sharded"]
 
@@ -186,6 +187,10 @@ class ShardedCheckpointer:
         except Exception as exc:  # noqa: BLE001 - not committed: say so, keep the older ones
             ck.emit(ev.CheckpointFailed(step=step, save_kind=kind, error=f"commit: {exc!r}"))
             return None
+        # the policy's δ and β (`Observation`): rank 0's write and upload, the whole size
+        ck.snapshot_ema, ck.snapshot_var = _ewm(ck.snapshot_ema, ck.snapshot_var, snapshot_s)
+        ck.upload_ema, ck.upload_var = _ewm(ck.upload_ema, ck.upload_var, max(0.0, upload_s - snapshot_s))
+        ck.last_bytes = ck.last_written = manifest.nbytes
         ck.committed.append(manifest)
         ck.emit(
             ev.Checkpoint(
@@ -205,6 +210,16 @@ class ShardedCheckpointer:
         """Load the newest sharded checkpoint that verifies on every process into
         `state_dict` (in place, resharded to this group's layout); None when there is none.
         Every process returns the same manifest."""
+        found = self.load_with(lambda _keys: state_dict)
+        return found[0] if found is not None else None
+
+    def load_with(
+        self, prepare: Callable[[Collection[str]], dict[str, Any]]
+    ) -> tuple[Manifest, dict[str, Any]] | None:
+        """`load`, with the state dict to load into made by `prepare(keys)` once the
+        checkpoint to load is chosen (`keys`: the (flattened) keys it holds, e.g. per-process
+        entries that exist only for the processes that wrote it). Returns the manifest and
+        the loaded state dict."""
         ck = self.ckpt
         candidates = [m for m in ck.list_manifests() if is_sharded(m)] if self.rank == 0 else None
         candidates = self._broadcast(candidates)
@@ -213,12 +228,14 @@ class ShardedCheckpointer:
             try:
                 reason = self._fetch(manifest, local)
                 if self._all(reason is None):
+                    reader = dcp.FileSystemReader(local)
+                    state_dict = prepare(set(reader.read_metadata().state_dict_metadata))
                     dcp.load(
                         state_dict,
                         storage_reader=dcp.FileSystemReader(local),
                         process_group=self.group if self.distributed else None,
                     )
-                    return manifest
+                    return manifest, state_dict
                 if reason is not None:  # the process that saw the damage says what it was
                     ck.emit(ev.CheckpointInvalid(seq=manifest.seq, step=manifest.step, reason=reason))
             finally:

@@ -51,3 +51,35 @@ def group_dp(
     weights = model.weight.detach().clone()
     torch.save(weights, os.path.join(out, f"{ctx.incarnation}-{ctx.local_rank}.pt"))
     return {"weights": weights.flatten().tolist(), "step": ctx.step_index, "ranks": ctx.local_world_size}
+
+
+def sharded_mlp(ctx: Any, steps: int, out: str, step_delay: float = 0.02) -> dict[str, Any]:
+    """A small MLP sharded over the instance's processes with FSDP2's `fully_shard` (gloo,
+    CPU), trained with Adam on batches drawn from each rank's own RNG (seeded differently per
+    rank), so an exact resume needs the shards, the optimizer's state and every rank's RNG.
+    Every rank saves the full weights at the end to `out/<incarnation>-<local rank>.pt`."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)  # the same initial weights on every rank, before sharding
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    for layer in (model[0], model[2]):
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    torch.manual_seed(100 + ctx.local_rank)  # each rank draws its own batches
+    model, opt = ctx.replicate(model, opt)  # returns a sharded model unchanged
+    ctx.track(model=model, optimizer=opt)
+    for _step in ctx.steps(steps):
+        x = torch.randn(4, 8)
+        loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(loss=float(loss.item()))
+        if step_delay:
+            time.sleep(step_delay)
+    full = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    torch.save(full, os.path.join(out, f"{ctx.incarnation}-{ctx.local_rank}.pt"))
+    return {"step": ctx.step_index, "ranks": ctx.local_world_size}
