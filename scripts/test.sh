@@ -7,4 +7,5 @@ bash scripts/lint.sh   # lint, format and types: a violation fails CI like a fai
 export SPOTNB_FAST=1
 # two workers: most tests wait on real processes (instances, JupyterLab, emulators), so two
 # at once roughly halve the wall time on 2 cores (measured: 17:22 -> 11:00, on a busy machine)
-exec python -m pytest -n 2 "$@"
+# the slowest tests are listed at the end, so a suite creeping towards its budget says where
+exec python -m pytest -n 2 --durations=25 "$@"
