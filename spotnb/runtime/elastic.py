@@ -519,15 +519,11 @@ class Replication:
             log.warning("leaving the quorum: %r", exc)
 
 
-class GroupOptimizer(torch.optim.Optimizer):
-    """The user's optimizer on one instance with several processes (`ctx.replicate` with
-    instances=1): each `step()` averages the gradients and float buffers over the group (one
-    flat all-reduce, as DDP's), then steps. A member that dies ends the group: the job
-    restores from the store, so nothing needs a commit protocol here."""
+class _WrappedOptimizer(torch.optim.Optimizer):
+    """An optimizer that is the user's (its state, groups and state dict are the wrapped
+    one's, so `ctx.track` and checkpoints see the user's optimizer) with its own `step`."""
 
-    def __init__(self, optim: torch.optim.Optimizer, group: Group, buffers: list[torch.Tensor]) -> None:
-        # deliberately not calling Optimizer.__init__: every attribute is the wrapped one's
-        self.optim, self._group, self._buffers = optim, group, buffers
+    optim: torch.optim.Optimizer
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
@@ -543,6 +539,29 @@ class GroupOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optim.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optim.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optim.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optim.add_param_group(param_group)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.optim!r})"
+
+
+class GroupOptimizer(_WrappedOptimizer):
+    """The user's optimizer on one instance with several processes (`ctx.replicate` with
+    instances=1): each `step()` averages the gradients and float buffers over the group (one
+    flat all-reduce, as DDP's), then steps. A member that dies ends the group: the job
+    restores from the store, so nothing needs a commit protocol here."""
+
+    def __init__(self, optim: torch.optim.Optimizer, group: Group, buffers: list[torch.Tensor]) -> None:
+        # deliberately not calling Optimizer.__init__: every attribute is the wrapped one's
+        self.optim, self._group, self._buffers = optim, group, buffers
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         if closure is not None:
@@ -571,41 +590,14 @@ class GroupOptimizer(torch.optim.Optimizer):
                     offset += n
         self.optim.step()
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.optim.state_dict()
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optim.load_state_dict(state_dict)
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        self.optim.add_param_group(param_group)
-
-    def __repr__(self) -> str:
-        return f"GroupOptimizer({self.optim!r})"
-
-
-class ReplicatedOptimizer(torch.optim.Optimizer):
+class ReplicatedOptimizer(_WrappedOptimizer):
     """The user's optimizer, stepped only when the whole quorum agrees (ctx.replicate)."""
 
     def __init__(self, optim: torch.optim.Optimizer, replication: Replication) -> None:
         # deliberately not calling Optimizer.__init__: every attribute is the wrapped one's
         self.optim, self._replication = optim, replication
         replication.params = [p for g in optim.param_groups for p in g["params"] if p.requires_grad]
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return self.optim.param_groups
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return self.optim.state
-
-    @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
-        return self.optim.defaults
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optim.zero_grad(set_to_none)
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         if closure is not None:
@@ -618,15 +610,3 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
             rep.local_step()
         elif rep.average_gradients_and_commit(params):
             self.optim.step()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optim.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optim.load_state_dict(state_dict)
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        self.optim.add_param_group(param_group)
-
-    def __repr__(self) -> str:
-        return f"ReplicatedOptimizer({self.optim!r})"
