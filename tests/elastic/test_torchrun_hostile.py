@@ -1,0 +1,112 @@
+"""Hostile runs of a script on several instances (`spot.run(script, config=Config(instances=2))`):
+real agents on the local market, real torchrun and gloo workers, nothing mocked. Each test is
+an attack that found a defect (or guards against one): a script whose own setup can never
+work must fail the job once instead of feeding torchrun's restart loop; the job key never
+reaches a worker's environment or command line; nothing of the job is left running or lying
+in the temporary folder once it is done.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+
+import spotnb as spot
+from spotnb.signing import load_key
+from tests.core.helpers import wait_for
+
+pytest.importorskip("torchft", reason="spotnb[elastic] is installed by scripts/setup.sh")
+
+# every rank writes its pid, then waits for the test's "go" file (so the test can look at the
+# running processes), and rank 0 sets the arguments it got as the result
+PROBE = """
+import os, sys, time
+import torch.distributed as dist
+import spotnb
+
+ctx = spotnb.ctx()
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+with open(f"pid-{rank}.tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace(f"pid-{rank}.tmp", f"pid-{rank}")
+while not os.path.exists("go"):
+    time.sleep(0.05)
+dist.barrier()
+ctx.set_result({"argv": sys.argv[1:], "world": dist.get_world_size()})
+dist.destroy_process_group()
+"""
+
+# a script written for GPUs run on CPU instances: its own init can never succeed
+NCCL = """
+import torch.distributed as dist
+import spotnb
+
+spotnb.ctx()
+dist.init_process_group("nccl")
+"""
+
+
+def _by(job: spot.Job, kind: str) -> list[dict]:
+    return [e for e in job.events if e["kind"] == kind]
+
+
+def test_a_backend_this_instance_lacks_fails_the_job_once_not_a_restart_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The script asks for NCCL on CPU instances: torch raises "Distributed package doesn't
+    have NCCL built in", which names NCCL but is no lost peer. The job fails with it at once;
+    torchrun does not start the script again (it would, up to its generous restart limit)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nccl_train.py").write_text(NCCL)
+    job = spot.run("nccl_train.py", [], spot.Config(instances=2, local_alloc_delay=0.1), detach=False)
+    with pytest.raises(spot.JobFailed, match=r"NCCL built in"):
+        job.result(timeout=40)
+    (error,) = _by(job, "error")
+    assert error["exc_type"] == "RuntimeError" and "failed on rank" in error["message"]
+    assert len(_by(job, "allocated")) == 2  # nothing relaunched
+
+
+def _processes_with(needle: bytes) -> list[int]:
+    """Pids whose environment or command line holds `needle` (those this user can read)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        for what in ("environ", "cmdline"):
+            try:
+                with open(f"/proc/{name}/{what}", "rb") as f:
+                    if needle in f.read():
+                        found.append(int(name))
+            except OSError:
+                pass
+    return found
+
+
+def test_no_key_reaches_the_workers_and_nothing_is_left_once_the_job_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the workers run, the job key is in no process's environment or command line
+    (agents, torchrun, workers); the script gets its arguments as given; once the job is
+    done no process of it is left, and no file of its rendezvous rounds in the temporary
+    folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "probe.py").write_text(PROBE)
+    args = ["a b", "--", "-x", "=1"]
+    job = spot.run("probe.py", args, spot.Config(instances=2, local_alloc_delay=0.1), detach=False)
+    wait_for(lambda: (tmp_path / "pid-0").exists() and (tmp_path / "pid-1").exists(), 60, "no workers")
+    workers = [psutil.Process(int((tmp_path / f"pid-{r}").read_text())) for r in (0, 1)]
+    ours = {p.pid for w in workers for p in (w, *w.parents()) if p.pid != os.getpid()}
+    key = load_key(job.id)
+    assert key is not None
+    assert not (set(_processes_with(key.hex().encode())) | set(_processes_with(key))) & ours
+    assert not _processes_with(key.hex().encode())
+    (tmp_path / "go").write_text("")
+    result = job.result(timeout=40)
+    assert result == {"argv": args, "world": 2}
+    wait_for(lambda: not any(psutil.pid_exists(p) for p in ours - {os.getpid()}), 30, "leftover processes")
+    assert not [n for n in os.listdir(tempfile.gettempdir()) if job.id in n]
