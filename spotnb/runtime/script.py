@@ -283,11 +283,19 @@ class ScriptRunner:
         server = CtxServer(self.ctx, os.path.join(tmp, "ctx.sock"), self._emit, rounds)
         if self._board is not None:
             self._board.start()
+        ended = False  # for the job (done or failed), not for this instance alone (Evacuate)
         try:
-            return self._run(tmp, server)
+            result = self._run(tmp, server)
+            ended = True
+            return result
+        except ScriptFailed:
+            ended = True
+            raise
         finally:
             if self._board is not None:
                 self._board.stop()
+            if rounds is not None and ended:
+                rounds.close()
             server.close()
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -166,7 +166,8 @@ class Rounds:
     that checkpoint holds (files written since go), and the context's step is the
     checkpoint's. A disk several instances share (the local market) or several workers of
     one instance share is restored once per round: a lock file and a round marker beside it,
-    in the temporary folder, keyed by the job and the working directory."""
+    in the temporary folder, keyed by the job and the working directory, removed when the
+    script ends for the job (`close`)."""
 
     def __init__(self, ctx: Any, emit: Any, job_id: str) -> None:
         import threading
@@ -185,10 +186,28 @@ class Rounds:
                 self._replies = {nonce: reply}
             return self._replies[nonce]
 
-    def _restore(self, choose: bool, seq: Any, nonce: str) -> dict[str, Any]:
-        import fcntl
+    def _base(self) -> str:
+        """The lock file's and the round marker's path, less the suffix (`.lock`, `.round`)."""
         import hashlib
         import tempfile
+
+        where = hashlib.sha256(os.getcwd().encode()).hexdigest()[:12]
+        return os.path.join(tempfile.gettempdir(), f"spotnb-rounds-{self.job_id}-{where}")
+
+    def close(self) -> None:
+        """The script ended for the job (done or failed, not preempted: then the group goes on
+        and a round may hold the lock): no round follows, so the lock file and the marker go
+        rather than stay in the temporary folder for good. Every instance of the group does it
+        (on a shared disk the first one removes them)."""
+        base = self._base()
+        for suffix in (".lock", ".round", ".round.tmp"):
+            try:
+                os.unlink(base + suffix)
+            except OSError:
+                pass
+
+    def _restore(self, choose: bool, seq: Any, nonce: str) -> dict[str, Any]:
+        import fcntl
 
         from spotnb import protocol as ev
 
@@ -197,8 +216,7 @@ class Rounds:
         t0 = time.perf_counter()
         if choose:  # a save this instance's rank 0 handed off last round commits first
             ckpt.wait(timeout=120)
-        where = hashlib.sha256(os.getcwd().encode()).hexdigest()[:12]
-        base = os.path.join(tempfile.gettempdir(), f"spotnb-rounds-{self.job_id}-{where}")
+        base = self._base()
         found = None
         with open(f"{base}.lock", "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

@@ -87,6 +87,16 @@ def _processes_with(needle: bytes) -> list[int]:
     return found
 
 
+def _lineage(proc: psutil.Process) -> set[int]:
+    """`proc` and its ancestors up to (not including) this test's process: the worker, its
+    torchrun, its agent."""
+    found = set()
+    while proc is not None and proc.pid not in (os.getpid(), 1):
+        found.add(proc.pid)
+        proc = proc.parent()
+    return found
+
+
 def test_no_key_reaches_the_workers_and_nothing_is_left_once_the_job_is_done(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -100,7 +110,7 @@ def test_no_key_reaches_the_workers_and_nothing_is_left_once_the_job_is_done(
     job = spot.run("probe.py", args, spot.Config(instances=2, local_alloc_delay=0.1), detach=False)
     wait_for(lambda: (tmp_path / "pid-0").exists() and (tmp_path / "pid-1").exists(), 60, "no workers")
     workers = [psutil.Process(int((tmp_path / f"pid-{r}").read_text())) for r in (0, 1)]
-    ours = {p.pid for w in workers for p in (w, *w.parents()) if p.pid != os.getpid()}
+    ours = {p for w in workers for p in _lineage(w)}
     key = load_key(job.id)
     assert key is not None
     assert not (set(_processes_with(key.hex().encode())) | set(_processes_with(key))) & ours
@@ -108,5 +118,5 @@ def test_no_key_reaches_the_workers_and_nothing_is_left_once_the_job_is_done(
     (tmp_path / "go").write_text("")
     result = job.result(timeout=40)
     assert result == {"argv": args, "world": 2}
-    wait_for(lambda: not any(psutil.pid_exists(p) for p in ours - {os.getpid()}), 30, "leftover processes")
+    wait_for(lambda: not any(psutil.pid_exists(p) for p in ours), 30, f"leftover processes {ours}")
     assert not [n for n in os.listdir(tempfile.gettempdir()) if job.id in n]
