@@ -274,12 +274,18 @@ class ScriptRunner:
         self.group_saved = False  # the group committed a checkpoint after this instance's notice
         self._tail: collections.deque[bytes] = collections.deque()
         self._tail_size = 0
+        self._rounds: Rounds | None = None
+
+    def _stuck(self) -> str | None:
+        """Why the script's rounds are going nowhere (`Rounds.stuck`), or None."""
+        return self._rounds.stuck if self._rounds is not None else None
 
     def run(self) -> ScriptResult:
         """Restore, start the script, forward a notice, and read how it ended: returns the
         result, or raises Evacuate (preempted) or ScriptFailed."""
         tmp = tempfile.mkdtemp(prefix="spotnb-script-")  # 0700: only this user reaches the socket
         rounds = Rounds(self.ctx, self._emit, self.job_id) if self.group is not None else None
+        self._rounds = rounds
         server = CtxServer(self.ctx, os.path.join(tmp, "ctx.sock"), self._emit, rounds)
         if self._board is not None:
             self._board.start()
@@ -338,7 +344,7 @@ class ScriptRunner:
             if code == 0 or self.signalled or ctx.notice is not None or ctx._evacuating:
                 break
             lost = 1 if time.monotonic() - started > RELAUNCH_RESET_S else lost + 1
-            if os.path.exists(self.failed_file) or lost > TORCHRUN_RELAUNCHES:
+            if os.path.exists(self.failed_file) or lost > TORCHRUN_RELAUNCHES or self._stuck():
                 break
             # torchrun itself gave up (its rendezvous store vanished: the coordinator restarted,
             # or its restarts ran out): a new rendezvous, with the coordinator's new epoch
@@ -379,7 +385,7 @@ class ScriptRunner:
                     # it ignored the SIGTERM (or is stopped, or never steps) and the instance
                     # was not ended at the deadline: it must not train on unseen; a preemption
                     proc.kill()
-                if self.group is not None and os.path.exists(self.failed_file):
+                if self.group is not None and (os.path.exists(self.failed_file) or self._stuck()):
                     proc.kill()  # the script failed: torchrun must not start it again
         finally:
             _end_leftovers(before | {proc.pid})
@@ -482,6 +488,9 @@ class ScriptRunner:
             return ScriptResult(cloudpickle.dumps(None), primary=self.group is None)
         if self.group is not None and os.path.exists(self.failed_file):
             raise self._group_failure()
+        stuck = self._stuck()
+        if stuck is not None:
+            raise ScriptFailed(f"{self.script.path}: {stuck}", self.tail(), "ScriptStuck")
         tail = self.tail()
         how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
         last = next((line for line in reversed(tail.strip().splitlines()) if line.strip()), "")

@@ -51,6 +51,23 @@ dist.init_process_group("nccl")
 """
 
 
+# the script's own data server is down: ConnectionRefusedError, every round, before any step
+REFUSED = """
+import socket
+import torch.distributed as dist
+import spotnb
+
+ctx = spotnb.ctx()
+dist.init_process_group("gloo")
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+socket.create_connection(("127.0.0.1", port))  # nothing listens there
+for step in ctx.steps(10):
+    pass
+"""
+
+
 def _by(job: spot.Job, kind: str) -> list[dict]:
     return [e for e in job.events if e["kind"] == kind]
 
@@ -68,6 +85,25 @@ def test_a_backend_this_instance_lacks_fails_the_job_once_not_a_restart_loop(
         job.result(timeout=40)
     (error,) = _by(job, "error")
     assert error["exc_type"] == "RuntimeError" and "failed on rank" in error["message"]
+    assert len(_by(job, "allocated")) == 2  # nothing relaunched
+
+
+def test_rounds_that_never_reach_a_step_end_the_job_with_the_error_not_an_endless_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The script's own connection fails in every round before its first step (its data
+    server is down): a ConnectionRefusedError looks like a lost peer, so torchrun starts a new
+    round each time. After `SPOTNB_STUCK_ROUNDS` rounds in a row without a step or a
+    checkpoint the job fails, saying so, with the script's error: not 1000 rounds per
+    torchrun, started again 5 times."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPOTNB_STUCK_ROUNDS", "3")
+    (tmp_path / "refused.py").write_text(REFUSED)
+    job = spot.run("refused.py", [], spot.Config(instances=2, local_alloc_delay=0.1), detach=False)
+    with pytest.raises(spot.JobFailed, match=r"3 rendezvous rounds in a row"):
+        job.result(timeout=40)
+    error = _by(job, "error")[0]  # each instance may say so
+    assert "ConnectionRefusedError" in error["traceback"]
     assert len(_by(job, "allocated")) == 2  # nothing relaunched
 
 
