@@ -89,6 +89,10 @@ GROUP_NOTICE_MARGIN = 0.25
 #: seconds the agent waits past a notice's deadline for the market to end the instance after
 #: the script left without an emergency backup (then it reports the evacuation itself)
 PAST_DEADLINE_S = 10.0
+#: seconds a process of the group (torchrun or a worker) may stay stopped (SIGSTOP) before its
+#: agent kills it: its peers would wait in their collective for the script's whole timeout
+#: (30 min by default); killed, it is a lost worker and torchrun starts a new round
+STOP_GRACE = float(os.environ.get("SPOTNB_GROUP_STOP_GRACE", "10"))
 
 # The child's first moments: die with the agent (PR_SET_PDEATHSIG survives exec), then become
 # `python script args` (a fresh interpreter, nothing of spotnb imported). Not preexec_fn: that
@@ -275,6 +279,8 @@ class ScriptRunner:
         self._tail: collections.deque[bytes] = collections.deque()
         self._tail_size = 0
         self._rounds: Rounds | None = None
+        self._stopped_since: dict[int, float] = {}  # pid of a stopped process -> since when
+        self._frozen_look = 0.0
 
     def _stuck(self) -> str | None:
         """Why the script's rounds are going nowhere (`Rounds.stuck`), or None."""
@@ -387,11 +393,40 @@ class ScriptRunner:
                     proc.kill()
                 if self.group is not None and (os.path.exists(self.failed_file) or self._stuck()):
                     proc.kill()  # the script failed: torchrun must not start it again
+                if self.group is not None:
+                    self._end_frozen(proc.pid)
         finally:
             _end_leftovers(before | {proc.pid})
             _become_subreaper(False)  # nothing of the script is left to adopt
         pump.join(timeout=5)
         return code
+
+    def _end_frozen(self, root: int) -> None:
+        """Kill a process of the group (torchrun or a worker) stopped for `STOP_GRACE`."""
+        now = time.monotonic()
+        if now - self._frozen_look < 0.25:
+            return
+        self._frozen_look = now
+        stopped = {pid for pid in _descendants(root) if _stopped(pid)}
+        for pid in list(self._stopped_since):
+            if pid not in stopped:
+                del self._stopped_since[pid]
+        for pid in stopped:
+            since = self._stopped_since.setdefault(pid, now)
+            if now - since < STOP_GRACE:
+                continue
+            del self._stopped_since[pid]
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self._emit(
+                ev.JobWarning(
+                    message=f"a process of the script's group (pid {pid}) was stopped (SIGSTOP) for "
+                    f"{STOP_GRACE:.0f} s: killed, so that its peers do not wait for it; the group "
+                    "starts a new round"
+                )
+            )
 
     def _group_notice(self) -> bool:
         """A notice on an instance of a group: tell the group (its rank 0 saves at its next
@@ -559,6 +594,41 @@ def _children(pid: int) -> set[int]:
         if len(fields) > 1 and fields[1] == str(pid):
             found.add(int(name))
     return found
+
+
+def _descendants(root: int) -> set[int]:
+    """`root` and every process below it (from /proc)."""
+    found, todo = {root}, [root]
+    parents: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[-1].split()
+            parents.setdefault(int(fields[1]), []).append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _stopped(pid: int) -> bool:
+    """Whether `pid` is stopped (state T; not t, a debugger's stop; False where /proc cannot
+    say)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
 
 
 def _end_leftovers(keep: set[int]) -> None:

@@ -9,6 +9,7 @@ in the temporary folder once it is done.
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from pathlib import Path
 
@@ -156,3 +157,53 @@ def test_no_key_reaches_the_workers_and_nothing_is_left_once_the_job_is_done(
     assert result == {"argv": args, "world": 2}
     wait_for(lambda: not any(psutil.pid_exists(p) for p in ours), 30, f"leftover processes {ours}")
     assert not [n for n in os.listdir(tempfile.gettempdir()) if job.id in n]
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "core" / "scripts"
+
+
+def _worker(job_id: str, rank: int) -> int | None:
+    """The pid of the job's torchrun worker of global rank `rank` (from its environment)."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if b"spotnb.runtime.torchrun_worker" not in f.read():
+                    continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if f"SPOTNB_JOB_ID={job_id}".encode() in env and f"RANK={rank}".encode() in env:
+            return int(name)
+    return None
+
+
+def test_a_frozen_worker_is_given_up_and_the_group_goes_on_from_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1's worker is stopped (SIGSTOP, never continued) mid-run: its peers would wait in
+    their all-reduce for the script's whole collective timeout (30 min by default). Its agent
+    gives it up after `SPOTNB_GROUP_STOP_GRACE` (SIGKILL), torchrun starts a new round, and
+    the job ends with a calm run's weights."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPOTNB_GROUP_STOP_GRACE", "1")
+    shutil.copy(SCRIPTS / "ddp_train.py", tmp_path / "ddp_train.py")
+    steps = 60
+    job = spot.run(
+        "ddp_train.py",
+        [str(steps), "ckpt", "5", "0.05"],
+        spot.Config(instances=2, local_alloc_delay=0.1),
+        detach=False,
+    )
+    wait_for(lambda: any(c["step"] >= 5 for c in _by(job, "checkpoint")), 60, "no checkpoint of step 5")
+    pid = _worker(job.id, 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    result = job.result(timeout=40)
+    expected = [sum((s % 7) + i + 1 for s in range(steps)) / 8 for i in range(8)]
+    assert result["weights"] == expected and result["agree"]
+    assert any("stopped" in w["message"] for w in _by(job, "warning"))
