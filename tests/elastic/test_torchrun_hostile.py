@@ -138,9 +138,9 @@ def test_no_key_reaches_the_workers_and_nothing_is_left_once_the_job_is_done(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While the workers run, the job key is in no process's environment or command line
-    (agents, torchrun, workers); the script gets its arguments as given; once the job is
-    done no process of it is left, and no file of its rendezvous rounds in the temporary
-    folder."""
+    (agents, torchrun, workers) nor in the instance logs; the script gets its arguments as
+    given; once the job is done no process of it is left, and no file of its rendezvous rounds
+    in the temporary folder."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "probe.py").write_text(PROBE)
     args = ["a b", "--", "-x", "=1"]
@@ -157,6 +157,10 @@ def test_no_key_reaches_the_workers_and_nothing_is_left_once_the_job_is_done(
     assert result == {"argv": args, "world": 2}
     wait_for(lambda: not any(psutil.pid_exists(p) for p in ours), 30, f"leftover processes {ours}")
     assert not [n for n in os.listdir(tempfile.gettempdir()) if job.id in n]
+    from spotnb.home import spotnb_home
+
+    logs = "".join(p.read_text(errors="replace") for p in (spotnb_home() / "logs" / job.id).glob("*.log"))
+    assert "round" in logs and key.hex() not in logs  # the instance logs never print the key
 
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "core" / "scripts"
