@@ -184,13 +184,15 @@ def _worker(job_id: str, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.parametrize("who", ["worker", "torchrun"])
 def test_a_frozen_worker_is_given_up_and_the_group_goes_on_from_the_checkpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, who: str
 ) -> None:
-    """Rank 1's worker is stopped (SIGSTOP, never continued) mid-run: its peers would wait in
-    their all-reduce for the script's whole collective timeout (30 min by default). Its agent
-    gives it up after `SPOTNB_GROUP_STOP_GRACE` (SIGKILL), torchrun starts a new round, and
-    the job ends with a calm run's weights."""
+    """Rank 1's worker (or the torchrun that runs it) is stopped (SIGSTOP, never continued)
+    mid-run: its peers would wait in their all-reduce for the script's whole collective
+    timeout (30 min by default). Its agent gives it up after `SPOTNB_GROUP_STOP_GRACE`
+    (SIGKILL), a new round starts (with torchrun started again), and the job ends with a calm
+    run's weights."""
     import shutil
 
     monkeypatch.chdir(tmp_path)
@@ -206,6 +208,9 @@ def test_a_frozen_worker_is_given_up_and_the_group_goes_on_from_the_checkpoint(
     wait_for(lambda: any(c["step"] >= 5 for c in _by(job, "checkpoint")), 60, "no checkpoint of step 5")
     pid = _worker(job.id, 1)
     assert pid is not None
+    if who == "torchrun":
+        pid = psutil.Process(pid).ppid()
+        assert b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()
     os.kill(pid, signal.SIGSTOP)
     result = job.result(timeout=40)
     expected = [sum((s % 7) + i + 1 for s in range(steps)) / 8 for i in range(8)]
