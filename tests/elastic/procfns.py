@@ -51,3 +51,18 @@ def group_dp(
     weights = model.weight.detach().clone()
     torch.save(weights, os.path.join(out, f"{ctx.incarnation}-{ctx.local_rank}.pt"))
     return {"weights": weights.flatten().tolist(), "step": ctx.step_index, "ranks": ctx.local_world_size}
+
+
+def crash_rank1(ctx: Any, at: int) -> None:
+    """Local rank 1's process dies at step `at` without a word (a segfault in an extension,
+    say), every incarnation."""
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = ctx.replicate(model, opt)
+    ctx.track(model=model, optimizer=opt)
+    for step in ctx.steps(at + 10):
+        if step == at and ctx.local_rank == 1:
+            os._exit(139)
+        time.sleep(0.02)

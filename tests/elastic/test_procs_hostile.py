@@ -78,3 +78,18 @@ def test_a_stopped_job_leaves_no_rank_and_no_rank_holds_the_key(tmp_path: Path) 
         lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in everyone), 20, "left"
     )
     assert not [p for p in named if os.path.exists(p)]
+
+
+def test_a_rank_that_dies_every_incarnation_ends_the_job_rather_than_looping(tmp_path: Path) -> None:
+    """Rank 1 dies at step 3 every time, silently (as a crashing extension would): each death
+    reads as a lost instance, not a user error, so the job is relaunched; the relaunches make
+    no net progress, and the job ends at `max_stalled_relaunches`, saying so, instead of
+    relaunching for ever."""
+    job = spot.train(
+        functools.partial(procfns.crash_rank1, at=3),
+        spot.Config(ship_modules=SHIP, local_alloc_delay=0.1, procs_per_instance=2, max_stalled_relaunches=2),
+    )
+    with pytest.raises(spot.JobStopped, match=r"no net progress"):
+        job.result(timeout=40)
+    warnings = [e for e in job.events if e["kind"] == "warning" and "local rank 1" in e["message"]]
+    assert warnings and "exited with code 139" in warnings[0]["message"]
