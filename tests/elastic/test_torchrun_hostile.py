@@ -84,8 +84,8 @@ def test_a_backend_this_instance_lacks_fails_the_job_once_not_a_restart_loop(
     job = spot.run("nccl_train.py", [], spot.Config(instances=2, local_alloc_delay=0.1), detach=False)
     with pytest.raises(spot.JobFailed, match=r"NCCL built in"):
         job.result(timeout=40)
-    (error,) = _by(job, "error")
-    assert error["exc_type"] == "RuntimeError" and "failed on rank" in error["message"]
+    errors = _by(job, "error")  # both instances' workers fail alike: one or two say so
+    assert errors and all(e["exc_type"] == "RuntimeError" and "on rank" in e["message"] for e in errors)
     assert len(_by(job, "allocated")) == 2  # nothing relaunched
 
 
