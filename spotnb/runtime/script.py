@@ -289,7 +289,9 @@ class ScriptRunner:
     def run(self) -> ScriptResult:
         """Restore, start the script, forward a notice, and read how it ended: returns the
         result, or raises Evacuate (preempted) or ScriptFailed."""
-        tmp = tempfile.mkdtemp(prefix="spotnb-script-")  # 0700: only this user reaches the socket
+        _remove_dead_scratch(tempfile.gettempdir())  # an instance the market SIGKILLed left its own
+        # 0700: only this user reaches the socket; the agent's pid in the name tells when it is dead
+        tmp = tempfile.mkdtemp(prefix=f"{_SCRATCH}{os.getpid()}-")
         rounds = Rounds(self.ctx, self._emit, self.job_id) if self.group is not None else None
         self._rounds = rounds
         server = CtxServer(self.ctx, os.path.join(tmp, "ctx.sock"), self._emit, rounds)
@@ -563,6 +565,28 @@ class ScriptRunner:
         while time.time() < deadline:
             time.sleep(0.2)
         self._emit(ev.Evacuated(step=ctx.step_index))
+
+
+_SCRATCH = "spotnb-script-"
+
+
+def _remove_dead_scratch(parent: str) -> None:
+    """Scratch folders `spotnb-script-<pid>-*` whose agent is gone: a killed instance (the
+    local market SIGKILLs its process group, `Job.stop` too) cannot remove its own."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_SCRATCH) :].split("-", 1)[0]
+        if not name.startswith(_SCRATCH) or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        except OSError:
+            continue  # alive under another user: not ours to judge
 
 
 def _become_subreaper(on: bool = True) -> None:

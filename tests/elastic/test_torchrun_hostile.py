@@ -216,3 +216,37 @@ def test_a_frozen_worker_is_given_up_and_the_group_goes_on_from_the_checkpoint(
     expected = [sum((s % 7) + i + 1 for s in range(steps)) / 8 for i in range(8)]
     assert result["weights"] == expected and result["agree"]
     assert any("stopped" in w["message"] for w in _by(job, "warning"))
+
+
+WAIT = """
+import os, time
+import spotnb
+
+spotnb.ctx()
+with open("pid.tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace("pid.tmp", "pid")
+while not os.path.exists("go"):
+    time.sleep(0.05)
+"""
+
+
+def test_a_stopped_script_job_leaves_no_scratch_folder_once_another_script_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Job.stop` SIGKILLs the instance's process group: its agent cannot remove the folder
+    of the script's socket and files. The next script started on the machine removes such
+    folders of dead agents, so /tmp does not fill with one per stopped or preempted job."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "wait.py").write_text(WAIT)
+    job = spot.run("wait.py", [], spot.Config(local_alloc_delay=0.1), detach=False)
+    wait_for(lambda: (tmp_path / "pid").exists(), 30, "the script did not start")
+    env = Path(f"/proc/{(tmp_path / 'pid').read_text()}/environ").read_bytes().split(b"\0")
+    (sock,) = [v.split(b"=", 1)[1].decode() for v in env if v.startswith(b"SPOTNB_CTX_SOCKET=")]
+    scratch = os.path.dirname(sock)
+    assert os.path.isdir(scratch)
+    job.stop(timeout=30)
+    (tmp_path / "go").write_text("")
+    again = spot.run("wait.py", [], spot.Config(local_alloc_delay=0.1), detach=False)
+    assert again.result(timeout=30) is None
+    assert not os.path.exists(scratch)
