@@ -29,12 +29,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -53,7 +51,12 @@ STOP_GRACE = float(os.environ.get("SPOTNB_GROUP_STOP_GRACE", "10"))
 #: longest a collective inside the group may wait: long, since rank 0's emergency save runs
 #: while the others wait for its decision; dead or frozen members are caught by the watcher
 GROUP_TIMEOUT = timedelta(seconds=float(os.environ.get("SPOTNB_GROUP_TIMEOUT", "900")))
-ENV = "SPOTNB_LOCAL_GROUP"  # set in the group's processes: "<report dir>"
+#: set in the group's processes: in a child, the pipe's fd its failure report goes to (a pipe,
+#: not a file: a group killed whole, as the market and Job.stop do, leaves nothing in /tmp)
+ENV = "SPOTNB_LOCAL_GROUP"
+#: the most bytes of a report written to the pipe at once (within any pipe's buffer: the
+#: child never blocks on a parent that reads only once it exited)
+REPORT_MAX = 48 * 1024
 _EXITS_OK = (0, 3)  # a child that finished or evacuated with the group
 
 
@@ -192,7 +195,7 @@ class LocalGroup:
     ) -> None:
         self.procs, self.argv, self.key, self.on_end = procs, argv, key, on_end
         self.children: dict[int, subprocess.Popen] = {}
-        self.reports = tempfile.mkdtemp(prefix="spotnb-group-")
+        self._reports: dict[int, int] = {}  # rank -> read end of the pipe of its report
         self._lock = threading.Lock()
         self._ending = False
         self._lost = threading.Event()  # the watcher is ending the group (and the process)
@@ -209,18 +212,26 @@ class LocalGroup:
             "MASTER_PORT": str(port),
             "WORLD_SIZE": str(self.procs),
             "LOCAL_WORLD_SIZE": str(self.procs),
-            ENV: self.reports,
+            ENV: "-1",
         }
         os.environ.update(common, RANK="0", LOCAL_RANK="0")
         for rank in range(1, self.procs):
             env = {**os.environ, **common, "RANK": str(rank), "LOCAL_RANK": str(rank)}
             env["SPOTNB_GROUP_PARENT"] = str(os.getpid())
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "spotnb.runtime.local_rank", *self.argv],
-                stdin=subprocess.PIPE,
-                env=env,
-                cwd=os.getcwd(),
-            )
+            read, write = os.pipe()
+            env[ENV] = str(write)
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "spotnb.runtime.local_rank", *self.argv],
+                    stdin=subprocess.PIPE,
+                    env=env,
+                    cwd=os.getcwd(),
+                    pass_fds=(write,),
+                )
+            finally:
+                os.close(write)
+            os.set_blocking(read, False)
+            self._reports[rank] = read
             assert proc.stdin is not None
             proc.stdin.write(self.key.hex().encode() + b"\n")  # never in an environment
             proc.stdin.close()
@@ -277,11 +288,13 @@ class LocalGroup:
             self.on_end(EXIT_GROUP_LOST, event)
 
     def _report(self, rank: int) -> dict[str, Any] | None:
+        fd = self._reports.get(rank)
+        if fd is None:
+            return None
         try:
-            with open(os.path.join(self.reports, f"{rank}.json"), encoding="utf-8") as f:
-                data = json.load(f)
+            data = json.loads(os.read(fd, REPORT_MAX + 1))
             return data if isinstance(data, dict) else None
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # nothing written (BlockingIOError), or cut
             return None
 
     def settle(self, timeout: float = 5.0) -> None:
@@ -315,7 +328,12 @@ class LocalGroup:
             except subprocess.TimeoutExpired:
                 pass
         self._kill_all()
-        shutil.rmtree(self.reports, ignore_errors=True)
+        for fd in self._reports.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._reports = {}
 
     def _kill_all(self) -> None:
         for proc in self.children.values():

@@ -15,14 +15,13 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
 from typing import Any
 
 from spotnb.runtime.agent import Agent
-from spotnb.runtime.local_group import ENV, EXIT_GROUP_LOST, Group
+from spotnb.runtime.local_group import ENV, EXIT_GROUP_LOST, REPORT_MAX, Group
 
 __all__ = ["main"]
 
@@ -112,6 +111,23 @@ class _Member(Agent):
         pass
 
 
+def _report(report: dict[str, str]) -> None:
+    """Rank 0 reads this rank's failure from the pipe it gave (`ENV`), once this rank exited."""
+    try:
+        fd = int(os.environ.get(ENV, "-1"))
+    except ValueError:
+        return
+    report["traceback"] = report["traceback"][-(REPORT_MAX // 2) :]
+    report["message"] = report["message"][: REPORT_MAX // 8]
+    data = json.dumps(report).encode()
+    if fd < 0 or len(data) > REPORT_MAX:
+        return
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="spotnb-local-rank")
     parser.add_argument("--store", required=True)
@@ -127,15 +143,7 @@ def main(argv: list[str] | None = None) -> None:
             "exc_type": type(exc).__name__,
             "traceback": "".join(traceback.format_exception(exc)),
         }
-        path = os.path.join(
-            os.environ.get(ENV, tempfile.gettempdir()), f"{os.environ.get('LOCAL_RANK')}.json"
-        )
-        try:
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                json.dump(report, f)
-            os.replace(path + ".tmp", path)
-        except OSError:
-            pass
+        _report(report)
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()

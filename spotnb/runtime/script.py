@@ -89,6 +89,10 @@ GROUP_NOTICE_MARGIN = 0.25
 #: seconds the agent waits past a notice's deadline for the market to end the instance after
 #: the script left without an emergency backup (then it reports the evacuation itself)
 PAST_DEADLINE_S = 10.0
+#: seconds a process of the group (torchrun or a worker) may stay stopped (SIGSTOP) before its
+#: agent kills it: its peers would wait in their collective for the script's whole timeout
+#: (30 min by default); killed, it is a lost worker and torchrun starts a new round
+STOP_GRACE = float(os.environ.get("SPOTNB_GROUP_STOP_GRACE", "10"))
 
 # The child's first moments: die with the agent (PR_SET_PDEATHSIG survives exec), then become
 # `python script args` (a fresh interpreter, nothing of spotnb imported). Not preexec_fn: that
@@ -274,20 +278,38 @@ class ScriptRunner:
         self.group_saved = False  # the group committed a checkpoint after this instance's notice
         self._tail: collections.deque[bytes] = collections.deque()
         self._tail_size = 0
+        self._rounds: Rounds | None = None
+        self._stopped_since: dict[int, float] = {}  # pid of a stopped process -> since when
+        self._frozen_look = 0.0
+
+    def _stuck(self) -> str | None:
+        """Why the script's rounds are going nowhere (`Rounds.stuck`), or None."""
+        return self._rounds.stuck if self._rounds is not None else None
 
     def run(self) -> ScriptResult:
         """Restore, start the script, forward a notice, and read how it ended: returns the
         result, or raises Evacuate (preempted) or ScriptFailed."""
-        tmp = tempfile.mkdtemp(prefix="spotnb-script-")  # 0700: only this user reaches the socket
+        _remove_dead_scratch(tempfile.gettempdir())  # an instance the market SIGKILLed left its own
+        # 0700: only this user reaches the socket; the agent's pid in the name tells when it is dead
+        tmp = tempfile.mkdtemp(prefix=f"{_SCRATCH}{os.getpid()}-")
         rounds = Rounds(self.ctx, self._emit, self.job_id) if self.group is not None else None
+        self._rounds = rounds
         server = CtxServer(self.ctx, os.path.join(tmp, "ctx.sock"), self._emit, rounds)
         if self._board is not None:
             self._board.start()
+        ended = False  # for the job (done or failed), not for this instance alone (Evacuate)
         try:
-            return self._run(tmp, server)
+            result = self._run(tmp, server)
+            ended = True
+            return result
+        except ScriptFailed:
+            ended = True
+            raise
         finally:
             if self._board is not None:
                 self._board.stop()
+            if rounds is not None and ended:
+                rounds.close()
             server.close()
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -330,7 +352,7 @@ class ScriptRunner:
             if code == 0 or self.signalled or ctx.notice is not None or ctx._evacuating:
                 break
             lost = 1 if time.monotonic() - started > RELAUNCH_RESET_S else lost + 1
-            if os.path.exists(self.failed_file) or lost > TORCHRUN_RELAUNCHES:
+            if os.path.exists(self.failed_file) or lost > TORCHRUN_RELAUNCHES or self._stuck():
                 break
             # torchrun itself gave up (its rendezvous store vanished: the coordinator restarted,
             # or its restarts ran out): a new rendezvous, with the coordinator's new epoch
@@ -371,13 +393,42 @@ class ScriptRunner:
                     # it ignored the SIGTERM (or is stopped, or never steps) and the instance
                     # was not ended at the deadline: it must not train on unseen; a preemption
                     proc.kill()
-                if self.group is not None and os.path.exists(self.failed_file):
+                if self.group is not None and (os.path.exists(self.failed_file) or self._stuck()):
                     proc.kill()  # the script failed: torchrun must not start it again
+                if self.group is not None:
+                    self._end_frozen(proc.pid)
         finally:
             _end_leftovers(before | {proc.pid})
             _become_subreaper(False)  # nothing of the script is left to adopt
         pump.join(timeout=5)
         return code
+
+    def _end_frozen(self, root: int) -> None:
+        """Kill a process of the group (torchrun or a worker) stopped for `STOP_GRACE`."""
+        now = time.monotonic()
+        if now - self._frozen_look < 0.25:
+            return
+        self._frozen_look = now
+        stopped = {pid for pid in _descendants(root) if _stopped(pid)}
+        for pid in list(self._stopped_since):
+            if pid not in stopped:
+                del self._stopped_since[pid]
+        for pid in stopped:
+            since = self._stopped_since.setdefault(pid, now)
+            if now - since < STOP_GRACE:
+                continue
+            del self._stopped_since[pid]
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self._emit(
+                ev.JobWarning(
+                    message=f"a process of the script's group (pid {pid}) was stopped (SIGSTOP) for "
+                    f"{STOP_GRACE:.0f} s: killed, so that its peers do not wait for it; the group "
+                    "starts a new round"
+                )
+            )
 
     def _group_notice(self) -> bool:
         """A notice on an instance of a group: tell the group (its rank 0 saves at its next
@@ -474,6 +525,9 @@ class ScriptRunner:
             return ScriptResult(cloudpickle.dumps(None), primary=self.group is None)
         if self.group is not None and os.path.exists(self.failed_file):
             raise self._group_failure()
+        stuck = self._stuck()
+        if stuck is not None:
+            raise ScriptFailed(f"{self.script.path}: {stuck}", self.tail(), "ScriptStuck")
         tail = self.tail()
         how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
         last = next((line for line in reversed(tail.strip().splitlines()) if line.strip()), "")
@@ -513,6 +567,28 @@ class ScriptRunner:
         self._emit(ev.Evacuated(step=ctx.step_index))
 
 
+_SCRATCH = "spotnb-script-"
+
+
+def _remove_dead_scratch(parent: str) -> None:
+    """Scratch folders `spotnb-script-<pid>-*` whose agent is gone: a killed instance (the
+    local market SIGKILLs its process group, `Job.stop` too) cannot remove its own."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_SCRATCH) :].split("-", 1)[0]
+        if not name.startswith(_SCRATCH) or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        except OSError:
+            continue  # alive under another user: not ours to judge
+
+
 def _become_subreaper(on: bool = True) -> None:
     """Orphans of the script (a worker it did not wait for, a `&` in a shell it ran) become
     the agent's children instead of init's, so `_end_leftovers` finds them (Linux)."""
@@ -542,6 +618,41 @@ def _children(pid: int) -> set[int]:
         if len(fields) > 1 and fields[1] == str(pid):
             found.add(int(name))
     return found
+
+
+def _descendants(root: int) -> set[int]:
+    """`root` and every process below it (from /proc)."""
+    found, todo = {root}, [root]
+    parents: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[-1].split()
+            parents.setdefault(int(fields[1]), []).append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _stopped(pid: int) -> bool:
+    """Whether `pid` is stopped (state T; not t, a debugger's stop; False where /proc cannot
+    say)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
 
 
 def _end_leftovers(keep: set[int]) -> None:

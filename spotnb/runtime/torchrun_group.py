@@ -43,6 +43,7 @@ __all__ = [
     "group_from",
     "FAILED_FILE_ENV",
     "MAX_RESTARTS",
+    "STUCK_ROUNDS",
 ]
 
 #: restarts of the workers one torchrun may make (each lost peer costs one on each survivor)
@@ -57,6 +58,11 @@ JOIN_TIMEOUT_S = 600
 #: how long an agent waits for the coordinator's store (a cloud's coordinator VM may be booting,
 #: or being replaced after it died) before the instance gives up as failed
 COORDINATOR_WAIT_S = float(os.environ.get("SPOTNB_COORDINATOR_WAIT", "900"))
+#: rendezvous rounds in a row that start from where the one before started (no step counted,
+#: no new checkpoint) before the script is taken to be failing, not losing peers: an error of
+#: its own that reads as a lost peer (its data server refuses, a timeout) would otherwise
+#: restart it MAX_RESTARTS times. A lost peer costs a round or two, each after some steps.
+STUCK_ROUNDS = int(os.environ.get("SPOTNB_STUCK_ROUNDS", "20"))
 
 
 @dataclass(frozen=True)
@@ -166,7 +172,8 @@ class Rounds:
     that checkpoint holds (files written since go), and the context's step is the
     checkpoint's. A disk several instances share (the local market) or several workers of
     one instance share is restored once per round: a lock file and a round marker beside it,
-    in the temporary folder, keyed by the job and the working directory."""
+    in the temporary folder, keyed by the job and the working directory, removed when the
+    script ends for the job (`close`)."""
 
     def __init__(self, ctx: Any, emit: Any, job_id: str) -> None:
         import threading
@@ -174,6 +181,10 @@ class Rounds:
         self.ctx, self._emit, self.job_id = ctx, emit, job_id
         self._lock = threading.Lock()
         self._replies: dict[str, dict[str, Any]] = {}
+        self._last: tuple[Any, int] | None = None  # the checkpoint and step the last round began at
+        self._stuck = 0  # rounds in a row that began where the one before began
+        #: why the script is failing (`STUCK_ROUNDS`), for the runner to end it; None: it is not
+        self.stuck: str | None = None
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         nonce = str(request.get("round", ""))
@@ -181,14 +192,50 @@ class Rounds:
             raise ValueError("group_round: no round given")
         with self._lock:
             if nonce not in self._replies:
+                reached = self.ctx._step  # what the last round counted (local rank 0's steps)
                 reply = self._restore(bool(request.get("choose")), request.get("seq"), nonce)
                 self._replies = {nonce: reply}
+                self._count(reached, reply)
             return self._replies[nonce]
+
+    def _count(self, reached: int, reply: dict[str, Any]) -> None:
+        """A round began: count it as stuck if neither a step nor a checkpoint came since the
+        last one began (see `STUCK_ROUNDS`)."""
+        began = (reply["seq"], int(reply["step"]))
+        if self._last is not None and began[0] == self._last[0] and reached <= self._last[1]:
+            self._stuck += 1
+        else:
+            self._stuck = 0
+        self._last = began
+        if self._stuck + 1 >= STUCK_ROUNDS and self.stuck is None:
+            self.stuck = (
+                f"{self._stuck + 1} rendezvous rounds in a row ended before a step or a checkpoint "
+                "(each with an error that reads as a lost peer): the script cannot make progress; "
+                "its error is below"
+            )
+
+    def _base(self) -> str:
+        """The lock file's and the round marker's path, less the suffix (`.lock`, `.round`)."""
+        import hashlib
+        import tempfile
+
+        where = hashlib.sha256(os.getcwd().encode()).hexdigest()[:12]
+        return os.path.join(tempfile.gettempdir(), f"spotnb-rounds-{self.job_id}-{where}")
+
+    def close(self) -> None:
+        """The script ended for the job (done or failed, not preempted: then the group goes on
+        and a round may hold the lock): no round follows, so the lock file and the marker go
+        rather than stay in the temporary folder for good. Every instance of the group does it
+        (on a shared disk the first one removes them)."""
+        base = self._base()
+        for suffix in (".lock", ".round", ".round.tmp"):
+            try:
+                os.unlink(base + suffix)
+            except OSError:
+                pass
 
     def _restore(self, choose: bool, seq: Any, nonce: str) -> dict[str, Any]:
         import fcntl
-        import hashlib
-        import tempfile
 
         from spotnb import protocol as ev
 
@@ -197,8 +244,7 @@ class Rounds:
         t0 = time.perf_counter()
         if choose:  # a save this instance's rank 0 handed off last round commits first
             ckpt.wait(timeout=120)
-        where = hashlib.sha256(os.getcwd().encode()).hexdigest()[:12]
-        base = os.path.join(tempfile.gettempdir(), f"spotnb-rounds-{self.job_id}-{where}")
+        base = self._base()
         found = None
         with open(f"{base}.lock", "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

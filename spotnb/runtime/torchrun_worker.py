@@ -67,6 +67,15 @@ _LOST_PEER = (
     "processgroup",
     "rendezvous",
 )
+#: words of a backend this instance cannot have (NCCL on CPU, MPI not built in): they name a
+#: backend too, but no round could ever succeed, so they are the script's failure, not a peer's
+_NEVER_WORKS = (
+    "built in",
+    "not compiled",
+    "only supported with gpus",
+    "no gpus found",
+    "no cuda gpus",
+)
 
 
 def is_collective_error(exc: BaseException) -> bool:
@@ -84,6 +93,8 @@ def is_collective_error(exc: BaseException) -> bool:
         return True
     if type(exc) is RuntimeError or type(exc).__name__.startswith("Dist"):
         text = str(exc).lower()
+        if any(words in text for words in _NEVER_WORKS):
+            return False
         return any(word in text for word in _LOST_PEER)
     return False
 

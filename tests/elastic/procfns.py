@@ -83,3 +83,18 @@ def sharded_mlp(ctx: Any, steps: int, out: str, step_delay: float = 0.02) -> dic
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}
     torch.save(full, os.path.join(out, f"{ctx.incarnation}-{ctx.local_rank}.pt"))
     return {"step": ctx.step_index, "ranks": ctx.local_world_size}
+
+
+def crash_rank1(ctx: Any, at: int) -> None:
+    """Local rank 1's process dies at step `at` without a word (a segfault in an extension,
+    say), every incarnation."""
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = ctx.replicate(model, opt)
+    ctx.track(model=model, optimizer=opt)
+    for step in ctx.steps(at + 10):
+        if step == at and ctx.local_rank == 1:
+            os._exit(139)
+        time.sleep(0.02)
