@@ -33,6 +33,7 @@ from spotnb.policy import Observation, resolve_policy
 from spotnb.protocol import TERMINAL, Event, JobStatus, Outcome
 from spotnb.providers.base import Instance, InstanceState, InstanceStatus, LaunchSpec, Provider
 from spotnb.store import Store
+from spotnb.store_lease import StoreLease, site_of
 from spotnb.supervise import job_vanished, mark_lost
 from spotnb.transfer import checkpoint_bytes, store_cloud, transfer_to
 
@@ -112,6 +113,8 @@ class Controller:
         self._spec_path = spec if self.store.exists(spec) else None
         self._identity_checked = time.time()
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        # the DB lease fences this machine's controllers; this record, other machines'
+        self._store_lease = StoreLease(store, job.id, site_of(db.path), self.owner)
         self._lease_lost = threading.Event()
         self.generation = 0  # lease generation this controller holds (0: none yet)
         self._lease_until = 0.0  # when the lease last renewed runs out
@@ -282,7 +285,24 @@ class Controller:
                 self._lose_lease()
                 return
             self._lease_until = max(self._lease_until, until)
+            if not self._renew_store_lease():
+                self._lose_lease()
+                return
             time.sleep(LEASE_TTL / 4)
+
+    def _renew_store_lease(self) -> bool:
+        """Renew this machine's record in the store; False when another machine's live record
+        is there (it took the job over after ours lapsed: stop driving). A store that cannot be
+        read or written right now is not a reason to stop (the next renewal tries again)."""
+        try:
+            other = self._store_lease.holder()
+            if other is not None:
+                self.log.warning("job %s: %s drives it now (store lease)", self.job.id, other.get("site"))
+                return False
+            self._store_lease.write()
+        except Exception as exc:  # noqa: BLE001 - transient store trouble
+            self.log.warning("job %s: store lease renewal failed (%r); retrying", self.job.id, exc)
+        return True
 
     def run(self) -> None:
         """Drive the job in this thread until it ends (what `spotnb controller ID` does)."""
@@ -292,10 +312,18 @@ class Controller:
     def _take_lease(self) -> dict[str, Any] | None:
         """Take the job's lease (a new generation); None if a live controller holds it. Every
         write after this is fenced by that generation (see `_fence`)."""
+        other = self._store_lease.holder()
+        if other is not None:  # another machine drives the job (its record is live)
+            self.log.warning("job %s is driven from %s", self.job.id, other.get("site"))
+            return None
         taken = time.time()
         lease = self.db.take_lease(self.job.id, self.owner, os.getpid(), LEASE_TTL)
         if lease is not None:
             self.generation, self._lease_until = lease["generation"], taken + LEASE_TTL
+            try:
+                self._store_lease.write()
+            except Exception as exc:  # noqa: BLE001 - the first event write will say what is wrong
+                self.log.warning("job %s: could not record the store lease (%r)", self.job.id, exc)
         return lease
 
     def _main(self) -> None:

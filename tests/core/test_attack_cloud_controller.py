@@ -279,13 +279,6 @@ def test_the_dry_run_says_where_a_cloud_controller_runs_on_the_local_market(stor
     assert "controller" not in plain
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="leases live in each machine's job DB: a controller on another machine (a second "
-    "coordinator the cloud failed to find by its tags, a `spotnb controller ID` run by hand) "
-    "takes generation 1 of its own DB and drives the job beside the hosted one; a fence in the "
-    "store is needed",
-)
 def test_a_second_machine_s_controller_does_not_drive_a_hosted_job(store_url: str, tmp_path: Path) -> None:
     job = _submit(store_url, steps=60, step_time=0.05)
     follower = Job(job.id, job.store, None, {})
