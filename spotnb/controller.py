@@ -974,13 +974,9 @@ class Controller:
                 return _Outcome(Outcome.LOST, detail={"why": f"no event for {limit:.0f} s"}), pre
             time.sleep(poll)
 
-    def _consider_move(self, n: int, instance: Instance) -> str | None:
-        """The zone to move incarnation `n` to now (`spotnb.migration`), announced; None:
-        stay. Without a known remaining work (no total, no step time yet) there is no saving
-        to weigh, so the job stays."""
-        st = self.job.state
-        if not (st.total and st.step_time) or not instance.region:
-            return None
+    def _move_prices(self, n: int = 0) -> dict[str, Any] | None:
+        """The candidate zones' prices now, for a move (noted for the widget, on incarnation
+        `n`'s lane); None when they cannot be had (a price API down is no reason to stop)."""
         regions = self.config.candidate_regions()
         try:
             prices = self.provider.prices(
@@ -990,7 +986,17 @@ class Controller:
             self.log.debug("job %s: no prices for a move: %r", self.job.id, exc)
             return None
         self._note_prices(prices, n)
-        if instance.region not in prices or len(prices) < 2:
+        return prices
+
+    def _consider_move(self, n: int, instance: Instance) -> str | None:
+        """The zone to move incarnation `n` to now (`spotnb.migration`), announced; None:
+        stay. Without a known remaining work (no total, no step time yet) there is no saving
+        to weigh, so the job stays."""
+        st = self.job.state
+        if not (st.total and st.step_time) or not instance.region:
+            return None
+        prices = self._move_prices(n)
+        if prices is None or instance.region not in prices or len(prices) < 2:
             return None
         ranked = self._placement({zone: p.spot for zone, p in prices.items()})
         saves = st.checkpoints[-10:]

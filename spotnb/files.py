@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+import shutil
 import stat
 import uuid
 from collections.abc import Iterable
@@ -26,7 +27,7 @@ from typing import Any
 
 from spotnb.store import Store
 
-__all__ = ["FILES_MAX_BYTES", "FilesError", "collect", "upload", "lay_out", "blob_path"]
+__all__ = ["FILES_MAX_BYTES", "FilesError", "collect", "upload", "lay_out", "blob_path", "remove_orphaned"]
 
 FILES_MAX_BYTES = 1 << 30  # 1 GiB: more belongs in a bucket the function reads itself
 _CHUNK = 4 * 1024 * 1024
@@ -159,3 +160,24 @@ def lay_out(store: Store, files: Iterable[Any], workdir: str) -> list[str]:
         os.replace(tmp, dest)
         written.append(dest)
     return written
+
+
+def remove_orphaned(parent: str, prefix: str) -> None:
+    """Remove the folders `<prefix><pid>-*` in `parent` whose process is gone: a process that
+    was SIGKILLed (a preemption, `Job.stop`) cannot remove its own scratch, spool or market
+    folder, so the next one of its kind does. A live process, or one of another user, keeps its
+    folder."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix) :].split("-", 1)[0]
+        if not name.startswith(prefix) or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        except OSError:
+            continue  # alive under another user: not ours to judge

@@ -395,16 +395,8 @@ class FleetController(Controller):
         live = [s for s in self.slots if self._trains(s)]
         if not (st.total and st.step_time) or not live:
             return None
-        regions = self.config.candidate_regions()
-        try:
-            prices = self.provider.prices(
-                self.config.instance_type_name(), None if regions == "cheapest" else list(regions)
-            )
-        except Exception as exc:  # noqa: BLE001 - a price API down is no reason to stop training
-            self.log.debug("job %s: no prices for a move: %r", self.job.id, exc)
-            return None
-        self._note_prices(prices)
-        if len(prices) < 2:
+        prices = self._move_prices()
+        if prices is None or len(prices) < 2:
             return None
         ranked = self._placement({zone: p.spot for zone, p in prices.items()})
         # the old replica is billed until it sees the request and ends its step

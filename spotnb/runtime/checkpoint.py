@@ -45,6 +45,7 @@ from typing import IO, Any, cast
 import torch
 
 from spotnb import protocol as ev
+from spotnb.files import remove_orphaned
 from spotnb.policy.base import EMERGENCY_MARGIN, Observation, snapshot_estimate, upload_estimate
 from spotnb.protocol import SaveKind
 from spotnb.runtime.beacon import Beacon, Phase
@@ -320,27 +321,6 @@ def _safe_name(name: Any) -> bool:
     )
 
 
-def _remove_dead_spools(parent: str) -> None:
-    """Spool folders of killed instances (SIGKILL leaves them behind) hold whole checkpoints'
-    worth of bytes: remove those whose process is gone."""
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for name in names:
-        parts = name.split("-")
-        if not name.startswith("spotnb-spool-") or len(parts) < 4 or not parts[2].isdigit():
-            continue
-        pid = int(parts[2])
-        try:
-            os.kill(pid, 0)
-            continue  # alive (or not ours to judge)
-        except ProcessLookupError:
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-        except OSError:
-            continue
-
-
 class _HashingFile:
     """A write-only file that hashes what passes through (torch.save only calls write)."""
 
@@ -470,7 +450,7 @@ class Checkpointer:
         if spool_dir is None and store.local:  # beside the store, so a save can be renamed in
             spool_dir = store.path(".spool")
             os.makedirs(spool_dir, exist_ok=True)
-        _remove_dead_spools(spool_dir or tempfile.gettempdir())
+        remove_orphaned(spool_dir or tempfile.gettempdir(), "spotnb-spool-")
         self.spool = tempfile.mkdtemp(prefix=f"spotnb-spool-{os.getpid()}-", dir=spool_dir)
         self.root = store.job(job_id, "ckpt")
         self._pools: list[_BufferPool] = []

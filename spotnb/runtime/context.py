@@ -290,17 +290,18 @@ class Context:
         _set_rng_state(state["rng"])
         self.state.update(state.get("user", {}))
         self._ckpt.adopt(self._full_state(), frozen_tensors(self._tracked.values()))  # not rehashed
-        self._step = self._last_save_step = int(state["step"])
-        self.resumed_from = self._step
+        return self._resumed(int(state["step"]), manifest, t0)
+
+    def _resumed(self, step: int, manifest: Any, t0: float) -> int:
+        """The job goes on from `step` of `manifest` (restored since `t0`): say so."""
+        self._step = self._last_save_step = step
+        self.resumed_from = step
         self._emit(
             ev.Resumed(
-                from_step=self._step,
-                seq=manifest.seq,
-                save_kind=manifest.kind,
-                restore_s=time.perf_counter() - t0,
+                from_step=step, seq=manifest.seq, save_kind=manifest.kind, restore_s=time.perf_counter() - t0
             )
         )
-        return self._step
+        return step
 
     def _nothing_restored(self) -> None:
         if self._high_water > 0 and self._checkpointed:
@@ -349,17 +350,7 @@ class Context:
                 "checkpoint %d was written by fewer processes: rank %d keeps a fresh RNG", manifest.seq, rank
             )
         self.state.update(shared.get("user", {}))
-        self._step = self._last_save_step = int(shared["step"])
-        self.resumed_from = self._step
-        self._emit(
-            ev.Resumed(
-                from_step=self._step,
-                seq=manifest.seq,
-                save_kind=manifest.kind,
-                restore_s=time.perf_counter() - t0,
-            )
-        )
-        return self._step
+        return self._resumed(int(shared["step"]), manifest, t0)
 
     def steps(self, n: int) -> Iterator[int]:
         """Yield step indices from the restored step up to `n`, marking each boundary. On a

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotnb import protocol as ev
+from spotnb.files import remove_orphaned
 from spotnb.policy.base import SaveKind
 from spotnb.runtime.context import Context, Evacuate
 from spotnb.runtime.script_client import NOTICE_ENV, RESULT_ENV, SOCKET_ENV, WORKDIR_ENV, encode
@@ -289,7 +290,7 @@ class ScriptRunner:
     def run(self) -> ScriptResult:
         """Restore, start the script, forward a notice, and read how it ended: returns the
         result, or raises Evacuate (preempted) or ScriptFailed."""
-        _remove_dead_scratch(tempfile.gettempdir())  # an instance the market SIGKILLed left its own
+        remove_orphaned(tempfile.gettempdir(), _SCRATCH)  # an instance the market SIGKILLed left its own
         # 0700: only this user reaches the socket; the agent's pid in the name tells when it is dead
         tmp = tempfile.mkdtemp(prefix=f"{_SCRATCH}{os.getpid()}-")
         rounds = Rounds(self.ctx, self._emit, self.job_id) if self.group is not None else None
@@ -570,25 +571,6 @@ class ScriptRunner:
 _SCRATCH = "spotnb-script-"
 
 
-def _remove_dead_scratch(parent: str) -> None:
-    """Scratch folders `spotnb-script-<pid>-*` whose agent is gone: a killed instance (the
-    local market SIGKILLs its process group, `Job.stop` too) cannot remove its own."""
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for name in names:
-        pid = name[len(_SCRATCH) :].split("-", 1)[0]
-        if not name.startswith(_SCRATCH) or not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-        except OSError:
-            continue  # alive under another user: not ours to judge
-
-
 def _become_subreaper(on: bool = True) -> None:
     """Orphans of the script (a worker it did not wait for, a `&` in a shell it ran) become
     the agent's children instead of init's, so `_end_leftovers` finds them (Linux)."""
@@ -600,34 +582,13 @@ def _become_subreaper(on: bool = True) -> None:
         pass
 
 
-def _children(pid: int) -> set[int]:
-    """The processes whose parent is `pid` (from /proc; empty where it cannot be read)."""
-    found: set[int] = set()
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
-                fields = f.read().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if len(fields) > 1 and fields[1] == str(pid):
-            found.add(int(name))
-    return found
-
-
-def _descendants(root: int) -> set[int]:
-    """`root` and every process below it (from /proc)."""
-    found, todo = {root}, [root]
+def _child_map() -> dict[int, list[int]]:
+    """Every process's children, by parent pid (from /proc; empty where it cannot be read)."""
     parents: dict[int, list[int]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
-        return found
+        return parents
     for name in names:
         if not name.isdigit():
             continue
@@ -637,6 +598,18 @@ def _descendants(root: int) -> set[int]:
             parents.setdefault(int(fields[1]), []).append(int(name))
         except (OSError, IndexError, ValueError):
             continue
+    return parents
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is `pid`."""
+    return set(_child_map().get(pid, []))
+
+
+def _descendants(root: int) -> set[int]:
+    """`root` and every process below it."""
+    parents = _child_map()
+    found, todo = {root}, [root]
     while todo:
         for child in parents.get(todo.pop(), []):
             if child not in found:

@@ -21,6 +21,7 @@ import uuid
 from typing import Any, ClassVar
 
 from spotnb.errors import CapacityError, ConfigError
+from spotnb.files import remove_orphaned
 from spotnb.home import spotnb_home
 from spotnb.preempt import Exponential, Never, PreemptionProcess
 from spotnb.prices import lookup_price
@@ -94,7 +95,7 @@ class LocalProvider(Provider):
         Removed by `close`; folders of markets whose process died are removed here."""
         with self._lock:
             if self._tmp is None:
-                _remove_dead_markets(tempfile.gettempdir())
+                remove_orphaned(tempfile.gettempdir(), _TMP_PREFIX)
                 self._tmp = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-")
             return self._tmp
 
@@ -462,24 +463,6 @@ class LocalProvider(Provider):
 
 
 _TMP_PREFIX = "spotnb-local-"
-
-
-def _remove_dead_markets(parent: str) -> None:
-    """Scratch folders `spotnb-local-<pid>-*` whose controller is gone (SIGKILL skips `close`)."""
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for name in names:
-        pid = name[len(_TMP_PREFIX) :].split("-", 1)[0]
-        if not name.startswith(_TMP_PREFIX) or not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-        except OSError:
-            continue  # alive under another user: not ours to judge
 
 
 def _is_agent_of(pid: int, record: dict[str, Any]) -> bool:
