@@ -533,10 +533,15 @@ class Ready(Event):
 @_kind(EventKind.RESUMED)
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Resumed(Event):
+    """The state was restored from checkpoint `seq`. `group_round`: a torchrun group's
+    rendezvous round on this instance (1: its first; more: the group restarted around a lost
+    peer without this instance being relaunched); None outside torchrun groups."""
+
     from_step: int
     seq: int
     save_kind: SaveKind | None = None
     restore_s: float | None = None
+    group_round: int | None = None
 
 
 @_kind(EventKind.METRICS)

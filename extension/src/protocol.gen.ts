@@ -273,7 +273,7 @@ export interface ReadyEvent {
   [extra: string]: unknown;
 }
 
-/** Resumed(*, t: 'float' = 0.0, incarnation: 'int' = 0, gen: 'int | None' = None, extra: 'Mapping[str, Any]' = <factory>, from_step: 'int', seq: 'int', save_kind: 'SaveKind | None' = None, restore_s: 'float | None' = None) */
+/** The state was restored from checkpoint `seq`. `group_round`: a torchrun group's rendezvous round on this instance (1: its first; more: the group restarted around a lost peer without this instance being relaunched); None outside torchrun groups. */
 export interface ResumedEvent {
   kind: "resumed";
   t: number;
@@ -283,6 +283,7 @@ export interface ResumedEvent {
   seq: number;
   save_kind?: SaveKind | null;
   restore_s?: number | null;
+  group_round?: number | null;
   [extra: string]: unknown;
 }
 

@@ -183,6 +183,7 @@ class Rounds:
         self._replies: dict[str, dict[str, Any]] = {}
         self._last: tuple[Any, int] | None = None  # the checkpoint and step the last round began at
         self._stuck = 0  # rounds in a row that began where the one before began
+        self._rounds = 0  # rounds this instance took part in (the event feed tells a restart)
         #: why the script is failing (`STUCK_ROUNDS`), for the runner to end it; None: it is not
         self.stuck: str | None = None
 
@@ -193,6 +194,7 @@ class Rounds:
         with self._lock:
             if nonce not in self._replies:
                 reached = self.ctx._step  # what the last round counted (local rank 0's steps)
+                self._rounds += 1
                 reply = self._restore(bool(request.get("choose")), request.get("seq"), nonce)
                 self._replies = {nonce: reply}
                 self._count(reached, reply)
@@ -276,7 +278,11 @@ class Rounds:
         if found is not None:
             self._emit(
                 ev.Resumed(
-                    from_step=step, seq=found.seq, save_kind=found.kind, restore_s=time.perf_counter() - t0
+                    from_step=step,
+                    seq=found.seq,
+                    save_kind=found.kind,
+                    restore_s=time.perf_counter() - t0,
+                    group_round=self._rounds,
                 )
             )
         return {"seq": found.seq if found is not None else None, "step": step}

@@ -59,8 +59,10 @@ def event_text(e: Event | Mapping[str, Any]) -> str:
     if kind == "ready":
         return f"{who}ready at step {e.get('step')} after {num('prep_s'):.1f} s prep"
     if kind == "resumed":
+        rnd = e.get("group_round") or 0
+        how = f"group restarted (round {rnd})" if rnd > 1 else "relaunched"
         return (
-            f"{who}relaunched: resumed from step {e.get('from_step')} ({e.get('save_kind')} "
+            f"{who}{how}: resumed from step {e.get('from_step')} ({e.get('save_kind')} "
             f"checkpoint #{e.get('seq')}, restore {num('restore_s'):.2f} s)"
         )
     if kind == "notice":

@@ -64,6 +64,13 @@ def test_a_lost_instance_the_group_resumes_from_the_checkpoint_and_the_replaceme
     assert resumed[0]["from_step"] >= 10  # the kill came at step 13, after the save of step 10
     replacement = max(e["incarnation"] for e in _by(job, "allocated"))
     assert replacement == 3 and any(r["incarnation"] == 3 for r in resumed)  # it joined a round
+    # the feed tells the survivor's restart (same instance, a later round) from a relaunch
+    from spotnb.widget.text import event_text
+
+    first_of_3 = next(r for r in resumed if r["incarnation"] == 3)
+    assert first_of_3["group_round"] == 1 and "relaunched" in event_text(first_of_3)
+    of_1 = [r for r in resumed if r["incarnation"] == 1]
+    assert of_1 and all(r["group_round"] > 1 and "group restarted" in event_text(r) for r in of_1)
     # the survivor's torchrun started its workers again (a new round), it never was replaced
     survivor = _logs(job, 1)
     assert len(re.findall(r"round \w+ starts", survivor)) >= 2 and "Connection closed by peer" in survivor
