@@ -770,6 +770,10 @@ class Controller:
                 else (p.on_demand if p else 0.0)
             )
             instance.info["incarnation"] = n
+            # how its market bills it, for the ledger (`spotnb.billing`); a Config price is fixed
+            instance.info["billing"] = self.provider.billing(instance.region).as_info()
+            if self.config.price_spot is not None:
+                instance.info["price_fixed"] = True
             now = time.time()
             self.emit(
                 ev.Allocated(

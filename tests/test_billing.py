@@ -1,0 +1,208 @@
+"""Billing that tells the truth (issue 10): the ledger bills what the market bills — minimum
+charges, increments, a price that changes while an instance runs — and counts both instances
+of a replica move while they overlap. Each expected figure is computed here from the spans."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+import spotnb as spot
+from spotnb import protocol as ev
+from spotnb.billing import CLOUD_BILLING, Billing, charge, parse_billing
+from spotnb.ledger import CATEGORIES, Span, compute_breakdown
+from spotnb.protocol import Progress
+from spotnb.state import JobState
+
+T0 = 1_700_000_000.0
+AWS = CLOUD_BILLING["aws"]
+
+
+def _span(n: int, alloc: float, end: float, spot_price: float, **kw: Any) -> Span:
+    return Span(n, alloc - 1.0, alloc, alloc + 2.0, end, False, None, spot_price, 1.0, **kw)
+
+
+def test_a_spot_instance_preempted_after_20_s_on_aws_is_billed_its_60_s_minimum() -> None:
+    span = _span(1, T0, T0 + 20.0, 0.9, billing=AWS)
+    b = compute_breakdown([span], T0 - 1.0, T0 + 20.0)
+    assert b.spot_cost == pytest.approx(60.0 * 0.9 / 3600)
+    # past the minimum, per second: 61.2 s is billed 62 s, not 61.2 s nor 120 s
+    b = compute_breakdown([_span(1, T0, T0 + 61.2, 0.9, billing=AWS)], T0 - 1.0, T0 + 61.2)
+    assert b.spot_cost == pytest.approx(math.ceil(61.2) * 0.9 / 3600)
+
+
+@pytest.mark.parametrize("ran", [1.0, 1799.0, 3600.0, 3600.5, 7300.0])
+def test_hourly_increments_bill_every_started_hour(ran: float) -> None:
+    hourly = parse_billing("test", "1h")
+    span = _span(1, T0, T0 + ran, 2.0, billing=hourly)
+    b = compute_breakdown([span], T0 - 1.0, T0 + ran)
+    hours = max(1, math.ceil(ran / 3600 - 1e-9))
+    assert b.spot_cost == pytest.approx(hours * 2.0)
+
+
+def test_increments_with_a_minimum_and_azure_s_free_partial_minute() -> None:
+    billing = parse_billing("test", {"increment": "30s", "minimum": "1m"})
+    for ran, expect in ((10.0, 60.0), (61.0, 90.0), (90.0, 90.0), (91.0, 120.0)):
+        assert billing.billed(ran) == pytest.approx(expect)
+        assert charge(T0, T0 + ran, 3.6, billing) == pytest.approx(expect * 3.6 / 3600)
+    azure = CLOUD_BILLING["azure"]  # whole minutes: 6 min 45 s is billed 6 min
+    assert azure.billed(6 * 60 + 45) == pytest.approx(360.0)
+    assert azure.period_end(6 * 60 + 45) == pytest.approx(420.0)
+
+
+def test_a_price_that_changes_while_an_instance_runs_is_billed_piecewise() -> None:
+    """Allocated at $0.30/h; the zone's price drops to $0.02/h 15 s later and rises to $0.50/h
+    at 40 s; the instance ends at 50 s in a 20 s-increment zone, so 60 s are billed: 15 s at
+    0.30, 25 s at 0.02 and the last 20 s (10 of them after it ended) at 0.50."""
+    steps = ((T0 - 100.0, 0.30), (T0 + 15.0, 0.02), (T0 + 40.0, 0.50))
+    billing = Billing(20.0, 20.0)
+    b = compute_breakdown([_span(1, T0, T0 + 50.0, 0.30, billing=billing, prices=steps)], T0 - 1, T0 + 50)
+    expect = (15.0 * 0.30 + 25.0 * 0.02 + (billing.billed(50.0) - 40.0) * 0.50) / 3600
+    assert b.spot_cost == pytest.approx(expect)
+    # one price known (no steps): that price over the billed time
+    b = compute_breakdown([_span(1, T0, T0 + 50.0, 0.30, billing=billing)], T0 - 1, T0 + 50)
+    assert b.spot_cost == pytest.approx(billing.billed(50.0) * 0.30 / 3600)
+
+
+def test_the_state_bills_the_prices_the_controller_saw_after_the_allocation() -> None:
+    """A cloud instance: no schedule recorded, but the controller's `prices` looks saw its
+    zone's price change while it ran; the ledger bills from each look on (a look before its
+    allocation is not its price: the allocation asked a fresher one)."""
+    events = [
+        ev.Submitted(t=T0 - 5, name="j", provider="aws", instance_type="g4dn.xlarge", config={}),
+        ev.Prices(t=T0 - 2, zones={"us-east-1a": 0.40, "us-east-1b": 0.9}),
+        ev.Allocating(t=T0 - 1, incarnation=1, region="us-east-1a", attempt=1),
+        ev.Allocated(
+            t=T0,
+            incarnation=1,
+            instance_id="i-1",
+            region="us-east-1a",
+            instance_type="g4dn.xlarge",
+            alloc_s=1.0,
+            spot_price=0.30,
+            on_demand_price=1.0,
+            info={"billing": AWS.as_info()},
+        ),
+        ev.Prices(t=T0 + 100, zones={"us-east-1a": 0.10, "us-east-1b": 0.9}),
+        ev.Exited(t=T0 + 130.5, incarnation=1, reason=ev.Outcome.DONE),
+        ev.Status(t=T0 + 131, status=ev.JobStatus.SUCCEEDED),
+    ]
+    b = JobState.from_events(events).breakdown()
+    assert b.spot_cost == pytest.approx((100 * 0.30 + (AWS.billed(130.5) - 100) * 0.10) / 3600)
+    # a Config price is the user's: the zone's looks do not change it
+    fixed = [
+        dataclass_replace(e, info={**e.info, "price_fixed": True}) if isinstance(e, ev.Allocated) else e
+        for e in events
+    ]
+    b = JobState.from_events(fixed).breakdown()
+    assert b.spot_cost == pytest.approx(AWS.billed(130.5) * 0.30 / 3600)
+
+
+def dataclass_replace(e: Any, **kw: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(e, **kw)
+
+
+def test_a_replica_move_s_overlap_is_counted_on_two_lanes() -> None:
+    """Two replicas (slots 0 and 1); slot 1's replica (incarnation 2) moves to incarnation 3,
+    asked at 100 s, allocated at 101 s, training from 105 s; incarnation 2 leaves at 110 s.
+    Both are billed in the overlap, and the instance-seconds now count both too: the total is
+    2 lanes × the wall time plus the overlap lane, and each instance's alloc/prep/running time
+    is its own, whatever the other does meanwhile."""
+    end = T0 + 200.0
+    p = Progress(step=10, compute_s=0.0)
+    spans = [
+        Span(1, T0, T0 + 1, T0 + 3, end, False, p, 0.5, 1.0, slot=0),
+        Span(2, T0, T0 + 1, T0 + 3, T0 + 110, False, p, 0.5, 1.0, slot=1),
+        Span(3, T0 + 100, T0 + 101, T0 + 105, end, False, p, 0.1, 1.0, slot=1, replaces=2),
+    ]
+    b = compute_breakdown(spans, T0, end)
+    wall = end - T0
+    overlap = (T0 + 110) - (T0 + 100)  # incarnation 3 asked → incarnation 2 gone
+    assert b.total == pytest.approx(2 * wall + overlap)
+    assert sum(getattr(b, c) for c in CATEGORIES) == pytest.approx(b.total)
+    # each instance's whole life (asked → end) is in the instance-seconds, side by side
+    assert b.total == pytest.approx(sum((s.end or end) - (s.asked or 0) for s in spans))
+    assert b.alloc == pytest.approx(sum((s.allocated or 0) - (s.asked or 0) for s in spans))
+    assert b.prep == pytest.approx(sum((s.ready or 0) - (s.allocated or 0) for s in spans))
+    assert b.spot_cost == pytest.approx(sum(charge(s.allocated or 0, s.end or end, s.spot) for s in spans))
+    # without the move's link (the old reading), the new instance's alloc and prep vanished
+    # under the old one's running
+    old = compute_breakdown([*spans[:2], dataclass_replace(spans[2], replaces=None)], T0, end)
+    assert old.total == pytest.approx(2 * wall)
+    assert b.alloc - old.alloc == pytest.approx(1.0) and b.prep - old.prep == pytest.approx(4.0)
+
+
+def test_the_state_links_a_replica_move_s_new_instance_to_the_old_one() -> None:
+    events: list[Any] = [
+        ev.Submitted(t=T0, name="j", provider="local", instance_type="g4dn.xlarge", config={}),
+    ]
+    for n, slot, asked in ((1, 0, T0), (2, 1, T0), (3, 1, T0 + 100)):
+        events += [
+            ev.Allocating(t=asked, incarnation=n, region="zone-a", attempt=1, slot=slot),
+            ev.Allocated(
+                t=asked + 1,
+                incarnation=n,
+                instance_id=f"i-{n}",
+                region="zone-a",
+                instance_type="g4dn.xlarge",
+                alloc_s=1.0,
+                spot_price=0.5,
+                on_demand_price=1.0,
+            ),
+            ev.Ready(t=asked + 5, incarnation=n, prep_s=4.0, step=0),
+        ]
+    events += [
+        ev.Moving(
+            t=T0 + 99,
+            incarnation=2,
+            from_region="zone-a",
+            to_region="zone-b",
+            reason="",
+            saving=0.1,
+            move_cost=0.01,
+            slot=1,
+            to_incarnation=3,
+        ),
+        ev.Exited(t=T0 + 110, incarnation=2, reason=ev.Outcome.MOVED),
+        ev.Exited(t=T0 + 200, incarnation=1, reason=ev.Outcome.DONE),
+        ev.Exited(t=T0 + 200, incarnation=3, reason=ev.Outcome.DONE),
+        ev.Status(t=T0 + 200, status=ev.JobStatus.SUCCEEDED),
+    ]
+    st = JobState.from_events(sorted(events, key=lambda e: e.t))
+    assert st.incs[3].replaces == 2
+    assert st.breakdown().total == pytest.approx(2 * 200.0 + 10.0)
+
+
+@pytest.mark.parametrize(
+    ("billing", "words"),
+    [
+        ({"increment": "-5s"}, "increment must be 0 or more"),
+        (-30, "increment must be 0 or more"),
+        ({"increment": "30s", "minimum": -1}, "minimum must be 0 or more"),
+        ({"increment": "30s", "every": "1h"}, "the keys are increment and minimum; got ['every']"),
+        ({"minimum": "1m"}, "give an increment"),
+        ("hourly", "increment 'hourly' is not a duration"),
+        ("2d", "more than a day"),
+        (True, "give a duration"),
+    ],
+)
+def test_bad_billing_is_refused_naming_the_zone_and_the_field(billing: Any, words: str) -> None:
+    with pytest.raises(ValueError) as err:
+        spot.Config(local_regions={"zone-a": {"price": 0.1, "billing": billing}, "zone-b": {"price": 0.2}})
+    text = str(err.value)
+    assert "local_regions" in text and "zone 'zone-a'" in text and "billing" in text and words in text
+
+
+def test_a_zone_s_billing_survives_the_spec_s_json_round_trip() -> None:
+    import json
+
+    cfg = spot.Config(
+        local_regions={"zone-a": {"price": 0.1, "billing": {"increment": "20s", "minimum": "20s"}}}
+    )
+    again = spot.Config(local_regions=json.loads(json.dumps(cfg.local_regions)))
+    assert again.local_zone_billing("zone-a") == Billing(20.0, 20.0)
+    assert again.local_zone_billing("zone-b").increment_s == 0.0  # not given: continuously
