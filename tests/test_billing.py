@@ -11,9 +11,12 @@ import pytest
 
 import spotnb as spot
 from spotnb import protocol as ev
-from spotnb.billing import CLOUD_BILLING, Billing, charge, parse_billing
+from spotnb.billing import CLOUD_BILLING, CONTINUOUS, Billing, charge, parse_billing
 from spotnb.ledger import CATEGORIES, Span, compute_breakdown
+from spotnb.migration import move_start
+from spotnb.preempt import Never
 from spotnb.protocol import Progress
+from spotnb.sim.zones import SimZone, simulate_zones
 from spotnb.state import JobState
 
 T0 = 1_700_000_000.0
@@ -206,3 +209,65 @@ def test_a_zone_s_billing_survives_the_spec_s_json_round_trip() -> None:
     again = spot.Config(local_regions=json.loads(json.dumps(cfg.local_regions)))
     assert again.local_zone_billing("zone-a") == Billing(20.0, 20.0)
     assert again.local_zone_billing("zone-b").increment_s == 0.0  # not given: continuously
+
+
+# -- migrate="billing-aware": when to start a move ------------------------------------------------
+def test_a_move_on_a_per_second_market_starts_at_once_past_the_minimum() -> None:
+    assert move_start(AWS, T0, T0 + 300.0, lead_s=5.0, work_s=3600.0) == T0 + 300.0
+    # within AWS's first minute the minute is paid anyway: the old one leaves just before it
+    start = move_start(AWS, T0, T0 + 20.0, lead_s=5.0, work_s=3600.0)
+    assert start is not None and T0 + 20.0 < start and start + 5.0 < T0 + 60.0
+
+
+@pytest.mark.parametrize("elapsed", [10.0, 1800.0, 3590.0, 3700.0])
+def test_an_hourly_move_is_timed_so_the_old_instance_leaves_just_before_its_hour_ends(elapsed: float) -> None:
+    hourly = parse_billing("test", "1h")
+    lead = 240.0
+    start = move_start(hourly, T0, T0 + elapsed, lead_s=lead, work_s=10 * 3600.0)
+    assert start is not None and start >= T0 + elapsed
+    leave = start + lead - T0
+    paid = hourly.period_end(leave)
+    # it leaves in the last quarter of an hour it paid for, never past its end
+    assert paid - 0.25 * 3600 <= leave < paid
+    # the hour the look was in, unless the lead no longer fits in it
+    assert paid == hourly.period_end(elapsed) or elapsed + lead > hourly.period_end(elapsed) - 900
+
+
+def test_no_move_when_the_work_ends_within_the_paid_time() -> None:
+    hourly = parse_billing("test", "1h")
+    assert move_start(hourly, T0, T0 + 600.0, lead_s=60.0, work_s=1200.0) is None
+    assert move_start(hourly, T0, T0 + 600.0, lead_s=60.0, work_s=7200.0) is not None
+
+
+def test_billing_aware_saves_over_best_price_where_billing_is_hourly_and_equals_it_per_second() -> None:
+    """Zone a at $1/h, b at $2/h dropping to $0.2/h 10 minutes in; no preemptions. best-price
+    moves soon after the drop and pays the rest of a's first hour for nothing; billing-aware
+    leaves a just before that hour ends. Per second, the two are the same run."""
+    hourly = parse_billing("test", "1h")
+    work = 5 * 3600.0
+
+    def zones(billing: Billing) -> list[SimZone]:
+        return [
+            SimZone("a", [(0, 1.0)], Never(), restart=120.0, billing=billing),
+            SimZone("b", [(0, 2.0), (600.0, 0.2)], Never(), restart=120.0, billing=billing),
+        ]
+
+    best = simulate_zones(zones(hourly), "best-price", work, delta=30.0, check_s=60.0)
+    aware = simulate_zones(zones(hourly), "billing-aware", work, delta=30.0, check_s=60.0)
+    assert best.moves == aware.moves == 1
+    assert aware.cost < best.cost
+    # continuous billing: the same decisions, the same bill
+    best = simulate_zones(zones(CONTINUOUS), "best-price", work, delta=30.0, check_s=60.0)
+    aware = simulate_zones(zones(CONTINUOUS), "billing-aware", work, delta=30.0, check_s=60.0)
+    assert (aware.cost, aware.wall, aware.moves) == (best.cost, best.wall, best.moves)
+
+
+def test_billing_aware_is_a_migrate_value_with_best_price_s_checks() -> None:
+    with pytest.raises(ValueError, match="migrate='billing-aware' moves a running job"):
+        spot.Config(migrate="billing-aware")
+    cfg = spot.Config(
+        migrate="billing-aware",
+        regions="cheapest",
+        local_regions={"zone-a": {"price": 0.1, "billing": "1h"}, "zone-b": {"price": 0.05}},
+    )
+    assert cfg.migrate == "billing-aware"
