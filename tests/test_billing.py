@@ -216,7 +216,7 @@ def test_a_move_on_a_per_second_market_starts_at_once_past_the_minimum() -> None
     assert move_start(AWS, T0, T0 + 300.0, lead_s=5.0, work_s=3600.0) == T0 + 300.0
     # within AWS's first minute the minute is paid anyway: the old one leaves just before it
     start = move_start(AWS, T0, T0 + 20.0, lead_s=5.0, work_s=3600.0)
-    assert start is not None and T0 + 20.0 < start and start + 5.0 < T0 + 60.0
+    assert start is not None and start > T0 + 20.0 and start + 5.0 < T0 + 60.0
 
 
 @pytest.mark.parametrize("elapsed", [10.0, 1800.0, 3590.0, 3700.0])
