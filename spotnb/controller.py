@@ -1013,12 +1013,21 @@ class Controller:
         timed = self.config.migrate == "billing-aware"
         now = time.time()
         move = self._move_gate.admit(best_move(ranked, instance.region, save_s), now, keep=timed)
-        self._move_at = None
+        planned, self._move_at = self._move_at, None
         if move is None:
             return None
         if timed:
             start = self._billing_start(n, instance, now, save_s)
             if start is None or start > now:  # nothing to save, or wait for the increment's end
+                if start is None or planned is None or abs(start - planned) > 0.5:
+                    self.log.debug(
+                        "job %s: the move to %s %s",
+                        self.job.id,
+                        move.there.zone,
+                        "saves nothing: the remaining work ends within the billed time"
+                        if start is None
+                        else f"starts in {start - now:.1f} s (the end of a billing increment)",
+                    )
                 self._move_at = start
                 return None
             self._move_gate.reset()  # started: the next move waits its own payback, as best-price's

@@ -202,7 +202,8 @@ def move_start(
 
     Per-second billing past its minimum starts at once (best-price's timing). The target is
     the end of the current increment less a margin (`lead_s`, at least 1 s, at most a quarter
-    of the increment); one too close to reach is skipped for the next."""
+    of the increment); a look a little past the start still starts at once if half the margin
+    is left; an end too close to reach is skipped for the next."""
     elapsed = max(0.0, now - allocated)
     paid = billing.period_end(elapsed)
     if work_s is not None and elapsed + max(0.0, work_s) <= paid:
@@ -214,6 +215,8 @@ def move_start(
     start = allocated + paid - margin - lead_s
     if start >= now:
         return start
+    if now + lead_s <= allocated + paid - margin / 2:
+        return now  # a look a little late: it still leaves within the increment, half the margin kept
     if inc <= 1.0 or inc <= margin + lead_s:
         return now  # the minimum is too near, or increments too short to time: at once
     while start < now:  # too late for this increment's end: the next one's
