@@ -1004,6 +1004,10 @@ class Controller:
         st = self.job.state
         if not (st.total and st.step_time) or not instance.region:
             return None
+        inc = st.incs.get(n)
+        if inc is not None and inc.notice is not None:  # it is leaving anyway: a relaunch, not a move
+            self._move_at = None
+            return None
         prices = self._move_prices(n)
         if prices is None or instance.region not in prices or len(prices) < 2:
             return None

@@ -16,7 +16,7 @@ from spotnb.ledger import CATEGORIES, Span, compute_breakdown
 from spotnb.migration import move_start
 from spotnb.preempt import Never
 from spotnb.protocol import Progress
-from spotnb.sim.zones import SimZone, simulate_zones
+from spotnb.sim.zones import POLICIES, SimZone, simulate_zones
 from spotnb.state import JobState
 
 T0 = 1_700_000_000.0
@@ -271,3 +271,28 @@ def test_billing_aware_is_a_migrate_value_with_best_price_s_checks() -> None:
         local_regions={"zone-a": {"price": 0.1, "billing": "1h"}, "zone-b": {"price": 0.05}},
     )
     assert cfg.migrate == "billing-aware"
+
+
+def test_a_price_that_flaps_around_the_boundary_costs_billing_aware_little_and_best_price_much() -> None:
+    """Attack: b is cheaper for 20 minutes of every 40. Per hour, best-price takes every gap
+    (15 moves, each paying the rest of an hour it leaves: 2.5 × staying's bill). billing-aware
+    waits for the end of the paid hour and drops the move when the gap closes at a look before
+    it; only the gaps that straddle an hour's end are taken (3 moves). Measured: +7.5 % over
+    staying (the move back out of b when it turns dear again pays a started hour) — the limit
+    of any policy that trusts the prices of the moment; billed continuously it is best-price."""
+    hourly = parse_billing("test", "1h")
+    flaps = [(0.0, 2.0)] + [(k * 1200.0, 0.2 if k % 2 else 2.0) for k in range(1, 40)]
+    work = 5 * 3600.0
+
+    def zones(billing: Billing) -> list[SimZone]:
+        return [
+            SimZone("a", [(0, 1.0)], Never(), restart=120.0, billing=billing),
+            SimZone("b", flaps, Never(), restart=120.0, billing=billing),
+        ]
+
+    runs = {p: simulate_zones(zones(hourly), p, work, delta=30.0, check_s=60.0) for p in POLICIES[1:4]}
+    stay, best, aware = runs["on-interrupt"], runs["best-price"], runs["billing-aware"]
+    assert aware.moves < best.moves / 4 and aware.cost < best.cost / 2
+    assert aware.cost <= 1.1 * stay.cost
+    flat = {p: simulate_zones(zones(CONTINUOUS), p, work, delta=30.0, check_s=60.0) for p in POLICIES[2:4]}
+    assert flat["billing-aware"] == dataclass_replace(flat["best-price"], policy="billing-aware")
