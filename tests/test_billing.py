@@ -14,7 +14,7 @@ from spotnb import protocol as ev
 from spotnb.billing import CLOUD_BILLING, CONTINUOUS, Billing, charge, parse_billing
 from spotnb.ledger import CATEGORIES, Span, compute_breakdown
 from spotnb.migration import move_start
-from spotnb.preempt import Never
+from spotnb.preempt import Never, Schedule
 from spotnb.protocol import Progress
 from spotnb.sim.zones import POLICIES, SimZone, simulate_zones
 from spotnb.state import JobState
@@ -296,3 +296,22 @@ def test_a_price_that_flaps_around_the_boundary_costs_billing_aware_little_and_b
     assert aware.cost <= 1.1 * stay.cost
     flat = {p: simulate_zones(zones(CONTINUOUS), p, work, delta=30.0, check_s=60.0) for p in POLICIES[2:4]}
     assert flat["billing-aware"] == dataclass_replace(flat["best-price"], policy="billing-aware")
+
+
+def test_a_preemption_while_a_billing_aware_move_waits_is_a_relaunch_in_the_best_zone() -> None:
+    """Attack: a bills by the hour, b turns cheaper at 10 min, so the move waits for the end
+    of a's hour; a is preempted at 30 min meanwhile. The job relaunches in b at once (nothing
+    to time: on-interrupt's relaunch) and the waiting move is gone: no move, one preemption,
+    the same run as on-interrupt's."""
+    hourly = parse_billing("test", "1h")
+
+    def zones() -> list[SimZone]:
+        return [
+            SimZone("a", [(0, 1.0)], Schedule([1800.0]), restart=120.0, billing=hourly),
+            SimZone("b", [(0, 2.0), (600.0, 0.2)], Never(), restart=120.0, billing=hourly),
+        ]
+
+    aware = simulate_zones(zones(), "billing-aware", 5 * 3600.0, delta=30.0, check_s=60.0)
+    plain = simulate_zones(zones(), "on-interrupt", 5 * 3600.0, delta=30.0, check_s=60.0)
+    assert (aware.moves, aware.preemptions) == (0, 1)
+    assert (aware.cost, aware.wall) == pytest.approx((plain.cost, plain.wall))

@@ -68,35 +68,3 @@ def test_a_billing_aware_move_leaves_at_the_end_of_a_paid_increment_and_finishes
     b = job.breakdown()
     assert b.spot_cost == pytest.approx(expect, rel=1e-9)
     assert b.spot_cost < charge(first.allocated, end, 0.10, zone_a)  # staying in zone-a
-
-
-def test_a_notice_while_a_billing_aware_move_waits_is_a_preemption_not_a_move(reference) -> None:
-    """Attack: zone-a bills 30 s increments, so the move to the cheaper zone-b waits for the
-    end of the first one; the market sends a notice at step 40 meanwhile. The instance saves
-    and leaves after the notice, the replacement goes to the best zone at once (zone-b), and
-    the waiting move is dropped: no `moving`, one preemption, nothing trained twice, and the
-    result is bit-exact."""
-    zones = {
-        "zone-a": {"price": 0.10, "billing": "30s"},
-        "zone-b": {"price": [[0, 0.30], ["1s", 0.02]]},
-    }
-    job = spot.train(
-        functools.partial(jobfns.seeded_mlp, step_delay=0.04, hold_at=40),
-        spot.Config(
-            ship_modules=SHIP,
-            local_regions=zones,
-            regions="cheapest",
-            migrate="billing-aware",
-            checkpoint="static:20",
-            local_grace=5.0,
-            notice_poll=0.1,
-            local_schedule=[{"step": 40, "notice": True}],
-        ),
-    )
-    assert_matches_reference(job, reference)
-    assert not _kinds(job, "moving")
-    assert [e["region"] for e in _kinds(job, "allocated")] == ["zone-a", "zone-b"]
-    (notice,) = _kinds(job, "notice")
-    assert notice["incarnation"] == 1
-    assert job.breakdown().preemptions == 1
-    assert job.breakdown().recompute < 0.5  # it saved at the notice: nothing lost but the tail
