@@ -72,12 +72,6 @@ class Billing:
             s = (math.floor(s / inc + 1e-9) + 1) * inc if self.round_down else self.billed(s)
         return max(s, self.minimum_s)
 
-    @property
-    def coarse(self) -> bool:
-        """Whether the timing of a leave matters beyond the first minute: increments longer
-        than a minute (per-second and per-minute markets move whenever a move pays)."""
-        return self.increment_s > 60.0
-
     def describe(self) -> str:
         """In words, for the dry run and the docs: "per 1 s, at least 60 s"."""
         if self.increment_s <= 0:
