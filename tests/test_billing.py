@@ -315,3 +315,38 @@ def test_a_preemption_while_a_billing_aware_move_waits_is_a_relaunch_in_the_best
     plain = simulate_zones(zones(), "on-interrupt", 5 * 3600.0, delta=30.0, check_s=60.0)
     assert (aware.moves, aware.preemptions) == (0, 1)
     assert (aware.cost, aware.wall) == pytest.approx((plain.cost, plain.wall))
+
+
+def test_a_replica_move_is_timed_to_its_old_instance_s_increment_too() -> None:
+    """`FleetController._due`, the fleet's gate for a replica move, on a stand-in controller
+    (the decision is arithmetic on the job's state; the fleet's real moves run in
+    tests/elastic/test_moves.py): billing-aware waits for the end of the old instance's hour
+    and says when; best-price goes at once."""
+    from types import SimpleNamespace
+
+    from spotnb.fleet import FleetController
+    from spotnb.placement import ZoneEstimate
+
+    hourly = parse_billing("test", "1h")
+    now = T0 + 600.0
+    st = SimpleNamespace(incs={4: SimpleNamespace(allocated=T0)}, step_time=1.0, total=100_000, step=1000)
+    there = ZoneEstimate("zone-b", 0.02, 10800.0, 120.0, 1.0, 1.0, 0.02)
+
+    def stand_in(migrate: str) -> Any:
+        return SimpleNamespace(
+            _move_at=None,
+            config=SimpleNamespace(migrate=migrate),
+            job=SimpleNamespace(state=st),
+            store=SimpleNamespace(local=True),
+            provider=SimpleNamespace(billing=lambda zone: hourly),
+        )
+
+    old = SimpleNamespace(n=4, instance=SimpleNamespace(region="zone-a"))
+    move = SimpleNamespace(there=there)
+    fleet = stand_in("billing-aware")
+    assert FleetController._due(fleet, old, move, now) is False
+    assert fleet._move_at is not None and now < fleet._move_at < T0 + 3600.0
+    leave = fleet._move_at + there.restart + 1.0  # its lead: the start there, a step, the poll
+    assert T0 + 3600.0 - 900.0 <= leave < T0 + 3600.0
+    assert FleetController._due(fleet, old, move, fleet._move_at) is True
+    assert FleetController._due(stand_in("best-price"), old, move, now) is True
