@@ -1,6 +1,7 @@
 """`migrate="billing-aware"` on the local market (issue 10): zone-a bills whole 8 s increments
-with a 16 s minimum (AWS's shape, scaled down), zone-b's price drops; the job moves so that its first instance leaves just before the end of
-an increment it paid for. Real processes, a real save before leaving, a real restore."""
+with a 16 s minimum (AWS's shape, scaled down), zone-b's price drops; the job moves so that its
+first instance leaves just before the end of time it paid for. Real processes, a real save
+before leaving, a real restore."""
 
 from __future__ import annotations
 
