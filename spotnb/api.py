@@ -244,6 +244,8 @@ _MIGRATE_TEXT = {
     "on-interrupt": "on-interrupt: a preempted job relaunches in the zone best at that moment",
     "best-price": "best-price: relaunch in the best zone, and look at the prices every {every} to "
     "move a running job when another zone's expected saving pays for the move",
+    "billing-aware": "billing-aware: best-price's moves, timed so that the old instance leaves just "
+    "before the end of its billing increment (at once on a per-second market)",
 }
 
 

@@ -89,11 +89,13 @@ class _GenericConfig(BaseModel):
     regions: list[str] | Literal["cheapest"] | None = Field(
         None, description="Candidate regions in order, or 'cheapest' to order them by spot price."
     )
-    migrate: Literal["never", "on-interrupt", "best-price"] = Field(
+    migrate: Literal["never", "on-interrupt", "best-price", "billing-aware"] = Field(
         "on-interrupt",
         description="Where a job goes next: 'on-interrupt' relaunches a preempted job in the zone "
         "that is best then; 'never' relaunches it where it ran; 'best-price' also moves a running "
-        "job when another zone's expected saving over the remaining work exceeds the cost of the move.",
+        "job when another zone's expected saving over the remaining work exceeds the cost of the move; "
+        "'billing-aware' makes best-price's moves so that the old instance leaves just before the end "
+        "of its billing increment (the same as best-price on a per-second market).",
     )
     store: str | None = Field(
         None, description="fsspec URL for specs, events and checkpoints (default file://$SPOTNB_HOME/store)."
@@ -474,20 +476,20 @@ class _GenericConfig(BaseModel):
             raise ValueError(f"controller_identity: {self.controller_identity!r} {bad}")
 
     def _check_migrate(self) -> None:
-        if self.migrate != "best-price":
+        if self.migrate not in ("best-price", "billing-aware"):
             return
         if not (
             self.regions == "cheapest" or (isinstance(self.regions, list) and len(set(self.regions)) > 1)
         ):
             raise ValueError(
-                "migrate='best-price' moves a running job to a cheaper zone, but there is only one "
+                f"migrate={self.migrate!r} moves a running job to a cheaper zone, but there is only one "
                 "zone to run in: set regions='cheapest' or regions=[...] with several zones, or "
                 "migrate='on-interrupt'"
             )
         zones = getattr(self, "local_regions", None) or {"local": None}
         if self.provider == "local" and self.regions == "cheapest" and len(zones) < 2:
             raise ValueError(
-                "migrate='best-price' moves a running job to a cheaper zone, but the local market "
+                f"migrate={self.migrate!r} moves a running job to a cheaper zone, but the local market "
                 f"has only one zone ({', '.join(zones)}): define several with local_regions (e.g. "
                 "local_regions={'zone-a': {'price': 0.10}, 'zone-b': {'price': 0.05}}), or use "
                 "migrate='on-interrupt'"

@@ -27,7 +27,7 @@ from spotnb.errors import CapacityError
 from spotnb.events import EventReader, EventWriter
 from spotnb.job import Job
 from spotnb.jobdb import JobDB
-from spotnb.migration import MoveGate, best_move
+from spotnb.migration import MOVING_POLICIES, MoveGate, best_move, move_start
 from spotnb.placement import Transfer, ZoneEstimate, rank_zones
 from spotnb.policy import Observation, resolve_policy
 from spotnb.protocol import TERMINAL, Event, JobStatus, Outcome
@@ -122,6 +122,7 @@ class Controller:
         self._writers: dict[int, EventWriter] = {}
         self.preemptions = 0
         self._move_gate = MoveGate()  # a move must stay worth making for its payback time
+        self._move_at: float | None = None  # migrate="billing-aware": a move's planned start
         self.retries = 0
         self._high_water = 0
         self._indexed = 0.0
@@ -672,7 +673,7 @@ class Controller:
             "notice": self.provider.notice_settings(),
             **(extra or {}),
         }
-        if self.config.migrate == "best-price":  # the agent looks for a request to move
+        if self.config.migrate in MOVING_POLICIES:  # the agent looks for a request to move
             inc_doc["move_poll"] = MOVE_POLL if self.store.local else MOVE_POLL_REMOTE
         inc_path = self.store.job(self.job.id, "incarnations", f"{n:04d}.json")
         self.store.write_bytes(inc_path, json.dumps(inc_doc).encode())
@@ -770,6 +771,10 @@ class Controller:
                 else (p.on_demand if p else 0.0)
             )
             instance.info["incarnation"] = n
+            # how its market bills it, for the ledger (`spotnb.billing`); a Config price is fixed
+            instance.info["billing"] = self.provider.billing(instance.region).as_info()
+            if self.config.price_spot is not None:
+                instance.info["price_fixed"] = True
             now = time.time()
             self.emit(
                 ev.Allocated(
@@ -917,6 +922,7 @@ class Controller:
         ready = False
         move_to: str | None = None  # a move's zone, while its instance is being allocated
         looked = time.time()  # the last look at the prices for a move
+        self._move_at = None  # a billing-aware move planned for the instance before
         while True:
             for e in self.pump():
                 if e.incarnation != n:
@@ -936,11 +942,14 @@ class Controller:
                     described = 0.0  # look now: the instance should be on its way out
             now = time.time()
             if (
-                self.config.migrate == "best-price"
+                self.config.migrate in MOVING_POLICIES
                 and ready
                 and pre is None
                 and reported_end is None
-                and now - looked >= self.provider.price_interval
+                and (
+                    now - looked >= self.provider.price_interval
+                    or (self._move_at is not None and now >= self._move_at)
+                )
             ):
                 looked = now
                 move_to = self._consider_move(n, instance)
@@ -995,26 +1004,66 @@ class Controller:
         st = self.job.state
         if not (st.total and st.step_time) or not instance.region:
             return None
+        inc = st.incs.get(n)
+        if inc is not None and inc.notice is not None:  # it is leaving anyway: a relaunch, not a move
+            self._move_at = None
+            return None
         prices = self._move_prices(n)
         if prices is None or instance.region not in prices or len(prices) < 2:
             return None
         ranked = self._placement({zone: p.spot for zone, p in prices.items()})
         saves = st.checkpoints[-10:]
         save_s = sum(c.snapshot_s + c.upload_s for c in saves) / len(saves) if saves else None
-        move = self._move_gate.admit(best_move(ranked, instance.region, save_s), time.time())
+        timed = self.config.migrate == "billing-aware"
+        now = time.time()
+        move = self._move_gate.admit(best_move(ranked, instance.region, save_s), now, keep=timed)
+        planned, self._move_at = self._move_at, None
         if move is None:
             return None
+        if timed:
+            start = self._billing_start(n, instance, now, save_s)
+            if start is None or start > now:  # nothing to save, or wait for the increment's end
+                if start is None or planned is None or abs(start - planned) > 0.5:
+                    self.log.debug(
+                        "job %s: the move to %s %s",
+                        self.job.id,
+                        move.there.zone,
+                        "saves nothing: the remaining work ends within the billed time"
+                        if start is None
+                        else f"starts in {start - now:.1f} s (the end of a billing increment)",
+                    )
+                self._move_at = start
+                return None
+            self._move_gate.reset()  # started: the next move waits its own payback, as best-price's
         self.emit(
             ev.Moving(
                 from_region=instance.region,
                 to_region=move.there.zone,
-                reason=move.reason(),
+                reason=move.reason()
+                + ("; timed to leave at the end of a billing increment" if timed else ""),
                 saving=move.saving,
                 move_cost=move.cost,
             ),
             n,
         )
         return move.there.zone
+
+    def _billing_start(self, n: int, instance: Instance, now: float, save_s: float | None) -> float | None:
+        """When to start a billing-aware move of incarnation `n` (`migration.move_start`): its
+        lead is the job's measured allocation time plus the old instance's leave (the request's
+        poll, a step, a save, the controller noticing); None: its remaining work ends within
+        the time its zone already billed."""
+        st = self.job.state
+        inc = st.incs.get(n)
+        if inc is None or inc.allocated is None:
+            return now
+        allocs = [i.alloc_s for i in st.incs.values() if i.alloc_s is not None and i.alloc_s >= 0]
+        alloc = sum(allocs) / len(allocs) if allocs else (self._market_now or self._market())["restart"]
+        step = st.step_time or 0.0
+        poll = MOVE_POLL if self.store.local else MOVE_POLL_REMOTE
+        lead = alloc + poll + step + (save_s or 0.0) + 2 * self.store.poll_interval
+        work = max(0, int(st.total or 0) - int(st.step)) * step
+        return move_start(self.provider.billing(instance.region), inc.allocated, now, lead, work)
 
     def _follow_prices(self, regions: list[str], n: int) -> None:
         """The listed zones' prices at an allocation of a job that does not rank them (a list

@@ -34,7 +34,7 @@ from typing import Any
 
 from spotnb import protocol as ev
 from spotnb.controller import _FAILURES, EXIT_GRACE, MOVE_POLL, MOVE_POLL_REMOTE, Controller, _Outcome
-from spotnb.migration import Move, best_replica_move
+from spotnb.migration import MOVING_POLICIES, Move, best_replica_move, move_start
 from spotnb.policy.group import group_mttp
 from spotnb.protocol import TERMINAL, JobStatus, Outcome
 from spotnb.providers.base import Instance, InstanceState, InstanceStatus
@@ -111,7 +111,7 @@ class FleetController(Controller):
                             verdict, reason=None if verdict == JobStatus.SUCCEEDED else "user_error"
                         )
                     return
-            if self.config.migrate == "best-price" and not self._succeeded:
+            if self.config.migrate in MOVING_POLICIES and not self._succeeded:
                 self._tend_moves()
             if self._succeeded:
                 self._dismiss_latecomers()
@@ -365,15 +365,39 @@ class FleetController(Controller):
             if ready and not (new.noticed or new.reported_end or old.asked or old.noticed):
                 self._ask_to_leave(old, new)
         now = time.time()
-        if now - self._looked < self.provider.price_interval:
+        due = self._move_at is not None and now >= self._move_at
+        if now - self._looked < self.provider.price_interval and not due:
             return
         self._looked = now
         # the gate keeps looking during a move (the next replica's wait goes on), but a move
         # starts only when every slot trains: none moving, starting, leaving or allocating
         found = self._consider_replica_move()
         every = len(self.slots) == self.config.instances and all(self._trains(s) for s in self.slots)
-        if found is not None and new is None and every:
+        if found is None:
+            self._move_at = None
+        elif new is None and every and self._due(*found, now):
             self._start_move(*found)
+
+    def _due(self, old: _Slot, move: Move, now: float) -> bool:
+        """Whether the replica move may start now: at once, except with migrate="billing-aware",
+        which starts it so that the old instance leaves just before the end of its billing
+        increment (`migration.move_start`; its lead: the new instance's start and heal and the
+        old one's leave), and not at all when the group's work ends within the paid time."""
+        self._move_at = None
+        if self.config.migrate != "billing-aware" or old.instance is None:
+            return True
+        st = self.job.state
+        inc = st.incs.get(old.n)
+        if inc is None or inc.allocated is None:
+            return True
+        step = st.step_time or 0.0
+        lead = move.there.restart + step + (MOVE_POLL if self.store.local else MOVE_POLL_REMOTE)
+        work = max(0, int(st.total or 0) - int(st.step)) * step
+        start = move_start(self.provider.billing(old.instance.region), inc.allocated, now, lead, work)
+        if start is not None and start <= now:
+            return True
+        self._move_at = start
+        return False
 
     @staticmethod
     def _trains(slot: _Slot) -> bool:

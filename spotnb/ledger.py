@@ -6,13 +6,19 @@ report the same figures. Wall time from the first launch to the end is split, mo
 moment, into one category with priority running > preparation > allocation > other, so an
 allocation overlapped with the previous instance's grace period is not counted twice and
 the categories add up to the total. A job on several instances has one such lane per
-instance (`Span.slot`): its figures are instance-seconds, and the total is lanes × wall time.
+instance (`Span.slot`): its figures are instance-seconds, and the total is lanes × wall time,
+plus the overlap of each replica move: the new instance (`Span.replaces`) has a lane of its
+own until the instance it replaces ends, since both are billed then.
 
 - compute: first-time steps; recompute: steps redone after a preemption plus the lost tail
   of a killed instance (time after its last report); save: blocking snapshot time and
   emergency saves; prep: instance start to first step (process start, imports, restore);
   alloc: waiting for an instance; other: gaps (backoff after capacity errors, the end).
-- spot cost: each instance's running time (allocation to end) at its spot price.
+- spot cost: what the market bills each instance (`spotnb.billing.charge`): its time from
+  allocation to end rounded to the market's increment, at least its minimum (`Span.billing`),
+  at its spot price — piecewise where its zone's price changed while it ran (`Span.prices`:
+  the local market's schedule, or the prices the controller saw); one price where that is all
+  spotnb knows.
 - on-demand cost: the job's compute time at the on-demand price of the same instance type.
 - coordinator cost: a job on several instances on a cloud also pays for a small on-demand
   coordinator (torchft's lighthouse, which must outlive every spot instance). It is its own
@@ -30,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from spotnb.billing import CONTINUOUS, Billing, charge
 from spotnb.protocol import Progress
 
 __all__ = ["Breakdown", "Span", "Overhead", "compute_breakdown", "coordinator_overheads", "CATEGORIES"]
@@ -128,6 +135,9 @@ class Span:
     spot: float
     on_demand: float
     slot: int = 0  # the lane: one per instance of a job on several instances
+    billing: Billing = CONTINUOUS  # how its market bills its time
+    prices: tuple[tuple[float, float], ...] = ()  # its zone's price changes (wall time, $/h)
+    replaces: int | None = None  # a replica move's new instance: the incarnation it replaces
 
 
 @dataclass(frozen=True)
@@ -204,16 +214,40 @@ def compute_breakdown(
             intervals.append((inc.asked, inc.allocated or inc_end, "alloc", n))
         if inc.allocated is not None:
             intervals.append((inc.allocated, inc.ready or inc_end, "prep", n))
-            billed = max(0.0, inc_end - inc.allocated)
-            out.spot_cost += billed / 3600.0 * inc.spot
+            out.spot_cost += charge(
+                inc.allocated, max(inc.allocated, inc_end), inc.spot, inc.billing, inc.prices
+            )
         if inc.ready is not None:
             intervals.append((inc.ready, inc_end, "running", n))
     # one lane per instance slot: on several instances the categories are instance-seconds
-    # (each lane split moment by moment as above), so they still add up to the total
-    visible: dict[tuple[str, int], float] = {}
+    # (each lane split moment by moment as above), so they still add up to the total; a
+    # replica move's new instance has its own lane until the one it replaces ends
     lanes = sorted({inc.slot for inc in incs.values()}) or [0]
-    for lane in lanes:
-        visible.update(_sweep([iv for iv in intervals if incs[iv[3]].slot == lane], start, stop))
+    by_lane: dict[tuple[int, int], list[tuple[float, float, str, int]]] = {}
+    extra = 0.0  # instance-seconds of the move overlaps' lanes
+    for iv in intervals:
+        inc = incs[iv[3]]
+        old = incs.get(inc.replaces) if inc.replaces is not None else None
+        if old is None or old.slot != inc.slot:
+            by_lane.setdefault((inc.slot, -1), []).append(iv)
+            continue
+        cut = old.end if old.end is not None else stop
+        a, b, cat, n = iv
+        if a < cut:
+            by_lane.setdefault((inc.slot, n), []).append((a, min(b, cut), cat, n))
+        if b > cut:
+            by_lane.setdefault((inc.slot, -1), []).append((max(a, cut), b, cat, n))
+    visible: dict[tuple[str, int], float] = {}
+    for (_, owner), ivs in by_lane.items():
+        if owner >= 0:  # an overlap lane: from the new instance's first interval to the cut
+            lo = max(start, min(a for a, _, _, _ in ivs))
+            hi = min(stop, max(b for _, b, _, _ in ivs))
+            swept = _sweep(ivs, lo, hi) if hi > lo else {}
+            extra += max(0.0, hi - lo)
+        else:
+            swept = _sweep(ivs, start, stop)
+        for key, sec in swept.items():
+            visible[key] = visible.get(key, 0.0) + sec
     for n, inc in incs.items():
         out.incarnations += inc.allocated is not None
         out.alloc += visible.get(("alloc", n), 0.0)
@@ -236,7 +270,7 @@ def compute_breakdown(
         out.recompute += rc
         out.save += s
         out.on_demand_cost += c / 3600.0 * inc.on_demand
-    out.total = max(0.0, stop - start) * len(lanes)
+    out.total = max(0.0, stop - start) * len(lanes) + extra
     out.other += max(0.0, out.total - sum(getattr(out, k) for k in CATEGORIES))
     return out
 

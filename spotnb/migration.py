@@ -39,18 +39,31 @@ and `Move.cost` is what the overlap spends beyond staying: the new instance bill
 starts (p_there·R), the old one's leave (p_here·L) and the bytes. The same gate and payback
 apply.
 
-Billing boundaries (DeepSpotCloud's third heuristic) are not modelled: the three clouds bill
-Linux VMs by the second (AWS and GCP after the first minute), so no moment of the hour is
-cheaper to leave at.
+Billing boundaries (DeepSpotCloud's third heuristic, `Config.migrate="billing-aware"`): a
+market that bills in increments (`spotnb.billing`: an hour, 30 s, Azure's whole minutes)
+charges the rest of a started increment whether the instance stays or not. So a move that
+pays is started (`move_start`) so that the old instance leaves just before the end of the
+increment it is in: the allocation of the new instance starts its lead time earlier (its
+allocation and the old one's leave: the request, a step, the save, measured), plus a margin
+against a late leave (crossing the boundary would buy a whole increment). The decision is
+best-price's (the same `best_move` behind the same gate, kept while the wait lasts: a look
+that no longer finds the move drops it), and a job whose remaining work ends within the paid
+increment does not move at all (staying costs nothing more). On a per-second market after its
+minimum (AWS, GCP) the start is now: it behaves exactly like best-price. A preemption has
+nothing to time: the relaunch goes to the best zone at once, as with on-interrupt.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from spotnb.billing import Billing
 from spotnb.placement import NOMINAL_SAVE, ZoneEstimate
 
-__all__ = ["MIN_GAIN", "Move", "MoveGate", "best_move", "best_replica_move"]
+__all__ = ["MIN_GAIN", "MOVING_POLICIES", "Move", "MoveGate", "best_move", "best_replica_move", "move_start"]
+
+#: the `Config.migrate` values that move a running job
+MOVING_POLICIES = ("best-price", "billing-aware")
 
 #: the share of staying's expected cost a move must save, after paying for itself
 MIN_GAIN = 0.05
@@ -171,3 +184,44 @@ class MoveGate:
         if not keep:
             self._wanted = None
         return move
+
+    def reset(self) -> None:
+        """Start the wait over: a move admitted with `keep` (a billing-aware one, waiting for
+        its increment's end) was started, so the next one waits its own payback."""
+        self._wanted = None
+
+
+def move_start(
+    billing: Billing, allocated: float, now: float, lead_s: float, work_s: float | None = None
+) -> float | None:
+    """When to start a move (wall time; `now` or earlier: at once) so that the instance
+    allocated at `allocated` leaves just before the end of an increment it paid for. `lead_s`:
+    seconds from the start of the move to the old instance's end (the new instance's
+    allocation, the old one's leave). `work_s`: the remaining work's wall time; None when the
+    work ends within the time already paid (then moving saves nothing: the job stays).
+
+    Per-second billing past its minimum starts at once (best-price's timing). The target is
+    the end of the current increment less a margin (`lead_s`, at least 1 s, at most a quarter
+    of the increment); a look a little past the start still starts at once if half the margin
+    is left; an end too close to reach is skipped for the next."""
+    elapsed = max(0.0, now - allocated)
+    paid = billing.period_end(elapsed)
+    if work_s is not None and elapsed + max(0.0, work_s) <= paid:
+        return None
+    inc = billing.increment_s
+    if inc <= 1.0 and elapsed >= billing.minimum_s:
+        return now
+    margin = min(0.25 * inc, max(1.0, lead_s)) if inc > 0 else 0.0
+    start = allocated + paid - margin - lead_s
+    if start >= now:
+        return start
+    if now + lead_s <= allocated + paid - margin / 2:
+        return now  # a look a little late: it still leaves within the increment, half the margin kept
+    if inc <= 1.0 or inc <= margin + lead_s:
+        return now  # the minimum is too near, or increments too short to time: at once
+    while start < now:  # too late for this increment's end: the next one's
+        paid += inc
+        start = allocated + paid - margin - lead_s
+    if work_s is not None and elapsed + max(0.0, work_s) <= paid:
+        return None  # done before that increment ends: it is paid whether the job moves or not
+    return start

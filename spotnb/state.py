@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spotnb import protocol as ev
-from spotnb.ledger import Breakdown, Span, compute_breakdown, coordinator_overheads
+from spotnb.billing import CONTINUOUS, Billing
+from spotnb.ledger import MAX_HOURLY, Breakdown, Span, compute_breakdown, coordinator_overheads
 from spotnb.protocol import Event, JobStatus, Outcome, as_metric, from_json
 from spotnb.savings import describe_savings
 
@@ -216,12 +217,15 @@ class Incarnation:
     save_spans: list[tuple[float, float, str]] = field(default_factory=list)
     evacuating: float | None = None
     slot: int = 0  # which of the job's instances (lane) it filled
+    replaces: int | None = None  # a replica move's new instance: the incarnation it replaces
     replicas: int | None = None  # the size of its latest quorum (jobs on several instances)
     # what the provider recorded of the instance (`launched`/`allocated` events); on a cloud,
     # a job on several instances names its coordinator there (the ledger's coordinator line)
     info: dict[str, Any] = field(default_factory=dict)
 
-    def span(self) -> Span:
+    def span(self, zone_prices: Mapping[str, list[tuple[float, float]]] | None = None) -> Span:
+        """The ledger's view. `zone_prices`: the prices the controller saw per zone, which
+        bill a price change while it ran where its provider recorded no schedule."""
         return Span(
             self.n,
             self.asked,
@@ -235,7 +239,30 @@ class Incarnation:
             self.spot_price or 0.0,
             self.on_demand_price or 0.0,
             self.slot,
+            Billing.from_info(self.info.get("billing")) or CONTINUOUS,
+            self._price_steps(zone_prices or {}),
+            self.replaces,
         )
+
+    def _price_steps(
+        self, zone_prices: Mapping[str, list[tuple[float, float]]]
+    ) -> tuple[tuple[float, float], ...]:
+        """Its zone's price changes: the schedule its provider recorded (the local market's),
+        else the prices seen after its allocation (unless its price was the Config's own)."""
+        schedule = self.info.get("price_schedule")
+        if isinstance(schedule, list):
+            steps = []
+            for pair in schedule:
+                if isinstance(pair, (list, tuple)) and len(pair) == 2:
+                    t, p = pair
+                    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in pair) and (
+                        math.isfinite(t) and 0 <= p < MAX_HOURLY
+                    ):
+                        steps.append((float(t), float(p)))
+            return tuple(sorted(steps))
+        if self.allocated is None or self.info.get("price_fixed") or not self.region:
+            return ()
+        return tuple((t, p) for t, p in zone_prices.get(self.region, ()) if t > self.allocated)
 
 
 class JobState:
@@ -473,6 +500,10 @@ class JobState:
             inc.notice = e
         elif isinstance(e, ev.Moving):
             inc.moving = e
+            to = e.to_incarnation
+            if isinstance(to, int) and not isinstance(to, bool) and to > n:  # a replica's move
+                self._inc(to).replaces = n
+                v["breakdown"] += 1
         elif isinstance(e, ev.Evacuating):
             inc.evacuating = t
         elif isinstance(e, ev.Evacuated):
@@ -588,7 +619,7 @@ class JobState:
         if now is None:
             now = self.last_t if self.done and self.last_t is not None else time.time()
         b = compute_breakdown(
-            [inc.span() for inc in self.incs.values()],
+            [inc.span(self.zone_prices) for inc in self.incs.values()],
             self.ledger_start,
             self.ended_at,
             now,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from spotnb.billing import CLOUD_BILLING, CONTINUOUS, Billing
 from spotnb.errors import CapacityError, ConfigError
 from spotnb.providers.info import NOTICE_GRACE
 
@@ -222,6 +223,12 @@ class Provider(ABC):
     def prices(self, instance_type: str, regions: list[str] | None = None) -> dict[str, Price]:
         """Current $/h per region (or "" for a provider without regions)."""
         return self._prices(instance_type, regions)
+
+    def billing(self, zone: str | None) -> Billing:
+        """How `zone` bills an instance's time (`spotnb.billing`): the ledger bills it so, and
+        `migrate="billing-aware"` times moves to its increments. Default: the cloud's
+        documented billing of Linux VMs, continuous for a provider off the clouds."""
+        return CLOUD_BILLING.get(self.name, CONTINUOUS)
 
     def zone_location(self, zone: str | None) -> tuple[str | None, str | None]:
         """(cloud, region) of one of this provider's zones, to price moving the checkpoint

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
+from spotnb.billing import CONTINUOUS, Billing, parse_billing
 from spotnb.durations import DAY, Duration, Range, bounded, duration_range, is_int, lifetime, parse_duration
 from spotnb.providers.info import NOTICE_GRACE, ProviderSettings, no_bool
 
@@ -93,6 +94,8 @@ class LocalSettings(ProviderSettings):
         description="Emulated zones, each with its own spot price and preemptions: {name: "
         "{'price': $/h or [[time since submission, $/h], ...], 'mttp': duration}}, e.g. "
         "{'zone-a': {'price': 0.10}, 'zone-b': {'price': [[0, 0.30], ['15s', 0.02]], 'mttp': '10m'}}. "
+        "'billing': how the zone bills an instance's time, '1h' (per hour, at least one) or "
+        "{'increment': '30s', 'minimum': '1m'}; default continuously. "
         "The zone is the instance's region; Config.region / regions (or 'cheapest') choose "
         "among them. Without a price a zone uses the price table's; without an mttp, local_mttp.",
     )
@@ -200,9 +203,9 @@ class LocalSettings(ProviderSettings):
                 raise ValueError(f"zone {name!r}: a name of letters, digits, '-', '_' or '.' (up to 63)")
             if not isinstance(zone, dict):
                 raise ValueError(f"zone {name!r}: give {{'price': ..., 'mttp': ...}}, got {zone!r}")
-            bad = set(zone) - {"price", "mttp"}
+            bad = set(zone) - {"price", "mttp", "billing"}
             if bad:
-                raise ValueError(f"zone {name!r}: the keys are price and mttp; got {sorted(bad)}")
+                raise ValueError(f"zone {name!r}: the keys are price, mttp and billing; got {sorted(bad)}")
             mttp = zone.get("mttp")
             if mttp is not None:
                 mttp = parse_duration(mttp)
@@ -210,7 +213,15 @@ class LocalSettings(ProviderSettings):
                     raise ValueError(f"zone {name!r}: mttp must be positive (or left out)")
                 bounded(mttp, 0.0, 30 * DAY, "leave mttp out for no random preemptions")
             out[name] = {"price": _price_schedule(name, zone.get("price")), "mttp": mttp}
+            if zone.get("billing") is not None:  # kept as given: the spec is JSON (re-validated)
+                parse_billing(f"local_regions zone {name!r}: billing", zone["billing"])
+                out[name]["billing"] = zone["billing"]
         return out
+
+    def local_zone_billing(self, zone: str | None) -> Billing:
+        """How `zone` bills its instances (`spotnb.billing`): its `billing`, else continuously."""
+        given = (self.local_regions or {}).get(zone or "", {}).get("billing")
+        return CONTINUOUS if given is None else parse_billing(f"zone {zone!r}: billing", given)
 
     def local_zone_price(self, zone: str, t: float) -> float | None:
         """The spot price ($/h) of `zone` at `t` seconds of the market (None: the table's)."""

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any, ClassVar
 
+from spotnb.billing import CLOUD_BILLING, CONTINUOUS, Billing
 from spotnb.errors import ConfigError, ProviderUnavailable
 from spotnb.providers import get_provider_class, provider_info
 from spotnb.providers.any_settings import ANY_CLOUDS, split_zone, sub_config
@@ -178,6 +179,10 @@ class AnyCloudProvider(Provider):
             return self.sub(cloud).zone_location(inner)
         except Exception:  # noqa: BLE001 - the cloud's provider cannot be built: name only
             return (cloud, inner)
+
+    def billing(self, zone: str | None) -> Billing:
+        cloud, _ = self._where(zone)
+        return CLOUD_BILLING.get(cloud, CONTINUOUS)
 
     def store_location(self) -> tuple[str | None, str | None]:
         from spotnb.transfer import store_cloud

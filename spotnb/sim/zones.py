@@ -9,7 +9,8 @@ ARCHITECTURE.md at the level of zones (the step-level engine, `spotnb.sim.engine
 market): the job needs `work` seconds of compute; in a zone with mean time to preemption M it
 saves every τ = Daly(δ, M, R), each save pausing training for δ; a preemption loses the work
 since the last committed save and the job restarts (R seconds, billed) in the zone the policy
-picks. Billing is per second at the zone's price at that moment.
+picks. Each instance is billed at its zone's price of each moment over its billed time:
+continuously by default, or in the zone's increments with its minimum (`SimZone.billing`).
 
 Policies (`Config.migrate`):
 
@@ -20,6 +21,9 @@ Policies (`Config.migrate`):
   the new instance starts first (R, billed at its price, while the old one trains on: the two
   overlap), then the old one saves (δ) and the new one takes over with nothing lost. If the old
   instance is preempted during the overlap, the new one is its replacement, as in the runtime.
+- ``billing-aware``: best-price's decisions, each move started (`migration.move_start`, as the
+  controller) so that the old instance leaves just before the end of its billing increment
+  (`SimZone.billing`); no move when the work ends within the paid time.
 - ``on-demand``: the work and one start at the on-demand price, never preempted (the baseline).
 
 Prices: a zone's price is a step function `[(t, $/h), ...]` — replayed from a file
@@ -37,7 +41,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spotnb.migration import MoveGate, best_move
+from spotnb.billing import CONTINUOUS, Billing
+from spotnb.migration import MoveGate, best_move, move_start
 from spotnb.placement import rank_zones
 from spotnb.policy.intervals import daly_interval
 from spotnb.preempt import PreemptionProcess
@@ -51,7 +56,7 @@ __all__ = [
     "simulate_zones",
 ]
 
-POLICIES = ("never", "on-interrupt", "best-price", "on-demand")
+POLICIES = ("never", "on-interrupt", "best-price", "billing-aware", "on-demand")
 
 
 @dataclass
@@ -63,6 +68,12 @@ class SimZone:
     prices: Sequence[tuple[float, float]]
     process: PreemptionProcess
     restart: float = 120.0
+    billing: Billing = CONTINUOUS
+
+    def tail(self, launched: float, end: float) -> float:
+        """$ billed after an instance launched at `launched` ended at `end`: the rest of its
+        last increment, or of its minimum (`Billing.billed`), at the prices then."""
+        return self.cost(end, launched + self.billing.billed(end - launched))
 
     def __post_init__(self) -> None:
         if not self.prices or self.prices[0][0] > 0:
@@ -187,7 +198,7 @@ def simulate_zones(
     while t < limit:
         z = by_name[zone]
         if kill <= ready:  # preempted while starting: start again
-            cost += z.cost(launched, kill)
+            cost += z.cost(launched, kill) + z.tail(launched, kill)
             preemptions += 1
             t = kill
             zone, launched = relaunch_zone(t), t
@@ -197,7 +208,7 @@ def simulate_zones(
         t = ready
         tau = max(daly_interval(delta, z.process.mttp, z.restart), 1.0)
         since = 0.0  # work since the last committed save
-        next_check = t + check_s if policy == "best-price" else math.inf
+        next_check = t + check_s if policy in ("best-price", "billing-aware") else math.inf
         pending: tuple[str, float, float, float] | None = None  # zone, launched, ready, kill
         moved = False
         while True:
@@ -206,7 +217,7 @@ def simulate_zones(
                 events.append(pending[2])
             upto = min(events)
             if kill <= upto:  # preempted while training: the work since the last save is lost
-                cost += z.cost(t, kill)
+                cost += z.cost(t, kill) + z.tail(launched, kill)
                 lost += since + (kill - t)
                 preemptions += 1
                 t = kill
@@ -215,21 +226,24 @@ def simulate_zones(
             since += upto - t
             t = upto
             if done + since >= work - 1e-9:
+                cost += z.tail(launched, t)
                 if pending is not None:  # not needed after all
-                    cost += by_name[pending[0]].cost(pending[1], t)
+                    p = by_name[pending[0]]
+                    cost += p.cost(pending[1], t) + p.tail(pending[1], t)
                 return ZoneRun(policy, cost, t, moves, preemptions, lost)
             save_due = since >= tau - 1e-9
             switch = pending is not None and t >= pending[2] - 1e-9
             if save_due or switch:
                 if switch and pending is not None and pending[3] <= pending[2]:
                     # the new instance was preempted while starting: the move is abandoned
-                    cost += by_name[pending[0]].cost(pending[1], pending[3])
+                    p = by_name[pending[0]]
+                    cost += p.cost(pending[1], pending[3]) + p.tail(pending[1], pending[3])
                     preemptions += 1
                     pending, switch = None, False
                     if not save_due:
                         continue
                 if kill <= t + delta:  # preempted during the save
-                    cost += z.cost(t, kill)
+                    cost += z.cost(t, kill) + z.tail(launched, kill)
                     lost += since + (kill - t)
                     preemptions += 1
                     t = kill
@@ -239,9 +253,10 @@ def simulate_zones(
                 done, since = done + since, 0.0
                 if switch and pending is not None:  # the new instance takes over
                     new_zone, new_launched, _, new_kill = pending
-                    cost += by_name[new_zone].cost(new_launched, t)
+                    cost += z.tail(launched, t)  # the old one's last increment
                     moves += 1
-                    zone, launched, ready, kill = new_zone, t, t, new_kill
+                    # billed from its launch (the next pass bills it up to now, `ready`)
+                    zone, launched, ready, kill = new_zone, new_launched, t, new_kill
                     pending, moved = None, True
                     break
             if t >= next_check:
@@ -253,7 +268,22 @@ def simulate_zones(
                         work_s=work - done - since,
                         save_s=delta,
                     )
-                    move = gate.admit(best_move(ranked, zone, delta), t)
+                    timed = policy == "billing-aware"
+                    move = gate.admit(best_move(ranked, zone, delta), t, keep=timed)
+                    if move is not None and timed:
+                        begin = move_start(
+                            z.billing,
+                            launched,
+                            t,
+                            by_name[move.there.zone].restart + delta,
+                            work - done - since,
+                        )
+                        if begin is None or begin > t + 1e-9:  # stay, or wait for the boundary
+                            if begin is not None:
+                                next_check = min(next_check, begin)
+                            move = None
+                        else:
+                            gate.reset()
                     if move is not None:
                         there = by_name[move.there.zone]
                         pending = (
@@ -264,6 +294,8 @@ def simulate_zones(
                         )
         if moved:  # the new instance trains from the move's save (unless it is gone already)
             if kill <= t:
+                gone = by_name[zone]
+                cost += gone.cost(launched, t) + gone.tail(launched, t)
                 preemptions += 1
                 zone, launched = relaunch_zone(t), t
                 ready, kill = t + by_name[zone].restart, procs[zone].next_preemption(t, rng)
@@ -273,7 +305,8 @@ def simulate_zones(
             zone, launched, ready, kill = pending[0], pending[1], max(pending[2], t), pending[3]
             continue
         if pending is not None:
-            cost += by_name[pending[0]].cost(pending[1], pending[3])
+            p = by_name[pending[0]]
+            cost += p.cost(pending[1], pending[3]) + p.tail(pending[1], pending[3])
         zone, launched = relaunch_zone(t), t
         ready, kill = t + by_name[zone].restart, procs[zone].next_preemption(t, rng)
     return ZoneRun(policy, cost, t, moves, preemptions, lost)

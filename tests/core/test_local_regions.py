@@ -74,7 +74,7 @@ def test_a_zone_with_its_own_mttp_draws_its_own_preemptions() -> None:
         ({"local_regions": {"z": {"price": -1}}}, "from 0 to 1000"),
         ({"local_regions": {"z": {"price": [[0, 0.3], ["10s", 0.2], ["5s", 0.1]]}}}, "must increase"),
         ({"local_regions": {"z": {"price": [["10s", 0.2]]}}}, "at time 0"),
-        ({"local_regions": {"z": {"price": 0.1, "cost": 1}}}, "price and mttp"),
+        ({"local_regions": {"z": {"price": 0.1, "cost": 1}}}, "price, mttp and billing"),
         ({"local_regions": {"z": {"mttp": "0s"}}}, "mttp must be positive"),
         ({"local_regions": {"z": {"price": 0.1}}, "region": "zone-x"}, "not zones of local_regions"),
         ({"local_regions": {"z": {"price": 0.1}}, "price_spot": 0.2}, "local_regions both"),

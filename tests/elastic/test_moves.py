@@ -102,6 +102,9 @@ def test_replicas_move_one_at_a_time_without_a_pause_and_the_job_pays_less() -> 
     staying = sum((end - incs[n].allocated) * 0.10 / 3600 for n in (1, 2))
     assert b.spot_cost < staying
     assert b.preemptions == 0
+    # and the instance-seconds count both of a slot's instances while they overlap: every
+    # instance's life (asked → end) is in the breakdown's total, side by side
+    assert b.total >= sum(inc.end - inc.asked for inc in incs.values()) - 1e-6
     # shown: each move in the feed (which slot, the saving) and on its lane of the timeline
     line = event_line(first)
     assert line is not None and "zone-a to zone-b" in line and f"slot {first['slot']}" in line

@@ -20,6 +20,7 @@ import time
 import uuid
 from typing import Any, ClassVar
 
+from spotnb.billing import Billing
 from spotnb.errors import CapacityError, ConfigError
 from spotnb.files import remove_orphaned
 from spotnb.home import spotnb_home
@@ -219,6 +220,7 @@ class LocalProvider(Provider):
                 "beacon": beacon,
                 "kill_at": injector.kill_at if math.isfinite(injector.kill_at) else None,
                 "trigger": injector.trigger,
+                **({"price_schedule": schedule} if (schedule := self.price_schedule(zone)) else {}),
             },
         )
 
@@ -409,6 +411,17 @@ class LocalProvider(Provider):
             while _is_agent_of(pid, record) and time.time() < deadline:
                 time.sleep(0.05)
         return None
+
+    def billing(self, zone: str | None) -> Billing:
+        return self.config.local_zone_billing(zone)
+
+    def price_schedule(self, zone: str | None) -> list[list[float]] | None:
+        """`zone`'s price schedule in wall times (`[[t, $/h], ...]`), for the ledger to bill a
+        price that changes under a running instance piecewise; None: a constant price."""
+        schedule = (self.config.local_regions or {}).get(zone or "", {}).get("price")
+        if not schedule or len(schedule) < 2 or self.t0 is None:
+            return None
+        return [[self.t0 + float(at), float(p)] for at, p in schedule]
 
     def _prices(self, instance_type: str, regions: list[str] | None) -> dict[str, Price]:
         """The table's price, or each zone's (`local_regions`) at this moment of the market
