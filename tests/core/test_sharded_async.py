@@ -148,7 +148,11 @@ def _run_tolerating_death(fn: Any, world: int, *args: Any) -> None:
         p.start()
     for p in procs:
         p.join(120)
-        assert p.exitcode is not None, "a survivor hung instead of failing its save"
+    hung = [p for p in procs if p.exitcode is None]
+    for p in hung:
+        p.kill()
+        p.join()
+    assert not hung, "a survivor hung instead of failing its save"
 
 
 def _load(tmp_path: Path, url: str, world: int) -> list[dict[str, Any]]:
@@ -217,7 +221,8 @@ def _save_worker(rank: int, world: int, port: int, url: str) -> None:
 def test_a_restore_on_as_many_processes_fetches_only_each_ones_shard(tmp_path: Path) -> None:
     url = _save_two(tmp_path)
     newest = _manifests(url)[0]
-    assert newest.step == 4
+    # a save asked for while the previous one uploads waits for it: both commit
+    assert [m.step for m in _manifests(url)] == [4, 3]
     loaded = _load(tmp_path, url, 2)
     for rank, got in enumerate(loaded):
         assert got["step"] == 4 and torch.equal(got["full"], _full(4))
@@ -243,6 +248,50 @@ def test_a_damaged_shard_only_one_process_reads_still_sends_both_back_together(t
         assert got["step"] == 3 and torch.equal(got["full"], _full(3))
     assert _big(1) not in loaded[0]["fetched"]
     assert any("do not match the manifest" in r for r in loaded[1]["invalid"])
+
+
+def _full_disk_worker(rank: int, world: int, port: int, url: str, out: str) -> None:
+    """Steps 3, 4 and 5 in the background; the spool disk of the last process is full while
+    DCP writes its shard of step 4 (before any upload)."""
+    import torch.distributed as dist
+
+    from spotnb.runtime import sharded as sharded_mod
+
+    mesh = _group(rank, world, port)
+    events = _Events()
+    ck = _checkpointer(url, 1, events)
+    sharded = ShardedCheckpointer(ck)
+    write = sharded_mod._SplitWriter.write_data
+    seqs = []
+    for step in (3, 4, 5):
+        if step == 4 and rank == world - 1:
+
+            def full(*_: Any, **__: Any) -> Any:
+                raise OSError(28, "No space left on device")
+
+            sharded_mod._SplitWriter.write_data = full  # type: ignore[method-assign]
+        future = sharded.save_async(_state(mesh, step), step)
+        manifest = future.result(timeout=120)
+        sharded_mod._SplitWriter.write_data = write  # type: ignore[method-assign]
+        seqs.append(None if manifest is None else manifest.seq)
+    failed = [e.error for e in events if e.kind == "checkpoint_failed"]
+    Path(out, f"disk-{rank}.json").write_text(json.dumps({"seqs": seqs, "failed": failed}))
+    ck.close()
+    dist.destroy_process_group()
+
+
+def test_a_full_spool_disk_on_one_process_fails_that_save_for_all_and_the_next_commits(
+    tmp_path: Path,
+) -> None:
+    url = (tmp_path / "store").as_uri()
+    _run(_full_disk_worker, 2, url, str(tmp_path))
+    reports = [json.loads((tmp_path / f"disk-{r}.json").read_text()) for r in range(2)]
+    assert [r["seqs"][1] for r in reports] == [None, None]  # nobody commits step 4
+    assert reports[0]["seqs"][2] == reports[1]["seqs"][2] is not None
+    assert any("No space left" in f for r in reports for f in r["failed"])
+    assert [m.step for m in _manifests(url)] == [5, 3]
+    (got,) = _load(tmp_path, url, 1)
+    assert got["step"] == 5 and torch.equal(got["full"], _full(5))
 
 
 @pytest.fixture(autouse=True)
