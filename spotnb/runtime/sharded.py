@@ -107,6 +107,22 @@ class _SplitWriter(dcp.FileSystemWriter):
         return self._write_data(planner, files)
 
 
+def _local_bytes(state_dict: dict[str, Any]) -> int:
+    """Bytes of this process's part of a state dict's tensors (a `DTensor`'s local shard)."""
+    total = 0
+    stack: list[Any] = [state_dict]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif isinstance(obj, torch.Tensor):
+            local = obj.to_local() if hasattr(obj, "to_local") else obj
+            total += local.numel() * local.element_size()
+    return total
+
+
 def needed_files(state_dict: dict[str, Any], metadata: Metadata) -> set[str]:
     """The files of a DCP checkpoint (names relative to its folder) that loading
     `state_dict` reads: DCP's own planner's read items, mapped through the metadata's storage
@@ -135,7 +151,9 @@ class ShardedCheckpointer:
         self.fetched_bytes = 0
         #: the last save's stall (the copy to host RAM) on this process, in seconds
         self.stall_s = 0.0
-        self._stager = DefaultStager(StagingOptions(False, False, False, False))
+        cuda = torch.cuda.is_available()  # pinned buffers and a non-blocking copy from GPUs
+        self._stager = DefaultStager(StagingOptions(cuda, False, False, cuda))
+        self._staged_bytes = 0  # what the stager's buffers hold (reused by the next save)
         self._bg_group: Any = None  # the background thread's own gloo group (made at a save)
         self._jobs: queue.Queue = queue.Queue()
         self._inflight: Future[Manifest | None] | None = None
@@ -212,17 +230,30 @@ class ShardedCheckpointer:
             )
         staged: dict[str, Any] | None = None
         error: Exception | None = None
+        # a shard larger than the snapshot budget is not copied: written from the live state
+        # while the training thread waits (`Config.snapshot_memory`, as for whole-state saves)
+        need = _local_bytes(state_dict)
+        budget = ck.budget()
+        if ck.snapshot_memory is None:  # what is free: our staging buffers, already held, count
+            budget += self._staged_bytes
+        in_place = need > budget
         try:
-            staged = self._stager.stage(state_dict)  # type: ignore[assignment]
+            staged = state_dict if in_place else self._stager.stage(state_dict)  # type: ignore[assignment]
+            if not in_place:
+                self._staged_bytes = need
         except Exception as exc:  # noqa: BLE001 - the background job says so, collectively
             error = exc
-        self.stall_s = time.perf_counter() - t0
         done: Future[Manifest | None] = Future()
         self._inflight = done
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="spotnb-sharded-save", daemon=True)
             self._thread.start()
+        self.stall_s = time.perf_counter() - t0
         self._jobs.put((seq, step, kind, staged, error, self.stall_s, t0, done))
+        if in_place:
+            log.info("sharded save of step %d: the shard exceeds the snapshot budget, saved in place", step)
+            done.result()
+            self.stall_s = time.perf_counter() - t0
         return done
 
     def wait(self, timeout: float | None = None) -> Manifest | None:

@@ -294,6 +294,29 @@ def test_a_full_spool_disk_on_one_process_fails_that_save_for_all_and_the_next_c
     assert got["step"] == 5 and torch.equal(got["full"], _full(5))
 
 
+def _budget_worker(rank: int, world: int, port: int, url: str, out: str) -> None:
+    import torch.distributed as dist
+
+    mesh = _group(rank, world, port)
+    ck = Checkpointer(Store(url), "job", 1, _Events(), snapshot_memory=4096)
+    sharded = ShardedCheckpointer(ck)
+    future = sharded.save_async(_state(mesh, 3), 3)
+    done = future.done()  # no copy fits the budget: written from the live state, waited for
+    manifest = future.result(timeout=120)
+    Path(out, f"budget-{rank}.json").write_text(json.dumps({"done": done, "seq": manifest and manifest.seq}))
+    ck.close()
+    dist.destroy_process_group()
+
+
+def test_a_shard_larger_than_the_snapshot_budget_is_saved_in_place_without_a_copy(tmp_path: Path) -> None:
+    url = (tmp_path / "store").as_uri()
+    _run(_budget_worker, 2, url, str(tmp_path))
+    reports = [json.loads((tmp_path / f"budget-{r}.json").read_text()) for r in range(2)]
+    assert all(r["done"] and r["seq"] is not None for r in reports), reports
+    (got,) = _load(tmp_path, url, 1)
+    assert got["step"] == 3 and torch.equal(got["full"], _full(3))
+
+
 @pytest.fixture(autouse=True)
 def _no_gpu_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
