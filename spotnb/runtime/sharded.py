@@ -414,12 +414,19 @@ class ShardedCheckpointer:
                 if self._all(reason is None):  # every process can plan: prepare may be collective
                     metadata = dcp.FileSystemReader(local).read_metadata()
                     state_dict = prepare(set(metadata.state_dict_metadata))
+                    needed: set[str] = set()
+                    unfit: str | None = None
                     try:
                         needed = needed_files(state_dict, metadata)
-                    except Exception as exc:  # noqa: BLE001 - metadata that does not fit the files
-                        reason = f"checkpoint {manifest.seq:08d}: cannot plan the load: {exc!r}"
-                    else:
-                        reason = self._fetch(manifest, local, needed, fetched)
+                    except Exception as exc:  # noqa: BLE001 - raised below, on every process
+                        unfit = f"checkpoint {manifest.seq:08d} does not fit the tracked state: {exc}"
+                    if not self._all(unfit is None):
+                        # not damage (its files verified): a state the checkpoint does not hold,
+                        # as `dcp.load` would raise; falling back would silently restart older
+                        raise RuntimeError(
+                            unfit or f"checkpoint {manifest.seq:08d}: another process cannot load it"
+                        )
+                    reason = self._fetch(manifest, local, needed, fetched)
                     if self._all(reason is None):
                         dcp.load(
                             state_dict,

@@ -317,6 +317,34 @@ def test_a_shard_larger_than_the_snapshot_budget_is_saved_in_place_without_a_cop
     assert got["step"] == 3 and torch.equal(got["full"], _full(3))
 
 
+def _misfit_worker(rank: int, world: int, port: int, url: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = _group(rank, world, port)
+    ck = _checkpointer(url, 2, _Events())
+    state = _state(mesh, 0)
+    state["head"] = distribute_tensor(torch.zeros(4, 4), mesh, [Shard(0)])  # tracked since the save
+    try:
+        ShardedCheckpointer(ck).load(state)
+        error = ""
+    except RuntimeError as exc:
+        error = str(exc)
+    Path(out, f"misfit-{rank}.json").write_text(json.dumps({"error": error}))
+    ck.close()
+    dist.destroy_process_group()
+
+
+def test_a_state_the_checkpoint_does_not_hold_fails_the_restore_on_every_process(tmp_path: Path) -> None:
+    """Not a damaged checkpoint (its files verify): falling back to an older one, or to step
+    0, would lose the job's progress without a word."""
+    url = _save_two(tmp_path)
+    _run(_misfit_worker, 2, url, str(tmp_path))
+    for r in range(2):
+        error = json.loads((tmp_path / f"misfit-{r}.json").read_text())["error"]
+        assert "does not fit the tracked state" in error and "head" in error, error
+
+
 @pytest.fixture(autouse=True)
 def _no_gpu_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
