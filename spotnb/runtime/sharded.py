@@ -249,7 +249,7 @@ class ShardedCheckpointer:
             self._thread = threading.Thread(target=self._work, name="spotnb-sharded-save", daemon=True)
             self._thread.start()
         self.stall_s = time.perf_counter() - t0
-        self._jobs.put((seq, step, kind, staged, error, self.stall_s, t0, done))
+        self._jobs.put((self.rank, seq, step, kind, staged, error, self.stall_s, t0, done))
         if in_place:
             log.info("sharded save of step %d: the shard exceeds the snapshot budget, saved in place", step)
             done.result()
@@ -273,18 +273,24 @@ class ShardedCheckpointer:
 
     def _work(self) -> None:
         while True:
-            seq, step, kind, staged, error, stall_s, t0, done = self._jobs.get()
+            rank, seq, step, kind, staged, error, stall_s, t0, done = self._jobs.get()
+            manifest: Manifest | None = None
             try:
-                done.set_result(self._write_and_commit(seq, step, kind, staged, error, stall_s, t0))
+                manifest = self._write_and_commit(rank, seq, step, kind, staged, error, stall_s, t0)
             except BaseException as exc:  # noqa: BLE001 - a lost peer: no commit, training goes on
-                log.warning("sharded save of step %d abandoned on process %d: %r", step, self.rank, exc)
-                self.ckpt.emit(
-                    ev.CheckpointFailed(step=step, save_kind=kind, error=f"process {self.rank}: {exc!r}")
-                )
-                done.set_result(None)
+                log.warning("sharded save of step %d abandoned on process %d: %r", step, rank, exc)
+                try:
+                    self.ckpt.emit(
+                        ev.CheckpointFailed(step=step, save_kind=kind, error=f"process {rank}: {exc!r}")
+                    )
+                except Exception:  # noqa: BLE001 - the future must resolve whatever happens
+                    log.exception("could not report the failed save of step %d", step)
+            finally:
+                done.set_result(manifest)  # a waiting training thread always wakes
 
     def _write_and_commit(
         self,
+        rank: int,
         seq: int,
         step: int,
         kind: SaveKind,
@@ -315,13 +321,13 @@ class ShardedCheckpointer:
                     uploaded[f"{SHARD_DIR}/{name}"] = ck._upload(path, f"{folder}/{SHARD_DIR}/{name}")
             entries = uploaded
         except Exception as exc:  # noqa: BLE001 - the others must learn of it: no commit
-            log.warning("sharded save of step %d failed on process %d: %r", step, self.rank, exc)
-            ck.emit(ev.CheckpointFailed(step=step, save_kind=kind, error=f"process {self.rank}: {exc!r}"))
+            log.warning("sharded save of step %d failed on process %d: %r", step, rank, exc)
+            ck.emit(ev.CheckpointFailed(step=step, save_kind=kind, error=f"process {rank}: {exc!r}"))
         finally:
             shutil.rmtree(local, ignore_errors=True)
         everyone = self._gather(entries, group)
         manifest: Manifest | None = None
-        if all(e is not None for e in everyone) and self.rank == 0:
+        if all(e is not None for e in everyone) and rank == 0:
             files: dict[str, dict[str, Any]] = {}
             for part in everyone:
                 files.update(part)
