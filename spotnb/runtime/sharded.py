@@ -11,20 +11,22 @@ What spotnb adds is what DCP leaves to its caller, the same guarantees as `check
   sha256 and size; process 0 gathers them and writes `MANIFEST.json` only once it has every
   process's entries (a process that dies mid-save fails the collective, and no manifest is
   written: the half-written folder is never restored and the next prune removes it).
-- **Verified restore, falling back together.** Each process fetches the shard files, checks
-  them against the manifest, and the processes agree (an all-reduce) before DCP reads any of
-  them; a checkpoint that fails anywhere is passed over by all, for the one before.
+- **Verified restore, falling back together.** Each process fetches the shard files it
+  reads (below), checks them against the manifest, and the processes agree (an all-reduce)
+  before DCP reads any of them; a checkpoint that fails anywhere is passed over by all, for
+  the one before. A checkpoint that verifies but does not hold the tracked state fails the
+  restore on every process, as `dcp.load` would (falling back would silently lose progress).
 - **One folder layout.** A sharded checkpoint is a numbered folder like any other, so listing,
   pruning and `checkpoint_invalid` events are `Checkpointer`'s; its `state.pt` is a small
   marker (`{"format": "dcp"}`) so that a tool that only knows the one-file format sees what it
   is instead of a state dict.
-
 - **Asynchronous saves.** The training thread's stall is the copy of its shard to host RAM
   (DCP's `DefaultStager`, buffers reused from save to save); DCP's write, the sha256 and the
   upload run in one background thread per process, whose collectives (DCP's plan and the
   gather of "my files are up") run on a gloo group of their own, never on the training
   group (gloo collectives of two threads on one group interleave and deadlock). A new save
-  waits for the previous one to finish (see `save_async`).
+  waits for the previous one to finish (see `save_async`); a shard larger than the snapshot
+  budget is written from the live state while the step waits (no copy).
 - **Restore fetches what the rank reads.** Each process fetches DCP's `.metadata` first,
   plans its load with DCP's planner, and fetches (and verifies) only the files its read
   items live in: its own shard on the same world size, the overlapping ones after a
