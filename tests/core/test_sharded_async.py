@@ -115,7 +115,7 @@ def _load_worker(rank: int, world: int, port: int, url: str, out: str) -> None:
     mesh = _group(rank, world, port)
     events = _Events()
     ck = _checkpointer(url, 2, events)
-    state = {"w": distribute_tensor(torch.zeros(ROWS, COLS), mesh, [Shard(0)]), "step": -1}
+    state: dict[str, Any] = {"w": distribute_tensor(torch.zeros(ROWS, COLS), mesh, [Shard(0)]), "step": -1}
     sharded = ShardedCheckpointer(ck)
     manifest = sharded.load(state)
     torch.save(
@@ -343,6 +343,34 @@ def test_a_state_the_checkpoint_does_not_hold_fails_the_restore_on_every_process
     for r in range(2):
         error = json.loads((tmp_path / f"misfit-{r}.json").read_text())["error"]
         assert "does not fit the tracked state" in error and "head" in error, error
+
+
+def _old_format_worker(rank: int, world: int, port: int, url: str) -> None:
+    """Saves as the version before the split did: one file per process holding everything."""
+    import torch.distributed as dist
+
+    from spotnb.runtime import sharded as sharded_mod
+
+    sharded_mod._SplitWriter = sharded_mod.dcp.FileSystemWriter  # type: ignore[misc, assignment]
+    mesh = _group(rank, world, port)
+    ck = _checkpointer(url, 1, _Events())
+    ShardedCheckpointer(ck).save(_state(mesh, 3), 3)
+    ck.close()
+    dist.destroy_process_group()
+
+
+def test_a_checkpoint_of_the_format_before_restores_on_as_many_and_on_one_process(tmp_path: Path) -> None:
+    url = (tmp_path / "store").as_uri()
+    _run(_old_format_worker, 2, url)
+    (manifest,) = _manifests(url)
+    assert sorted(n for n in manifest.files if n.endswith(".distcp")) == [_big(0), _big(1)]
+    for world in (2, 1):
+        loaded = _load(tmp_path, url, world)
+        for got in loaded:
+            assert got["step"] == 3 and torch.equal(got["full"], _full(3))
+        # the step lives in one process's only file: the other fetches that whole shard for
+        # it (what the small-entries file avoids)
+        assert any({_big(0), _big(1)} <= set(got["fetched"]) for got in loaded)
 
 
 @pytest.fixture(autouse=True)
