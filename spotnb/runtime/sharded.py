@@ -72,9 +72,11 @@ SHARD_DIR = "dcp"
 MARKER = {"format": "dcp", "dir": SHARD_DIR}
 #: entries below this size go to a process's small file (`__<rank>_1.distcp`)
 SMALL = 64 * 1024
-#: how long the background group waits for a peer inside one collective: a peer that died
-#: closes its sockets and fails it at once; this bounds one that hangs
-BACKGROUND_TIMEOUT = timedelta(minutes=10)
+#: how long the background group waits for a peer inside one collective. The gather of "my
+#: files are up" waits for the slowest process's whole upload (25 GB at 20 MB/s: 21 min), so
+#: this must exceed any upload; a peer that died closes its sockets and fails the collective
+#: at once, and one that hangs is caught by the instance's group (`runtime/local_group.py`)
+BACKGROUND_TIMEOUT = timedelta(hours=6)
 
 
 def is_sharded(manifest: Manifest) -> bool:
