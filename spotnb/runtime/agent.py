@@ -354,6 +354,7 @@ class Agent:
             if isinstance(exc, ScriptFailed):  # the script's stderr, not the agent's traceback
                 return self._fail(str(exc), exc, tb=exc.tail, exc_type=exc.exc_type)
             return self._fail(f"{type(exc).__name__}: {exc}", exc)
+        ctx.wait_saves()  # a sharded job's save in the background
         checkpointer.wait()
         try:
             # a script's result arrives pickled (its classes may not even import here)

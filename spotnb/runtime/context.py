@@ -366,6 +366,14 @@ class Context:
             self._end_step()
             step = self._step
         self._in_loop = False
+        self.wait_saves()
+
+    def wait_saves(self) -> None:
+        """Wait until a sharded save still uploading in the background has committed (or
+        failed): the job's last checkpoint is in before its result (the agent calls this too,
+        for a function that leaves its loop early)."""
+        if self._sharded is not None:
+            self._sharded.wait()
 
     def _replicated_steps(self, n: int) -> Iterator[int]:
         rep = self._rep
@@ -660,12 +668,18 @@ class Context:
             self._move_again = notice
 
     def _save_sharded(self, kind: SaveKind) -> Any:
-        """Every rank writes its shard (synchronously); the committed manifest, or None."""
+        """Every rank saves its shard: a save the job leaves after (emergency, move) waits
+        for the commit and returns the manifest (or None); the others only stall for the copy
+        to host RAM and upload in the background (`ShardedCheckpointer.save_async`)."""
         assert self._sharded is not None
         t0 = time.perf_counter()
         rank = self._rank()
         state = save_state(self._tracked, {"step": self._step, "user": self.state}, _rng_state(), rank)
-        manifest = self._sharded.save(state, self._step, kind)
+        manifest: Any
+        if kind in (SaveKind.EMERGENCY, SaveKind.MOVE):
+            manifest = self._sharded.save(state, self._step, kind)
+        else:
+            manifest = self._sharded.save_async(state, self._step, kind)
         self._last_save_step = self._step
         self._replan()
         self._save_s += time.perf_counter() - t0

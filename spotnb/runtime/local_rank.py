@@ -87,6 +87,7 @@ def _member(store_url: str, job_id: str, incarnation: int) -> int:
     _set_current(ctx)
     try:
         payload["fn"](ctx)
+        ctx.wait_saves()  # rank 0 commits a sharded save only with this rank's files in
     except Evacuate:
         return 3
     except GroupFinished:

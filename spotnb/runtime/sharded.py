@@ -11,17 +11,28 @@ What spotnb adds is what DCP leaves to its caller, the same guarantees as `check
   sha256 and size; process 0 gathers them and writes `MANIFEST.json` only once it has every
   process's entries (a process that dies mid-save fails the collective, and no manifest is
   written: the half-written folder is never restored and the next prune removes it).
-- **Verified restore, falling back together.** Each process fetches the shard files, checks
-  them against the manifest, and the processes agree (an all-reduce) before DCP reads any of
-  them; a checkpoint that fails anywhere is passed over by all, for the one before.
+- **Verified restore, falling back together.** Each process fetches the shard files it
+  reads (below), checks them against the manifest, and the processes agree (an all-reduce)
+  before DCP reads any of them; a checkpoint that fails anywhere is passed over by all, for
+  the one before. A checkpoint that verifies but does not hold the tracked state fails the
+  restore on every process, as `dcp.load` would (falling back would silently lose progress).
 - **One folder layout.** A sharded checkpoint is a numbered folder like any other, so listing,
   pruning and `checkpoint_invalid` events are `Checkpointer`'s; its `state.pt` is a small
   marker (`{"format": "dcp"}`) so that a tool that only knows the one-file format sees what it
   is instead of a state dict.
-
-Limits of this version: the save is synchronous (the training step waits for its shard's
-write and upload), and on restore every process fetches every shard file (each file is
-verified whole before DCP reads parts of it), so restore moves `processes × size` bytes.
+- **Asynchronous saves.** The training thread's stall is the copy of its shard to host RAM
+  (DCP's `DefaultStager`, buffers reused from save to save); DCP's write, the sha256 and the
+  upload run in one background thread per process, whose collectives (DCP's plan and the
+  gather of "my files are up") run on a gloo group of their own, never on the training
+  group (gloo collectives of two threads on one group interleave and deadlock). A new save
+  waits for the previous one to finish (see `save_async`); a shard larger than the snapshot
+  budget is written from the live state while the step waits (no copy).
+- **Restore fetches what the rank reads.** Each process fetches DCP's `.metadata` first,
+  plans its load with DCP's planner, and fetches (and verifies) only the files its read
+  items live in: its own shard on the same world size, the overlapping ones after a
+  reshard. Small entries (bytes, scalars: the step, RNG, Adam's step) go to a second,
+  small file per process (`_SplitWriter`), so a process that needs one of another's small
+  entries does not download that process's whole shard.
 """
 
 from __future__ import annotations
@@ -29,21 +40,29 @@ from __future__ import annotations
 import io
 import logging
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Collection
+from concurrent.futures import Future
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from spotnb import protocol as ev
 from spotnb.protocol import SaveKind
 from spotnb.runtime.checkpoint import Checkpointer, Manifest, _ewm
 
-__all__ = ["ShardedCheckpointer", "SHARD_DIR", "MARKER", "is_sharded"]
+__all__ = ["ShardedCheckpointer", "SHARD_DIR", "MARKER", "is_sharded", "needed_files"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +70,13 @@ log = logging.getLogger(__name__)
 SHARD_DIR = "dcp"
 #: what a sharded checkpoint's `state.pt` holds
 MARKER = {"format": "dcp", "dir": SHARD_DIR}
+#: entries below this size go to a process's small file (`__<rank>_1.distcp`)
+SMALL = 64 * 1024
+#: how long the background group waits for a peer inside one collective. The gather of "my
+#: files are up" waits for the slowest process's whole upload (25 GB at 20 MB/s: 21 min), so
+#: this must exceed any upload; a peer that died closes its sockets and fails the collective
+#: at once, and one that hangs is caught by the instance's group (`runtime/local_group.py`)
+BACKGROUND_TIMEOUT = timedelta(hours=6)
 
 
 def is_sharded(manifest: Manifest) -> bool:
@@ -58,16 +84,84 @@ def is_sharded(manifest: Manifest) -> bool:
     return f"{SHARD_DIR}/.metadata" in manifest.files
 
 
+def _entry_size(item: Any) -> int:
+    if item.type == WriteItemType.BYTE_IO or item.tensor_data is None:
+        return 0
+    n = item.tensor_data.properties.dtype.itemsize
+    for dim in item.tensor_data.size:
+        n *= dim
+    return int(n)
+
+
+class _SplitWriter(dcp.FileSystemWriter):
+    """DCP's file writer, with a process's entries in two files: its tensors of `SMALL` bytes
+    or more in `__<rank>_0.distcp`, the rest (bytes, scalars) in `__<rank>_1.distcp`. Which
+    process writes a replicated entry is DCP's choice (the least loaded), so without the split
+    a process that needs rank 0's pickled step would fetch rank 0's whole shard."""
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Any:
+        prefix = plan.storage_data.prefix
+        big = [i for i in plan.items if _entry_size(i) >= SMALL]
+        small = [i for i in plan.items if _entry_size(i) < SMALL]
+        files: queue.Queue = queue.Queue()
+        for n, bucket in enumerate((big, small)):
+            if bucket:
+                name = f"{prefix}{n}.distcp"
+                files.put((self.fs.concat_path(self.path, name), name, bucket))
+        return self._write_data(planner, files)
+
+
+def _local_bytes(state_dict: dict[str, Any]) -> int:
+    """Bytes of this process's part of a state dict's tensors (a `DTensor`'s local shard)."""
+    total = 0
+    stack: list[Any] = [state_dict]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif isinstance(obj, torch.Tensor):
+            local = obj.to_local() if hasattr(obj, "to_local") else obj
+            total += local.numel() * local.element_size()
+    return total
+
+
+def needed_files(state_dict: dict[str, Any], metadata: Metadata) -> set[str]:
+    """The files of a DCP checkpoint (names relative to its folder) that loading
+    `state_dict` reads: DCP's own planner's read items, mapped through the metadata's storage
+    index to the file each one lives in."""
+    planner = DefaultLoadPlanner()
+    planner.set_up_planner(state_dict, metadata, is_coordinator=False)
+    plan = planner.create_local_plan()
+    storage = metadata.storage_data
+    return {storage[item.storage_index].relative_path for item in plan.items}
+
+
 class ShardedCheckpointer:
     """Collective save and restore of a sharded state dict through a `Checkpointer`'s store.
 
     Every process of `group` (None: the default process group; without an initialised one, a
-    single process) calls `save` and `load` together, with its own `Checkpointer` (same job,
-    same store). Process 0 of the group commits and emits the events."""
+    single process) calls `save`/`save_async` and `load` together, with its own
+    `Checkpointer` (same job, same store). Process 0 of the group commits and emits the
+    events."""
 
     def __init__(self, ckpt: Checkpointer, group: Any = None) -> None:
         self.ckpt = ckpt
         self.group = group
+        #: the last restore's fetched files on this process (name in the checkpoint folder →
+        #: bytes), and their total: what this process downloaded
+        self.fetched: dict[str, int] = {}
+        self.fetched_bytes = 0
+        #: the last save's stall (the copy to host RAM) on this process, in seconds
+        self.stall_s = 0.0
+        cuda = torch.cuda.is_available()  # pinned buffers and a non-blocking copy from GPUs
+        self._stager = DefaultStager(StagingOptions(cuda, False, False, cuda))
+        self._staged_bytes = 0  # what the stager's buffers hold (reused by the next save)
+        self._bg_group: Any = None  # the background thread's own gloo group (made at a save)
+        self._jobs: queue.Queue = queue.Queue()
+        self._inflight: Future[Manifest | None] | None = None
+        self._thread: threading.Thread | None = None
 
     # -- who we are ----------------------------------------------------------------------
     @property
@@ -82,20 +176,21 @@ class ShardedCheckpointer:
     def world(self) -> int:
         return dist.get_world_size(self.group) if self.distributed else 1
 
-    def _broadcast(self, value: Any) -> Any:
+    def _src(self, group: Any) -> int:
+        return dist.get_global_rank(group, 0) if group is not None else 0
+
+    def _broadcast(self, value: Any, group: Any = None) -> Any:
         if not self.distributed:
             return value
         box = [value]
-        dist.broadcast_object_list(
-            box, src=dist.get_global_rank(self.group, 0) if self.group is not None else 0, group=self.group
-        )
+        dist.broadcast_object_list(box, src=self._src(group), group=group)
         return box[0]
 
-    def _gather(self, value: Any) -> list[Any]:
+    def _gather(self, value: Any, group: Any = None) -> list[Any]:
         if not self.distributed:
             return [value]
         out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, value, group=self.group)
+        dist.all_gather_object(out, value, group=group)
         return out
 
     def _all(self, ok: bool) -> bool:
@@ -110,43 +205,138 @@ class ShardedCheckpointer:
     def save(
         self, state_dict: dict[str, Any], step: int, kind: SaveKind = SaveKind.PERIODIC
     ) -> Manifest | None:
-        """Write this process's shard, upload it, and (process 0) commit once every process
-        has uploaded. Returns the committed manifest on every process; None when a process
-        failed (nothing was committed; the error is reported by the process that had it)."""
+        """`save_async` and wait for it: the committed manifest on every process, or None
+        when a process failed (nothing was committed; the error is reported by the process
+        that had it). For saves the job leaves after (emergency, move)."""
+        return self.save_async(state_dict, step, kind).result()
+
+    def save_async(
+        self, state_dict: dict[str, Any], step: int, kind: SaveKind = SaveKind.PERIODIC
+    ) -> Future[Manifest | None]:
+        """Copy this process's shard to host RAM (the training thread's only stall), then
+        write, hash, upload and (process 0) commit in the background. The future holds the
+        committed manifest, on every process, or None.
+
+        A save while the previous one is still in the background waits for it first: the
+        whole-state checkpointer supersedes a queued save, but here one process's background
+        thread may already be inside the previous save's collectives while another's is not,
+        so superseding would need the processes to agree on which save to drop (a collective
+        on the training thread at every step); waiting keeps every process's background
+        collectives in the same order and bounds host memory to one staged copy."""
+        self.wait()
         ck = self.ckpt
-        seq = self._broadcast(ck._next_seq() if self.rank == 0 else None)
+        t0 = time.perf_counter()
+        seq = self._broadcast(ck._next_seq() if self.rank == 0 else None, self.group)
+        if self.distributed and self._bg_group is None:
+            ranks = dist.get_process_group_ranks(self.group) if self.group is not None else None
+            self._bg_group = dist.new_group(
+                ranks=ranks, backend="gloo", timeout=BACKGROUND_TIMEOUT, use_local_synchronization=True
+            )
+        staged: dict[str, Any] | None = None
+        error: Exception | None = None
+        # a shard larger than the snapshot budget is not copied: written from the live state
+        # while the training thread waits (`Config.snapshot_memory`, as for whole-state saves)
+        need = _local_bytes(state_dict)
+        budget = ck.budget()
+        if ck.snapshot_memory is None:  # what is free: our staging buffers, already held, count
+            budget += self._staged_bytes
+        in_place = need > budget
+        try:
+            staged = state_dict if in_place else self._stager.stage(state_dict)  # type: ignore[assignment]
+            if not in_place:
+                self._staged_bytes = need
+        except Exception as exc:  # noqa: BLE001 - the background job says so, collectively
+            error = exc
+        done: Future[Manifest | None] = Future()
+        self._inflight = done
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="spotnb-sharded-save", daemon=True)
+            self._thread.start()
+        self.stall_s = time.perf_counter() - t0
+        self._jobs.put((self.rank, seq, step, kind, staged, error, self.stall_s, t0, done))
+        if in_place:
+            log.info("sharded save of step %d: the shard exceeds the snapshot budget, saved in place", step)
+            done.result()
+            self.stall_s = time.perf_counter() - t0
+        return done
+
+    def wait(self, timeout: float | None = None) -> Manifest | None:
+        """Wait for the save in the background, if any; its manifest (None: none, or not
+        committed)."""
+        inflight = self._inflight
+        if inflight is None:
+            return None
+        manifest = inflight.result(timeout)
+        self._inflight = None
+        return manifest
+
+    @property
+    def busy(self) -> bool:
+        """Whether a save is still in the background."""
+        return self._inflight is not None and not self._inflight.done()
+
+    def _work(self) -> None:
+        while True:
+            rank, seq, step, kind, staged, error, stall_s, t0, done = self._jobs.get()
+            manifest: Manifest | None = None
+            try:
+                manifest = self._write_and_commit(rank, seq, step, kind, staged, error, stall_s, t0)
+            except BaseException as exc:  # noqa: BLE001 - a lost peer: no commit, training goes on
+                log.warning("sharded save of step %d abandoned on process %d: %r", step, rank, exc)
+                try:
+                    self.ckpt.emit(
+                        ev.CheckpointFailed(step=step, save_kind=kind, error=f"process {rank}: {exc!r}")
+                    )
+                except Exception:  # noqa: BLE001 - the future must resolve whatever happens
+                    log.exception("could not report the failed save of step %d", step)
+            finally:
+                done.set_result(manifest)  # a waiting training thread always wakes
+
+    def _write_and_commit(
+        self,
+        rank: int,
+        seq: int,
+        step: int,
+        kind: SaveKind,
+        staged: dict[str, Any] | None,
+        error: Exception | None,
+        stall_s: float,
+        t0: float,
+    ) -> Manifest | None:
+        """The background part of one save, on every process; collectives on `_bg_group`."""
+        ck = self.ckpt
+        group = self._bg_group
         folder = f"{ck.root}/{seq:08d}"
         local = tempfile.mkdtemp(prefix=f"dcp-{seq}-", dir=ck.spool)
-        t0 = time.perf_counter()
         entries: dict[str, dict[str, Any]] | None = None
         try:
-            uploaded: dict[str, dict[str, Any]] = {}
-            writer = dcp.FileSystemWriter(local, sync_files=False)
+            # a process whose staging failed still joins DCP's collectives, with nothing
             dcp.save(
-                state_dict, storage_writer=writer, process_group=self.group if self.distributed else None
+                staged if staged is not None else {},
+                storage_writer=_SplitWriter(local, sync_files=False),
+                process_group=group,
             )
-            snapshot_s = time.perf_counter() - t0
+            if error is not None:
+                raise error
+            uploaded: dict[str, dict[str, Any]] = {}
             for name in sorted(os.listdir(local)):
                 path = os.path.join(local, name)
                 if os.path.isfile(path):
                     uploaded[f"{SHARD_DIR}/{name}"] = ck._upload(path, f"{folder}/{SHARD_DIR}/{name}")
             entries = uploaded
         except Exception as exc:  # noqa: BLE001 - the others must learn of it: no commit
-            log.warning("sharded save of step %d failed on process %d: %r", step, self.rank, exc)
-            ck.emit(ev.CheckpointFailed(step=step, save_kind=kind, error=f"process {self.rank}: {exc!r}"))
-            snapshot_s = time.perf_counter() - t0
+            log.warning("sharded save of step %d failed on process %d: %r", step, rank, exc)
+            ck.emit(ev.CheckpointFailed(step=step, save_kind=kind, error=f"process {rank}: {exc!r}"))
         finally:
             shutil.rmtree(local, ignore_errors=True)
-        everyone = self._gather(entries)
-        if any(e is None for e in everyone):
-            return None
-        files: dict[str, dict[str, Any]] = {}
-        for part in everyone:
-            files.update(part)
+        everyone = self._gather(entries, group)
         manifest: Manifest | None = None
-        if self.rank == 0:
-            manifest = self._commit(seq, step, kind, files, snapshot_s, time.perf_counter() - t0)
-        return self._broadcast(manifest)
+        if all(e is not None for e in everyone) and rank == 0:
+            files: dict[str, dict[str, Any]] = {}
+            for part in everyone:
+                files.update(part)
+            manifest = self._commit(seq, step, kind, files, stall_s, time.perf_counter() - t0)
+        return self._broadcast(manifest, group)
 
     def _commit(
         self,
@@ -217,42 +407,73 @@ class ShardedCheckpointer:
         self, prepare: Callable[[Collection[str]], dict[str, Any]]
     ) -> tuple[Manifest, dict[str, Any]] | None:
         """`load`, with the state dict to load into made by `prepare(keys)` once the
-        checkpoint to load is chosen (`keys`: the (flattened) keys it holds, e.g. per-process
+        checkpoint's metadata is read (`keys`: the (flattened) keys it holds, e.g. per-process
         entries that exist only for the processes that wrote it). Returns the manifest and
-        the loaded state dict."""
+        the loaded state dict. Each process fetches only the files its load reads."""
+        self.wait()  # a save of this process still in the background is not a candidate yet
         ck = self.ckpt
         candidates = [m for m in ck.list_manifests() if is_sharded(m)] if self.rank == 0 else None
-        candidates = self._broadcast(candidates)
+        candidates = self._broadcast(candidates, self.group)
+        self.fetched, self.fetched_bytes = {}, 0
         for manifest in candidates:
             local = tempfile.mkdtemp(prefix=f"restore-{manifest.seq}-", dir=ck.spool)
+            fetched: dict[str, int] = {}
             try:
-                reason = self._fetch(manifest, local)
-                if self._all(reason is None):
-                    reader = dcp.FileSystemReader(local)
-                    state_dict = prepare(set(reader.read_metadata().state_dict_metadata))
-                    dcp.load(
-                        state_dict,
-                        storage_reader=dcp.FileSystemReader(local),
-                        process_group=self.group if self.distributed else None,
-                    )
-                    return manifest, state_dict
+                reason = self._fetch(manifest, local, {".metadata"}, fetched)
+                state_dict: dict[str, Any] = {}
+                if self._all(reason is None):  # every process can plan: prepare may be collective
+                    metadata = dcp.FileSystemReader(local).read_metadata()
+                    state_dict = prepare(set(metadata.state_dict_metadata))
+                    needed: set[str] = set()
+                    unfit: str | None = None
+                    try:
+                        needed = needed_files(state_dict, metadata)
+                    except Exception as exc:  # noqa: BLE001 - raised below, on every process
+                        unfit = f"checkpoint {manifest.seq:08d} does not fit the tracked state: {exc}"
+                    if not self._all(unfit is None):
+                        # not damage (its files verified): a state the checkpoint does not hold,
+                        # as `dcp.load` would raise; falling back would silently restart older
+                        raise RuntimeError(
+                            unfit or f"checkpoint {manifest.seq:08d}: another process cannot load it"
+                        )
+                    reason = self._fetch(manifest, local, needed, fetched)
+                    if self._all(reason is None):
+                        dcp.load(
+                            state_dict,
+                            storage_reader=dcp.FileSystemReader(local),
+                            process_group=self.group if self.distributed else None,
+                        )
+                        self.fetched, self.fetched_bytes = fetched, sum(fetched.values())
+                        log.info(
+                            "restored checkpoint %d on process %d: fetched %d of its files, %d bytes",
+                            manifest.seq,
+                            self.rank,
+                            len(fetched),
+                            self.fetched_bytes,
+                        )
+                        return manifest, state_dict
                 if reason is not None:  # the process that saw the damage says what it was
                     ck.emit(ev.CheckpointInvalid(seq=manifest.seq, step=manifest.step, reason=reason))
             finally:
                 shutil.rmtree(local, ignore_errors=True)
         return None
 
-    def _fetch(self, manifest: Manifest, local: str) -> str | None:
-        """Fetch and verify the checkpoint's shard files into `local`; the reason it cannot
-        be used, or None."""
+    def _fetch(
+        self, manifest: Manifest, local: str, names: Collection[str], fetched: dict[str, int]
+    ) -> str | None:
+        """Fetch and verify the checkpoint's DCP files `names` (relative to its DCP folder)
+        into `local`, adding each to `fetched`; the reason it cannot be used, or None."""
         ck = self.ckpt
         folder = f"{ck.root}/{manifest.seq:08d}"
         try:
-            for name, meta in manifest.files.items():
-                if not name.startswith(f"{SHARD_DIR}/"):
-                    continue
-                fetched = ck._fetch_verified(f"{folder}/{name}", meta)
-                os.replace(fetched, os.path.join(local, name[len(SHARD_DIR) + 1 :]))
+            for name in sorted(names):
+                key = f"{SHARD_DIR}/{name}"
+                meta = manifest.files.get(key)
+                if meta is None or "/" in name or name.startswith(".."):
+                    raise ValueError(f"{key} is not among the checkpoint's files")
+                path = ck._fetch_verified(f"{folder}/{key}", meta)
+                os.replace(path, os.path.join(local, name))
+                fetched[key] = int(meta["size"])
         except Exception as exc:  # noqa: BLE001 - any damage: the previous checkpoint
             return f"checkpoint {manifest.seq:08d}: {exc}"
         return None
