@@ -75,9 +75,9 @@ def _notebook(path: Path, source: str) -> None:
     )
 
 
-def _open_and_run(page: Any, lab: dict[str, Any], name: str) -> None:
+def _open_and_run(page: Any, server: dict[str, Any], name: str) -> None:
     """Open notebook `name`, wait for its idle kernel, start running all its cells."""
-    page.goto(f"{lab['url']}/lab/tree/{name}?token={lab['token']}")
+    page.goto(f"{server['url']}/lab/tree/{name}?token={server['token']}")
     page.wait_for_function(
         """() => {
         const app = window.jupyterapp; const w = app && app.shell.currentWidget;
@@ -90,7 +90,9 @@ def _open_and_run(page: Any, lab: dict[str, Any], name: str) -> None:
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
 
-def test_widget_of_an_ended_job_shows_its_loss_curve_when_plotly_loads_late(lab: dict[str, Any]) -> None:
+def test_widget_of_an_ended_job_shows_its_loss_curve_when_plotly_loads_late(
+    lab: dict[str, Any],  # noqa: F811 - the fixture imported above
+) -> None:
     """A widget displayed for a job that has already ended sends all its data at once, right
     after the figure's model opens, while plotly's module is still loading: the user must see
     the whole loss curve."""
