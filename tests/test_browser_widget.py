@@ -59,12 +59,13 @@ _SLOW_MODULES = """
 })();
 """
 
-_LOSS = """() => {
-  const gd = document.querySelector('.spotnb-job-widget .js-plotly-plot');
+#: the points of each widget's loss line (-1: its plot is not drawn yet)
+_LOSSES = """() => Array.from(document.querySelectorAll('.spotnb-job-widget')).map(w => {
+  const gd = w.querySelector('.js-plotly-plot');
   if (!gd || !gd.data) return -1;
   const t = gd.data.find(t => t.name === 'loss');
   return t && t.x ? t.x.length : 0;
-}"""
+})"""
 
 
 def _notebook(path: Path, source: str) -> None:
@@ -95,15 +96,17 @@ def test_widget_of_an_ended_job_shows_its_loss_curve_when_plotly_loads_late(
 ) -> None:
     """A widget displayed for a job that has already ended sends all its data at once, right
     after the figure's model opens, while plotly's module is still loading: the user must see
-    the whole loss curve."""
+    the whole loss curve, in each of two such widgets (the page loads plotly once for both)."""
     from playwright.sync_api import sync_playwright
 
     _notebook(
         lab["dir"] / "ended.ipynb",
+        "from IPython.display import display\n"
         "from tests.widget_helpers import EventsJob, events_of\n"
         "from spotnb.widget.view import JobView\n"
-        f"view = JobView(EventsJob(events_of(steps={STEPS}, preempt_at=(150,))))\n"
-        "view.box",
+        f"views = [JobView(EventsJob(events_of(steps={STEPS}, preempt_at=(150,)))) for _ in range(2)]\n"
+        "for view in views:\n"
+        "    display(view.box)",
     )
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -118,7 +121,8 @@ def test_widget_of_an_ended_job_shows_its_loss_curve_when_plotly_loads_late(
                 # plotly's module completes only after anywidget's model timeout expired
                 page.wait_for_function("() => window.__modelTimeouts > 0", timeout=60_000, polling=100)
                 page.evaluate("() => window.__releaseModules()")
-                page.wait_for_function(f"() => ({_LOSS})() >= {STEPS}", timeout=60_000, polling=200)
+                whole = f"n => n.length === 2 && n.every(p => p >= {STEPS})"
+                page.wait_for_function(f"() => ({whole})(({_LOSSES})())", timeout=60_000, polling=200)
             except Exception:
                 shot = lab["tmp"] / "failure.png"
                 page.screenshot(path=str(shot), full_page=True)
