@@ -131,3 +131,48 @@ def test_widget_of_an_ended_job_shows_its_loss_curve_when_plotly_loads_late(
                 raise
         finally:
             browser.close()
+
+
+def test_widget_shows_its_loss_curve_again_after_the_page_is_reloaded(
+    lab: dict[str, Any],  # noqa: F811 - the fixture imported above
+) -> None:
+    """A user reloads the page (or opens the notebook in a second tab) while the kernel runs:
+    JupyterLab asks the kernel for each widget's state and draws it anew; the figure must show
+    the curve drawn so far, not the empty figure the widget began with."""
+    from playwright.sync_api import sync_playwright
+
+    _notebook(
+        lab["dir"] / "reload.ipynb",
+        "from tests.widget_helpers import EventsJob, events_of\n"
+        "from spotnb.widget.view import JobView\n"
+        f"view = JobView(EventsJob(events_of(steps={STEPS}, preempt_at=(150,))))\n"
+        "view.box",
+    )
+    whole = f"() => ((n) => n.length === 1 && n[0] >= {STEPS})(({_LOSSES})())"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1200})
+            console: list[str] = []
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            page.on("pageerror", lambda e: console.append(f"page error: {e}"))
+            try:
+                _open_and_run(page, lab, "reload.ipynb")
+                page.wait_for_function(whole, timeout=60_000, polling=200)
+                # saved with its output (the widget's view), then the page reloaded
+                page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+                page.wait_for_function(
+                    "() => { const w = window.jupyterapp.shell.currentWidget;"
+                    " return !!(w && w.context && !w.context.model.dirty); }",
+                    timeout=30_000,
+                )
+                page.reload()
+                page.wait_for_function(whole, timeout=60_000, polling=200)
+            except Exception:
+                shot = lab["tmp"] / "failure.png"
+                page.screenshot(path=str(shot), full_page=True)
+                print(f"failure screenshot: {shot}\nbrowser console (last 30):\n" + "\n".join(console[-30:]))
+                print("plots and their traces (name:points):", page.evaluate(_TRACES))
+                raise
+        finally:
+            browser.close()
