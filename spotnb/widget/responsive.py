@@ -37,6 +37,7 @@ from typing import Any
 import plotly.basewidget
 import plotly.graph_objects as go
 import traitlets
+from plotly.serializers import custom_serializers
 
 __all__ = ["ResponsiveFigureWidget", "wrap_render"]
 
@@ -169,3 +170,16 @@ class ResponsiveFigureWidget(go.FigureWidget):
         # plotly's responsive handler is what the loader's `render` calls
         config: dict[str, Any] = dict(self._config)  # type: ignore[has-type]
         self._config = {**config, "responsive": True}
+
+    def get_state(self, key: Any = None) -> dict[str, Any]:
+        """The state a front end gets, with the figure as it is now. plotly sets
+        `_widget_data` and `_widget_layout` once, when the figure is made, and sends every later
+        change as a message: a front end that asks for the whole state (the page reloaded, the
+        notebook opened in a second tab) drew the figure as it began, without a metric."""
+        state: dict[str, Any] = super().get_state(key)
+        to_json = custom_serializers["to_json"]
+        if "_widget_data" in state and hasattr(self, "_data"):
+            state["_widget_data"] = to_json(list(self._data), self)  # new containers: a snapshot
+        if "_widget_layout" in state and hasattr(self, "_layout_obj"):
+            state["_widget_layout"] = to_json(dict(self._layout_obj._props), self)
+        return state
