@@ -199,7 +199,7 @@ def _drive(page: Any, lab: dict[str, Any]) -> None:
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
     # the widget renders and its loss plot gets points: while the job runs on most machines;
-    # a busy one may draw the figure only after the ~10 s job ended, and the user then sees the
+    # a busy one may draw the figure only after the short job ended, and the user then sees the
     # whole curve at once, so no running status is required here (it once timed out waiting
     # for one)
     page.wait_for_function(f"() => ({_LOSS_POINTS})() > 0", timeout=90_000, polling=100)
