@@ -376,9 +376,10 @@ def test_preparation_is_one_number_in_the_feed_and_the_timeline() -> None:
 
 
 def test_the_figure_module_wraps_plotlys_render_or_leaves_an_unknown_bundle_alone() -> None:
-    """The widget's figure ships plotly's own front-end module with a refitting `render` (the
-    browser test checks the widths); a plotly release with another export line gets its module
-    back unchanged rather than a broken one."""
+    """The widget's figure module is a small loader (ready at once, so anywidget's 2 s model
+    timeout cannot drop the plot's messages) that loads plotly's own module, wrapped with a
+    refitting `render` (the browser tests check the widths and the replayed messages); a plotly
+    release with another export line gets its module back unchanged rather than a broken one."""
     from spotnb.widget.responsive import ResponsiveFigureWidget, _plotly_esm, wrap_render
 
     stock = _plotly_esm()
