@@ -91,7 +91,8 @@ class LocalSettings(ProviderSettings):
     local_regions: dict[str, dict[str, Any]] | None = Field(
         None,
         description="Emulated zones, each with its own spot price and preemptions: {name: "
-        "{'price': $/h or [[time since submission, $/h], ...], 'mttp': duration}}, e.g. "
+        "{'price': $/h or [[time since submission, $/h], ...], 'mttp': duration, 'egress': $/GB "
+        "between the zone and elsewhere (Config.regional_stores weighs it)}}, e.g. "
         "{'zone-a': {'price': 0.10}, 'zone-b': {'price': [[0, 0.30], ['15s', 0.02]], 'mttp': '10m'}}. "
         "The zone is the instance's region; Config.region / regions (or 'cheapest') choose "
         "among them. Without a price a zone uses the price table's; without an mttp, local_mttp.",
@@ -200,9 +201,16 @@ class LocalSettings(ProviderSettings):
                 raise ValueError(f"zone {name!r}: a name of letters, digits, '-', '_' or '.' (up to 63)")
             if not isinstance(zone, dict):
                 raise ValueError(f"zone {name!r}: give {{'price': ..., 'mttp': ...}}, got {zone!r}")
-            bad = set(zone) - {"price", "mttp"}
+            bad = set(zone) - {"price", "mttp", "egress"}
             if bad:
-                raise ValueError(f"zone {name!r}: the keys are price and mttp; got {sorted(bad)}")
+                raise ValueError(f"zone {name!r}: the keys are price, mttp and egress; got {sorted(bad)}")
+            egress = zone.get("egress")
+            if egress is not None and (
+                isinstance(egress, bool) or not isinstance(egress, (int, float)) or not 0 <= egress <= 10
+            ):
+                raise ValueError(
+                    f"zone {name!r}: egress is $/GB between it and elsewhere, 0 to 10; got {egress!r}"
+                )
             mttp = zone.get("mttp")
             if mttp is not None:
                 mttp = parse_duration(mttp)
@@ -210,6 +218,8 @@ class LocalSettings(ProviderSettings):
                     raise ValueError(f"zone {name!r}: mttp must be positive (or left out)")
                 bounded(mttp, 0.0, 30 * DAY, "leave mttp out for no random preemptions")
             out[name] = {"price": _price_schedule(name, zone.get("price")), "mttp": mttp}
+            if egress is not None:
+                out[name]["egress"] = float(egress)
         return out
 
     def local_zone_price(self, zone: str, t: float) -> float | None:

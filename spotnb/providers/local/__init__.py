@@ -410,6 +410,15 @@ class LocalProvider(Provider):
                 time.sleep(0.05)
         return None
 
+    def egress_per_gb(self, src: tuple[str | None, str | None], dst: tuple[str | None, str | None]) -> float:
+        """The emulated zones' link price (`local_regions={zone: {"egress": $/GB}}`): bytes
+        between a zone and any other place (another zone, the home store: no zone) pay the
+        dearer of the two ends' price; within a zone they are free."""
+        if src[1] == dst[1]:
+            return 0.0
+        zones = self.config.local_regions or {}
+        return max(float((zones.get(end[1] or "") or {}).get("egress") or 0.0) for end in (src, dst))
+
     def _prices(self, instance_type: str, regions: list[str] | None) -> dict[str, Price]:
         """The table's price, or each zone's (`local_regions`) at this moment of the market
         (seconds since its first launch: a zone's price schedule runs from submission)."""
