@@ -262,6 +262,9 @@ def copy_checkpoint(
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CopyFailed(f"checkpoint {folder}: its manifest cannot be read ({exc!r})") from None
     dst.rm(manifest_path)  # a copy in the target is committed only by this copy's manifest
+    # the temp files of a copy of this checkpoint that died (a controller killed mid-copy):
+    # only the controller holding the job's lease copies into this folder
+    dst.clean_temp(f"{dst_root}/{folder}", older_than=0.0)
     copied = 0
     sent = 0
     try:
