@@ -8,14 +8,20 @@ committed checkpoint's bytes (written + referenced: what a restore reads), b the
 save writes, S the policy's expected number of later saves over the remaining work there
 (`expected_saves`) and r(x→y) the $/GB between two places (`Provider.egress_per_gb`):
 
-    copy        = B·r(source→target) + B·r(target→zone)     then every save stays in the region
-    read across = B·r(source→zone)   + S·b·r(zone→source)   every save crosses back
+    copy        = B·c(source→target)  + B·r(target→zone)     then every save stays in the region
+    read across = B·r(source→zone)    + S·b·r(zone→source)   every save crosses back
 
-where `target` is the zone's store (its region's, or the home store when the zone has none).
-The copy is made only when it costs less (a tie, e.g. no save expected there, reads across:
-copying would only add a wait). The choice, both costs and why go into a `checkpoint_placed`
-event; the $ spent (the copy or the restore across, then each save written across) is the
-ledger's transfer line.
+where `target` is the zone's store (its region's, or the home store when the zone has none)
+and c the copy's route: the controller streams the copy, so its bytes go through the
+controller's machine (`Regional.copy_rate`: a notebook's controller pays the source cloud's
+internet egress; on the local market, or with a controller beside the home store, source →
+home → target). Both sides pay the checkpoint's crossing once; the copy pays off by the saves
+that then stay in the region, so it wins with a save or more to come and a copy route no
+dearer than the restore's, and loses near the end of the job or when its route is dearer (a
+notebook's controller, two regions far from home). The copy is made only when it costs
+strictly less (a tie reads across: copying would only add a wait). The choice, both costs
+and why go into a `checkpoint_placed` event; the $ spent (the copy or the restore across,
+then each save written across) is the ledger's transfer line.
 
 A copy (`copy_checkpoint`) streams every file the manifest lists (its blobs too) to the
 target, each written atomically and read back to check its sha256 and size against the
@@ -206,7 +212,7 @@ def expected_saves(policy: Any, obs: Any, start: int, total: int | None, mttp: f
     o = obs.with_(step=start, total_steps=total)
     for _ in range(100_000):
         plan = policy.next_save(o, last)
-        if plan is None or plan.step <= last or plan.step >= total:
+        if plan is None or plan.step <= last or plan.step > total:  # the end's save counts
             break
         count += 1
         last = plan.step
@@ -391,6 +397,18 @@ class Regional:
         cloud, region = self.provider.zone_location(key)
         return (store_cloud(url) or cloud, region)
 
+    def copy_rate(self, here: tuple[str | None, str | None], there: tuple[str | None, str | None]) -> float:
+        """$/GB of a copy from `here` to `there`: the controller streams it, so the bytes go
+        through its machine. A notebook's controller on a cloud's stores: out of the source's
+        cloud at its internet rate (into the target is free); a controller beside the home
+        store (the local market's, a cloud controller): source → home's place → target."""
+        from spotnb.transfer import EGRESS
+
+        if self.provider.name != "local" and self.config.controller == "notebook":
+            return EGRESS[here[0]]["internet"] if here[0] in EGRESS else 0.0
+        via = self.place_of(self.home.url)
+        return self.provider.egress_per_gb(here, via) + self.provider.egress_per_gb(via, there)
+
     def newest(self) -> tuple[int, dict[str, Any], list[str]] | None:
         """The newest committed checkpoint across the stores: (seq, manifest, URLs holding it)."""
         best: tuple[int, dict[str, Any], list[str]] | None = None
@@ -436,7 +454,7 @@ class Regional:
         )
         rate = self.provider.egress_per_gb
         rates = {
-            "copy": rate(here, there),
+            "copy": self.copy_rate(here, there),
             "local": rate(there, zone_place),
             "across": rate(here, zone_place),
             "back": rate(zone_place, here),
