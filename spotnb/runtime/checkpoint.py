@@ -443,6 +443,7 @@ class Checkpointer:
         self.stores = [s for i, s in enumerate(self.stores) if s.url not in {t.url for t in self.stores[:i]}]
         #: the URL of the store the last `load_latest` restored from (None: nothing restored)
         self.restored_from: str | None = None
+        self._unreachable: set[str] = set()  # stores whose listing failed (warned once)
         #: most bytes of host RAM snapshot buffers may hold at once (None: what is free, see
         #: `budget`)
         self.snapshot_memory = snapshot_memory
@@ -1014,8 +1015,13 @@ class Checkpointer:
             except OSError as exc:
                 if store is self.store:
                     raise
-                self.emit(ev.JobWarning(message=f"checkpoints in {store.url} cannot be listed now: {exc!r}"))
+                if store.url not in self._unreachable:  # once per store, not at every save
+                    self._unreachable.add(store.url)
+                    self.emit(
+                        ev.JobWarning(message=f"checkpoints in {store.url} cannot be listed now: {exc!r}")
+                    )
                 continue
+            self._unreachable.discard(store.url)
             out += [(seq, rank, manifest, store) for seq, manifest in found]
         out.sort(key=lambda item: (-item[0], item[1]))
         return [(seq, manifest, store) for seq, _, manifest, store in out]
