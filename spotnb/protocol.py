@@ -403,7 +403,8 @@ class CheckpointPlaced(Event):
     (it restores from `source` and writes there: a copy would not pay), "in_place" (the
     checkpoint is already in the zone's store) or "fresh" (nothing to restore). `copy_cost`
     and `read_cost`: the two choices' expected $ (bytes × $/GB; reading across also pays each
-    of the `saves` expected later saves written back); `cost`: the $ spent now (the copy, or
+    of the `saves` expected later saves written back; -1: the job's length is unknown, so
+    the copy is taken); `cost`: the $ spent now (the copy, or
     the restore read across), and `save_per_gb` the $/GB each later save of this incarnation
     pays (the ledger's transfer line adds both). Store URLs carry no credentials (refused)."""
 
