@@ -101,8 +101,8 @@ def check_config(config: Any, check_url: Callable[[str], object]) -> None:
             "from its peers or in shards); remove regional_stores, or set instances=1 and "
             "procs_per_instance=1"
         )
-    home = config.store_url().rstrip("/")
-    seen: dict[str, str] = {}
+    home = _where(config.store_url())
+    seen: dict[tuple[str, str], str] = {}
     zones = _runnable(config)
     for key, url in stores.items():
         field = f"regional_stores[{key!r}]"
@@ -120,17 +120,36 @@ def check_config(config: Any, check_url: Callable[[str], object]) -> None:
             check_url(url.strip())
         except ValueError as exc:
             raise ValueError(f"{field}: {exc}") from None
-        if url.rstrip("/") == home:
+        where = _where(url.strip())
+        if where == home:
             raise ValueError(f"{field} is the job's home store; leave that zone out of regional_stores")
-        if url.rstrip("/") in seen:
-            raise ValueError(f"{field} is also the store of {seen[url.rstrip('/')]!r}: one store per region")
-        seen[url.rstrip("/")] = key
+        if where in seen:
+            raise ValueError(f"{field} is also the store of {seen[where]!r}: one store per region")
+        seen[where] = key
         if zones is not None and not any(z == key or z.startswith(key) for z in zones):
             raise ValueError(
                 f"{field}: the job cannot run in {key!r}; its zones are {sorted(zones)}. Name one "
                 "of them (or its region), or add it to regions"
             )
         _check_reachable(field, url.strip())
+
+
+def _where(url: str) -> tuple[str, str]:
+    """(filesystem, absolute root) of a store URL: two spellings of one folder or bucket
+    (`file:///d/s`, `/d/s/`, `/d/./s`) are one place."""
+    from fsspec.core import split_protocol
+
+    protocol, rest = split_protocol(url)
+    protocol = (protocol or "file").lower()
+    if protocol in ("file", "local"):
+        return ("file", os.path.realpath(os.path.expanduser(rest)))
+    return (protocol, rest.strip("/"))
+
+
+def _same_place(a: Store, b: Store) -> bool:
+    if a.local and b.local:
+        return os.path.realpath(a.root) == os.path.realpath(b.root)
+    return a.fs.protocol == b.fs.protocol and a.root.strip("/") == b.root.strip("/")
 
 
 def _runnable(config: Any) -> list[str] | None:
@@ -257,6 +276,8 @@ def copy_checkpoint(
     seconds). `bps`: bytes/s to hold the copy to (the local market's emulated bandwidth).
     Raises CopyFailed; the target then holds no manifest for `seq`."""
     t0 = time.perf_counter()
+    if _same_place(src, dst):  # rewriting a checkpoint onto itself would unmake it first
+        raise CopyFailed(f"{src.url} and {dst.url} are the same store: nothing to copy")
     src_root, dst_root = src.job(job_id, "ckpt"), dst.job(job_id, "ckpt")
     folder = f"{seq:08d}"
     manifest_path = f"{dst_root}/{folder}/MANIFEST.json"

@@ -225,3 +225,20 @@ def test_bad_regional_stores_are_refused_before_anything_runs(tmp_path, stores: 
 def test_regional_stores_are_refused_for_a_job_on_several_processes(tmp_path) -> None:
     with pytest.raises(spot.ConfigError, match="regional_stores applies to jobs on one instance"):
         _local(tmp_path, regional_stores={"zone-b": str(tmp_path / "b")}, procs_per_instance=2)
+
+
+def test_the_home_store_under_another_spelling_is_refused_and_never_copied_onto_itself(tmp_path) -> None:
+    """Attack: `file:///…/store` and `/…/store` are one folder. As a regional store it would
+    have the copy delete the newest manifest of the home store before rewriting it (a kill in
+    between: the committed checkpoint is gone). Refused at Config, and the copy refuses it."""
+    home_url = spot.Config().store_url()
+    home = Store(home_url)
+    with pytest.raises(spot.ConfigError, match="is the job's home store"):
+        _local(tmp_path, regional_stores={"zone-b": home.root + "/"})
+    ck, _ = _ck(home)
+    ckpt_save(ck, 10)
+    ck.close()
+    seq, _ = newest_committed(home, JOB)
+    with pytest.raises(CopyFailed, match="same store"):
+        copy_checkpoint(home, Store(home.root), JOB, seq)
+    assert newest_committed(home, JOB)[0] == seq
