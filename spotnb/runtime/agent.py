@@ -200,9 +200,6 @@ class Agent:
 
         if not self.inc.get("ckpt_doc"):
             return self.store, []
-        if self.local_group is not None:  # a group's ranks share one store: the home one
-            self.emit(ev.JobWarning(message="regional_stores: a group of processes saves in the home store"))
-            return self.store, []
         path = self.store.job(self.job_id, "incarnations", f"{self.incarnation:04d}.ckpt.json")
         deadline = time.time() + WAIT_FOR_PREVIOUS
         while not self.store.exists(path):
@@ -222,6 +219,11 @@ class Agent:
                 except Exception as exc:  # noqa: BLE001 - a region's store out of reach now
                     self.emit(ev.JobWarning(message=f"checkpoint store {url} cannot be opened: {exc!r}"))
         write = opened.get(str(doc.get("write", "")).rstrip("/"))
+        if write is not None and write is not self.store and self.local_group is not None:
+            # a group's ranks (procs_per_instance, the GPU count by default) save together in
+            # the home store; it still restores from the newest checkpoint in any store
+            self.emit(ev.JobWarning(message="regional_stores: a group of processes saves in the home store"))
+            write = self.store
         if write is None:  # its store is gone: save at home rather than not at all
             write = self.store
             self.emit(ev.JobWarning(message=f"saving in the home store: {doc.get('write')} cannot be opened"))
