@@ -101,6 +101,21 @@ def check_config(config: Any, check_url: Callable[[str], object]) -> None:
             "from its peers or in shards); remove regional_stores, or set instances=1 and "
             "procs_per_instance=1"
         )
+    if config.procs_per_instance is None and config.provider != "local":
+        from spotnb.gpus import gpu_count
+
+        types = (
+            config.instance_type.values()
+            if isinstance(config.instance_type, dict)
+            else [config.instance_type]
+        )
+        many = [t for t in types if (gpu_count(str(t)) or 1) > 1]
+        if many:
+            raise ValueError(
+                f"regional_stores applies to one process per instance, and {many[0]!r} would run "
+                "one per GPU (procs_per_instance defaults to the GPU count): set "
+                "procs_per_instance=1, or remove regional_stores"
+            )
     home = _where(config.store_url())
     seen: dict[tuple[str, str], str] = {}
     zones = _runnable(config)

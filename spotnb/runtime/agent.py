@@ -218,12 +218,14 @@ class Agent:
                     opened[url.rstrip("/")] = Store(url)
                 except Exception as exc:  # noqa: BLE001 - a region's store out of reach now
                     self.emit(ev.JobWarning(message=f"checkpoint store {url} cannot be opened: {exc!r}"))
+        if self.local_group is not None:
+            # a group's other ranks restore from the home store alone (runtime/local_rank.py):
+            # rank 0 must restore what they restore, so the whole group stays at home (Config
+            # refuses regional_stores with procs_per_instance > 1; a VM with more GPUs than its
+            # type was known to have may still start a group)
+            self.emit(ev.JobWarning(message="regional_stores: a group of processes uses the home store only"))
+            return self.store, []
         write = opened.get(str(doc.get("write", "")).rstrip("/"))
-        if write is not None and write is not self.store and self.local_group is not None:
-            # a group's ranks (procs_per_instance, the GPU count by default) save together in
-            # the home store; it still restores from the newest checkpoint in any store
-            self.emit(ev.JobWarning(message="regional_stores: a group of processes saves in the home store"))
-            write = self.store
         if write is None:  # its store is gone: save at home rather than not at all
             write = self.store
             self.emit(ev.JobWarning(message=f"saving in the home store: {doc.get('write')} cannot be opened"))

@@ -242,3 +242,20 @@ def test_the_home_store_under_another_spelling_is_refused_and_never_copied_onto_
     with pytest.raises(CopyFailed, match="same store"):
         copy_checkpoint(home, Store(home.root), JOB, seq)
     assert newest_committed(home, JOB)[0] == seq
+
+
+def test_regional_stores_are_refused_on_a_multi_gpu_type_that_would_run_a_group(tmp_path) -> None:
+    """A group's other ranks restore from the home store only, so rank 0 must too: a type
+    with several GPUs (procs_per_instance defaults to their count) needs procs_per_instance=1."""
+    fields: dict[str, Any] = dict(
+        provider="aws",
+        instance_type="g5.12xlarge",
+        regions=["us-east-1a", "us-west-2a"],
+        store="s3://home-bucket/spot",
+        regional_stores={"us-west-2": "s3://west-bucket/spot"},
+    )
+    with pytest.raises(spot.ConfigError, match="procs_per_instance=1"):
+        spot.Config(**fields)
+    assert spot.Config(**fields, procs_per_instance=1).regional_stores == {
+        "us-west-2": "s3://west-bucket/spot"
+    }
