@@ -259,3 +259,33 @@ def test_regional_stores_are_refused_on_a_multi_gpu_type_that_would_run_a_group(
     assert spot.Config(**fields, procs_per_instance=1).regional_stores == {
         "us-west-2": "s3://west-bucket/spot"
     }
+
+
+def test_an_instance_whose_regional_store_cannot_be_opened_saves_at_home_and_still_reads_all(
+    tmp_path, monkeypatch
+) -> None:
+    """Attack: the controller pointed the instance at a regional folder that cannot be made
+    on it (gone, unmounted). The agent saves in the home store, with a warning, rather than
+    not at all, and still restores from every store it can open."""
+    import json
+
+    from spotnb.runtime.agent import Agent
+
+    home = Store((tmp_path / "home").as_uri())
+    reg = str(tmp_path / "zone-b")
+    inc = home.job(JOB, "incarnations")
+    home.write_bytes(f"{inc}/0002.json", json.dumps({"incarnation": 2, "ckpt_doc": True}).encode())
+    doc = {"write": "/proc/no/such/store", "read": [home.url, "/proc/no/such/store", reg]}
+    home.write_bytes(f"{inc}/0002.ckpt.json", json.dumps(doc).encode())
+    agent = Agent(home.url, JOB, 2)
+    write, read = agent._checkpoint_stores()
+    assert write is agent.store and [s.url for s in read] == [reg]
+    agent.events.flush()
+    said = [getattr(e, "message", "") for e in _agent_events(home) if e.kind == "warning"]
+    assert any("cannot be opened" in m for m in said) and any("saving in the home store" in m for m in said)
+
+
+def _agent_events(store: Store) -> list[Any]:
+    from spotnb.events import EventReader
+
+    return EventReader(store, JOB).poll()
