@@ -146,6 +146,15 @@ class LocalProvider(Provider):
     def notice_settings(self, zone: str | None = None) -> dict[str, Any]:
         return {"format": self.notice_format, "grace": self.grace}
 
+    def egress_per_gb(self, src: tuple[str | None, str | None], dst: tuple[str | None, str | None]) -> float:
+        """The emulated zones' link price (`local_regions={zone: {"egress": $/GB}}`): bytes
+        between a zone and any other place (another zone, the home store: no zone) pay the
+        dearer of the two ends' price; within a zone they are free."""
+        if src[1] == dst[1]:
+            return 0.0
+        zones = self.config.local_regions or {}
+        return max(float((zones.get(end[1] or "") or {}).get("egress") or 0.0) for end in (src, dst))
+
     def _launch(self, spec: LaunchSpec) -> Instance:
         lo, hi = self.config.local_alloc_delay
         delay = self.rng.uniform(lo, hi) if hi > lo else lo
@@ -409,15 +418,6 @@ class LocalProvider(Provider):
             while _is_agent_of(pid, record) and time.time() < deadline:
                 time.sleep(0.05)
         return None
-
-    def egress_per_gb(self, src: tuple[str | None, str | None], dst: tuple[str | None, str | None]) -> float:
-        """The emulated zones' link price (`local_regions={zone: {"egress": $/GB}}`): bytes
-        between a zone and any other place (another zone, the home store: no zone) pay the
-        dearer of the two ends' price; within a zone they are free."""
-        if src[1] == dst[1]:
-            return 0.0
-        zones = self.config.local_regions or {}
-        return max(float((zones.get(end[1] or "") or {}).get("egress") or 0.0) for end in (src, dst))
 
     def _prices(self, instance_type: str, regions: list[str] | None) -> dict[str, Price]:
         """The table's price, or each zone's (`local_regions`) at this moment of the market
