@@ -100,6 +100,13 @@ class _GenericConfig(BaseModel):
     store: str | None = Field(
         None, description="fsspec URL for specs, events and checkpoints (default file://$SPOTNB_HOME/store)."
     )
+    regional_stores: dict[str, str] | None = Field(
+        None,
+        description="Checkpoint stores near zones, {region or zone: fsspec URL} (s3://, gs://, "
+        "az://, file://): a relaunch or move there copies the newest checkpoint into it, or "
+        "reads it across, whichever is expected to cost less (spotnb.regional). The home store "
+        "keeps events, spec and result. Same credentials as the home store.",
+    )
     checkpoint: Any = Field(
         "hedged",
         description="Checkpoint policy: a name (hedged, adaptive, "
@@ -402,6 +409,10 @@ class _GenericConfig(BaseModel):
             raise ValueError("give region (one) or regions (candidates), not both")
         self._check_migrate()
         self._check_controller()
+        if self.regional_stores is not None:
+            from spotnb.regional import check_config
+
+            check_config(self, lambda url: self._store(url))
         registry()[self.provider].settings.check_config(self)
         return self
 

@@ -32,6 +32,7 @@ from spotnb.placement import Transfer, ZoneEstimate, rank_zones
 from spotnb.policy import Observation, resolve_policy
 from spotnb.protocol import TERMINAL, Event, JobStatus, Outcome
 from spotnb.providers.base import Instance, InstanceState, InstanceStatus, LaunchSpec, Provider
+from spotnb.regional import CKPT_DOC, Regional, expected_saves
 from spotnb.store import Store
 from spotnb.store_lease import StoreLease, site_of
 from spotnb.supervise import job_vanished, mark_lost
@@ -130,6 +131,7 @@ class Controller:
         self._market_now: dict[str, float] = {}
         self._prices_said: dict[str, float] = {}  # the zone prices last written (`prices` event)
         self._store_location: tuple[str | None, str | None] | None = None  # (cloud, region)
+        self._regional: Regional | None = None  # Config.regional_stores
         job._stop_hook = self.request_stop
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -411,6 +413,7 @@ class Controller:
                     if instance is None:
                         self._end_stopped()
                         return
+                self._place_checkpoint(n, instance)
                 outcome, pre = self._watch(n, instance)
                 if pre is not None and not self._relaunches(outcome):
                     self._cancel_pre(pre)  # before the end marker lets its agent restore
@@ -675,6 +678,8 @@ class Controller:
         }
         if self.config.migrate in MOVING_POLICIES:  # the agent looks for a request to move
             inc_doc["move_poll"] = MOVE_POLL if self.store.local else MOVE_POLL_REMOTE
+        if getattr(self.config, "regional_stores", None):  # it waits for `_place_checkpoint`
+            inc_doc["ckpt_doc"] = True
         inc_path = self.store.job(self.job.id, "incarnations", f"{n:04d}.json")
         self.store.write_bytes(inc_path, json.dumps(inc_doc).encode())
         regions: list[str | None] = [only] if only else self._regions(n)
@@ -803,6 +808,38 @@ class Controller:
             )
             return instance
         return None
+
+    def _place_checkpoint(self, n: int, instance: Instance) -> None:
+        """Where incarnation `n` restores from and writes (`spotnb.regional`: copy the newest
+        checkpoint into its zone's store, or read across, by cost), once: its agent waits for
+        the document, which a successor controller writes if this one died before (mid-copy)."""
+        if not getattr(self.config, "regional_stores", None):
+            return
+        path = self.store.job(self.job.id, "incarnations", CKPT_DOC.format(n=n))
+        if self.store.exists(path):
+            return
+        if self._regional is None:
+            self._regional = Regional(self.config, self.provider, self.store, self.job.id)
+        self.pump()
+        st, zone = self.job.state, instance.region
+
+        def saves_after(step: int) -> float:
+            name, key, itype, priors = self.provider.market_key(zone)
+            stats = self.db.market(name, key, itype, **priors)
+            obs = self._observation(max(1, n - 1))
+            obs = obs.with_(
+                mttp=stats.mttp, restart_time=stats.restart, step_time=st.step_time or obs.step_time
+            )
+            return expected_saves(self.policy, obs, step, st.total, stats.mttp)
+
+        written = max((c.nbytes or 0 for c in st.checkpoints[-10:]), default=0)
+        bps = self.config.local_upload_bps if self.provider.name == "local" else None
+        doc, fields, warnings = self._regional.place(zone, saves_after, written, bps)
+        for message in warnings:
+            self.emit(ev.JobWarning(message=message), n)
+        self.emit(ev.CheckpointPlaced(**fields), n)
+        self._fence()
+        self.store.write_bytes(path, json.dumps(doc).encode())
 
     def _observation(self, n: int) -> Observation:
         """What the controller knows of incarnation `n`, in the policy's terms."""

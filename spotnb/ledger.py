@@ -64,11 +64,14 @@ class Breakdown:
     on_demand_price: float | None = None
     coordinator_cost: float = 0.0  # the on-demand coordinator of a job on several instances
     coordinator_price: float | None = None  # its $/h (None: the job has no coordinator)
+    #: $ of checkpoints moved between regions (Config.regional_stores: copies, restores read
+    #: across and saves written across; `checkpoint_placed` events)
+    transfer_cost: float = 0.0
 
     @property
     def total_cost(self) -> float:
         """Everything the job spent: its spot instances plus its coordinator (an overhead)."""
-        return self.spot_cost + self.coordinator_cost
+        return self.spot_cost + self.coordinator_cost + self.transfer_cost
 
     @property
     def savings(self) -> float:
@@ -96,7 +99,9 @@ class Breakdown:
                 f"coordinator ${self.coordinator_cost:.4f} (on demand, ${self.coordinator_price:.4f}/h; "
                 f"spot instances ${self.spot_cost:.4f})"
             )
-        spent = "total" if self.coordinator_price is not None else "spot cost"
+        if self.transfer_cost:
+            lines.append(f"checkpoint transfer between regions ${self.transfer_cost:.4f}")
+        spent = "total" if self.coordinator_price is not None or self.transfer_cost else "spot cost"
         lines.append(
             f"{spent} ${self.total_cost:.4f}  vs on-demand ${self.on_demand_cost:.4f} for the same "
             f"{self.compute / 60:.1f} min of training"

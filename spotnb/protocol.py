@@ -67,6 +67,7 @@ __all__ = [
     "Allocating",
     "AllocFailed",
     "Moving",
+    "CheckpointPlaced",
     "Prices",
     "Launched",
     "Allocated",
@@ -167,6 +168,7 @@ class EventKind(StrEnum):
     ALLOCATING = "allocating"
     ALLOC_FAILED = "alloc_failed"
     MOVING = "moving"
+    CHECKPOINT_PLACED = "checkpoint_placed"
     PRICES = "prices"
     LAUNCHED = "launched"
     ALLOCATED = "allocated"
@@ -390,6 +392,35 @@ class Moving(Event):
     move_cost: float
     slot: int | None = None
     to_incarnation: int | None = None
+
+
+@_kind(EventKind.CHECKPOINT_PLACED)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointPlaced(Event):
+    """Where incarnation `incarnation` (in `zone`) restores from and writes its saves
+    (`Config.regional_stores`): `action` "copy" (the newest committed checkpoint was copied
+    from `source` to `target`, the zone's store, which then takes the saves), "read_across"
+    (it restores from `source` and writes there: a copy would not pay), "in_place" (the
+    checkpoint is already in the zone's store) or "fresh" (nothing to restore). `copy_cost`
+    and `read_cost`: the two choices' expected $ (bytes × $/GB; reading across also pays each
+    of the `saves` expected later saves written back; -1: the job's length is unknown, so
+    the copy is taken); `cost`: the $ spent now (the copy, or
+    the restore read across), and `save_per_gb` the $/GB each later save of this incarnation
+    pays (the ledger's transfer line adds both). Store URLs carry no credentials (refused)."""
+
+    zone: str | None
+    action: str
+    source: str
+    target: str
+    seq: int | None = None
+    nbytes: int = 0
+    saves: float = 0.0
+    copy_cost: float = 0.0
+    read_cost: float = 0.0
+    cost: float = 0.0
+    save_per_gb: float = 0.0
+    copy_s: float = 0.0
+    reason: str = ""
 
 
 @_kind(EventKind.LAUNCHED)

@@ -42,6 +42,7 @@ FEED_KINDS = frozenset(
         "allocated",
         "alloc_failed",
         "moving",
+        "checkpoint_placed",
         "ready",
         "resumed",
         "notice",
@@ -286,6 +287,9 @@ class JobState:
         self.preempt_marks: list[tuple[int, str, float]] = []
         self.resume_marks: list[tuple[int, str, float]] = []
         self.checkpoints: list[ev.Checkpoint] = []
+        self._placed: dict[int, float] = {}  # incarnation -> $ of its placement (a copy, a restore)
+        self._saves_across = 0.0  # $ of saves written across regions
+        self._save_per_gb: dict[int, float] = {}  # incarnation -> $/GB of each of its saves
         self.feed: list[Event] = []
         self.step = 0
         self.total: int | None = None
@@ -496,6 +500,15 @@ class JobState:
             inc.save_spans.append((t - e.upload_s - e.snapshot_s, t - e.upload_s, str(e.save_kind)))
             self.checkpoints.append(e)
             self._reach(inc, e.step - 1)
+            if self._save_per_gb.get(n):
+                self._saves_across += (e.nbytes or 0) / 1e9 * self._save_per_gb[n]
+                v["breakdown"] += 1
+        elif isinstance(e, ev.CheckpointPlaced):
+            # the latest placement of an incarnation counts (a successor controller that placed
+            # it again after a kill mid-copy replaces the first)
+            self._placed[n] = max(0.0, e.cost or 0.0)
+            self._save_per_gb[n] = max(0.0, e.save_per_gb or 0.0)
+            v["breakdown"] += 1
         elif isinstance(e, ev.Notice):
             inc.notice = e
         elif isinstance(e, ev.Moving):
@@ -613,6 +626,12 @@ class JobState:
             return self.last_t
         return max(time.time(), self.last_t or 0.0)
 
+    @property
+    def transfer_cost(self) -> float:
+        """$ of moving checkpoints between regions (`checkpoint_placed`: a copy or a restore read
+        across, then each save of that incarnation written across): the ledger's transfer line."""
+        return sum(self._placed.values()) + self._saves_across
+
     def breakdown(self, now: float | None = None) -> Breakdown:
         """Where the time and the money went (`spotnb.ledger`): the same figures for
         job.breakdown(), the widget, the panel, the CLI and the job DB."""
@@ -628,6 +647,7 @@ class JobState:
         b.preemptions = self.preemptions
         b.step, b.total_steps = self.step, self.total
         b.spot_price, b.on_demand_price = self.spot_price, self.on_demand_price
+        b.transfer_cost = self.transfer_cost
         return b
 
     def pace(self) -> tuple[float | None, float | None]:

@@ -6,8 +6,8 @@ export const PROTOCOL_VERSION = 1;
 export type JobStatus = "pending" | "running" | "preempted" | "restoring" | "succeeded" | "failed" | "stopped" | "lost";
 export const JOB_STATUSES: readonly JobStatus[] = ["pending", "running", "preempted", "restoring", "succeeded", "failed", "stopped", "lost"];
 
-export type EventKind = "submitted" | "status" | "controller_restarted" | "job_resumed" | "allocating" | "alloc_failed" | "moving" | "prices" | "launched" | "allocated" | "started" | "files" | "ready" | "resumed" | "metrics" | "progress" | "heartbeat" | "notice" | "hint" | "checkpoint" | "checkpoint_skipped" | "checkpoint_failed" | "checkpoint_invalid" | "emergency_skipped" | "evacuating" | "evacuated" | "done" | "error" | "warning" | "stopped" | "preempted" | "exited" | "segment" | "bootstrap" | "quorum" | "sync";
-export const EVENT_KINDS: readonly EventKind[] = ["submitted", "status", "controller_restarted", "job_resumed", "allocating", "alloc_failed", "moving", "prices", "launched", "allocated", "started", "files", "ready", "resumed", "metrics", "progress", "heartbeat", "notice", "hint", "checkpoint", "checkpoint_skipped", "checkpoint_failed", "checkpoint_invalid", "emergency_skipped", "evacuating", "evacuated", "done", "error", "warning", "stopped", "preempted", "exited", "segment", "bootstrap", "quorum", "sync"];
+export type EventKind = "submitted" | "status" | "controller_restarted" | "job_resumed" | "allocating" | "alloc_failed" | "moving" | "checkpoint_placed" | "prices" | "launched" | "allocated" | "started" | "files" | "ready" | "resumed" | "metrics" | "progress" | "heartbeat" | "notice" | "hint" | "checkpoint" | "checkpoint_skipped" | "checkpoint_failed" | "checkpoint_invalid" | "emergency_skipped" | "evacuating" | "evacuated" | "done" | "error" | "warning" | "stopped" | "preempted" | "exited" | "segment" | "bootstrap" | "quorum" | "sync";
+export const EVENT_KINDS: readonly EventKind[] = ["submitted", "status", "controller_restarted", "job_resumed", "allocating", "alloc_failed", "moving", "checkpoint_placed", "prices", "launched", "allocated", "started", "files", "ready", "resumed", "metrics", "progress", "heartbeat", "notice", "hint", "checkpoint", "checkpoint_skipped", "checkpoint_failed", "checkpoint_invalid", "emergency_skipped", "evacuating", "evacuated", "done", "error", "warning", "stopped", "preempted", "exited", "segment", "bootstrap", "quorum", "sync"];
 
 export type Outcome = "done" | "preempted" | "evacuated" | "lost" | "stopped" | "user_error" | "crashed" | "not needed" | "moved";
 export const OUTCOMES: readonly Outcome[] = ["done", "preempted", "evacuated", "lost", "stopped", "user_error", "crashed", "not needed", "moved"];
@@ -117,6 +117,28 @@ export interface MovingEvent {
   move_cost: number;
   slot?: number | null;
   to_incarnation?: number | null;
+  [extra: string]: unknown;
+}
+
+/** Where incarnation `incarnation` (in `zone`) restores from and writes its saves (`Config.regional_stores`): `action` "copy" (the newest committed checkpoint was copied from `source` to `target`, the zone's store, which then takes the saves), "read_across" (it restores from `source` and writes there: a copy would not pay), "in_place" (the checkpoint is already in the zone's store) or "fresh" (nothing to restore). `copy_cost` and `read_cost`: the two choices' expected $ (bytes × $/GB; reading across also pays each of the `saves` expected later saves written back; -1: the job's length is unknown, so the copy is taken); `cost`: the $ spent now (the copy, or the restore read across), and `save_per_gb` the $/GB each later save of this incarnation pays (the ledger's transfer line adds both). Store URLs carry no credentials (refused). */
+export interface CheckpointPlacedEvent {
+  kind: "checkpoint_placed";
+  t: number;
+  incarnation: number;
+  gen?: number;
+  zone: string | null;
+  action: string;
+  source: string;
+  target: string;
+  seq?: number | null;
+  nbytes?: number;
+  saves?: number;
+  copy_cost?: number;
+  read_cost?: number;
+  cost?: number;
+  save_per_gb?: number;
+  copy_s?: number;
+  reason?: string;
   [extra: string]: unknown;
 }
 
@@ -500,6 +522,7 @@ export type SpotEvent =
   | AllocFailedEvent
   | PricesEvent
   | MovingEvent
+  | CheckpointPlacedEvent
   | LaunchedEvent
   | AllocatedEvent
   | PreemptedEvent

@@ -237,6 +237,13 @@ class Provider(ABC):
 
         return (self.name if self.name in EGRESS else None, zone)
 
+    def egress_per_gb(self, src: tuple[str | None, str | None], dst: tuple[str | None, str | None]) -> float:
+        """$/GB to move bytes from `src` to `dst`, each (cloud, region) as `zone_location` and
+        `store_location` give them (`spotnb.regional` weighs a checkpoint's copy with it)."""
+        from spotnb.transfer import egress_per_gb
+
+        return egress_per_gb(src, dst)[0]
+
     def store_location(self) -> tuple[str | None, str | None]:
         """(cloud, region) of the job's store: its cloud from the URL; the region where the
         provider can ask for it cheaply (None: unknown, priced as another region)."""

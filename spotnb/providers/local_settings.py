@@ -92,7 +92,8 @@ class LocalSettings(ProviderSettings):
     local_regions: dict[str, dict[str, Any]] | None = Field(
         None,
         description="Emulated zones, each with its own spot price and preemptions: {name: "
-        "{'price': $/h or [[time since submission, $/h], ...], 'mttp': duration}}, e.g. "
+        "{'price': $/h or [[time since submission, $/h], ...], 'mttp': duration, 'egress': $/GB "
+        "between the zone and elsewhere (Config.regional_stores weighs it)}}, e.g. "
         "{'zone-a': {'price': 0.10}, 'zone-b': {'price': [[0, 0.30], ['15s', 0.02]], 'mttp': '10m'}}. "
         "'billing': how the zone bills an instance's time, '1h' (per hour, at least one) or "
         "{'increment': '30s', 'minimum': '1m'}; default continuously. "
@@ -203,9 +204,16 @@ class LocalSettings(ProviderSettings):
                 raise ValueError(f"zone {name!r}: a name of letters, digits, '-', '_' or '.' (up to 63)")
             if not isinstance(zone, dict):
                 raise ValueError(f"zone {name!r}: give {{'price': ..., 'mttp': ...}}, got {zone!r}")
-            bad = set(zone) - {"price", "mttp", "billing"}
+            bad = set(zone) - {"price", "mttp", "billing", "egress"}
             if bad:
-                raise ValueError(f"zone {name!r}: the keys are price, mttp and billing; got {sorted(bad)}")
+                raise ValueError(f"zone {name!r}: the keys are price, mttp, billing and egress; got {sorted(bad)}")
+            egress = zone.get("egress")
+            if egress is not None and (
+                isinstance(egress, bool) or not isinstance(egress, (int, float)) or not 0 <= egress <= 10
+            ):
+                raise ValueError(
+                    f"zone {name!r}: egress is $/GB between it and elsewhere, 0 to 10; got {egress!r}"
+                )
             mttp = zone.get("mttp")
             if mttp is not None:
                 mttp = parse_duration(mttp)
@@ -216,6 +224,8 @@ class LocalSettings(ProviderSettings):
             if zone.get("billing") is not None:  # kept as given: the spec is JSON (re-validated)
                 parse_billing(f"local_regions zone {name!r}: billing", zone["billing"])
                 out[name]["billing"] = zone["billing"]
+            if egress is not None:
+                out[name]["egress"] = float(egress)
         return out
 
     def local_zone_billing(self, zone: str | None) -> Billing:

@@ -191,6 +191,46 @@ class Agent:
                 ended.get("checkpointed", True)
             )
 
+    def _checkpoint_stores(self) -> tuple[Any, list[Any]]:
+        """(the store this instance's saves go to, every store to restore from): the home store
+        alone, unless the controller places the checkpoint (`Config.regional_stores`,
+        `spotnb.regional`): then its document for this incarnation, written once the newest
+        checkpoint was copied to this zone's store (or left where it is), says which."""
+        from spotnb.store import Store
+
+        if not self.inc.get("ckpt_doc"):
+            return self.store, []
+        path = self.store.job(self.job_id, "incarnations", f"{self.incarnation:04d}.ckpt.json")
+        deadline = time.time() + WAIT_FOR_PREVIOUS
+        while not self.store.exists(path):
+            if time.time() > deadline:
+                raise RuntimeError(
+                    f"the controller never said where incarnation {self.incarnation}'s checkpoint "
+                    f"is (no {path} after {WAIT_FOR_PREVIOUS:.0f} s); it may have died"
+                )
+            time.sleep(0.05 if self.store.local else 1.0)
+            self.store.invalidate()
+        doc = json.loads(self.store.read_bytes(path))
+        opened = {self.store.url: self.store}
+        for url in [doc.get("write"), *doc.get("read", [])]:
+            if isinstance(url, str) and url and url.rstrip("/") not in opened:
+                try:
+                    opened[url.rstrip("/")] = Store(url)
+                except Exception as exc:  # noqa: BLE001 - a region's store out of reach now
+                    self.emit(ev.JobWarning(message=f"checkpoint store {url} cannot be opened: {exc!r}"))
+        if self.local_group is not None:
+            # a group's other ranks restore from the home store alone (runtime/local_rank.py):
+            # rank 0 must restore what they restore, so the whole group stays at home (Config
+            # refuses regional_stores with procs_per_instance > 1; a VM with more GPUs than its
+            # type was known to have may still start a group)
+            self.emit(ev.JobWarning(message="regional_stores: a group of processes uses the home store only"))
+            return self.store, []
+        write = opened.get(str(doc.get("write", "")).rstrip("/"))
+        if write is None:  # its store is gone: save at home rather than not at all
+            write = self.store
+            self.emit(ev.JobWarning(message=f"saving in the home store: {doc.get('write')} cannot be opened"))
+        return write, [s for s in opened.values() if s is not write]
+
     def run(self) -> int:
         import cloudpickle
 
@@ -241,8 +281,13 @@ class Agent:
             self.emit(ev.JobWarning(message=str(exc)))
             return self._finish(EXIT_GAVE_UP)
         group = self.local_group.join() if self.local_group is not None else None
+        try:
+            write_store, read_stores = self._checkpoint_stores()
+        except RuntimeError as exc:
+            self.emit(ev.JobWarning(message=str(exc)))
+            return self._finish(EXIT_GAVE_UP)
         checkpointer = Checkpointer(
-            self.store,
+            write_store,
             self.job_id,
             self.incarnation,
             self.emit,
@@ -252,6 +297,7 @@ class Agent:
             before_commit=self.flush_through,
             key=self.key,
             snapshot_memory=self.spec.get("snapshot_memory"),  # Config.snapshot_memory
+            read_stores=read_stores,
         )
         market = self.inc.get("market", {})
         notice_cfg = self.inc.get("notice", {})

@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
@@ -432,8 +432,18 @@ class Checkpointer:
         before_commit: Callable[[int], None] | None = None,
         key: bytes | None = None,
         snapshot_memory: int | None = None,
+        read_stores: Sequence[Store] = (),
     ) -> None:
         self.store, self.job_id, self.incarnation = store, job_id, incarnation
+        #: every store that may hold this job's checkpoints, the one this checkpointer writes
+        #: first (`Config.regional_stores`: the home store and the regions' stores). Restore
+        #: takes the newest committed, verified checkpoint among them; a checkpoint copied to
+        #: several is one checkpoint (one seq), its copies tried in this order
+        self.stores = [store] + [s for s in read_stores if s.url != store.url]
+        self.stores = [s for i, s in enumerate(self.stores) if s.url not in {t.url for t in self.stores[:i]}]
+        #: the URL of the store the last `load_latest` restored from (None: nothing restored)
+        self.restored_from: str | None = None
+        self._unreachable: set[str] = set()  # stores whose listing failed (warned once)
         #: most bytes of host RAM snapshot buffers may hold at once (None: what is free, see
         #: `budget`)
         self.snapshot_memory = snapshot_memory
@@ -472,8 +482,7 @@ class Checkpointer:
         self.incremental = Incremental()
         self.committed: list[Manifest] = []
         self.failures = 0
-        existing = [int(n) for n in store.ls(self.root) if n.isdigit()]
-        self._seq = max(existing, default=0)
+        self._seq = max(self._existing_seqs(), default=0)
         self._worker = threading.Thread(target=self._work, name="spotnb-checkpoint", daemon=True)
         self._worker.start()
 
@@ -779,10 +788,24 @@ class Checkpointer:
     def _next_seq(self) -> int:
         """A number no checkpoint folder has: another incarnation may have committed one (an
         emergency save during this one's start) since this checkpointer was made."""
-        existing = [int(n) for n in self.store.ls(self.root) if n.isdigit()]
+        existing = self._existing_seqs()
         with self._cv:
             self._seq = max(self._seq, *existing, 0) + 1
             return self._seq
+
+    def _existing_seqs(self) -> list[int]:
+        """Every checkpoint folder's number in every store: a number is one checkpoint across
+        them (a copy keeps its number), so a new save must take one no store has."""
+        out = [int(n) for n in self.store.ls(self.root) if n.isdigit()]
+        for other in self.stores[1:]:
+            try:
+                out += [int(n) for n in other.ls(self._root_of(other)) if n.isdigit()]
+            except OSError:
+                pass  # a store out of reach now: its numbers are older than the write store's
+        return out
+
+    def _root_of(self, store: Store) -> str:
+        return store.job(self.job_id, "ckpt")
 
     def _write(self, snap: Snapshot) -> Manifest:
         seq = self._next_seq()
@@ -979,16 +1002,39 @@ class Checkpointer:
         return size
 
     # -- retention -----------------------------------------------------------------------
-    def _scan(self) -> list[tuple[int, Manifest | Exception | None]]:
-        """Every checkpoint folder, newest first, with its manifest, None when it has none (a
-        partial upload), or the exception that reading or checking it raised."""
-        self.store.invalidate()
+    def _scan(self) -> list[tuple[int, Manifest | Exception | None, Store]]:
+        """Every checkpoint folder of every store, newest first (a number found in several
+        stores: the write store's copy first, then in `stores` order), with its manifest, None
+        when it has none (a partial upload or copy), or the exception that reading or
+        checking it raised. A store other than the write store that cannot be listed now (a
+        region's bucket out of reach) is left out of this scan, with a warning."""
+        out: list[tuple[int, int, Manifest | Exception | None, Store]] = []
+        for rank, store in enumerate(self.stores):
+            try:
+                found = self._scan_store(store)
+            except OSError as exc:
+                if store is self.store:
+                    raise
+                if store.url not in self._unreachable:  # once per store, not at every save
+                    self._unreachable.add(store.url)
+                    self.emit(
+                        ev.JobWarning(message=f"checkpoints in {store.url} cannot be listed now: {exc!r}")
+                    )
+                continue
+            self._unreachable.discard(store.url)
+            out += [(seq, rank, manifest, store) for seq, manifest in found]
+        out.sort(key=lambda item: (-item[0], item[1]))
+        return [(seq, manifest, store) for seq, _, manifest, store in out]
+
+    def _scan_store(self, store: Store) -> list[tuple[int, Manifest | Exception | None]]:
+        store.invalidate()
+        root = self._root_of(store)
         out: list[tuple[int, Manifest | Exception | None]] = []
-        for name in reversed(self.store.ls(self.root)):
+        for name in reversed(store.ls(root)):
             if not name.isdigit():
                 continue
             try:
-                raw = self.store.read_bytes(f"{self.root}/{name}/MANIFEST.json")
+                raw = store.read_bytes(f"{root}/{name}/MANIFEST.json")
                 found: Manifest | Exception | None = Manifest.parse(raw, name, self.key, self.job_id)
             except FileNotFoundError:
                 found = None
@@ -1001,12 +1047,12 @@ class Checkpointer:
         """Committed checkpoints (a well-formed manifest present), newest first. With `strict`,
         a manifest that exists but cannot be read (a transient store error, not a bad shape)
         raises instead of being skipped."""
-        out = []
-        for _, found in self._scan():
+        out: list[Manifest] = []
+        for seq, found, _ in self._scan():
             if strict and isinstance(found, Exception) and not isinstance(found, InvalidManifest):
                 raise found
-            if isinstance(found, Manifest):
-                out.append(found)
+            if isinstance(found, Manifest) and not any(m.seq == seq for m in out):
+                out.append(found)  # one entry per checkpoint, whatever its copies
         return out
 
     def _prune(self, newest: Manifest) -> None:
@@ -1015,81 +1061,102 @@ class Checkpointer:
         checkpoints whose manifest is damaged.
 
         Decided folder by folder: one manifest that cannot be read right now is kept and left
-        out of the count (it might be committed), never a reason to stop pruning the rest."""
+        out of the count (it might be committed), never a reason to stop pruning the rest.
+        Across stores (`Config.regional_stores`) the count is of checkpoints, not copies: a
+        kept checkpoint keeps every copy, so the only copy of a kept one is never deleted."""
         try:
             scan = self._scan()
         except Exception as exc:  # noqa: BLE001 - pruning is housekeeping, never fatal
             self.emit(ev.JobWarning(message=f"checkpoint pruning failed: {exc!r}"))
             return
-        manifests = [m for _, m in scan if isinstance(m, Manifest)]
-        gone: set[str] = set()
+        manifests: list[Manifest] = []
+        for _, m, _ in scan:
+            if isinstance(m, Manifest) and not any(k.seq == m.seq for k in manifests):
+                manifests.append(m)
+        gone: dict[str, set[str]] = {}
         keep = {m.seq for m in manifests[:2]}
         keep |= {m.seq for m in [m for m in manifests if m.kind in _PERSISTENT][: self.keep_last]}
-        for seq, found in scan:
+        for seq, found, store in scan:
             if seq in keep or seq == newest.seq:
                 continue
+            root = self._root_of(store)
             if isinstance(found, Manifest):
                 doomed = True
             elif found is None:
                 # a partial upload a preemption or cancel left behind (older than this save,
                 # and still without a manifest: not one committing right now)
-                doomed = seq < newest.seq and not self.store.exists(f"{self.root}/{seq:08d}/MANIFEST.json")
+                doomed = seq < newest.seq and not store.exists(f"{root}/{seq:08d}/MANIFEST.json")
             else:
                 # a damaged manifest is never restorable; one unreadable for now may be fine
                 doomed = isinstance(found, InvalidManifest) and seq < newest.seq
             if not doomed:
                 continue
             try:
-                self._delete(seq)
+                self._delete(seq, store)
             except Exception as exc:  # noqa: BLE001 - the next save prunes again
                 self.emit(ev.JobWarning(message=f"checkpoint pruning could not delete {seq}: {exc!r}"))
                 continue
             if isinstance(found, Manifest):
-                gone |= found.blobs()
-        # a blob goes with the last checkpoint that listed it (only blobs of checkpoints just
-        # deleted: one a save of another writer has uploaded but not committed yet stays)
-        kept = set().union(
-            *(m.blobs() for _, m in scan if isinstance(m, Manifest) and m.seq in keep | {newest.seq})
-        )
-        for sha in sorted(gone - kept):
-            try:
-                self.store.rm(f"{self.root}/{BLOBS}/{sha}")
-            except Exception as exc:  # noqa: BLE001 - the next prune does not see it again: say so
-                self.emit(
-                    ev.JobWarning(message=f"checkpoint pruning could not delete blob {sha[:12]}: {exc!r}")
+                gone.setdefault(store.url, set()).update(found.blobs())
+        # a blob goes with the last checkpoint of its store that listed it (only blobs of
+        # checkpoints just deleted: one a save of another writer has uploaded but not
+        # committed yet stays)
+        for store in self.stores:
+            kept = set().union(
+                *(
+                    m.blobs()
+                    for _, m, s in scan
+                    if s is store and isinstance(m, Manifest) and m.seq in keep | {newest.seq}
                 )
+            )
+            for sha in sorted(gone.get(store.url, set()) - kept):
+                try:
+                    store.rm(f"{self._root_of(store)}/{BLOBS}/{sha}")
+                except Exception as exc:  # noqa: BLE001 - the next prune does not see it again: say so
+                    self.emit(
+                        ev.JobWarning(message=f"checkpoint pruning could not delete blob {sha[:12]}: {exc!r}")
+                    )
 
-    def _delete(self, seq: int) -> None:
-        folder = f"{self.root}/{seq:08d}"
-        self.store.rm(f"{folder}/MANIFEST.json")  # manifest first: never a valid-looking half
-        self.store.rm(folder, recursive=True)
+    def _delete(self, seq: int, store: Store | None = None) -> None:
+        store = store or self.store
+        folder = f"{self._root_of(store)}/{seq:08d}"
+        store.rm(f"{folder}/MANIFEST.json")  # manifest first: never a valid-looking half
+        store.rm(folder, recursive=True)
 
     # -- restore -------------------------------------------------------------------------
     def load_latest(self) -> tuple[Manifest, Any] | None:
         """The newest checkpoint whose manifest is well formed and whose files all verify, and
         its state; None if there is none. Every checkpoint passed over is reported as a
-        `checkpoint_invalid` event saying why."""
-        for seq, manifest in self._scan():
+        `checkpoint_invalid` event saying why. With several stores, a checkpoint whose copy in
+        one fails is taken from its copy in the next before an older one is tried."""
+        several = len(self.stores) > 1
+        for seq, manifest, store in self._scan():
+            where = f" in {store.url}" if several else ""
             if manifest is None:
                 continue
             if isinstance(manifest, Exception):
                 self.emit(
-                    ev.CheckpointInvalid(seq=seq, step=None, reason=f"checkpoint {seq:08d}: {manifest}")
+                    ev.CheckpointInvalid(
+                        seq=seq, step=None, reason=f"checkpoint {seq:08d}{where}: {manifest}"
+                    )
                 )
                 continue
-            found = self._load(manifest)
+            found = self._load(manifest, store)
             if found is not None:
+                self.restored_from = store.url
                 return manifest, found
         return None
 
-    def _load(self, manifest: Manifest) -> Any | None:
-        folder = f"{self.root}/{manifest.seq:08d}"
+    def _load(self, manifest: Manifest, store: Store | None = None) -> Any | None:
+        store = store or self.store
+        root = self._root_of(store)
+        folder = f"{root}/{manifest.seq:08d}"
         paths: dict[str, str] = {}
         read: dict[tuple, tuple[BlobRef, torch.Tensor]] = {}  # tensors read from blobs: to adopt
         try:
             for name, meta in manifest.files.items():
-                where = f"{self.root}/{BLOBS}/{meta['sha256']}" if meta.get("blob") else f"{folder}/{name}"
-                paths[name] = self._fetch_verified(where, meta)
+                where = f"{root}/{BLOBS}/{meta['sha256']}" if meta.get("blob") else f"{folder}/{name}"
+                paths[name] = self._fetch_verified(where, meta, store)
             state = torch.load(paths["state.pt"], map_location="cpu", weights_only=False)
             if DATA_NAME in paths:  # written chunked: the skeleton's tensors are in tensors.bin
                 state = fill_refs(state, paths[DATA_NAME])
@@ -1105,20 +1172,23 @@ class Checkpointer:
                     folder_path, {paths[n]: manifest.dests[n] for n in in_dirs if n.startswith(prefix + "/")}
                 )
         except Exception as exc:  # noqa: BLE001 - any damage means: take the previous checkpoint
-            self.emit(ev.CheckpointInvalid(seq=manifest.seq, step=manifest.step, reason=str(exc)))
+            reason = str(exc) if len(self.stores) == 1 else f"in {store.url}: {exc}"
+            self.emit(ev.CheckpointInvalid(seq=manifest.seq, step=manifest.step, reason=reason))
             return None
         finally:
             for path in paths.values():
                 if path.startswith(self.spool) and os.path.exists(path):
                     os.unlink(path)
-        self.incremental.restored = read  # for `adopt`, once the caller has loaded the state
+        # for `adopt`, once the caller has loaded the state: only blobs the write store holds
+        # can be referenced by the next save (one restored from another store is written anew)
+        self.incremental.restored = read if store is self.store else {}
         return state
 
-    def _fetch_verified(self, path: str, meta: dict[str, Any]) -> str:
+    def _fetch_verified(self, path: str, meta: dict[str, Any], store: Store | None = None) -> str:
         local = os.path.join(self.spool, f"restore-{uuid.uuid4().hex[:8]}")
         digest = hashlib.sha256()
         size = 0
-        with self.store.fs.open(path, "rb") as src, open(local, "wb") as out:
+        with (store or self.store).fs.open(path, "rb") as src, open(local, "wb") as out:
             while chunk := src.read(CHUNK):
                 digest.update(chunk)
                 out.write(chunk)

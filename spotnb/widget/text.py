@@ -56,6 +56,8 @@ def event_text(e: Event | Mapping[str, Any]) -> str:
             f"{who}→ MOVING from {e.get('from_region')} to {e.get('to_region')}: expected saving "
             f"${num('saving'):.4f} after the move's ${num('move_cost'):.4f} ({e.get('reason')})"
         )
+    if kind == "checkpoint_placed":
+        return f"{who}checkpoint {e.get('action')}: {e.get('reason')}"
     if kind == "ready":
         return f"{who}ready at step {e.get('step')} after {num('prep_s'):.1f} s prep"
     if kind == "resumed":
@@ -114,6 +116,7 @@ _LOUD = frozenset(
         "allocated",
         "alloc_failed",
         "moving",
+        "checkpoint_placed",
         "resumed",
         "notice",
         "evacuated",

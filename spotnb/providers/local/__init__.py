@@ -147,6 +147,15 @@ class LocalProvider(Provider):
     def notice_settings(self, zone: str | None = None) -> dict[str, Any]:
         return {"format": self.notice_format, "grace": self.grace}
 
+    def egress_per_gb(self, src: tuple[str | None, str | None], dst: tuple[str | None, str | None]) -> float:
+        """The emulated zones' link price (`local_regions={zone: {"egress": $/GB}}`): bytes
+        between a zone and any other place (another zone, the home store: no zone) pay the
+        dearer of the two ends' price; within a zone they are free."""
+        if src[1] == dst[1]:
+            return 0.0
+        zones = self.config.local_regions or {}
+        return max(float((zones.get(end[1] or "") or {}).get("egress") or 0.0) for end in (src, dst))
+
     def _launch(self, spec: LaunchSpec) -> Instance:
         lo, hi = self.config.local_alloc_delay
         delay = self.rng.uniform(lo, hi) if hi > lo else lo

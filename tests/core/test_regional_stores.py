@@ -1,0 +1,291 @@
+"""Checkpoints in several stores (`Config.regional_stores`, `spotnb.regional`): the copy, the
+restore across stores with its fall-backs, pruning across stores, the cost rule and the
+refusals. Real checkpointers on real folders; no job runs here (tests/core/test_regional.py
+runs jobs)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import spotnb as spot
+from spotnb.regional import CopyFailed, Regional, choose, copy_checkpoint, newest_committed
+from spotnb.runtime.checkpoint import Checkpointer
+from spotnb.store import Store
+from tests.core.helpers import Recorder, ckpt_save, mounted_tmpfs
+
+KEY = b"k" * 32
+JOB = "job"
+
+
+def _ck(store: Store, others: list[Store] = (), n: int = 1) -> tuple[Checkpointer, Recorder]:  # type: ignore[assignment]
+    rec = Recorder()
+    return Checkpointer(store, JOB, n, rec, keep_last=2, key=KEY, read_stores=list(others)), rec
+
+
+def _flip(store: Store, path: str) -> None:
+    data = bytearray(store.read_bytes(path))
+    data[len(data) // 2] ^= 0xFF  # same size, one byte: only the hash can tell
+    store.write_bytes(path, bytes(data))
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> tuple[Store, Store]:
+    return Store((tmp_path / "home").as_uri()), Store(str(tmp_path / "zone-b"))
+
+
+def test_a_copy_is_committed_by_its_manifest_and_restores_signed(stores) -> None:
+    """The copy verifies every file and writes the manifest last, unchanged: the agent in the
+    new region checks its signature there as at home and restores the same state."""
+    home, reg = stores
+    ck, _ = _ck(home)
+    ckpt_save(ck, 10)
+    ck.close()
+    seq, _ = newest_committed(home, JOB)
+    copied, _ = copy_checkpoint(home, reg, JOB, seq)
+    assert copied > 0 and newest_committed(reg, JOB)[0] == seq
+    there, rec = _ck(reg)  # only the regional store: the copy alone must restore
+    manifest, state = there.load_latest()
+    assert manifest.step == 10 and torch.equal(state["objects"]["w"], torch.full((64, 64), 10.0))
+    assert there.restored_from == reg.url and not rec.kinds("checkpoint_invalid")
+    there.close()
+
+
+def test_a_damaged_regional_copy_falls_back_to_the_home_copy_then_to_an_older_checkpoint(stores) -> None:
+    """A flipped byte in the copy: the same checkpoint is taken from the home store. A newer
+    checkpoint that only the regional store has, damaged: the newest good one anywhere."""
+    home, reg = stores
+    ck, _ = _ck(home)
+    ckpt_save(ck, 10)
+    ck.close()
+    seq, _ = newest_committed(home, JOB)
+    copy_checkpoint(home, reg, JOB, seq)
+    _flip(reg, reg.job(JOB, "ckpt", f"{seq:08d}", "state.pt"))
+    there, rec = _ck(reg, [home], n=2)
+    manifest, state = there.load_latest()
+    assert (manifest.seq, manifest.step, there.restored_from) == (seq, 10, home.url)
+    (bad,) = rec.kinds("checkpoint_invalid")
+    assert bad["seq"] == seq and reg.url in bad["reason"]
+    # a newer save in the region, then damaged: back to the step-10 checkpoint (at home)
+    ckpt_save(there, 20)
+    newer = there.list_manifests()[0]
+    assert newer.step == 20 and newest_committed(reg, JOB)[0] == newer.seq
+    assert newest_committed(home, JOB)[0] == seq  # the new save went to the region only
+    _flip(reg, reg.job(JOB, "ckpt", f"{newer.seq:08d}", "state.pt"))
+    again, _ = _ck(reg, [home], n=3)
+    manifest, _ = again.load_latest()
+    assert (manifest.step, again.restored_from) == (10, home.url)
+    there.close()
+    again.close()
+
+
+def test_a_regional_store_that_disappeared_restores_from_home(stores, tmp_path) -> None:
+    home, reg = stores
+    ck, _ = _ck(home)
+    ckpt_save(ck, 10)
+    ck.close()
+    seq, _ = newest_committed(home, JOB)
+    copy_checkpoint(home, reg, JOB, seq)
+    import shutil
+
+    shutil.rmtree(tmp_path / "zone-b")
+    there, _ = _ck(Store(str(tmp_path / "zone-b")), [home], n=2)
+    manifest, _ = there.load_latest()
+    assert manifest.step == 10 and there.restored_from == home.url
+    there.close()
+
+
+def test_pruning_counts_checkpoints_across_stores_and_keeps_every_copy_of_a_kept_one(stores) -> None:
+    """keep the newest two checkpoints anywhere: the copied one stays in both stores while it
+    is one of them, and goes from both once two newer ones exist in the region; the write
+    store's blobs stay while listed."""
+    home, reg = stores
+    ck, _ = _ck(home)
+    ckpt_save(ck, 10)
+    ckpt_save(ck, 20)
+    ck.close()
+    seq, _ = newest_committed(home, JOB)
+    copy_checkpoint(home, reg, JOB, seq)
+    there, _ = _ck(reg, [home], n=2)
+    there.load_latest()
+    ckpt_save(there, 30)
+    kept = {m.seq: m.step for m in there.list_manifests()}
+    assert sorted(kept.values()) == [20, 30]
+    assert newest_committed(home, JOB)[0] == seq and newest_committed(reg, JOB)[0] == seq + 1
+    home_seqs = [n for n in home.ls(home.job(JOB, "ckpt")) if n.isdigit()]
+    assert home_seqs == [f"{seq:08d}"]  # the step-10 one went; the copied one is still kept at home
+    ckpt_save(there, 40)
+    assert sorted(m.step for m in there.list_manifests()) == [30, 40]
+    assert not [n for n in home.ls(home.job(JOB, "ckpt")) if n.isdigit()]
+    there.close()
+
+
+def test_a_copy_into_a_full_disk_leaves_nothing_committed(stores, tmp_path) -> None:
+    """Attack: the regional folder is a 64 kB filesystem; the checkpoint is ~1 MB. The copy
+    fails, naming the store, and leaves no manifest and no temp file behind."""
+    home, _ = stores
+    ck, _ = _ck(home)
+    ckpt_save(ck, 10, size=512)
+    ck.close()
+    seq, _ = newest_committed(home, JOB)
+    with mounted_tmpfs(tmp_path / "full", "64k") as full:
+        reg = Store(str(full))
+        with pytest.raises(CopyFailed, match="full"):
+            copy_checkpoint(home, reg, JOB, seq)
+        assert newest_committed(reg, JOB) is None
+        leftovers = [
+            f for _, _, files in os.walk(full) for f in files if ".tmp-" in f or f == "MANIFEST.json"
+        ]
+        assert not leftovers
+
+
+def test_a_copy_of_a_damaged_source_is_refused(stores) -> None:
+    home, reg = stores
+    ck, _ = _ck(home)
+    ckpt_save(ck, 10)
+    ck.close()
+    seq, _ = newest_committed(home, JOB)
+    _flip(home, home.job(JOB, "ckpt", f"{seq:08d}", "state.pt"))
+    with pytest.raises(CopyFailed, match="does not match"):
+        copy_checkpoint(home, reg, JOB, seq)
+    assert newest_committed(reg, JOB) is None
+
+
+def test_the_cost_rule() -> None:
+    """copy = B·r(source→target) + B·r(target→zone); read across = B·r(source→zone) +
+    S·b·r(zone→source); the copy only when strictly cheaper."""
+    same = {"copy": 0.02, "local": 0.0, "across": 0.02, "back": 0.02}
+    many = choose(2e9, 1e9, 5.0, same, "home", "zb")
+    assert many.action == "copy" and many.write == "zb"
+    assert many.copy_cost == pytest.approx(0.04) and many.read_cost == pytest.approx(0.04 + 5 * 0.02)
+    assert many.cost == pytest.approx(0.04) and many.save_per_gb == 0.0
+    none_left = choose(2e9, 1e9, 0.0, same, "home", "zb")  # nothing saved there: a tie reads across
+    assert none_left.action == "read_across" and none_left.write == "home"
+    assert none_left.save_per_gb == 0.02 and none_left.cost == pytest.approx(0.04)
+    # a dear copy route (across clouds) against a cheap restore and few saves back
+    dear = {"copy": 0.12, "local": 0.0, "across": 0.02, "back": 0.02}
+    assert choose(2e9, 1e9, 3.0, dear, "home", "zb").action == "read_across"
+    assert choose(2e9, 1e9, 30.0, dear, "home", "zb").action == "copy"
+
+
+def _local(tmp_path: Path, **fields: Any) -> spot.Config:
+    zones = {"zone-a": {"price": 0.1}, "zone-b": {"price": 0.05, "egress": 0.02}}
+    return spot.Config(local_regions=zones, regions="cheapest", **fields)
+
+
+def test_the_controllers_choice_copies_and_falls_back_to_reading_across_when_the_copy_fails(tmp_path) -> None:
+    """`Regional.place` on the local market: with saves expected in zone-b it copies and
+    points the instance there; into a store that refuses the copy (a full disk) it reads
+    across, with a warning and the read's cost."""
+    from spotnb.providers import get_provider_class
+
+    home = Store((tmp_path / "home").as_uri())
+    ck, _ = _ck(home)
+    ckpt_save(ck, 10, size=512)
+    ck.close()
+    seq, _ = newest_committed(home, JOB)
+    with mounted_tmpfs(tmp_path / "full", "64k") as full:
+        for folder, action in ((tmp_path / "zone-b", "copy"), (full, "read_across")):
+            config = _local(tmp_path, regional_stores={"zone-b": str(folder)})
+            provider = get_provider_class("local")(config)
+            regional = Regional(config, provider, home, JOB)
+            doc, fields, warnings = regional.place("zone-b", lambda step: 5.0, 0, None)
+            assert fields["action"] == action and fields["seq"] == seq
+            assert doc["read"] == [home.url, str(folder)]
+            assert doc["write"] == (str(folder) if action == "copy" else home.url)
+            assert fields["copy_cost"] == pytest.approx(fields["nbytes"] / 1e9 * 0.02)
+            assert bool(warnings) == (action == "read_across")
+            # zone-a has no store of its own: the checkpoint stays where it is, home
+            doc, fields, _ = regional.place("zone-a", lambda step: 5.0, 0, None)
+            assert fields["action"] == "in_place" and doc["write"] == home.url
+
+
+@pytest.mark.parametrize(
+    ("stores", "words"),
+    [
+        ({"zone-c": "/tmp/x"}, "cannot run in 'zone-c'"),
+        ({"zone-b": "s3://key:secret@bucket/x"}, "credentials"),
+        ({"zone-b": "az://container/x?sig=abc"}, "query"),
+        ({"zone-b": "relative/folder"}, "relative path"),
+        ({"zone-b": "/proc/no/such/folder"}, "cannot be created"),
+        ({"zone-b": "/etc/hostname"}, "not a folder"),
+        ({"zone-b": "http://example.com/x"}, "can only be read"),
+        ({}, "give {region or zone"),
+    ],
+)
+def test_bad_regional_stores_are_refused_before_anything_runs(tmp_path, stores: dict, words: str) -> None:
+    with pytest.raises(spot.ConfigError, match=rf"regional_stores.*{__import__('re').escape(words)}"):
+        _local(tmp_path, regional_stores=stores)
+
+
+def test_regional_stores_are_refused_for_a_job_on_several_processes(tmp_path) -> None:
+    with pytest.raises(spot.ConfigError, match="regional_stores applies to jobs on one instance"):
+        _local(tmp_path, regional_stores={"zone-b": str(tmp_path / "b")}, procs_per_instance=2)
+
+
+def test_the_home_store_under_another_spelling_is_refused_and_never_copied_onto_itself(tmp_path) -> None:
+    """Attack: `file:///…/store` and `/…/store` are one folder. As a regional store it would
+    have the copy delete the newest manifest of the home store before rewriting it (a kill in
+    between: the committed checkpoint is gone). Refused at Config, and the copy refuses it."""
+    home_url = spot.Config().store_url()
+    home = Store(home_url)
+    with pytest.raises(spot.ConfigError, match="is the job's home store"):
+        _local(tmp_path, regional_stores={"zone-b": home.root + "/"})
+    ck, _ = _ck(home)
+    ckpt_save(ck, 10)
+    ck.close()
+    seq, _ = newest_committed(home, JOB)
+    with pytest.raises(CopyFailed, match="same store"):
+        copy_checkpoint(home, Store(home.root), JOB, seq)
+    assert newest_committed(home, JOB)[0] == seq
+
+
+def test_regional_stores_are_refused_on_a_multi_gpu_type_that_would_run_a_group(tmp_path) -> None:
+    """A group's other ranks restore from the home store only, so rank 0 must too: a type
+    with several GPUs (procs_per_instance defaults to their count) needs procs_per_instance=1."""
+    fields: dict[str, Any] = dict(
+        provider="aws",
+        instance_type="g5.12xlarge",
+        regions=["us-east-1a", "us-west-2a"],
+        store="s3://home-bucket/spot",
+        regional_stores={"us-west-2": "s3://west-bucket/spot"},
+    )
+    with pytest.raises(spot.ConfigError, match="procs_per_instance=1"):
+        spot.Config(**fields)
+    assert spot.Config(**fields, procs_per_instance=1).regional_stores == {
+        "us-west-2": "s3://west-bucket/spot"
+    }
+
+
+def test_an_instance_whose_regional_store_cannot_be_opened_saves_at_home_and_still_reads_all(
+    tmp_path, monkeypatch
+) -> None:
+    """Attack: the controller pointed the instance at a regional folder that cannot be made
+    on it (gone, unmounted). The agent saves in the home store, with a warning, rather than
+    not at all, and still restores from every store it can open."""
+    import json
+
+    from spotnb.runtime.agent import Agent
+
+    home = Store((tmp_path / "home").as_uri())
+    reg = str(tmp_path / "zone-b")
+    inc = home.job(JOB, "incarnations")
+    home.write_bytes(f"{inc}/0002.json", json.dumps({"incarnation": 2, "ckpt_doc": True}).encode())
+    doc = {"write": "/proc/no/such/store", "read": [home.url, "/proc/no/such/store", reg]}
+    home.write_bytes(f"{inc}/0002.ckpt.json", json.dumps(doc).encode())
+    agent = Agent(home.url, JOB, 2)
+    write, read = agent._checkpoint_stores()
+    assert write is agent.store and [s.url for s in read] == [reg]
+    agent.events.flush()
+    said = [getattr(e, "message", "") for e in _agent_events(home) if e.kind == "warning"]
+    assert any("cannot be opened" in m for m in said) and any("saving in the home store" in m for m in said)
+
+
+def _agent_events(store: Store) -> list[Any]:
+    from spotnb.events import EventReader
+
+    return EventReader(store, JOB).poll()
