@@ -206,7 +206,9 @@ class LocalSettings(ProviderSettings):
                 raise ValueError(f"zone {name!r}: give {{'price': ..., 'mttp': ...}}, got {zone!r}")
             bad = set(zone) - {"price", "mttp", "billing", "egress"}
             if bad:
-                raise ValueError(f"zone {name!r}: the keys are price, mttp, billing and egress; got {sorted(bad)}")
+                raise ValueError(
+                    f"zone {name!r}: the keys are price, mttp, billing and egress; got {sorted(bad)}"
+                )
             egress = zone.get("egress")
             if egress is not None and (
                 isinstance(egress, bool) or not isinstance(egress, (int, float)) or not 0 <= egress <= 10
