@@ -37,6 +37,7 @@ from spotnb.providers.base import (
 from spotnb.providers.local.capacity import NodeCounts
 from spotnb.providers.local.injector import Injector
 from spotnb.providers.local.metadata import MetadataEmulator
+from spotnb.providers.local.zygote import ZYGOTE_ENV, Forked, Zygote
 from spotnb.signing import KEY_ENV
 from spotnb.store import private_dir
 
@@ -65,7 +66,7 @@ class LocalProvider(Provider):
         self.nodes = self._node_counts()
         self.process = self._process()
         self.t0: float | None = None
-        self._procs: dict[str, subprocess.Popen] = {}
+        self._procs: dict[str, subprocess.Popen | Forked] = {}
         self._injectors: dict[str, Injector] = {}
         self._terminated: set[str] = set()
         self._closing = threading.Event()
@@ -74,6 +75,7 @@ class LocalProvider(Provider):
         self._lighthouse: subprocess.Popen | None = None
         self._lighthouse_addr: str | None = None
         self._watcher: threading.Thread | None = None
+        self._zygote_proc: Zygote | None = None
 
     def supports(self, feature: Feature) -> bool:
         if feature == Feature.MULTI_REGION and self.config.local_regions:
@@ -98,6 +100,19 @@ class LocalProvider(Provider):
                 remove_orphaned(tempfile.gettempdir(), _TMP_PREFIX)
                 self._tmp = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-")
             return self._tmp
+
+    def _zygote(self, spec: LaunchSpec) -> Zygote | None:
+        """The market's zygote (started at its first instance), when it can start this one: an
+        agent whose environment, but for the instance's own variables, is the zygote's."""
+        if list(spec.command[: len(_AGENT)]) != _AGENT or os.environ.get(ZYGOTE_ENV) == "0":
+            return None
+        base, folder = {**os.environ, **spec.env}, self.tmp
+        with self._lock:
+            if self._zygote_proc is None and not self._closing.is_set():
+                with open(os.path.join(folder, "zygote.log"), "ab") as err:
+                    self._zygote_proc = Zygote(base, spec.job_id, err)
+            zygote = self._zygote_proc
+        return zygote if zygote is not None and zygote.env == base else None
 
     def _node_counts(self) -> NodeCounts | None:
         """A job on several instances replays a trace as node counts (`capacity.py`)."""
@@ -181,20 +196,27 @@ class LocalProvider(Provider):
         if link:
             env["SPOTNB_LINK_DELAY"] = str(link)
         command = [sys.executable if c == "python" else c for c in spec.command]
+        zygote = self._zygote(spec)
+        if zygote is not None and not zygote.wait_ready():  # outside the lock: close() may run
+            zygote = None
         with self._lock:  # close() must never miss an instance started while it runs
             if self._closing.is_set():
                 raise CapacityError("the job was stopped while waiting for an instance")
-            with open(log_path, "ab") as log:
-                # umask: the agent's checkpoints and spool in a local store are owner-only
-                proc = subprocess.Popen(
-                    command,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                    umask=0o077,
-                )
+            proc: subprocess.Popen | Forked | None = None
+            if zygote is not None:  # the same process as below, forked warm (zygote.py)
+                proc = zygote.spawn(spec.command[len(_AGENT) :], env, log_path)
+            if proc is None:
+                with open(log_path, "ab") as log:
+                    # umask: the agent's checkpoints and spool in a local store are owner-only
+                    proc = subprocess.Popen(
+                        command,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                        umask=0o077,
+                    )
             self._procs[instance_id] = proc
         now = time.time()
         with self._lock:
@@ -225,7 +247,7 @@ class LocalProvider(Provider):
     def _schedule_kill(
         self,
         instance_id: str,
-        proc: subprocess.Popen,
+        proc: subprocess.Popen | Forked,
         beacon: str,
         now: float,
         slot: int = 0,
@@ -445,6 +467,10 @@ class LocalProvider(Provider):
                 proc.wait()
         for injector in self._injectors.values():
             injector.cancel()
+        with self._lock:
+            zygote, self._zygote_proc = self._zygote_proc, None
+        if zygote is not None:
+            zygote.close()
         if self.emulator is not None:
             self.emulator.close()
             self.emulator = None
@@ -463,6 +489,8 @@ class LocalProvider(Provider):
 
 
 _TMP_PREFIX = "spotnb-local-"
+#: the command of an instance the zygote can fork (the controller's LaunchSpec.command)
+_AGENT = ["python", "-m", "spotnb.runtime.agent"]
 
 
 def _is_agent_of(pid: int, record: dict[str, Any]) -> bool:
@@ -475,4 +503,6 @@ def _is_agent_of(pid: int, record: dict[str, Any]) -> bool:
     except OSError:
         return False
     job = str((record.get("info") or {}).get("job_id") or "").encode()
-    return state != b"Z" and b"spotnb.runtime.agent" in cmd and (not job or job in cmd)
+    # an instance forked from the market's zygote has the zygote's command line
+    started = b"spotnb.runtime.agent" in cmd or b"spotnb.runtime.zygote" in cmd
+    return state != b"Z" and started and (not job or job in cmd)
