@@ -61,8 +61,8 @@ def _become_instance(req: dict[str, Any], keep: list[int]) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        if "numpy" in sys.modules:  # a fresh seed per instance, as a process of its own has
-            sys.modules["numpy"].random.seed()  # (`random` reseeds itself after a fork)
+        if "numpy.random" in sys.modules:  # a fresh seed per instance, as a process of its own
+            sys.modules["numpy.random"].seed()  # has (`random` reseeds itself after a fork)
         from spotnb.runtime import agent
 
         agent._STARTED = time.time()  # boot_s: this instance's start, not the zygote's
