@@ -1,9 +1,10 @@
 """The local spot market: a real backend whose instances are processes on this machine.
 
-Each instance is `python -m spotnb.runtime.agent ...` in its own process group. A metadata
-emulator serves the chosen cloud's notice protocol; an injector gives the notice and then
-SIGKILLs the group; allocation takes a sampled delay and can fail for lack of capacity.
-It runs the quickstart, the tutorials and CI, and prices runs from the built-in table.
+Each instance is `python -m spotnb.runtime.agent ...` in its own process group, forked warm
+from the market's zygote (`zygote.py`) when it can serve it. A metadata emulator serves the
+chosen cloud's notice protocol; an injector gives the notice and then SIGKILLs the group;
+allocation takes a sampled delay and can fail for lack of capacity. It runs the quickstart,
+the tutorials and CI, and prices runs from the built-in table.
 """
 
 from __future__ import annotations
