@@ -110,8 +110,7 @@ class LocalProvider(Provider):
         base, folder = {**os.environ, **spec.env}, self.tmp
         with self._lock:
             if self._zygote_proc is None and not self._closing.is_set():
-                with open(os.path.join(folder, "zygote.log"), "ab") as err:
-                    self._zygote_proc = Zygote(base, spec.job_id, err)
+                self._zygote_proc = Zygote(base, spec.job_id, os.path.join(folder, "zygote.log"))
             zygote = self._zygote_proc
         return zygote if zygote is not None and zygote.env == base else None
 

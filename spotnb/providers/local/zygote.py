@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO
 
 __all__ = ["ZYGOTE_ENV", "Forked", "Zygote"]
 
@@ -78,8 +77,9 @@ class Zygote:
     """One market's zygote process. `spawn` blocks until the zygote is ready (the first
     instance waits for the imports, as a cold one would) and returns None when it cannot serve."""
 
-    def __init__(self, env: dict[str, str], job_id: str, stderr: IO[bytes] | int) -> None:
-        self.env = env
+    def __init__(self, env: dict[str, str], job_id: str, log_path: str) -> None:
+        self.env, self.log_path = env, log_path
+        self._said_so = False
         self._lock = threading.Lock()
         self._asking = threading.Lock()  # one request at a time: answers come in order
         self._ready = threading.Event()
@@ -88,14 +88,15 @@ class Zygote:
         self._answer = threading.Condition(self._lock)
         self._children: dict[int, Forked] = {}
         # `--job`: the command line says whose instances its children are (LocalProvider.reclaim)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "spotnb.runtime.zygote", "--job", job_id],
-            env={**env, "PYTHONUNBUFFERED": "1"},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            start_new_session=True,
-        )
+        with open(log_path, "ab") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "spotnb.runtime.zygote", "--job", job_id],
+                env={**env, "PYTHONUNBUFFERED": "1"},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,
+            )
         threading.Thread(target=self._read, name="spotnb-zygote", daemon=True).start()
 
     def _read(self) -> None:
@@ -129,7 +130,16 @@ class Zygote:
 
     def wait_ready(self) -> bool:
         """Until the zygote has imported what an instance needs (False: it cannot serve)."""
-        return self._ready.wait(READY_TIMEOUT) and not self._dead.is_set()
+        ready = self._ready.wait(READY_TIMEOUT) and not self._dead.is_set()
+        if not ready and not self._said_so:
+            self._said_so = True
+            log.warning(
+                "the local market's zygote cannot start instances (exit code %s, see %s): "
+                "they start cold, each importing torch",
+                self.proc.poll(),
+                self.log_path,
+            )
+        return ready
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: str) -> Forked | None:
         """Fork an instance running `spotnb.runtime.agent ARGV` (None: start it cold). Quick
