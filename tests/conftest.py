@@ -47,3 +47,14 @@ def sent(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> list[tuple[float,
     log: list[tuple[float, str, dict[str, Any]]] = []
     monkeypatch.setattr(comm, "create_comm", lambda **kw: RecordingComm(clock, log, **kw))
     return log
+
+
+# -- the slowest tests first (tests/slowest.txt) ------------------------------------------------
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Start the known slow tests first, longest first: pytest-xdist hands tests out in this
+    order, so its two workers share the long ones and the run ends on short ones (a 50 s test
+    dealt last keeps one worker busy while the other idles). Ties keep their collected order."""
+    listed = ROOT / "tests" / "slowest.txt"
+    lines = [s.strip() for s in listed.read_text().splitlines() if s.strip() and not s.startswith("#")]
+    rank = {nodeid: i for i, nodeid in enumerate(lines)}
+    items.sort(key=lambda item: rank.get(item.nodeid, len(rank)))

@@ -11,10 +11,11 @@ import collections
 import logging
 import os
 import random
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,8 +27,12 @@ from spotnb.runtime.elastic import Elastic, GroupOptimizer, ReplicatedOptimizer,
 from spotnb.runtime.incremental import frozen_tensors
 from spotnb.runtime.local_group import Group
 from spotnb.runtime.notice import Notice
-from spotnb.runtime.sharded import ShardedCheckpointer
 from spotnb.runtime.sharded_state import apply_loaded, has_dtensors, load_template, save_state
+
+if TYPE_CHECKING:
+    # torch.distributed.checkpoint costs an instance as much start-up as torch itself (0.9 of
+    # 3 CPU seconds): imported only by a job whose model holds DTensors (`_detect_sharded`)
+    from spotnb.runtime.sharded import ShardedCheckpointer
 
 __all__ = ["Context", "Evacuate", "ctx"]
 
@@ -59,6 +64,14 @@ class GroupFinished(BaseException):
     peers had already trained the last step: it has nothing to train, and the user's code
     after the loop (which may read loop variables) must not run on it. The agent reports it
     done without a result (its peers return the job's)."""
+
+
+def _sharded(tracked: dict[str, Any]) -> bool:
+    """Whether a tracked model holds DTensors. A DTensor exists only once some code imported
+    torch.distributed.tensor (FSDP2, the user's own import, an unpickled one): until then the
+    answer is no, without importing it here, which would add a second to every instance's
+    start (the import costs a third of torch's)."""
+    return "torch.distributed.tensor" in sys.modules and has_dtensors(tracked)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -206,7 +219,7 @@ class Context:
         if not isinstance(optimizer, torch.optim.Optimizer):
             got = type(optimizer).__name__
             raise TypeError(f"ctx.replicate(..., optimizer): expected a torch.optim.Optimizer, got {got}")
-        if has_dtensors({"model": model}):
+        if _sharded({"model": model}):
             if self._elastic is not None:
                 raise RuntimeError(_SHARDED_ELASTIC)
             self._replicated = True  # FSDP already reduces the gradients over the group
@@ -319,10 +332,12 @@ class Context:
     def _detect_sharded(self) -> None:
         """A tracked model with DTensor parameters (FSDP2 inside the instance's group) is
         saved and restored by every rank in DCP's format (`runtime/sharded_state.py`)."""
-        if self._sharded is not None or not has_dtensors(self._tracked):
+        if self._sharded is not None or not _sharded(self._tracked):
             return
         if self._elastic is not None:
             raise RuntimeError(_SHARDED_ELASTIC)
+        from spotnb.runtime.sharded import ShardedCheckpointer
+
         self._sharded = ShardedCheckpointer(self._ckpt)
 
     def _rank(self) -> int:

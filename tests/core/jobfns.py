@@ -332,3 +332,28 @@ def lora_mlp(
             while ctx.notice is None and time.monotonic() < deadline:
                 time.sleep(0.005)
     return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()}, "loss": loss.item()}
+
+
+def who_started_me(ctx: Any, steps: int = 60, out: str = "", wait_for: str = "") -> int:
+    """Writes, per incarnation, the instance's parent pid, its session and a draw of numpy's
+    global generator to `out`/<incarnation>.json; the first incarnation waits at step 10 until
+    the file `wait_for` exists (the test's signal that it may be preempted)."""
+    import json
+    import os
+
+    import numpy as np
+    import torch
+
+    model = torch.nn.Linear(4, 4)
+    ctx.track(model=model)
+    ppid = os.getppid()
+    parent = Path(f"/proc/{ppid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    me = {"ppid": ppid, "parent": parent, "sid": os.getsid(0), "pid": os.getpid(), "draw": np.random.rand()}
+    Path(out, f"{ctx.incarnation}.json").write_text(json.dumps(me))
+    for step in ctx.steps(steps):
+        if step == 10 and wait_for:
+            deadline = time.monotonic() + 120
+            while not Path(wait_for).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        ctx.log(step_value=float(step))
+    return ctx.step_index

@@ -22,7 +22,9 @@ def finished_job(tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("home")
     mp = pytest.MonkeyPatch()
     mp.setenv("SPOTNB_HOME", str(home))
-    fn = functools.partial(jobfns.slow_steps, steps=300, step_time=0.01)
+    # 6 s of steps: the job's fixed costs (its controller's start, its end) stay a small part
+    # of it now that replacements start warm (a 3 s job ran 9 s in all; 15 % went unattributed)
+    fn = functools.partial(jobfns.slow_steps, steps=300, step_time=0.02)
     config = spot.Config(
         name="ledger",
         ship_modules=SHIP,
@@ -71,7 +73,7 @@ def test_breakdown_adds_up_and_is_priced_from_the_table(finished_job) -> None:
     assert b.preemptions == 2 and b.incarnations == 3
     assert sum(getattr(b, c) for c in CATEGORIES) == pytest.approx(b.total, rel=1e-6)
     assert b.other < 0.15 * b.total  # nearly everything is attributed
-    assert 300 * 0.01 <= b.compute < b.total  # at least the steps' own sleep
+    assert 300 * 0.02 <= b.compute < b.total  # at least the steps' own sleep
     assert b.recompute > 0 and b.alloc > 0 and b.prep > 0
     price = lookup_price("g4dn.xlarge")
     assert (b.spot_price, b.on_demand_price) == (price.spot, price.on_demand)

@@ -1,9 +1,10 @@
 """The local spot market: a real backend whose instances are processes on this machine.
 
-Each instance is `python -m spotnb.runtime.agent ...` in its own process group. A metadata
-emulator serves the chosen cloud's notice protocol; an injector gives the notice and then
-SIGKILLs the group; allocation takes a sampled delay and can fail for lack of capacity.
-It runs the quickstart, the tutorials and CI, and prices runs from the built-in table.
+Each instance is `python -m spotnb.runtime.agent ...` in its own process group, forked warm
+from the market's zygote (`zygote.py`) when it can serve it. A metadata emulator serves the
+chosen cloud's notice protocol; an injector gives the notice and then SIGKILLs the group;
+allocation takes a sampled delay and can fail for lack of capacity. It runs the quickstart,
+the tutorials and CI, and prices runs from the built-in table.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from spotnb.providers.base import (
 from spotnb.providers.local.capacity import NodeCounts
 from spotnb.providers.local.injector import Injector
 from spotnb.providers.local.metadata import MetadataEmulator
+from spotnb.providers.local.zygote import ZYGOTE_ENV, Forked, Zygote
 from spotnb.signing import KEY_ENV
 from spotnb.store import private_dir
 
@@ -66,7 +68,7 @@ class LocalProvider(Provider):
         self.nodes = self._node_counts()
         self.process = self._process()
         self.t0: float | None = None
-        self._procs: dict[str, subprocess.Popen] = {}
+        self._procs: dict[str, subprocess.Popen | Forked] = {}
         self._injectors: dict[str, Injector] = {}
         self._terminated: set[str] = set()
         self._closing = threading.Event()
@@ -75,6 +77,7 @@ class LocalProvider(Provider):
         self._lighthouse: subprocess.Popen | None = None
         self._lighthouse_addr: str | None = None
         self._watcher: threading.Thread | None = None
+        self._zygote_proc: Zygote | None = None
 
     def supports(self, feature: Feature) -> bool:
         if feature == Feature.MULTI_REGION and self.config.local_regions:
@@ -99,6 +102,18 @@ class LocalProvider(Provider):
                 remove_orphaned(tempfile.gettempdir(), _TMP_PREFIX)
                 self._tmp = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-")
             return self._tmp
+
+    def _zygote(self, spec: LaunchSpec) -> Zygote | None:
+        """The market's zygote (started at its first instance), when it can start this one: an
+        agent whose environment, but for the instance's own variables, is the zygote's."""
+        if list(spec.command[: len(_AGENT)]) != _AGENT or os.environ.get(ZYGOTE_ENV) == "0":
+            return None
+        base, folder = {**os.environ, **spec.env}, self.tmp
+        with self._lock:
+            if self._zygote_proc is None and not self._closing.is_set():
+                self._zygote_proc = Zygote(base, spec.job_id, os.path.join(folder, "zygote.log"))
+            zygote = self._zygote_proc
+        return zygote if zygote is not None and zygote.env == base else None
 
     def _node_counts(self) -> NodeCounts | None:
         """A job on several instances replays a trace as node counts (`capacity.py`)."""
@@ -191,20 +206,27 @@ class LocalProvider(Provider):
         if link:
             env["SPOTNB_LINK_DELAY"] = str(link)
         command = [sys.executable if c == "python" else c for c in spec.command]
+        zygote = self._zygote(spec)
+        if zygote is not None and not zygote.wait_ready():  # outside the lock: close() may run
+            zygote = None
         with self._lock:  # close() must never miss an instance started while it runs
             if self._closing.is_set():
                 raise CapacityError("the job was stopped while waiting for an instance")
-            with open(log_path, "ab") as log:
-                # umask: the agent's checkpoints and spool in a local store are owner-only
-                proc = subprocess.Popen(
-                    command,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                    umask=0o077,
-                )
+            proc: subprocess.Popen | Forked | None = None
+            if zygote is not None:  # the same process as below, forked warm (zygote.py)
+                proc = zygote.spawn(spec.command[len(_AGENT) :], env, log_path)
+            if proc is None:
+                with open(log_path, "ab") as log:
+                    # umask: the agent's checkpoints and spool in a local store are owner-only
+                    proc = subprocess.Popen(
+                        command,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                        umask=0o077,
+                    )
             self._procs[instance_id] = proc
         now = time.time()
         with self._lock:
@@ -236,7 +258,7 @@ class LocalProvider(Provider):
     def _schedule_kill(
         self,
         instance_id: str,
-        proc: subprocess.Popen,
+        proc: subprocess.Popen | Forked,
         beacon: str,
         now: float,
         slot: int = 0,
@@ -467,6 +489,10 @@ class LocalProvider(Provider):
                 proc.wait()
         for injector in self._injectors.values():
             injector.cancel()
+        with self._lock:
+            zygote, self._zygote_proc = self._zygote_proc, None
+        if zygote is not None:
+            zygote.close()
         if self.emulator is not None:
             self.emulator.close()
             self.emulator = None
@@ -485,6 +511,8 @@ class LocalProvider(Provider):
 
 
 _TMP_PREFIX = "spotnb-local-"
+#: the command of an instance the zygote can fork (the controller's LaunchSpec.command)
+_AGENT = ["python", "-m", "spotnb.runtime.agent"]
 
 
 def _is_agent_of(pid: int, record: dict[str, Any]) -> bool:
@@ -497,4 +525,6 @@ def _is_agent_of(pid: int, record: dict[str, Any]) -> bool:
     except OSError:
         return False
     job = str((record.get("info") or {}).get("job_id") or "").encode()
-    return state != b"Z" and b"spotnb.runtime.agent" in cmd and (not job or job in cmd)
+    # an instance forked from the market's zygote has the zygote's command line
+    started = b"spotnb.runtime.agent" in cmd or b"spotnb.runtime.zygote" in cmd
+    return state != b"Z" and started and (not job or job in cmd)

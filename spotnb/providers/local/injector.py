@@ -12,9 +12,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotnb.runtime.beacon import Phase, read_beacon
+
+if TYPE_CHECKING:
+    from spotnb.providers.local.zygote import Forked
 
 __all__ = ["Kill", "Injector"]
 
@@ -44,7 +47,7 @@ class Injector:
 
     def __init__(
         self,
-        proc: subprocess.Popen,
+        proc: subprocess.Popen | Forked,
         beacon_path: str,
         *,
         kill_at: float = math.inf,
