@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -54,10 +55,13 @@ from spotnb.runtime.chunked import (
     DATA_NAME,
     ChunkBuffers,
     Drain,
+    Gate,
+    Gated,
     TensorRef,
     copy_chunked,
     dense_layout,
     fill_refs,
+    split_bytes,
 )
 from spotnb.runtime.incremental import BlobRef, Incremental, Seen, fill_blobs, map_tensors
 from spotnb.signing import BadSignature, sign_doc, verify_doc
@@ -73,6 +77,8 @@ __all__ = [
     "CHUNK",
     "emergency_skipped",
 ]
+
+log = logging.getLogger(__name__)
 
 CHUNK = 4 * 1024 * 1024
 #: the folder of backed-up files, by content, beside the numbered checkpoint folders
@@ -470,6 +476,14 @@ class Checkpointer:
         #: or more; 0.0 until one has): β of a save of n bytes is about n / bandwidth
         self.bandwidth = 0.0
         self.incremental = Incremental()
+        #: holds back the tracked optimizers' `step()` while a snapshot's drain writes their
+        #: tensors in place (`runtime/chunked.py`); `gate.waited` is stall time spent there
+        self.gate = Gate()
+        #: why saves copy every tensor before training resumes (a torn snapshot was seen), or ""
+        self.blocking = ""
+        #: write saves whose tensors fit the budget the gated way too (their optimizers' tensors
+        #: written in place, no copy); False keeps them as one whole-state copy + torch.save
+        self.stream = True
         self.committed: list[Manifest] = []
         self.failures = 0
         existing = [int(n) for n in store.ls(self.root) if n.isdigit()]
@@ -504,6 +518,7 @@ class Checkpointer:
         files: list[tuple[str, str]] | None = None,
         dirs: dict[str, str] | None = None,
         frozen: set[int] | None = None,
+        optimizers: list[torch.optim.Optimizer] | None = None,
     ) -> Snapshot:
         """Copy `state` (nested dicts/lists of tensors and plain values) into CPU memory, and
         the script's `files` ((path, manifest name); `dirs`: folders backed up whole) to the
@@ -512,12 +527,16 @@ class Checkpointer:
         `frozen`: storage addresses of tensors no optimizer trains (`incremental.frozen_tensors`);
         those unchanged since the last committed save are referenced, not copied.
 
-        A state that fits the budget is copied whole into a pool of buffers; a larger one is
-        streamed through two half-budget buffers to a spool file (`runtime/chunked.py`) and
-        this returns once the last chunk is copied. Either way the buffers held never exceed
-        the budget: a snapshot waits for the writer to give some back rather than allocate more."""
+        `optimizers`: the tracked optimizers. Their parameters and state are not copied: a drain
+        writes them from their own memory after this returns, and their `step()` waits until it
+        has (`runtime/chunked.py`). The rest (or everything, without optimizers or after a torn
+        snapshot) is copied before this returns: whole into a pool of buffers when it fits the
+        budget and nothing is gated, else streamed through two buffers of at most half the
+        budget to a spool file. Either way the buffers held never exceed the budget: a snapshot
+        waits for the writer to give some back rather than allocate more."""
         self.beacon.set_snapshot(True)
         t0 = time.perf_counter()
+        self.gate.wait()  # the previous snapshot's gated tensors are written: one gate at a time
         referenced: dict[tuple, Seen] = {}
         fresh: dict[tuple, Seen] = {}
         try:
@@ -527,7 +546,12 @@ class Checkpointer:
             budget = self.budget()
             data: tuple[str, Drain] | None = None
             pool: _BufferPool | None = None
-            if need <= budget:
+            gated = Gated(optimizers) if optimizers and not self.blocking else None
+            if gated is not None and need <= budget and (not self.stream or fresh):
+                # within the budget, and streaming not wanted or frozen tensors to store as blobs
+                # (tensors.bin would hold their bytes a second time): the whole-state copy
+                gated = None
+            if need <= budget and gated is None:
                 pool = self._take_pool(layout, need, budget)
                 try:
                     copied = pool.copy(state)
@@ -538,7 +562,7 @@ class Checkpointer:
                     raise
                 self.peak_bytes = max(self.peak_bytes, self.held_bytes)
             else:
-                copied, data = self._snapshot_chunked(state, budget)
+                copied, data = self._snapshot_chunked(state, budget, gated)
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             spooled: list[tuple[str, str]] = []
@@ -605,10 +629,16 @@ class Checkpointer:
                     return pool
                 self._wait_for_buffers()
 
-    def _snapshot_chunked(self, state: Any, budget: int) -> tuple[Any, tuple[str, Drain]]:
-        """Stream the state through two half-budget buffers to a spool file: the skeleton, and
-        (the file, its drain)."""
+    def _snapshot_chunked(
+        self, state: Any, budget: int, gated: Gated | None
+    ) -> tuple[Any, tuple[str, Drain]]:
+        """Stream the state through two buffers of at most half the budget to a spool file, the
+        `gated` tensors left for the drain to write in place: the skeleton, and (the file, its
+        drain)."""
         chunk = budget // 2 // ALIGN * ALIGN
+        if gated is not None:  # buffers for what is copied, not for the gated tensors
+            copied, _ = split_bytes(state, gated)
+            chunk = min(chunk, max(copied, 1024 * ALIGN) // ALIGN * ALIGN + ALIGN)
         if chunk < ALIGN:
             raise ValueError(
                 f"Config.snapshot_memory is {budget} bytes, too little to hold two {ALIGN}-byte "
@@ -631,9 +661,15 @@ class Checkpointer:
                 self._wait_for_buffers()
         self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         path = os.path.join(self.spool, f"data-{uuid.uuid4().hex[:8]}.bin")
-        drain = Drain(path, chunks, on_done=lambda: self._give_back(chunks))
+        released = None
+        if gated is not None and gated.optimizers:
+            self.gate.hook(gated.optimizers)
+            released = self.gate.close()
+        drain = Drain(
+            path, chunks, on_done=lambda: self._give_back(chunks), released=released, on_torn=self._torn
+        )
         try:
-            skeleton = copy_chunked(state, drain, _plain_copy)
+            skeleton = copy_chunked(state, drain, _plain_copy, gated)
         except BaseException:
             try:
                 drain.result()
@@ -643,6 +679,14 @@ class Checkpointer:
                 os.unlink(path)
             raise
         return skeleton, (path, drain)
+
+    def _torn(self, reason: str) -> None:
+        """A gated tensor changed under the drain (called from it): later snapshots copy
+        everything before the step goes on; the save itself fails with `TornSnapshot`."""
+        if not self.blocking:
+            log.warning("checkpoint: %s", reason)
+            self.emit(ev.JobWarning(message=f"checkpoint: {reason}"))
+        self.blocking = reason
 
     def _free_idle(self, keep: _BufferPool | None) -> int:
         """Free every idle buffer (pools and chunk buffers) but `keep`'s; the bytes freed."""
@@ -719,6 +763,7 @@ class Checkpointer:
         return self._pending is None and not self._busy
 
     def close(self) -> None:
+        self.gate.unhook()
         with self._cv:
             self._closed = True
             self._cv.notify_all()
