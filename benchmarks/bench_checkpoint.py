@@ -96,10 +96,15 @@ class Saver:
 
     name = ""
 
-    def __init__(self, model: torch.nn.Module, folder: str) -> None:
-        self.model, self.folder = model, folder
+    def __init__(self, model: torch.nn.Module, folder: str, opt: torch.optim.Optimizer) -> None:
+        self.model, self.folder, self.opt = model, folder, opt
         self.written = 0
         self.asked = 0
+
+    @property
+    def held(self) -> float:
+        """Seconds the training thread has been held outside `save` (spotnb's optimizer gate)."""
+        return 0.0
 
     @property
     def committed(self) -> int:
@@ -128,8 +133,8 @@ class TorchSave(Saver):
 class DcpAsync(Saver):
     name = "DCP async_save"
 
-    def __init__(self, model: torch.nn.Module, folder: str) -> None:
-        super().__init__(model, folder)
+    def __init__(self, model: torch.nn.Module, folder: str, opt: torch.optim.Optimizer) -> None:
+        super().__init__(model, folder, opt)
         self.future: Any = None
         self.path = ""
 
@@ -152,15 +157,21 @@ class Spotnb(Saver):
     name = "spotnb"
 
     budget_fraction: float | None = None  # of the state's bytes; None: the default budget
+    stream = True  # Checkpointer.stream: gated saves within the budget too
 
-    def __init__(self, model: torch.nn.Module, folder: str) -> None:
-        super().__init__(model, folder)
+    def __init__(self, model: torch.nn.Module, folder: str, opt: torch.optim.Optimizer) -> None:
+        super().__init__(model, folder, opt)
         self.ctx, self.ckpt = make_context(Store(folder), _Never())
+        self.ckpt.stream = self.stream
         if self.budget_fraction is not None:
             nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
             self.ckpt.snapshot_memory = int(nbytes * self.budget_fraction)
-        self.ctx.track(model=model)
+        self.ctx.track(model=model, opt=opt)
         self.ctx.restore()
+
+    @property
+    def held(self) -> float:
+        return self.ckpt.gate.waited
 
     def save(self, step: int) -> None:
         self.ctx.save("periodic")
@@ -187,20 +198,37 @@ class SpotnbQuarter(Spotnb):
     budget_fraction = 0.25
 
 
-SAVERS: tuple[type[Saver], ...] = (TorchSave, DcpAsync, Spotnb, SpotnbQuarter)
+class SpotnbCopy(Spotnb):
+    name = "spotnb copy"  # the whole-state copy + torch.save of earlier versions (stream=False)
+    stream = False
+
+
+SAVERS: tuple[type[Saver], ...] = (TorchSave, DcpAsync, Spotnb, SpotnbQuarter, SpotnbCopy)
 #: saver name -> (most bytes its snapshot buffers held, its budget), filled as spotnb savers close
 BUFFERS: dict[str, tuple[int, int]] = {}
 
 
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    loss = model(x).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
 def stalls(model: torch.nn.Module, rounds: int) -> dict[str, float]:
-    """Median seconds the caller is blocked per save, each saver's save after a warm-up one,
-    interleaved with a plain clone of the state (the floor: one RAM copy)."""
+    """Median seconds the training thread is blocked per save, each saver's save after a
+    warm-up one, interleaved with a plain clone of the state (the floor: one RAM copy). The
+    save is followed by one training step: time its `step()` spends held by spotnb's optimizer
+    gate is stall too, and counted."""
     sd = model.state_dict()
+    x = torch.randn(32, model[0].in_features)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     out: dict[str, list[float]] = {"RAM copy": []}
     folders = {cls: tempfile.mkdtemp(prefix="spotnb-bench-ckpt-") for cls in SAVERS}
-    savers = [cls(model, folders[cls]) for cls in SAVERS]
+    savers = [cls(model, folders[cls], opt) for cls in SAVERS]
     for s in savers:
         s.save(0)
+        _train_step(model, opt, x)
         s.finish()
     for r in range(1, rounds + 1):
         t0 = time.perf_counter()
@@ -209,7 +237,10 @@ def stalls(model: torch.nn.Module, rounds: int) -> dict[str, float]:
         for s in savers:
             t0 = time.perf_counter()
             s.save(r)
-            out.setdefault(s.name, []).append(time.perf_counter() - t0)
+            stall = time.perf_counter() - t0
+            held = s.held
+            _train_step(model, opt, x)
+            out.setdefault(s.name, []).append(stall + s.held - held)
             s.finish()  # the next save does not wait behind this one
     for s in savers:
         s.close()
@@ -219,14 +250,14 @@ def stalls(model: torch.nn.Module, rounds: int) -> dict[str, float]:
 
 
 def run_training(
-    model: torch.nn.Module, steps: int, make: Callable[[str], Saver] | None
+    model: torch.nn.Module, steps: int, make: Callable[[str, torch.optim.Optimizer], Saver] | None
 ) -> tuple[float, int, int, str]:
     """Steps per second of `steps` SGD steps with a save every 10 (none if `make` is None),
     waiting for the last save; peak extra RSS; bytes of a save."""
     x = torch.randn(32, model[0].in_features)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     folder = tempfile.mkdtemp(prefix="spotnb-bench-ckpt-")
-    saver = make(folder) if make is not None else None
+    saver = make(folder, opt) if make is not None else None
     with PeakRss() as mem:
         t0 = time.perf_counter()
         for step in range(1, steps + 1):
@@ -263,7 +294,7 @@ def bench(mb: int, steps: int, rounds: int) -> None:
     for _ in range(2):  # interleaved, so drift in machine speed hits every saver alike
         base.append(run_training(model, steps, None)[0])
         for cls in SAVERS:
-            rate, peak, nbytes_written, committed = run_training(model, steps, lambda f, c=cls: c(model, f))
+            rate, peak, nbytes_written, committed = run_training(model, steps, lambda f, o, c=cls: c(model, f, o))
             rates[cls.name].append(rate)
             peaks[cls.name] = max(peaks[cls.name], peak)
             written[cls.name], done[cls.name] = nbytes_written, committed
@@ -346,6 +377,8 @@ def profile(mb: int, rounds: int) -> None:
 
     whole = Checkpointer(Store(folder), "whole", 1, lambda e: None)
     chunked = Checkpointer(Store(folder), "chunked", 1, lambda e: None, snapshot_memory=nbytes // 4)
+    gated = Checkpointer(Store(folder), "gated", 1, lambda e: None)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     for r in range(rounds + 1):  # the first round allocates buffers: not counted
         snap = whole.snapshot({"model": sd}, r, "periodic")
         times.setdefault("copy (snapshot)", []).append(snap.snapshot_s)
@@ -356,10 +389,17 @@ def profile(mb: int, rounds: int) -> None:
         timed("whole save: writer (save_now)", lambda s=snap: whole.save_now(s))
         snap = timed("chunked ¼ budget: stall", lambda r=r: chunked.snapshot({"model": sd}, r, "periodic"))
         timed("chunked ¼ budget: writer after", lambda s=snap: chunked.save_now(s))
+        t0 = time.perf_counter()
+        snap = gated.snapshot({"model": sd}, r, "periodic", optimizers=[opt])
+        times.setdefault("gated: snapshot returns", []).append(time.perf_counter() - t0)
+        gated.gate.wait()  # what a step() right after the save would wait, with no forward/backward
+        times.setdefault("gated: + until step() may run", []).append(time.perf_counter() - t0)
+        timed("gated: writer after (hash, rename)", lambda s=snap: gated.save_now(s))
         if r == 0:
             times.clear()
     whole.close()
     chunked.close()
+    gated.close()
     shutil.rmtree(folder, ignore_errors=True)
     print(f"\n== profile: one save of {nbytes / 1e6:.0f} MB, median of {rounds} ==")
     for name, values in times.items():

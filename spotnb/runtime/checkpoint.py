@@ -64,6 +64,7 @@ from spotnb.runtime.chunked import (
     split_bytes,
 )
 from spotnb.runtime.incremental import BlobRef, Incremental, Seen, fill_blobs, map_tensors
+from spotnb.runtime.staging import CudaStage
 from spotnb.signing import BadSignature, sign_doc, verify_doc
 from spotnb.sizes import available_memory, human_bytes, total_memory
 from spotnb.store import Store
@@ -479,6 +480,7 @@ class Checkpointer:
         #: holds back the tracked optimizers' `step()` while a snapshot's drain writes their
         #: tensors in place (`runtime/chunked.py`); `gate.waited` is stall time spent there
         self.gate = Gate()
+        self._stage = CudaStage()  # pinned host copies of gated CUDA tensors, reused
         #: why saves copy every tensor before training resumes (a torn snapshot was seen), or ""
         self.blocking = ""
         #: write saves whose tensors fit the budget the gated way too (their optimizers' tensors
@@ -495,7 +497,8 @@ class Checkpointer:
     @property
     def held_bytes(self) -> int:
         """Bytes of host RAM the snapshot buffers hold right now (idle ones included)."""
-        return sum(p.nbytes for p in self._pools) + (self._chunks.nbytes if self._chunks else 0)
+        chunks = self._chunks.nbytes if self._chunks else 0
+        return sum(p.nbytes for p in self._pools) + chunks + self._stage.nbytes
 
     def budget(self) -> int:
         """The most bytes snapshot buffers may hold: `snapshot_memory` when given, else what
@@ -546,7 +549,11 @@ class Checkpointer:
             budget = self.budget()
             data: tuple[str, Drain] | None = None
             pool: _BufferPool | None = None
-            gated = Gated(optimizers) if optimizers and not self.blocking else None
+            gated = (
+                Gated(optimizers, cuda=torch.cuda.is_available())
+                if optimizers and not self.blocking
+                else None
+            )
             if gated is not None and need <= budget and (not self.stream or fresh):
                 # within the budget, and streaming not wanted or frozen tensors to store as blobs
                 # (tensors.bin would hold their bytes a second time): the whole-state copy
@@ -563,8 +570,9 @@ class Checkpointer:
                 self.peak_bytes = max(self.peak_bytes, self.held_bytes)
             else:
                 copied, data = self._snapshot_chunked(state, budget, gated)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            if pool is not None and torch.cuda.is_available():
+                torch.cuda.synchronize()  # the pool's non-blocking copies (a gated snapshot's
+                # device-to-host copies run on a side stream the optimizer gate waits for)
             spooled: list[tuple[str, str]] = []
             dests: dict[str, str] = {}
             hashes: dict[str, tuple[str, int]] = {}
@@ -637,8 +645,13 @@ class Checkpointer:
         drain)."""
         chunk = budget // 2 // ALIGN * ALIGN
         if gated is not None:  # buffers for what is copied, not for the gated tensors
-            copied, _ = split_bytes(state, gated)
+            copied, kept = split_bytes(state, gated)
             chunk = min(chunk, max(copied, 1024 * ALIGN) // ALIGN * ALIGN + ALIGN)
+            if gated.cuda and kept + 2 * chunk > budget:  # no room for host copies of the GPU's
+                gated = Gated(gated.optimizers, cuda=False)
+                chunk = budget // 2 // ALIGN * ALIGN
+        if gated is None or not gated.cuda:
+            self._stage.clear()
         if chunk < ALIGN:
             raise ValueError(
                 f"Config.snapshot_memory is {budget} bytes, too little to hold two {ALIGN}-byte "
@@ -669,7 +682,8 @@ class Checkpointer:
             path, chunks, on_done=lambda: self._give_back(chunks), released=released, on_torn=self._torn
         )
         try:
-            skeleton = copy_chunked(state, drain, _plain_copy, gated)
+            skeleton = copy_chunked(state, drain, _plain_copy, gated, self._stage_cuda)
+            self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         except BaseException:
             try:
                 drain.result()
@@ -679,6 +693,12 @@ class Checkpointer:
                 os.unlink(path)
             raise
         return skeleton, (path, drain)
+
+    def _stage_cuda(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], Any]:
+        """Host copies of gated CUDA tensors on the side stream; the gate's event is theirs."""
+        hosts, event = self._stage.stage(tensors)
+        self.gate.event = event
+        return hosts, event
 
     def _torn(self, reason: str) -> None:
         """A gated tensor changed under the drain (called from it): later snapshots copy

@@ -127,11 +127,13 @@ class Gated:
     """The tensors a tracked optimizer's `step()` writes (its parameters and its state), by
     storage address: the ones a snapshot may leave in place and write later, behind the gate.
 
-    Only CPU, contiguous, non-empty tensors with a version counter qualify; anything else (a
-    CUDA tensor, a view, an inference tensor) is copied before the step is released."""
+    Only contiguous, non-empty tensors with a version counter qualify, on the CPU, or on a GPU
+    when `cuda` (their host copies fit the budget: `runtime/staging.py`); anything else (a view,
+    an inference tensor) is copied before the step is released."""
 
-    def __init__(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
+    def __init__(self, optimizers: Iterable[torch.optim.Optimizer], cuda: bool = False) -> None:
         self.optimizers = list(optimizers)
+        self.cuda = cuda
         self.ptrs: set[int] = set()
         for opt in self.optimizers:
             for group in opt.param_groups:
@@ -143,7 +145,7 @@ class Gated:
     def __contains__(self, t: torch.Tensor) -> bool:
         return (
             t.data_ptr() in self.ptrs
-            and t.device.type == "cpu"
+            and (t.device.type == "cpu" or (self.cuda and t.is_cuda))
             and t.is_contiguous()
             and t.nelement() > 0
             and _version(t) is not None
@@ -160,6 +162,9 @@ class Gate:
     def __init__(self) -> None:
         self.open = threading.Event()
         self.open.set()
+        #: the CUDA event of the current snapshot's device-to-host copies: the compute stream
+        #: waits for it before an optimizer's kernels (the host does not)
+        self.event: Any = None
         self.waited = 0.0
         self._hooked: dict[int, Any] = {}  # id(optimizer) -> hook handle
 
@@ -182,6 +187,8 @@ class Gate:
             self.waited += time.perf_counter() - t0
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.event is not None:
+            torch.cuda.current_stream().wait_event(self.event)
         self.wait()
 
     def unhook(self) -> None:
@@ -209,9 +216,11 @@ class _Direct:
     """A gated tensor the drain writes from its own memory: where, and its version at the start."""
 
     ref: TensorRef
-    tensor: torch.Tensor
+    tensor: torch.Tensor  # what is written: the tensor itself, or its pinned host copy
     version: int | None
     where: str
+    source: torch.Tensor | None = None  # the CUDA tensor a host copy is of (its version is checked)
+    event: Any = None  # the CUDA event after which the host copy is complete
 
 
 @dataclass
@@ -302,14 +311,20 @@ class Drain:
         is a torn snapshot (reported once, for the first tensor that changed)."""
         try:
             for d in direct:
+                if d.event is not None:
+                    # host copies of CUDA tensors come last: the optimizers' host threads need not
+                    # wait for them (their compute stream waits for the event instead)
+                    self.released.set()
+                    d.event.synchronize()
                 if d.ref.offset > size:
                     f.write(bytes(d.ref.offset - size))
                     size = d.ref.offset
                 f.write(d.tensor.reshape(-1).view(torch.uint8).numpy().data)
                 size += d.ref.nbytes
-                if _version(d.tensor) != d.version and self.error is None:
+                live = d.source if d.source is not None else d.tensor
+                if _version(live) != d.version and self.error is None:
                     reason = (
-                        f"{d.where} was changed in place (version {d.version} -> {_version(d.tensor)}) "
+                        f"{d.where} was changed in place (version {d.version} -> {_version(live)}) "
                         "while the snapshot wrote it, by a write the optimizer gate does not hold "
                         "back: this save is not committed (the previous checkpoint stays), and "
                         "later saves copy every tensor before training resumes"
@@ -363,11 +378,16 @@ def _path_name(path: tuple) -> str:
 
 
 def copy_chunked(
-    state: Any, drain: Drain, plain_copy: Callable[[Any], Any], gated: Gated | None = None
+    state: Any,
+    drain: Drain,
+    plain_copy: Callable[[Any], Any],
+    gated: Gated | None = None,
+    stage: Callable[[list[torch.Tensor]], tuple[list[torch.Tensor], Any]] | None = None,
 ) -> Any:
     """The skeleton of `state` (dense tensors replaced by `TensorRef`), having copied every
     dense tensor's bytes through the drain's buffers, except the `gated` ones: those are placed
-    after the rest and handed to the drain to write from their own memory, before the gate opens.
+    after the rest and handed to the drain to write from their own memory, before the gate opens
+    (gated CUDA tensors last, from the host copies `stage` queues: `runtime/staging.py`).
     Runs in the training thread."""
     chunk = drain.buffers.chunk
     buf = drain.take()
@@ -447,14 +467,23 @@ def copy_chunked(
             torch.cuda.synchronize()
         drain.put(buf, pos)
         seen: dict[tuple, TensorRef] = {}  # a tensor listed twice (tied weights) is written once
-        for path, t, version in later:
+        on_gpu: list[_Direct] = []
+        for path, t, version in sorted(later, key=lambda item: item[1].is_cuda):  # CPU ones first
             key = _key(t)
             if key not in seen:
                 offset += -offset % ALIGN
                 nbytes = t.element_size() * t.nelement()
                 seen[key] = TensorRef(offset, nbytes, str(t.dtype).removeprefix("torch."), tuple(t.shape))
                 direct.append(_Direct(seen[key], t, version, _path_name(path)))
+                if t.is_cuda:
+                    on_gpu.append(direct[-1])
                 offset += nbytes
+        if on_gpu:
+            if stage is None:
+                raise ValueError("gated CUDA tensors need a stage for their host copies")
+            hosts, event = stage([d.tensor for d in on_gpu])
+            for d, host in zip(on_gpu, hosts, strict=True):
+                d.source, d.tensor, d.event = d.tensor, host, event
         if direct:
             drain.put_direct(direct)
     finally:

@@ -289,3 +289,36 @@ def test_a_process_killed_mid_gated_write_leaves_the_previous_checkpoint(store_u
         assert [m.step for m in c.list_manifests()] == [1]
     finally:
         c.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the side-stream device-to-host copy")
+def test_a_gated_save_on_the_gpu_copies_on_a_side_stream_and_holds_the_saved_step(store_url) -> None:
+    """Parameters and momentum on the GPU: the snapshot queues their host copies on a side stream
+    and returns; the next step (its compute stream waiting for the copy's event) runs; the
+    checkpoint has the values of the save's step, bit for bit."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(64, 1024, device="cuda")
+    _step(model, opt, x)
+    c = Checkpointer(Store(store_url), "job", 1, Recorder())
+    try:
+        expected = _clone(_state(model, opt, 1))
+        c.submit(c.snapshot(_state(model, opt, 1), 1, "periodic", optimizers=[opt]))
+        for _ in range(3):
+            _step(model, opt, x)
+        assert c.wait(60) and c.failures == 0
+        manifest, restored = c.load_latest()
+        assert manifest.step == 1 and DATA_NAME in manifest.files
+        _assert_same({k: v for k, v in expected.items()}, _to(restored, "cuda"))
+        assert c.held_bytes >= 8 * MB  # the pinned host copies, kept for the next save
+    finally:
+        c.close()
+
+
+def _to(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device) if obj.is_floating_point() else obj
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    return obj
