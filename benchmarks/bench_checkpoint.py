@@ -294,7 +294,9 @@ def bench(mb: int, steps: int, rounds: int) -> None:
     for _ in range(2):  # interleaved, so drift in machine speed hits every saver alike
         base.append(run_training(model, steps, None)[0])
         for cls in SAVERS:
-            rate, peak, nbytes_written, committed = run_training(model, steps, lambda f, o, c=cls: c(model, f, o))
+            rate, peak, nbytes_written, committed = run_training(
+                model, steps, lambda f, o, c=cls: c(model, f, o)
+            )
             rates[cls.name].append(rate)
             peaks[cls.name] = max(peaks[cls.name], peak)
             written[cls.name], done[cls.name] = nbytes_written, committed
