@@ -480,6 +480,8 @@ class Checkpointer:
         #: holds back the tracked optimizers' `step()` while a snapshot's drain writes their
         #: tensors in place (`runtime/chunked.py`); `gate.waited` is stall time spent there
         self.gate = Gate()
+        self.gate.on_wait = self._gate_waited
+        self._snapshots = 0  # samples in snapshot_ema
         self._stage = CudaStage()  # pinned host copies of gated CUDA tensors, reused
         #: why saves copy every tensor before training resumes (a torn snapshot was seen), or ""
         self.blocking = ""
@@ -590,6 +592,7 @@ class Checkpointer:
         if pool is not None:
             snap._pool = pool  # type: ignore[attr-defined]
         self.snapshot_ema, self.snapshot_var = _ewm(self.snapshot_ema, self.snapshot_var, dt)
+        self._snapshots += 1
         return snap
 
     def pending_bytes(self, state: Any, frozen: set[int] | None = None) -> tuple[int, int]:
@@ -693,6 +696,11 @@ class Checkpointer:
                 os.unlink(path)
             raise
         return skeleton, (path, drain)
+
+    def _gate_waited(self, seconds: float) -> None:
+        """`step()` waited for a gated snapshot: that is part of the save's δ too (the EWMA is
+        linear in each sample, so adding to the last sample adds α·seconds to the mean)."""
+        self.snapshot_ema += seconds if self._snapshots == 1 else 0.3 * seconds
 
     def _stage_cuda(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], Any]:
         """Host copies of gated CUDA tensors on the side stream; the gate's event is theirs."""

@@ -148,6 +148,7 @@ class Gated:
             and (t.device.type == "cpu" or (self.cuda and t.is_cuda))
             and t.is_contiguous()
             and t.nelement() > 0
+            and not t.is_quantized
             and _version(t) is not None
         )
 
@@ -166,6 +167,8 @@ class Gate:
         #: waits for it before an optimizer's kernels (the host does not)
         self.event: Any = None
         self.waited = 0.0
+        #: told every wait's seconds (the checkpointer counts them into δ, the save's cost)
+        self.on_wait: Callable[[float], None] | None = None
         self._hooked: dict[int, Any] = {}  # id(optimizer) -> hook handle
 
     def hook(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
@@ -184,7 +187,10 @@ class Gate:
         if not gate.is_set():
             t0 = time.perf_counter()
             gate.wait()
-            self.waited += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            self.waited += dt
+            if self.on_wait is not None:
+                self.on_wait(dt)
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.event is not None:

@@ -121,6 +121,7 @@ def test_training_runs_during_a_gated_save_and_the_checkpoint_holds_the_saved_st
         held.release()
         stepper.join(30)
         assert stepped.is_set() and c.gate.waited > 0
+        assert c.snapshot_ema >= c.gate.waited  # the wait is part of the save's δ
         assert c.wait(60) and c.failures == 0
         manifest, restored = c.load_latest()
         assert manifest.step == 1 and DATA_NAME in manifest.files
