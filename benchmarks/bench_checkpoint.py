@@ -9,7 +9,10 @@ For each way of saving — **torch.save** (synchronous, the baseline everyone ha
 and **spotnb** (`ctx.save`: a snapshot into reused buffers, then a background writer) — it
 prints:
 
-* the training thread's stall per save (median), and that stall ÷ a plain RAM copy of the state;
+* the training thread's stall per save (median), and that stall ÷ a plain RAM copy of the state:
+  the time `save` blocks plus, for spotnb, the time the next step's `optimizer.step()` waits
+  at the optimizer gate for the parameters to be written (each save is followed by one
+  training step);
 * throughput with a save every 10 steps ÷ throughput without saves (the step is a real
   forward/backward/SGD step of the same model);
 * peak extra host memory during the saving run (resident set size above the run's start,
@@ -17,11 +20,14 @@ prints:
 * bytes written per save, and how many of the saves asked for were committed (spotnb drops a
   queued save that a newer one supersedes; the others block until theirs is written).
 
-The **spotnb ¼ budget** row is spotnb with `Config.snapshot_memory` set to a quarter of the
-state: the snapshot streams through two buffers of an eighth each (`runtime/chunked.py`). For
-both spotnb rows the last column is the most bytes the snapshot buffers held
-(`Checkpointer.peak_bytes`) against the budget they were given (the default budget is what is
-free minus a margin).
+**spotnb** tracks the model and its optimizer, so its saves are gated (`runtime/chunked.py`):
+the parameters are written from their own memory while the next forward/backward runs.
+**spotnb copy** is spotnb with `Checkpointer.stream = False`: the whole-state copy +
+`torch.save` writer of earlier versions, for comparison. **spotnb ¼ budget** is spotnb with
+`Config.snapshot_memory` set to a quarter of the state (gated too: only what the optimizer
+does not write goes through the buffers). For the spotnb rows the last column is the most
+bytes the snapshot buffers held (`Checkpointer.peak_bytes`) against the budget they were given
+(the default budget is what is free minus a margin).
 
 Goal (issue 11): spotnb's stall ≤ DCP async_save's and its throughput ratio ≥ DCP's at every
 size, peak extra memory ≤ the snapshot budget.
