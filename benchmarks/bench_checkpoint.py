@@ -285,12 +285,19 @@ def run_training(
     return steps / dt, mem.extra, written, done
 
 
-def bench(mb: int, steps: int, rounds: int) -> None:
+def bench(mb: int, steps: int, rounds: int, stall_only: bool = False) -> None:
     BUFFERS.clear()
     model = make_model(mb)
     nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     print(f"\n== {nbytes / 1e6:.0f} MB of parameters, {os.cpu_count()} cores ==")
     stall = stalls(model, rounds)
+    copy = stall["RAM copy"]
+    print(
+        "stall/save: " + ", ".join(f"{k} {v * 1e3:.0f} ms ({v / copy:.2f})" for k, v in stall.items()),
+        flush=True,
+    )
+    if stall_only:
+        return
     run_training(model, 10, None)  # warm-up
     base: list[float] = []
     rates: dict[str, list[float]] = {cls.name: [] for cls in SAVERS}
@@ -307,7 +314,6 @@ def bench(mb: int, steps: int, rounds: int) -> None:
             peaks[cls.name] = max(peaks[cls.name], peak)
             written[cls.name], done[cls.name] = nbytes_written, committed
     b = statistics.median(base)
-    copy = stall["RAM copy"]
     print(f"no saves: {b:.2f} steps/s; one RAM copy of the state: {copy * 1e3:.0f} ms")
     print(
         f"{'':16}{'stall/save':>12}{'÷ RAM copy':>12}{'throughput':>12}{'peak extra':>12}{'bytes':>10}"
@@ -426,6 +432,7 @@ def main() -> None:
         help="savers to run by name, comma separated (default: all)",
     )
     parser.add_argument("--profile", action="store_true", help="per-phase costs of one save, then exit")
+    parser.add_argument("--stall-only", action="store_true", help="measure the stalls, not the throughput")
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.only:
@@ -435,7 +442,7 @@ def main() -> None:
         profile(int(args.mb.split(",")[0]), args.rounds)
         return
     for mb in (int(x) for x in args.mb.split(",")):
-        bench(mb, args.steps, args.rounds)
+        bench(mb, args.steps, args.rounds, args.stall_only)
 
 
 if __name__ == "__main__":
