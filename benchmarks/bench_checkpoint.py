@@ -9,7 +9,10 @@ For each way of saving — **torch.save** (synchronous, the baseline everyone ha
 and **spotnb** (`ctx.save`: a snapshot into reused buffers, then a background writer) — it
 prints:
 
-* the training thread's stall per save (median), and that stall ÷ a plain RAM copy of the state;
+* the training thread's stall per save (median), and that stall ÷ a plain RAM copy of the state:
+  the time `save` blocks plus, for spotnb, the time the next step's `optimizer.step()` waits
+  at the optimizer gate for the parameters to be written (each save is followed by one
+  training step);
 * throughput with a save every 10 steps ÷ throughput without saves (the step is a real
   forward/backward/SGD step of the same model);
 * peak extra host memory during the saving run (resident set size above the run's start,
@@ -17,11 +20,14 @@ prints:
 * bytes written per save, and how many of the saves asked for were committed (spotnb drops a
   queued save that a newer one supersedes; the others block until theirs is written).
 
-The **spotnb ¼ budget** row is spotnb with `Config.snapshot_memory` set to a quarter of the
-state: the snapshot streams through two buffers of an eighth each (`runtime/chunked.py`). For
-both spotnb rows the last column is the most bytes the snapshot buffers held
-(`Checkpointer.peak_bytes`) against the budget they were given (the default budget is what is
-free minus a margin).
+**spotnb** tracks the model and its optimizer, so its saves are gated (`runtime/chunked.py`):
+the parameters are written from their own memory while the next forward/backward runs.
+**spotnb copy** is spotnb with `Checkpointer.stream = False`: the whole-state copy +
+`torch.save` writer of earlier versions, for comparison. **spotnb ¼ budget** is spotnb with
+`Config.snapshot_memory` set to a quarter of the state (gated too: only what the optimizer
+does not write goes through the buffers). For the spotnb rows the last column is the most
+bytes the snapshot buffers held (`Checkpointer.peak_bytes`) against the budget they were given
+(the default budget is what is free minus a margin).
 
 Goal (issue 11): spotnb's stall ≤ DCP async_save's and its throughput ratio ≥ DCP's at every
 size, peak extra memory ≤ the snapshot budget.
@@ -96,10 +102,15 @@ class Saver:
 
     name = ""
 
-    def __init__(self, model: torch.nn.Module, folder: str) -> None:
-        self.model, self.folder = model, folder
+    def __init__(self, model: torch.nn.Module, folder: str, opt: torch.optim.Optimizer) -> None:
+        self.model, self.folder, self.opt = model, folder, opt
         self.written = 0
         self.asked = 0
+
+    @property
+    def held(self) -> float:
+        """Seconds the training thread has been held outside `save` (spotnb's optimizer gate)."""
+        return 0.0
 
     @property
     def committed(self) -> int:
@@ -128,8 +139,8 @@ class TorchSave(Saver):
 class DcpAsync(Saver):
     name = "DCP async_save"
 
-    def __init__(self, model: torch.nn.Module, folder: str) -> None:
-        super().__init__(model, folder)
+    def __init__(self, model: torch.nn.Module, folder: str, opt: torch.optim.Optimizer) -> None:
+        super().__init__(model, folder, opt)
         self.future: Any = None
         self.path = ""
 
@@ -152,15 +163,21 @@ class Spotnb(Saver):
     name = "spotnb"
 
     budget_fraction: float | None = None  # of the state's bytes; None: the default budget
+    stream = True  # Checkpointer.stream: gated saves within the budget too
 
-    def __init__(self, model: torch.nn.Module, folder: str) -> None:
-        super().__init__(model, folder)
+    def __init__(self, model: torch.nn.Module, folder: str, opt: torch.optim.Optimizer) -> None:
+        super().__init__(model, folder, opt)
         self.ctx, self.ckpt = make_context(Store(folder), _Never())
+        self.ckpt.stream = self.stream
         if self.budget_fraction is not None:
             nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
             self.ckpt.snapshot_memory = int(nbytes * self.budget_fraction)
-        self.ctx.track(model=model)
+        self.ctx.track(model=model, opt=opt)
         self.ctx.restore()
+
+    @property
+    def held(self) -> float:
+        return self.ckpt.gate.waited
 
     def save(self, step: int) -> None:
         self.ctx.save("periodic")
@@ -187,20 +204,37 @@ class SpotnbQuarter(Spotnb):
     budget_fraction = 0.25
 
 
-SAVERS: tuple[type[Saver], ...] = (TorchSave, DcpAsync, Spotnb, SpotnbQuarter)
+class SpotnbCopy(Spotnb):
+    name = "spotnb copy"  # the whole-state copy + torch.save of earlier versions (stream=False)
+    stream = False
+
+
+SAVERS: tuple[type[Saver], ...] = (TorchSave, DcpAsync, Spotnb, SpotnbQuarter, SpotnbCopy)
 #: saver name -> (most bytes its snapshot buffers held, its budget), filled as spotnb savers close
 BUFFERS: dict[str, tuple[int, int]] = {}
 
 
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    loss = model(x).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
 def stalls(model: torch.nn.Module, rounds: int) -> dict[str, float]:
-    """Median seconds the caller is blocked per save, each saver's save after a warm-up one,
-    interleaved with a plain clone of the state (the floor: one RAM copy)."""
+    """Median seconds the training thread is blocked per save, each saver's save after a
+    warm-up one, interleaved with a plain clone of the state (the floor: one RAM copy). The
+    save is followed by one training step: time its `step()` spends held by spotnb's optimizer
+    gate is stall too, and counted."""
     sd = model.state_dict()
+    x = torch.randn(32, model[0].in_features)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     out: dict[str, list[float]] = {"RAM copy": []}
     folders = {cls: tempfile.mkdtemp(prefix="spotnb-bench-ckpt-") for cls in SAVERS}
-    savers = [cls(model, folders[cls]) for cls in SAVERS]
+    savers = [cls(model, folders[cls], opt) for cls in SAVERS]
     for s in savers:
         s.save(0)
+        _train_step(model, opt, x)
         s.finish()
     for r in range(1, rounds + 1):
         t0 = time.perf_counter()
@@ -209,7 +243,10 @@ def stalls(model: torch.nn.Module, rounds: int) -> dict[str, float]:
         for s in savers:
             t0 = time.perf_counter()
             s.save(r)
-            out.setdefault(s.name, []).append(time.perf_counter() - t0)
+            stall = time.perf_counter() - t0
+            held = s.held
+            _train_step(model, opt, x)
+            out.setdefault(s.name, []).append(stall + s.held - held)
             s.finish()  # the next save does not wait behind this one
     for s in savers:
         s.close()
@@ -219,14 +256,14 @@ def stalls(model: torch.nn.Module, rounds: int) -> dict[str, float]:
 
 
 def run_training(
-    model: torch.nn.Module, steps: int, make: Callable[[str], Saver] | None
+    model: torch.nn.Module, steps: int, make: Callable[[str, torch.optim.Optimizer], Saver] | None
 ) -> tuple[float, int, int, str]:
     """Steps per second of `steps` SGD steps with a save every 10 (none if `make` is None),
     waiting for the last save; peak extra RSS; bytes of a save."""
     x = torch.randn(32, model[0].in_features)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     folder = tempfile.mkdtemp(prefix="spotnb-bench-ckpt-")
-    saver = make(folder) if make is not None else None
+    saver = make(folder, opt) if make is not None else None
     with PeakRss() as mem:
         t0 = time.perf_counter()
         for step in range(1, steps + 1):
@@ -248,12 +285,19 @@ def run_training(
     return steps / dt, mem.extra, written, done
 
 
-def bench(mb: int, steps: int, rounds: int) -> None:
+def bench(mb: int, steps: int, rounds: int, stall_only: bool = False) -> None:
     BUFFERS.clear()
     model = make_model(mb)
     nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     print(f"\n== {nbytes / 1e6:.0f} MB of parameters, {os.cpu_count()} cores ==")
     stall = stalls(model, rounds)
+    copy = stall["RAM copy"]
+    print(
+        "stall/save: " + ", ".join(f"{k} {v * 1e3:.0f} ms ({v / copy:.2f})" for k, v in stall.items()),
+        flush=True,
+    )
+    if stall_only:
+        return
     run_training(model, 10, None)  # warm-up
     base: list[float] = []
     rates: dict[str, list[float]] = {cls.name: [] for cls in SAVERS}
@@ -263,12 +307,13 @@ def bench(mb: int, steps: int, rounds: int) -> None:
     for _ in range(2):  # interleaved, so drift in machine speed hits every saver alike
         base.append(run_training(model, steps, None)[0])
         for cls in SAVERS:
-            rate, peak, nbytes_written, committed = run_training(model, steps, lambda f, c=cls: c(model, f))
+            rate, peak, nbytes_written, committed = run_training(
+                model, steps, lambda f, o, c=cls: c(model, f, o)
+            )
             rates[cls.name].append(rate)
             peaks[cls.name] = max(peaks[cls.name], peak)
             written[cls.name], done[cls.name] = nbytes_written, committed
     b = statistics.median(base)
-    copy = stall["RAM copy"]
     print(f"no saves: {b:.2f} steps/s; one RAM copy of the state: {copy * 1e3:.0f} ms")
     print(
         f"{'':16}{'stall/save':>12}{'÷ RAM copy':>12}{'throughput':>12}{'peak extra':>12}{'bytes':>10}"
@@ -346,6 +391,8 @@ def profile(mb: int, rounds: int) -> None:
 
     whole = Checkpointer(Store(folder), "whole", 1, lambda e: None)
     chunked = Checkpointer(Store(folder), "chunked", 1, lambda e: None, snapshot_memory=nbytes // 4)
+    gated = Checkpointer(Store(folder), "gated", 1, lambda e: None)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     for r in range(rounds + 1):  # the first round allocates buffers: not counted
         snap = whole.snapshot({"model": sd}, r, "periodic")
         times.setdefault("copy (snapshot)", []).append(snap.snapshot_s)
@@ -356,10 +403,17 @@ def profile(mb: int, rounds: int) -> None:
         timed("whole save: writer (save_now)", lambda s=snap: whole.save_now(s))
         snap = timed("chunked ¼ budget: stall", lambda r=r: chunked.snapshot({"model": sd}, r, "periodic"))
         timed("chunked ¼ budget: writer after", lambda s=snap: chunked.save_now(s))
+        t0 = time.perf_counter()
+        snap = gated.snapshot({"model": sd}, r, "periodic", optimizers=[opt])
+        times.setdefault("gated: snapshot returns", []).append(time.perf_counter() - t0)
+        gated.gate.wait()  # what a step() right after the save would wait, with no forward/backward
+        times.setdefault("gated: + until step() may run", []).append(time.perf_counter() - t0)
+        timed("gated: writer after (hash, rename)", lambda s=snap: gated.save_now(s))
         if r == 0:
             times.clear()
     whole.close()
     chunked.close()
+    gated.close()
     shutil.rmtree(folder, ignore_errors=True)
     print(f"\n== profile: one save of {nbytes / 1e6:.0f} MB, median of {rounds} ==")
     for name, values in times.items():
@@ -378,6 +432,7 @@ def main() -> None:
         help="savers to run by name, comma separated (default: all)",
     )
     parser.add_argument("--profile", action="store_true", help="per-phase costs of one save, then exit")
+    parser.add_argument("--stall-only", action="store_true", help="measure the stalls, not the throughput")
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.only:
@@ -387,7 +442,7 @@ def main() -> None:
         profile(int(args.mb.split(",")[0]), args.rounds)
         return
     for mb in (int(x) for x in args.mb.split(",")):
-        bench(mb, args.steps, args.rounds)
+        bench(mb, args.steps, args.rounds, args.stall_only)
 
 
 if __name__ == "__main__":

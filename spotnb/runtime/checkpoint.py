@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -54,12 +55,16 @@ from spotnb.runtime.chunked import (
     DATA_NAME,
     ChunkBuffers,
     Drain,
+    Gate,
+    Gated,
     TensorRef,
     copy_chunked,
     dense_layout,
     fill_refs,
+    split_bytes,
 )
 from spotnb.runtime.incremental import BlobRef, Incremental, Seen, fill_blobs, map_tensors
+from spotnb.runtime.staging import CudaStage
 from spotnb.signing import BadSignature, sign_doc, verify_doc
 from spotnb.sizes import available_memory, human_bytes, total_memory
 from spotnb.store import Store
@@ -73,6 +78,8 @@ __all__ = [
     "CHUNK",
     "emergency_skipped",
 ]
+
+log = logging.getLogger(__name__)
 
 CHUNK = 4 * 1024 * 1024
 #: the folder of backed-up files, by content, beside the numbered checkpoint folders
@@ -480,6 +487,17 @@ class Checkpointer:
         #: or more; 0.0 until one has): β of a save of n bytes is about n / bandwidth
         self.bandwidth = 0.0
         self.incremental = Incremental()
+        #: holds back the tracked optimizers' `step()` while a snapshot's drain writes their
+        #: tensors in place (`runtime/chunked.py`); `gate.waited` is stall time spent there
+        self.gate = Gate()
+        self.gate.on_wait = self._gate_waited
+        self._snapshots = 0  # samples in snapshot_ema
+        self._stage = CudaStage()  # pinned host copies of gated CUDA tensors, reused
+        #: why saves copy every tensor before training resumes (a torn snapshot was seen), or ""
+        self.blocking = ""
+        #: write saves whose tensors fit the budget the gated way too (their optimizers' tensors
+        #: written in place, no copy); False keeps them as one whole-state copy + torch.save
+        self.stream = True
         self.committed: list[Manifest] = []
         self.failures = 0
         self._seq = max(self._existing_seqs(), default=0)
@@ -490,7 +508,8 @@ class Checkpointer:
     @property
     def held_bytes(self) -> int:
         """Bytes of host RAM the snapshot buffers hold right now (idle ones included)."""
-        return sum(p.nbytes for p in self._pools) + (self._chunks.nbytes if self._chunks else 0)
+        chunks = self._chunks.nbytes if self._chunks else 0
+        return sum(p.nbytes for p in self._pools) + chunks + self._stage.nbytes
 
     def budget(self) -> int:
         """The most bytes snapshot buffers may hold: `snapshot_memory` when given, else what
@@ -513,6 +532,7 @@ class Checkpointer:
         files: list[tuple[str, str]] | None = None,
         dirs: dict[str, str] | None = None,
         frozen: set[int] | None = None,
+        optimizers: list[torch.optim.Optimizer] | None = None,
     ) -> Snapshot:
         """Copy `state` (nested dicts/lists of tensors and plain values) into CPU memory, and
         the script's `files` ((path, manifest name); `dirs`: folders backed up whole) to the
@@ -521,12 +541,16 @@ class Checkpointer:
         `frozen`: storage addresses of tensors no optimizer trains (`incremental.frozen_tensors`);
         those unchanged since the last committed save are referenced, not copied.
 
-        A state that fits the budget is copied whole into a pool of buffers; a larger one is
-        streamed through two half-budget buffers to a spool file (`runtime/chunked.py`) and
-        this returns once the last chunk is copied. Either way the buffers held never exceed
-        the budget: a snapshot waits for the writer to give some back rather than allocate more."""
+        `optimizers`: the tracked optimizers. Their parameters and state are not copied: a drain
+        writes them from their own memory after this returns, and their `step()` waits until it
+        has (`runtime/chunked.py`). The rest (or everything, without optimizers or after a torn
+        snapshot) is copied before this returns: whole into a pool of buffers when it fits the
+        budget and nothing is gated, else streamed through two buffers of at most half the
+        budget to a spool file. Either way the buffers held never exceed the budget: a snapshot
+        waits for the writer to give some back rather than allocate more."""
         self.beacon.set_snapshot(True)
         t0 = time.perf_counter()
+        self.gate.wait()  # the previous snapshot's gated tensors are written: one gate at a time
         referenced: dict[tuple, Seen] = {}
         fresh: dict[tuple, Seen] = {}
         try:
@@ -536,7 +560,16 @@ class Checkpointer:
             budget = self.budget()
             data: tuple[str, Drain] | None = None
             pool: _BufferPool | None = None
-            if need <= budget:
+            gated = (
+                Gated(optimizers, cuda=torch.cuda.is_available())
+                if optimizers and not self.blocking
+                else None
+            )
+            if gated is not None and need <= budget and (not self.stream or fresh):
+                # within the budget, and streaming not wanted or frozen tensors to store as blobs
+                # (tensors.bin would hold their bytes a second time): the whole-state copy
+                gated = None
+            if need <= budget and gated is None:
                 pool = self._take_pool(layout, need, budget)
                 try:
                     copied = pool.copy(state)
@@ -547,9 +580,10 @@ class Checkpointer:
                     raise
                 self.peak_bytes = max(self.peak_bytes, self.held_bytes)
             else:
-                copied, data = self._snapshot_chunked(state, budget)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+                copied, data = self._snapshot_chunked(state, budget, gated)
+            if pool is not None and torch.cuda.is_available():
+                torch.cuda.synchronize()  # the pool's non-blocking copies (a gated snapshot's
+                # device-to-host copies run on a side stream the optimizer gate waits for)
             spooled: list[tuple[str, str]] = []
             dests: dict[str, str] = {}
             hashes: dict[str, tuple[str, int]] = {}
@@ -567,6 +601,7 @@ class Checkpointer:
         if pool is not None:
             snap._pool = pool  # type: ignore[attr-defined]
         self.snapshot_ema, self.snapshot_var = _ewm(self.snapshot_ema, self.snapshot_var, dt)
+        self._snapshots += 1
         return snap
 
     def pending_bytes(self, state: Any, frozen: set[int] | None = None) -> tuple[int, int]:
@@ -614,10 +649,21 @@ class Checkpointer:
                     return pool
                 self._wait_for_buffers()
 
-    def _snapshot_chunked(self, state: Any, budget: int) -> tuple[Any, tuple[str, Drain]]:
-        """Stream the state through two half-budget buffers to a spool file: the skeleton, and
-        (the file, its drain)."""
+    def _snapshot_chunked(
+        self, state: Any, budget: int, gated: Gated | None
+    ) -> tuple[Any, tuple[str, Drain]]:
+        """Stream the state through two buffers of at most half the budget to a spool file, the
+        `gated` tensors left for the drain to write in place: the skeleton, and (the file, its
+        drain)."""
         chunk = budget // 2 // ALIGN * ALIGN
+        if gated is not None:  # buffers for what is copied, not for the gated tensors
+            copied, kept = split_bytes(state, gated)
+            chunk = min(chunk, max(copied, 1024 * ALIGN) // ALIGN * ALIGN + ALIGN)
+            if gated.cuda and kept + 2 * chunk > budget:  # no room for host copies of the GPU's
+                gated = Gated(gated.optimizers, cuda=False)
+                chunk = budget // 2 // ALIGN * ALIGN
+        if gated is None or not gated.cuda:
+            self._stage.clear()
         if chunk < ALIGN:
             raise ValueError(
                 f"Config.snapshot_memory is {budget} bytes, too little to hold two {ALIGN}-byte "
@@ -640,9 +686,16 @@ class Checkpointer:
                 self._wait_for_buffers()
         self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         path = os.path.join(self.spool, f"data-{uuid.uuid4().hex[:8]}.bin")
-        drain = Drain(path, chunks, on_done=lambda: self._give_back(chunks))
+        released = None
+        if gated is not None and gated.optimizers:
+            self.gate.hook(gated.optimizers)
+            released = self.gate.close()
+        drain = Drain(
+            path, chunks, on_done=lambda: self._give_back(chunks), released=released, on_torn=self._torn
+        )
         try:
-            skeleton = copy_chunked(state, drain, _plain_copy)
+            skeleton = copy_chunked(state, drain, _plain_copy, gated, self._stage_cuda)
+            self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         except BaseException:
             try:
                 drain.result()
@@ -652,6 +705,25 @@ class Checkpointer:
                 os.unlink(path)
             raise
         return skeleton, (path, drain)
+
+    def _gate_waited(self, seconds: float) -> None:
+        """`step()` waited for a gated snapshot: that is part of the save's δ too (the EWMA is
+        linear in each sample, so adding to the last sample adds α·seconds to the mean)."""
+        self.snapshot_ema += seconds if self._snapshots == 1 else 0.3 * seconds
+
+    def _stage_cuda(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], Any]:
+        """Host copies of gated CUDA tensors on the side stream; the gate's event is theirs."""
+        hosts, event = self._stage.stage(tensors)
+        self.gate.event = event
+        return hosts, event
+
+    def _torn(self, reason: str) -> None:
+        """A gated tensor changed under the drain (called from it): later snapshots copy
+        everything before the step goes on; the save itself fails with `TornSnapshot`."""
+        if not self.blocking:
+            log.warning("checkpoint: %s", reason)
+            self.emit(ev.JobWarning(message=f"checkpoint: {reason}"))
+        self.blocking = reason
 
     def _free_idle(self, keep: _BufferPool | None) -> int:
         """Free every idle buffer (pools and chunk buffers) but `keep`'s; the bytes freed."""
@@ -728,6 +800,7 @@ class Checkpointer:
         return self._pending is None and not self._busy
 
     def close(self) -> None:
+        self.gate.unhook()
         with self._cv:
             self._closed = True
             self._cv.notify_all()

@@ -835,7 +835,9 @@ class Context:
             return
         t0 = time.perf_counter()
         frozen = frozen_tensors(self._tracked.values())  # referenced while unchanged
-        snap = self._ckpt.snapshot(self._full_state(), self._step, kind, files, dirs, frozen)
+        snap = self._ckpt.snapshot(
+            self._full_state(), self._step, kind, files, dirs, frozen, self._optimizers()
+        )
         self._last_save_step = self._step
         self._replan()  # before the hand-off: once the writer thread runs, it competes for the GIL
         if wait:
@@ -844,6 +846,17 @@ class Context:
             self._ckpt.submit(snap)
         self._save_s += time.perf_counter() - t0
         self._t_last = time.perf_counter()  # the save is not step time
+
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        """The tracked optimizers whose `step()` writes their tensors (a wrapper's inner one):
+        what a snapshot gates instead of copying their parameters and state."""
+        out = []
+        for obj in self._tracked.values():
+            while isinstance(getattr(obj, "optim", None), torch.optim.Optimizer):
+                obj = obj.optim
+            if isinstance(obj, torch.optim.Optimizer):
+                out.append(obj)
+        return out
 
     def _full_state(self) -> dict[str, Any]:
         return {

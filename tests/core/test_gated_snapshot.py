@@ -1,0 +1,325 @@
+"""Gated snapshots (`runtime/chunked.py`): the training step is released before the tracked
+optimizers' tensors are written; their `step()` waits for the drain, forward and backward do
+not. The checkpoint holds the tensors as they were at the save's step, bit for bit; a write
+the gate cannot see makes that save fail (never a torn commit) and later saves block.
+
+Real checkpointer, real store directory, real threads and a real SIGKILL. Where a test needs
+the drain to be mid-write it holds `Drain._write_direct` back on an event (the file write
+itself is real)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+
+from spotnb.runtime import chunked
+from spotnb.runtime.checkpoint import Checkpointer
+from spotnb.runtime.chunked import DATA_NAME
+from spotnb.store import Store
+from tests.core.helpers import Recorder
+
+MB = 1024 * 1024
+
+
+def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """~2.1 MB of parameters + as much SGD momentum, and a BatchNorm whose buffers forward writes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(512, 512), torch.nn.BatchNorm1d(512), torch.nn.Linear(512, 512)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    _step(model, opt)  # momentum buffers exist
+    return model, opt
+
+
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor | None = None) -> None:
+    x = torch.randn(16, 512) if x is None else x
+    opt.zero_grad()
+    model(x).square().mean().backward()
+    opt.step()
+
+
+def _state(model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> dict:
+    return {"step": step, "objects": {"model": model.state_dict(), "opt": opt.state_dict()}}
+
+
+def _clone(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_clone(v) for v in obj)
+    return obj
+
+
+def _assert_same(a, b) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _assert_same(x, y)
+    else:
+        assert a == b
+
+
+class _HeldDrain:
+    """Holds the drain just before it writes the gated tensors, until `release`."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.writing, self.go = threading.Event(), threading.Event()
+        real = chunked.Drain._write_direct
+
+        def held(drain, f, direct, size):
+            self.writing.set()
+            assert self.go.wait(30)
+            return real(drain, f, direct, size)
+
+        monkeypatch.setattr(chunked.Drain, "_write_direct", held)
+
+    def release(self) -> None:
+        self.go.set()
+
+
+def test_training_runs_during_a_gated_save_and_the_checkpoint_holds_the_saved_step(
+    store_url, monkeypatch
+) -> None:
+    """A state 4× the budget: the snapshot returns before the parameters are written, forward
+    and backward run, `step()` waits for the drain; the checkpoint has the weights of the save's
+    step bit for bit, and the snapshot buffers never held more than the budget."""
+    model, opt = _model()
+    state = _state(model, opt, 1)
+    nbytes = chunked.dense_layout(state)[1]
+    budget = nbytes // 4
+    held = _HeldDrain(monkeypatch)
+    c = Checkpointer(Store(store_url), "job", 1, Recorder(), snapshot_memory=budget)
+    try:
+        expected = _clone(state)
+        snap = c.snapshot(state, 1, "periodic", optimizers=[opt])
+        c.submit(snap)
+        assert held.writing.wait(30)  # the snapshot returned; the parameters are not written yet
+        x = torch.randn(16, 512)
+        opt.zero_grad()
+        model(x).square().mean().backward()  # forward (BatchNorm's buffers too) and backward run
+        stepped = threading.Event()
+        stepper = threading.Thread(target=lambda: (opt.step(), stepped.set()))
+        stepper.start()
+        assert not stepped.wait(0.5), "optimizer.step() ran while the drain had not written its tensors"
+        held.release()
+        stepper.join(30)
+        assert stepped.is_set() and c.gate.waited > 0
+        assert c.snapshot_ema >= c.gate.waited  # the wait is part of the save's δ
+        assert c.wait(60) and c.failures == 0
+        manifest, restored = c.load_latest()
+        assert manifest.step == 1 and DATA_NAME in manifest.files
+        _assert_same(expected, restored)
+        assert not torch.equal(restored["objects"]["model"]["0.weight"], model[0].weight.detach())
+        assert c.peak_bytes <= budget
+    finally:
+        held.release()
+        c.close()
+
+
+def test_a_write_the_gate_cannot_see_fails_that_save_and_later_saves_block(store_url, monkeypatch) -> None:
+    """A parameter changed in place (not by the optimizer) while the drain writes: that save is
+    not committed and says why, the previous checkpoint restores, and the next save copies
+    everything before returning, and commits."""
+    model, opt = _model()
+    rec = Recorder()
+    c = Checkpointer(Store(store_url), "job", 1, rec, snapshot_memory=MB)
+    held = None
+    try:
+        first = _clone(_state(model, opt, 1))
+        c.save_now(c.snapshot(_state(model, opt, 1), 1, "periodic", optimizers=[opt]))
+        _step(model, opt)
+        held = _HeldDrain(monkeypatch)
+        c.submit(c.snapshot(_state(model, opt, 2), 2, "periodic", optimizers=[opt]))
+        assert held.writing.wait(30)
+        with torch.no_grad():
+            model[2].bias.add_(1.0)  # user code, in place, between the save and the next step
+        held.release()
+        assert c.wait(60)
+        failed = rec.kinds("checkpoint_failed")
+        assert [e["step"] for e in failed] == [2] and "changed in place" in failed[0]["error"]
+        assert "2.bias" in failed[0]["error"]
+        assert any("changed in place" in e["message"] for e in rec.kinds("warning"))
+        manifest, restored = c.load_latest()
+        assert manifest.step == 1
+        _assert_same(first, restored)
+        assert c.blocking
+        # later saves: everything copied before the snapshot returns, so a write right after is harmless
+        third = _clone(_state(model, opt, 3))
+        c.submit(c.snapshot(_state(model, opt, 3), 3, "periodic", optimizers=[opt]))
+        assert c.gate.open.is_set()
+        with torch.no_grad():
+            model[2].bias.add_(1.0)
+        assert c.wait(60) and len(rec.kinds("checkpoint_failed")) == 1
+        manifest, restored = c.load_latest()
+        assert manifest.step == 3
+        _assert_same(third, restored)
+    finally:
+        if held is not None:
+            held.release()
+        c.close()
+
+
+def test_a_save_requested_while_the_previous_is_gated_waits_and_both_are_exact(
+    store_url, monkeypatch
+) -> None:
+    """The second snapshot waits for the first one's drain (its wait is stall); tensors
+    resized/replaced between saves are written as they are at each save."""
+    model, opt = _model()
+    c = Checkpointer(Store(store_url), "job", 1, Recorder(), snapshot_memory=MB)
+    held = _HeldDrain(monkeypatch)
+    try:
+        one = _clone(_state(model, opt, 1))
+        c.submit(c.snapshot(_state(model, opt, 1), 1, "periodic", optimizers=[opt]))
+        assert held.writing.wait(30)
+        second: list = []
+        model[2] = torch.nn.Linear(512, 256)  # replaced between saves: not in the optimizer
+        t = threading.Thread(
+            target=lambda: second.append(c.snapshot(_state(model, opt, 2), 2, "x", optimizers=[opt]))
+        )
+        t.start()
+        assert not second and t.is_alive()
+        held.release()
+        t.join(30)
+        assert second
+        c.submit(second[0])
+        assert c.wait(60) and c.failures == 0
+        manifest, restored = c.load_latest()
+        assert manifest.step == 2 and restored["objects"]["model"]["2.weight"].shape == (256, 512)
+        _assert_same(_state(model, opt, 2), restored)
+        older = [m for m in c.list_manifests() if m.step == 1]
+        assert older and c._load(older[0]) is not None
+        _assert_same(one, c._load(older[0]))
+    finally:
+        held.release()
+        c.close()
+
+
+def test_a_full_spool_disk_during_the_gated_write_opens_the_gate_and_fails_the_save(
+    tmp_path, store_url
+) -> None:
+    """ENOSPC while the drain writes the parameters in place: `step()` is not left blocked, the
+    save fails, the previous checkpoint restores."""
+    from tests.core.helpers import mounted_tmpfs
+
+    with mounted_tmpfs(tmp_path / "spool", "1m") as spool:
+        model, opt = _model()
+        rec = Recorder()
+        c = Checkpointer(Store(store_url), "job", 1, rec, spool_dir=str(spool), snapshot_memory=256 * 1024)
+        try:
+            c.save_now(c.snapshot({"step": 1, "w": torch.ones(1000)}, 1, "periodic"))
+            c.submit(c.snapshot(_state(model, opt, 2), 2, "periodic", optimizers=[opt]))  # 4 MB
+            _step(model, opt)  # the gate opens although the write failed
+            assert c.wait(60)
+            assert "No space left" in rec.kinds("checkpoint_failed")[0]["error"]
+            manifest, state = c.load_latest()
+            assert manifest.step == 1 and torch.equal(state["w"], torch.ones(1000))
+            assert not c.blocking and [n for n in os.listdir(c.spool) if n.startswith("data-")] == []
+        finally:
+            c.close()
+
+
+_KILLED = """
+import sys, threading, torch
+from spotnb.runtime import chunked
+from spotnb.runtime.checkpoint import Checkpointer
+from spotnb.store import Store
+
+torch.manual_seed(0)
+w = torch.nn.Linear(1024, 1024)
+opt = torch.optim.SGD(w.parameters(), lr=0.1)
+c = Checkpointer(Store(sys.argv[1]), "job", 1, lambda e: None, snapshot_memory=1 << 20)
+c.save_now(c.snapshot({"step": 1, "w": w.state_dict()}, 1, "periodic", optimizers=[opt]))
+real = chunked.Drain._write_direct
+
+def stuck(drain, f, direct, size):
+    f.write(direct[0].tensor.reshape(-1).view(torch.uint8).numpy().data[:1 << 20])
+    f.flush()
+    open(sys.argv[2], "w").close()  # half of the parameters are in the spool file: kill me now
+    threading.Event().wait()
+
+chunked.Drain._write_direct = stuck
+with torch.no_grad():
+    w.weight.add_(1.0)
+c.submit(c.snapshot({"step": 2, "w": w.state_dict()}, 2, "periodic", optimizers=[opt]))
+threading.Event().wait()
+"""
+
+
+def test_a_process_killed_mid_gated_write_leaves_the_previous_checkpoint(store_url, tmp_path) -> None:
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(_KILLED))
+    ready = tmp_path / "ready"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, str(script), store_url, str(ready)], env=env)
+    try:
+        from tests.core.helpers import wait_for
+
+        wait_for(
+            lambda: ready.exists() or proc.poll() is not None, 40, "the save never reached the gated write"
+        )
+        assert proc.poll() is None
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    c = Checkpointer(Store(store_url), "job", 2, Recorder())
+    try:
+        manifest, state = c.load_latest()
+        torch.manual_seed(0)
+        assert manifest.step == 1 and torch.equal(
+            state["w"]["weight"], torch.nn.Linear(1024, 1024).weight.detach()
+        )
+        assert [m.step for m in c.list_manifests()] == [1]
+    finally:
+        c.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the side-stream device-to-host copy")
+def test_a_gated_save_on_the_gpu_copies_on_a_side_stream_and_holds_the_saved_step(store_url) -> None:
+    """Parameters and momentum on the GPU: the snapshot queues their host copies on a side stream
+    and returns; the next step (its compute stream waiting for the copy's event) runs; the
+    checkpoint has the values of the save's step, bit for bit."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(64, 1024, device="cuda")
+    _step(model, opt, x)
+    c = Checkpointer(Store(store_url), "job", 1, Recorder())
+    try:
+        expected = _clone(_state(model, opt, 1))
+        c.submit(c.snapshot(_state(model, opt, 1), 1, "periodic", optimizers=[opt]))
+        for _ in range(3):
+            _step(model, opt, x)
+        assert c.wait(60) and c.failures == 0
+        manifest, restored = c.load_latest()
+        assert manifest.step == 1 and DATA_NAME in manifest.files
+        _assert_same({k: v for k, v in expected.items()}, _to(restored, "cuda"))
+        assert c.held_bytes >= 8 * MB  # the pinned host copies, kept for the next save
+    finally:
+        c.close()
+
+
+def _to(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device) if obj.is_floating_point() else obj
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    return obj
