@@ -224,7 +224,9 @@ def choose(
     "local" (target → zone), "across" (source → zone), "back" (zone → source)."""
     gb, save_gb = nbytes / 1e9, save_bytes / 1e9
     copy = gb * (rates["copy"] + rates["local"])
-    read = gb * rates["across"] + saves * save_gb * rates["back"]
+    per_save = save_gb * rates["back"]
+    # saves that cost nothing add nothing, however many (inf × 0 would be NaN: no comparison)
+    read = gb * rates["across"] + (saves * per_save if per_save > 0 else 0.0)
     terms = (
         f"copy {gb:.3f} GB once = ${copy:.6f}; read across = restore ${gb * rates['across']:.6f} + "
         f"{saves:.1f} expected save(s) × {save_gb:.3f} GB × ${rates['back']:.3f}/GB = ${read:.6f}"

@@ -289,3 +289,19 @@ def _agent_events(store: Store) -> list[Any]:
     from spotnb.events import EventReader
 
     return EventReader(store, JOB).poll()
+
+
+def test_the_cost_rule_with_an_unknown_length_and_free_saves_back_stays_a_number() -> None:
+    """Attack: a job of unknown length (infinite expected saves) whose saves cross back for
+    free (or a checkpoint of 0 bytes): inf × 0 is NaN, which made every comparison false —
+    the copy was never taken even when it costs less than the restore across, and the event
+    carried a NaN cost. Saves that cost nothing add nothing."""
+    import math
+
+    free_back = {"copy": 0.0, "local": 0.0, "across": 0.02, "back": 0.0}
+    got = choose(2e9, 1e9, math.inf, free_back, "home", "zb")
+    assert math.isfinite(got.read_cost) and got.read_cost == pytest.approx(0.04)
+    assert got.action == "copy" and got.cost == 0.0
+    empty = choose(0.0, 0.0, math.inf, {"copy": 0.02, "local": 0.0, "across": 0.02, "back": 0.02}, "h", "z")
+    assert (empty.copy_cost, empty.read_cost, empty.action) == (0.0, 0.0, "read_across")
+    assert "nan" not in empty.reason
