@@ -125,6 +125,11 @@ def check_config(config: Any, check_url: Callable[[str], object]) -> None:
             raise ValueError(f"regional_stores: a key {key!r} is not a region or zone name")
         if not isinstance(url, str) or not url.strip():
             raise ValueError(f"{field}: give a store URL, e.g. 's3://bucket/prefix', not {url!r}")
+        if url != url.strip():
+            raise ValueError(
+                f"{field}: the URL {url!r} has spaces or a line break around it (a folder would "
+                "be made under each process's working directory); remove them"
+            )
         if "?" in url:
             raise ValueError(
                 f"{field}: the URL carries a query (a SAS token?); it would travel in the job's "

@@ -305,3 +305,13 @@ def test_the_cost_rule_with_an_unknown_length_and_free_saves_back_stays_a_number
     empty = choose(0.0, 0.0, math.inf, {"copy": 0.02, "local": 0.0, "across": 0.02, "back": 0.02}, "h", "z")
     assert (empty.copy_cost, empty.read_cost, empty.action) == (0.0, 0.0, "read_across")
     assert "nan" not in empty.reason
+
+
+@pytest.mark.parametrize("url", ["  {d}/zb  ", "{d}/zb\n", "\t{d}/zb"])
+def test_a_regional_store_url_with_spaces_around_it_is_refused(tmp_path, url: str) -> None:
+    """Attack: the check read the URL stripped, the controller and the agent used it as given:
+    '  /d/zb  ' became a folder named '  /d/zb  ' under each process's working directory (the
+    copy in one, the instance's saves in another), '/d/zb\\n' a folder whose name ends in a
+    line break. Refused, naming the field."""
+    with pytest.raises(spot.ConfigError, match=r"regional_stores\['zone-b'\].*spaces or a line break"):
+        _local(tmp_path, regional_stores={"zone-b": url.format(d=tmp_path)})
