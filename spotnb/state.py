@@ -289,6 +289,8 @@ class JobState:
         self.checkpoints: list[ev.Checkpoint] = []
         self._placed: dict[int, float] = {}  # incarnation -> $ of its placement (a copy, a restore)
         self._saves_across = 0.0  # $ of saves written across regions
+        self._placed_copy: dict[int, bool] = {}  # incarnation -> its latest placement copied
+        self._copied_before = 0.0  # $ of copies made by placements a later one replaced
         self._save_per_gb: dict[int, float] = {}  # incarnation -> $/GB of each of its saves
         self.feed: list[Event] = []
         self.step = 0
@@ -505,8 +507,12 @@ class JobState:
                 v["breakdown"] += 1
         elif isinstance(e, ev.CheckpointPlaced):
             # the latest placement of an incarnation counts (a successor controller that placed
-            # it again after a kill mid-copy replaces the first)
+            # it again after a kill replaces the first), but a copy the first one made was paid
+            # for: its bytes moved (the restore across is the instance's, spent once)
+            if self._placed_copy.get(n):
+                self._copied_before += self._placed[n]
             self._placed[n] = max(0.0, e.cost or 0.0)
+            self._placed_copy[n] = e.action == "copy"
             self._save_per_gb[n] = max(0.0, e.save_per_gb or 0.0)
             v["breakdown"] += 1
         elif isinstance(e, ev.Notice):
@@ -630,7 +636,7 @@ class JobState:
     def transfer_cost(self) -> float:
         """$ of moving checkpoints between regions (`checkpoint_placed`: a copy or a restore read
         across, then each save of that incarnation written across): the ledger's transfer line."""
-        return sum(self._placed.values()) + self._saves_across
+        return sum(self._placed.values()) + self._saves_across + self._copied_before
 
     def breakdown(self, now: float | None = None) -> Breakdown:
         """Where the time and the money went (`spotnb.ledger`): the same figures for

@@ -350,3 +350,34 @@ def test_a_replica_move_is_timed_to_its_old_instance_s_increment_too() -> None:
     assert T0 + 3600.0 - 900.0 <= leave < T0 + 3600.0
     assert FleetController._due(fleet, old, move, fleet._move_at) is True
     assert FleetController._due(stand_in("best-price"), old, move, now) is True
+
+
+def test_a_copy_placed_before_the_controller_died_stays_in_the_bill_when_its_successor_places_again() -> None:
+    """Attack: the controller copied the checkpoint to zone-b (its `checkpoint_placed` says so,
+    $0.04 spent) and was SIGKILLed before writing `incarnations/0002.ckpt.json`; its successor
+    places incarnation 2 again and finds the copy there ("in_place", $0). The copy's bytes
+    were moved and paid: the bill keeps them. A restore read across is spent once, by the
+    instance, so a later placement of the same incarnation replaces it."""
+    base: list[Any] = [
+        ev.Submitted(t=T0 - 5, name="j", provider="local", instance_type="g4dn.xlarge", config={}),
+    ]
+
+    def placed(t: float, action: str, cost: float, per_gb: float = 0.0) -> Any:
+        return ev.CheckpointPlaced(
+            t=t,
+            incarnation=2,
+            zone="zone-b",
+            action=action,
+            source="h",
+            target="b",
+            cost=cost,
+            save_per_gb=per_gb,
+        )
+
+    copied_then_in_place = [*base, placed(T0, "copy", 0.04), placed(T0 + 5, "in_place", 0.0)]
+    assert JobState.from_events(copied_then_in_place).transfer_cost == pytest.approx(0.04)
+    across_twice = [*base, placed(T0, "read_across", 0.04, 0.02), placed(T0 + 5, "read_across", 0.04, 0.02)]
+    assert JobState.from_events(across_twice).transfer_cost == pytest.approx(0.04)
+    # a successor that had to copy again (the first copy was damaged since): both copies paid
+    copy_after_copy = [*base, placed(T0, "copy", 0.04), placed(T0 + 5, "copy", 0.04)]
+    assert JobState.from_events(copy_after_copy).transfer_cost == pytest.approx(0.08)
