@@ -315,3 +315,22 @@ def test_a_regional_store_url_with_spaces_around_it_is_refused(tmp_path, url: st
     line break. Refused, naming the field."""
     with pytest.raises(spot.ConfigError, match=r"regional_stores\['zone-b'\].*spaces or a line break"):
         _local(tmp_path, regional_stores={"zone-b": url.format(d=tmp_path)})
+
+
+@pytest.mark.parametrize("raw", [b'{"write": "/x", "re', b"[1, 2]", b'{"write": "/x", "read": "/x/y"}'])
+def test_a_damaged_checkpoint_document_makes_the_agent_give_up_with_a_warning(tmp_path, raw: bytes) -> None:
+    """Attack: `incarnations/0002.ckpt.json` truncated, not an object, or with a string where
+    the list of stores goes (each character became a store: folders named '/', 'x', 'y' under
+    the working directory). The agent says which file is damaged and gives up (the controller
+    relaunches with a new document) rather than dying on a traceback or opening odd stores."""
+    import json
+
+    from spotnb.runtime.agent import Agent
+
+    home = Store((tmp_path / "home").as_uri())
+    inc = home.job(JOB, "incarnations")
+    home.write_bytes(f"{inc}/0002.json", json.dumps({"incarnation": 2, "ckpt_doc": True}).encode())
+    home.write_bytes(f"{inc}/0002.ckpt.json", raw)
+    agent = Agent(home.url, JOB, 2)
+    with pytest.raises(RuntimeError, match=r"0002\.ckpt\.json.*damaged"):
+        agent._checkpoint_stores()
