@@ -140,6 +140,7 @@ def check_config(config: Any, check_url: Callable[[str], object]) -> None:
             check_url(url.strip())
         except ValueError as exc:
             raise ValueError(f"{field}: {exc}") from None
+        _check_visible(field, url, config.provider)
         where = _where(url.strip())
         if where == home:
             raise ValueError(f"{field} is the job's home store; leave that zone out of regional_stores")
@@ -152,6 +153,26 @@ def check_config(config: Any, check_url: Callable[[str], object]) -> None:
                 "of them (or its region), or add it to regions"
             )
         _check_reachable(field, url.strip())
+
+
+def _check_visible(field: str, url: str, provider: str) -> None:
+    """The instances write their checkpoints there: a store only this process sees (memory://)
+    or, for a job on cloud VMs, a folder of this machine would take saves that die with the
+    instance (the home store is refused so by the provider's check; this one is not its)."""
+    from fsspec.core import split_protocol
+
+    protocol = (split_protocol(url)[0] or "file").lower()
+    if protocol == "memory":
+        raise ValueError(
+            f"{field}: a memory:// store is visible to one process only; the instances would "
+            "save where nothing outlives them. Give a folder or a bucket"
+        )
+    if provider != "local" and protocol in ("file", "local"):
+        raise ValueError(
+            f"{field}: provider={provider!r} runs the job on cloud VMs, which cannot reach {url!r} "
+            "on this machine (their saves would stay on their own disks); give a bucket in that "
+            "region, e.g. 's3://my-bucket-usw2/spot'"
+        )
 
 
 def _where(url: str) -> tuple[str, str]:

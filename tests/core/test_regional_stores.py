@@ -334,3 +334,29 @@ def test_a_damaged_checkpoint_document_makes_the_agent_give_up_with_a_warning(tm
     agent = Agent(home.url, JOB, 2)
     with pytest.raises(RuntimeError, match=r"0002\.ckpt\.json.*damaged"):
         agent._checkpoint_stores()
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        (dict(provider="aws", store="s3://home-bucket/spot"), "cannot reach"),
+        (dict(provider="aws", store="s3://home-bucket/spot", url="file:///srv/west"), "cannot reach"),
+        (dict(provider="aws", store="s3://home-bucket/spot", url="memory://west"), "one process"),
+        (dict(url="memory://west"), "one process"),
+    ],
+)
+def test_a_regional_store_the_instances_cannot_reach_is_refused(tmp_path, fields: dict, words: str) -> None:
+    """Attack: a folder as the regional store of a job on cloud VMs (the home store's check
+    refuses it, this one did not), or a memory:// store (one process's): the controller copied
+    the checkpoint there on its own machine, and the instance in that zone saved every
+    checkpoint onto its own disk or memory, gone with it at the next preemption. Refused,
+    naming the entry, before anything runs."""
+    url = fields.pop("url", str(tmp_path / "west"))
+    if fields.get("provider") == "aws":
+        config = dict(instance_type="g5.xlarge", regions=["us-east-1a", "us-west-2a"], **fields)
+        with pytest.raises(spot.ConfigError, match=rf"regional_stores\['us-west-2'\].*{words}"):
+            spot.Config(**config, regional_stores={"us-west-2": url})
+        assert spot.Config(**config, regional_stores={"us-west-2": "s3://west/spot"}).regional_stores
+    else:
+        with pytest.raises(spot.ConfigError, match=rf"regional_stores\['zone-b'\].*{words}"):
+            _local(tmp_path, regional_stores={"zone-b": url})
