@@ -381,3 +381,38 @@ def test_a_copy_placed_before_the_controller_died_stays_in_the_bill_when_its_suc
     # a successor that had to copy again (the first copy was damaged since): both copies paid
     copy_after_copy = [*base, placed(T0, "copy", 0.04), placed(T0 + 5, "copy", 0.04)]
     assert JobState.from_events(copy_after_copy).transfer_cost == pytest.approx(0.08)
+
+
+def test_an_instance_launched_but_never_recorded_as_allocated_is_still_billed() -> None:
+    """Attack: the controller is SIGKILLed between `launched` and `allocated` (on a cloud the
+    wait for the VM can take minutes). The instance ran: its successor reclaimed it (a cloud's)
+    or killed it (the local market's orphan) and closed it. It was billed $0 — no allocation
+    in the log. It is billed from its launch to its end at its zone's price; a launch that
+    failed (`alloc_failed` after it: never ran) and one still waiting are not billed."""
+    base: list[Any] = [
+        ev.Submitted(t=T0 - 5, name="j", provider="aws", instance_type="g4dn.xlarge", config={}),
+        ev.Prices(t=T0 - 2, zones={"us-east-1a": 0.40}),
+        ev.Allocating(t=T0 - 1, incarnation=1, region="us-east-1a", attempt=1),
+    ]
+
+    def launched(t: float) -> Any:
+        return ev.Launched(
+            t=t,
+            incarnation=1,
+            instance_id="i-1",
+            region="us-east-1a",
+            instance_type="g4dn.xlarge",
+            launched_at=t,
+        )
+
+    closed = ev.Exited(t=T0 + 600, incarnation=1, reason=ev.Outcome.LOST)
+    ran = JobState.from_events([*base, launched(T0), closed])
+    assert ran.breakdown(now=T0 + 600).spot_cost == pytest.approx(600 * 0.40 / 3600)
+    failed = [
+        *base,
+        launched(T0),
+        ev.AllocFailed(t=T0 + 30, incarnation=1, region="us-east-1a", reason="x", retry_in=0.0),
+    ]
+    assert JobState.from_events([*failed, closed]).breakdown(now=T0 + 600).spot_cost == 0.0
+    waiting = JobState.from_events([*base, launched(T0)])
+    assert waiting.breakdown(now=T0 + 60).spot_cost == 0.0
