@@ -444,6 +444,9 @@ class Checkpointer:
         #: the URL of the store the last `load_latest` restored from (None: nothing restored)
         self.restored_from: str | None = None
         self._unreachable: set[str] = set()  # stores whose listing failed (warned once)
+        #: blobs of the write store that failed verification at restore: a save writes them
+        #: again instead of reusing them (same size, so `_upload_blob` would take them as good)
+        self._damaged_blobs: set[str] = set()
         #: most bytes of host RAM snapshot buffers may hold at once (None: what is free, see
         #: `budget`)
         self.snapshot_memory = snapshot_memory
@@ -949,11 +952,13 @@ class Checkpointer:
         earlier checkpoint's copy, checked by size; restore checks its hash)."""
         path = f"{self.root}/{BLOBS}/{sha256}"
         try:
-            if self.store.exists(path) and self.store.fs.size(path) == size:
+            damaged = sha256 in self._damaged_blobs
+            if not damaged and self.store.exists(path) and self.store.fs.size(path) == size:
                 return {"size": size, "sha256": sha256, "blob": True, "reused": True}
         except OSError:
             pass  # cannot tell: upload it
         meta = self._upload(local, path, {"size": size, "sha256": sha256})
+        self._damaged_blobs.discard(sha256)
         return {**meta, "blob": True}
 
     def _upload(self, local: str, dest: str, known: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -1156,7 +1161,12 @@ class Checkpointer:
         try:
             for name, meta in manifest.files.items():
                 where = f"{root}/{BLOBS}/{meta['sha256']}" if meta.get("blob") else f"{folder}/{name}"
-                paths[name] = self._fetch_verified(where, meta, store)
+                try:
+                    paths[name] = self._fetch_verified(where, meta, store)
+                except ValueError:  # its bytes do not match its hash
+                    if meta.get("blob") and store is self.store:
+                        self._damaged_blobs.add(meta["sha256"])
+                    raise
             state = torch.load(paths["state.pt"], map_location="cpu", weights_only=False)
             if DATA_NAME in paths:  # written chunked: the skeleton's tensors are in tensors.bin
                 state = fill_refs(state, paths[DATA_NAME])

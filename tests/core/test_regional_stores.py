@@ -360,3 +360,41 @@ def test_a_regional_store_the_instances_cannot_reach_is_refused(tmp_path, fields
     else:
         with pytest.raises(spot.ConfigError, match=rf"regional_stores\['zone-b'\].*{words}"):
             _local(tmp_path, regional_stores={"zone-b": url})
+
+
+def test_a_damaged_blob_in_the_write_store_is_written_again_not_reused_by_later_saves(stores) -> None:
+    """Attack: one flipped byte in a blob (a frozen tensor, stored by content) of the copy in
+    the regional store. The instance there restored the home copy, then each save found the
+    damaged blob "already there" (same size) and listed it: every checkpoint it committed was
+    unrestorable, pruning then deleted the good home one, and the next restore found nothing —
+    the job would have started over. The blob that failed verification is written again."""
+    base = torch.arange(256 * 256, dtype=torch.float32).reshape(256, 256)  # 256 kB: a blob
+    frozen = {base.untyped_storage().data_ptr()}
+
+    def save(ck: Checkpointer, step: int) -> None:
+        state = {
+            "step": step,
+            "objects": {"base": base, "w": torch.full((8, 8), float(step))},
+            "rng": {},
+            "user": {},
+        }
+        ck.save_now(ck.snapshot(state, step, "periodic", frozen=frozen))
+
+    home, reg = stores
+    ck, _ = _ck(home)
+    save(ck, 10)
+    ck.close()
+    seq, manifest = newest_committed(home, JOB)
+    copy_checkpoint(home, reg, JOB, seq)
+    (sha,) = [meta["sha256"] for meta in manifest["files"].values() if meta.get("blob")]
+    _flip(reg, reg.job(JOB, "ckpt", "blobs", sha))
+    there, _ = _ck(reg, [home], n=2)
+    assert there.load_latest()[0].step == 10 and there.restored_from == home.url
+    save(there, 20)
+    save(there, 30)  # keep_last=2: the home checkpoint goes now
+    there.close()
+    again, rec = _ck(reg, [home], n=3)
+    found = again.load_latest()
+    assert found is not None and found[0].step == 30 and again.restored_from == reg.url
+    assert torch.equal(found[1]["objects"]["base"], base) and not rec.kinds("checkpoint_invalid")
+    again.close()
