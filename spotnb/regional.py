@@ -302,6 +302,11 @@ def newest_committed(store: Store, job_id: str) -> tuple[int, dict[str, Any]] | 
     return None
 
 
+def _order(found: tuple[int, dict[str, Any], Any]) -> tuple[int, float]:
+    step = found[1].get("step")
+    return (found[0], float(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else -1.0)
+
+
 def _safe(name: Any) -> bool:
     return (
         isinstance(name, str)
@@ -484,9 +489,12 @@ class Regional:
                 continue
             if found is None:
                 continue
-            if best is None or found[0] > best[0]:
+            # one number with two steps: numbered while a store was out of reach; the agent
+            # restores the one further on (`Checkpointer._scan`), so that one is placed
+            key, best_key = _order(found), _order(best) if best is not None else None
+            if best is None or best_key is None or key > best_key:
                 best = (found[0], found[1], [url])
-            elif found[0] == best[0]:
+            elif key == best_key:
                 best[2].append(url)
         return best
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -285,6 +286,10 @@ def _copy_slice_hashing(src: str, offset: int, nbytes: int, dest: str) -> str:
             fout.write(chunk)
             left -= len(chunk)
     return digest.hexdigest()
+
+
+def _step_of(found: Manifest | Exception | None) -> float:
+    return float(found.step) if isinstance(found, Manifest) else -math.inf
 
 
 def _restore_dir(folder: str, files: dict[str, str]) -> None:
@@ -1028,7 +1033,9 @@ class Checkpointer:
                 continue
             self._unreachable.discard(store.url)
             out += [(seq, rank, manifest, store) for seq, manifest in found]
-        out.sort(key=lambda item: (-item[0], item[1]))
+        # one number in two stores is one checkpoint's copies (same step), or two checkpoints
+        # numbered while one store was out of reach (`_existing_seqs`): the one further on first
+        out.sort(key=lambda item: (-item[0], -_step_of(item[2]), item[1]))
         return [(seq, manifest, store) for seq, _, manifest, store in out]
 
     def _scan_store(self, store: Store) -> list[tuple[int, Manifest | Exception | None]]:

@@ -398,3 +398,39 @@ def test_a_damaged_blob_in_the_write_store_is_written_again_not_reused_by_later_
     assert found is not None and found[0].step == 30 and again.restored_from == reg.url
     assert torch.equal(found[1]["objects"]["base"], base) and not rec.kinds("checkpoint_invalid")
     again.close()
+
+
+def test_two_checkpoints_that_got_one_number_while_a_store_was_out_of_reach_restore_the_newer(stores) -> None:
+    """Attack: the regional store holds checkpoint 2 (step 20); it is out of reach when the
+    next instance (at home) picks its numbers, so its step-30 save is also number 2, at home.
+    Once the region is back, an instance writing there took its own copy first (the write
+    store's) and restored step 20: ten committed steps thrown away. Of two checkpoints with one
+    number, the one further on is restored."""
+    home, reg = stores
+    ck, _ = _ck(home)
+    ckpt_save(ck, 10)
+    ck.close()
+    copy_checkpoint(home, reg, JOB, 1)
+    there, _ = _ck(reg, [home], n=2)
+    there.load_latest()
+    ckpt_save(there, 20)  # number 2, in the region
+    there.close()
+    back_home, _ = _ck(home, n=3)  # the region out of reach: it is not among its stores
+    back_home.load_latest()
+    ckpt_save(back_home, 30)  # number 2 again, at home
+    back_home.close()
+    assert newest_committed(home, JOB)[0] == newest_committed(reg, JOB)[0] == 2
+    again, _ = _ck(reg, [home], n=4)
+    manifest, _ = again.load_latest()
+    assert (manifest.step, again.restored_from) == (30, home.url)
+    again.close()
+    # the controller places the one further on too: it is not "already" in the region
+    newest = Regional.__new__(Regional)
+    newest.home, newest.job_id, newest.urls, newest._stores = (
+        home,
+        JOB,
+        {"zone-b": reg.url},
+        {home.url: home, reg.url: reg},
+    )
+    seq, manifest, holders = newest.newest()
+    assert (seq, manifest["step"], holders) == (2, 30, [home.url])
