@@ -302,7 +302,7 @@ def newest_committed(store: Store, job_id: str) -> tuple[int, dict[str, Any]] | 
     return None
 
 
-def _order(found: tuple[int, dict[str, Any], Any]) -> tuple[int, float]:
+def _order(found: tuple[int, dict[str, Any]] | tuple[int, dict[str, Any], list[str]]) -> tuple[int, float]:
     step = found[1].get("step")
     return (found[0], float(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else -1.0)
 
