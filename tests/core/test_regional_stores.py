@@ -434,3 +434,14 @@ def test_two_checkpoints_that_got_one_number_while_a_store_was_out_of_reach_rest
     )
     seq, manifest, holders = newest.newest()
     assert (seq, manifest["step"], holders) == (2, 30, [home.url])
+
+
+@pytest.mark.parametrize(
+    "home", ["az://container/spot?sv=2022-11-02&sig=SECRET", "s3://b/x?X-Amz-Signature=SECRET"]
+)
+def test_a_home_store_url_with_a_token_is_refused_as_a_regional_one_is(tmp_path, home: str) -> None:
+    """Attack: a regional store URL with a query (a SAS token) was refused, the home store's
+    was not — and with regional stores the home store's URL is written into every
+    `checkpoint_placed` event and incarnation document (its spec already carried it)."""
+    with pytest.raises(spot.ConfigError, match=r"store.*query"):
+        spot.Config(store=home)
