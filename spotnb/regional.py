@@ -42,6 +42,7 @@ URL (refused at Config).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -340,6 +341,8 @@ def copy_checkpoint(
     # the temp files of a copy of this checkpoint that died (a controller killed mid-copy):
     # only the controller holding the job's lease copies into this folder
     dst.clean_temp(f"{dst_root}/{folder}", older_than=0.0)
+    with contextlib.suppress(OSError):  # and any stale one among the blobs (a live writer's is younger)
+        dst.clean_temp(f"{dst_root}/blobs")
     copied = 0
     sent = 0
     try:

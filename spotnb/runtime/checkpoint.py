@@ -1085,6 +1085,10 @@ class Checkpointer:
         for _, m, _ in scan:
             if isinstance(m, Manifest) and not any(k.seq == m.seq for k in manifests):
                 manifests.append(m)
+        try:  # blobs' temp files of uploads and copies that died (a live one's is younger)
+            self.store.clean_temp(f"{self.root}/{BLOBS}")
+        except OSError:
+            pass
         gone: dict[str, set[str]] = {}
         keep = {m.seq for m in manifests[:2]}
         keep |= {m.seq for m in [m for m in manifests if m.kind in _PERSISTENT][: self.keep_last]}

@@ -445,3 +445,37 @@ def test_a_home_store_url_with_a_token_is_refused_as_a_regional_one_is(tmp_path,
     `checkpoint_placed` event and incarnation document (its spec already carried it)."""
     with pytest.raises(spot.ConfigError, match=r"store.*query"):
         spot.Config(store=home)
+
+
+def test_temp_files_a_killed_copy_or_save_left_among_the_blobs_are_removed_once_stale(stores) -> None:
+    """Attack: a controller SIGKILLed while copying a blob (a frozen base model: gigabytes)
+    leaves `blobs/<sha>.tmp-…` in the regional store, and an instance killed mid-upload the
+    same at home; nothing ever removed them (the copy cleaned only the checkpoint's folder).
+    The next copy and the next prune remove those untouched for `STALE_TEMP_S`; a younger one
+    may be a live writer's and stays."""
+    import time
+
+    from spotnb.store import STALE_TEMP_S
+
+    home, reg = stores
+    ck, _ = _ck(home)
+    ckpt_save(ck, 10)
+    seq, _ = newest_committed(home, JOB)
+    paths = {}
+    for name, store in (("reg", reg), ("home", home)):
+        blobs = store.job(JOB, "ckpt", "blobs")
+        os.makedirs(blobs, exist_ok=True)
+        old, young = (
+            os.path.join(blobs, "a" * 64 + ".tmp-dead0001"),
+            os.path.join(blobs, "b" * 64 + ".tmp-live0001"),
+        )
+        for p in (old, young):
+            Path(p).write_bytes(b"x" * 1024)
+        then = time.time() - STALE_TEMP_S - 5
+        os.utime(old, (then, then))
+        paths[name] = (old, young)
+    copy_checkpoint(home, reg, JOB, seq)
+    ckpt_save(ck, 20)  # prunes nothing yet, but cleans its own blobs folder
+    ck.close()
+    for old, young in paths.values():
+        assert not os.path.exists(old) and os.path.exists(young)
