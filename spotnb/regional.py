@@ -298,9 +298,24 @@ def newest_committed(store: Store, job_id: str) -> tuple[int, dict[str, Any]] | 
             doc = json.loads(store.read_bytes(f"{root}/{name}/MANIFEST.json"))
         except (OSError, ValueError):
             continue
-        if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
+        if isinstance(doc, dict) and isinstance(doc.get("files"), dict) and _counts_ok(doc):
             return int(name), doc
     return None
+
+
+def _counts_ok(doc: Mapping[str, Any]) -> bool:
+    """Whether the numbers the controller reads (`bytes`, `referenced`, `step`) are absent or
+    finite and not negative: another manifest (damaged, a foreign writer's; the agent would
+    refuse it) must not stop the controller or bill a negative transfer."""
+    for key in ("bytes", "referenced", "step"):
+        value = doc.get(key, 0)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if not (math.isfinite(value) and value >= 0):
+            return False
+    return True
 
 
 def _order(found: tuple[int, dict[str, Any]] | tuple[int, dict[str, Any], list[str]]) -> tuple[int, float]:

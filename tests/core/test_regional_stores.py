@@ -479,3 +479,35 @@ def test_temp_files_a_killed_copy_or_save_left_among_the_blobs_are_removed_once_
     ck.close()
     for old, young in paths.values():
         assert not os.path.exists(old) and os.path.exists(young)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"files": {}, "bytes": "x"}',
+        '{"files": {}, "step": "x"}',
+        '{"files": {}, "bytes": 1e400}',
+        '{"files": {}, "bytes": -5e9}',
+        '{"files": {}, "referenced": [1]}',
+    ],
+)
+def test_a_manifest_with_bad_numbers_is_passed_over_by_the_controller_not_fatal(tmp_path, raw: str) -> None:
+    """Attack: a newer manifest in a regional store whose byte count or step is text, a list,
+    infinite or negative (damaged, or a foreign writer: the controller does not verify
+    signatures). `Regional.place` raised (ValueError, OverflowError, TypeError) in the
+    controller's loop, or billed a negative transfer. It is passed over, as the agent would
+    refuse it, and the newest good checkpoint is placed."""
+    from spotnb.providers import get_provider_class
+
+    home = Store((tmp_path / "home").as_uri())
+    ck, _ = _ck(home)
+    ckpt_save(ck, 10)
+    ck.close()
+    seq, _ = newest_committed(home, JOB)
+    reg = Store(str(tmp_path / "zone-b"))
+    reg.write_bytes(reg.job(JOB, "ckpt", "00000009", "MANIFEST.json"), raw.encode())
+    assert newest_committed(reg, JOB) is None
+    config = _local(tmp_path, regional_stores={"zone-b": str(tmp_path / "zone-b")})
+    regional = Regional(config, get_provider_class("local")(config), home, JOB)
+    _, fields, _ = regional.place("zone-a", lambda step: 5.0, 0, None)
+    assert fields["seq"] == seq and fields["action"] == "in_place" and fields.get("cost", 0.0) >= 0.0
