@@ -361,6 +361,11 @@ class _GenericConfig(BaseModel):
                 "the store URL carries credentials; they would travel in the job spec. "
                 "Give the bucket only and let the SDK's credential chain sign requests"
             )
+        if v is not None and "?" in v:
+            raise ValueError(
+                "the store URL carries a query (a SAS token?); it would travel in the job spec and "
+                "events. Give the bucket only and let the SDK's credential chain sign requests"
+            )
         if v is not None:
             _check_store(v.strip())
         return v

@@ -42,6 +42,7 @@ URL (refused at Config).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -125,6 +126,11 @@ def check_config(config: Any, check_url: Callable[[str], object]) -> None:
             raise ValueError(f"regional_stores: a key {key!r} is not a region or zone name")
         if not isinstance(url, str) or not url.strip():
             raise ValueError(f"{field}: give a store URL, e.g. 's3://bucket/prefix', not {url!r}")
+        if url != url.strip():
+            raise ValueError(
+                f"{field}: the URL {url!r} has spaces or a line break around it (a folder would "
+                "be made under each process's working directory); remove them"
+            )
         if "?" in url:
             raise ValueError(
                 f"{field}: the URL carries a query (a SAS token?); it would travel in the job's "
@@ -135,6 +141,7 @@ def check_config(config: Any, check_url: Callable[[str], object]) -> None:
             check_url(url.strip())
         except ValueError as exc:
             raise ValueError(f"{field}: {exc}") from None
+        _check_visible(field, url, config.provider)
         where = _where(url.strip())
         if where == home:
             raise ValueError(f"{field} is the job's home store; leave that zone out of regional_stores")
@@ -147,6 +154,26 @@ def check_config(config: Any, check_url: Callable[[str], object]) -> None:
                 "of them (or its region), or add it to regions"
             )
         _check_reachable(field, url.strip())
+
+
+def _check_visible(field: str, url: str, provider: str) -> None:
+    """The instances write their checkpoints there: a store only this process sees (memory://)
+    or, for a job on cloud VMs, a folder of this machine would take saves that die with the
+    instance (the home store is refused so by the provider's check; this one is not its)."""
+    from fsspec.core import split_protocol
+
+    protocol = (split_protocol(url)[0] or "file").lower()
+    if protocol == "memory":
+        raise ValueError(
+            f"{field}: a memory:// store is visible to one process only; the instances would "
+            "save where nothing outlives them. Give a folder or a bucket"
+        )
+    if provider != "local" and protocol in ("file", "local"):
+        raise ValueError(
+            f"{field}: provider={provider!r} runs the job on cloud VMs, which cannot reach {url!r} "
+            "on this machine (their saves would stay on their own disks); give a bucket in that "
+            "region, e.g. 's3://my-bucket-usw2/spot'"
+        )
 
 
 def _where(url: str) -> tuple[str, str]:
@@ -224,7 +251,9 @@ def choose(
     "local" (target → zone), "across" (source → zone), "back" (zone → source)."""
     gb, save_gb = nbytes / 1e9, save_bytes / 1e9
     copy = gb * (rates["copy"] + rates["local"])
-    read = gb * rates["across"] + saves * save_gb * rates["back"]
+    per_save = save_gb * rates["back"]
+    # saves that cost nothing add nothing, however many (inf × 0 would be NaN: no comparison)
+    read = gb * rates["across"] + (saves * per_save if per_save > 0 else 0.0)
     terms = (
         f"copy {gb:.3f} GB once = ${copy:.6f}; read across = restore ${gb * rates['across']:.6f} + "
         f"{saves:.1f} expected save(s) × {save_gb:.3f} GB × ${rates['back']:.3f}/GB = ${read:.6f}"
@@ -269,9 +298,29 @@ def newest_committed(store: Store, job_id: str) -> tuple[int, dict[str, Any]] | 
             doc = json.loads(store.read_bytes(f"{root}/{name}/MANIFEST.json"))
         except (OSError, ValueError):
             continue
-        if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
+        if isinstance(doc, dict) and isinstance(doc.get("files"), dict) and _counts_ok(doc):
             return int(name), doc
     return None
+
+
+def _counts_ok(doc: Mapping[str, Any]) -> bool:
+    """Whether the numbers the controller reads (`bytes`, `referenced`, `step`) are absent or
+    finite and not negative: another manifest (damaged, a foreign writer's; the agent would
+    refuse it) must not stop the controller or bill a negative transfer."""
+    for key in ("bytes", "referenced", "step"):
+        value = doc.get(key, 0)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if not (math.isfinite(value) and value >= 0):
+            return False
+    return True
+
+
+def _order(found: tuple[int, dict[str, Any]] | tuple[int, dict[str, Any], list[str]]) -> tuple[int, float]:
+    step = found[1].get("step")
+    return (found[0], float(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else -1.0)
 
 
 def _safe(name: Any) -> bool:
@@ -307,6 +356,8 @@ def copy_checkpoint(
     # the temp files of a copy of this checkpoint that died (a controller killed mid-copy):
     # only the controller holding the job's lease copies into this folder
     dst.clean_temp(f"{dst_root}/{folder}", older_than=0.0)
+    with contextlib.suppress(OSError):  # and any stale one among the blobs (a live writer's is younger)
+        dst.clean_temp(f"{dst_root}/blobs")
     copied = 0
     sent = 0
     try:
@@ -456,9 +507,12 @@ class Regional:
                 continue
             if found is None:
                 continue
-            if best is None or found[0] > best[0]:
+            # one number with two steps: numbered while a store was out of reach; the agent
+            # restores the one further on (`Checkpointer._scan`), so that one is placed
+            key, best_key = _order(found), _order(best) if best is not None else None
+            if best is None or best_key is None or key > best_key:
                 best = (found[0], found[1], [url])
-            elif found[0] == best[0]:
+            elif key == best_key:
                 best[2].append(url)
         return best
 

@@ -194,6 +194,10 @@ class Incarnation:
     allocating: float | None = None
     asked: float | None = None  # first `allocating` event (the ledger's alloc start)
     allocated: float | None = None
+    # its latest `launched` not followed by `alloc_failed`: billed from there if its controller
+    # died before recording the allocation (the instance ran all the same)
+    launched: float | None = None
+    launch_region: str | None = None
     started: float | None = None
     ready: float | None = None
     end: float | None = None
@@ -224,20 +228,31 @@ class Incarnation:
     # a job on several instances names its coordinator there (the ledger's coordinator line)
     info: dict[str, Any] = field(default_factory=dict)
 
-    def span(self, zone_prices: Mapping[str, list[tuple[float, float]]] | None = None) -> Span:
+    def span(
+        self, zone_prices: Mapping[str, list[tuple[float, float]]] | None = None, spot: float | None = None
+    ) -> Span:
         """The ledger's view. `zone_prices`: the prices the controller saw per zone, which
-        bill a price change while it ran where its provider recorded no schedule."""
+        bill a price change while it ran where its provider recorded no schedule. `spot`: the
+        job's spot price, for an instance whose allocation its controller never recorded."""
+        allocated, price = self.allocated, self.spot_price or 0.0
+        if allocated is None and self.launched is not None and (self.end or self.started) is not None:
+            # launched, then its controller died before the `allocated` event; it ran (it
+            # started, or a successor closed it): billed from its launch at its zone's last
+            # price seen then (else the job's), continuously (its increments were not recorded)
+            allocated = self.launched
+            seen = [p for t, p in (zone_prices or {}).get(self.launch_region or "", ()) if t <= allocated]
+            price = seen[-1] if seen else (spot or 0.0)
         return Span(
             self.n,
             self.asked,
-            self.allocated,
+            allocated,
             self.ready,
             self.end,
             # an instance that left after a notice lost no work: its tail after the last
             # report is the leave (upload, goodbye), not recompute
             self.preempted and self.end_how != "evacuated",
             self.progress,
-            self.spot_price or 0.0,
+            price,
             self.on_demand_price or 0.0,
             self.slot,
             Billing.from_info(self.info.get("billing")) or CONTINUOUS,
@@ -289,6 +304,8 @@ class JobState:
         self.checkpoints: list[ev.Checkpoint] = []
         self._placed: dict[int, float] = {}  # incarnation -> $ of its placement (a copy, a restore)
         self._saves_across = 0.0  # $ of saves written across regions
+        self._placed_copy: dict[int, bool] = {}  # incarnation -> its latest placement copied
+        self._copied_before = 0.0  # $ of copies made by placements a later one replaced
         self._save_per_gb: dict[int, float] = {}  # incarnation -> $/GB of each of its saves
         self.feed: list[Event] = []
         self.step = 0
@@ -451,7 +468,10 @@ class JobState:
             self.job_start = t
         if isinstance(e, ev.Launched):
             inc.info = _merged_info(inc.info, e.info)
+            inc.launched, inc.launch_region = t, e.region
+            v["breakdown"] += 1
         elif isinstance(e, ev.AllocFailed):
+            inc.launched = None  # that launch never ran (terminated); a later one may
             if e.region:
                 self.alloc_failures.append((str(e.region), t))
         elif isinstance(e, ev.Allocating):
@@ -505,8 +525,12 @@ class JobState:
                 v["breakdown"] += 1
         elif isinstance(e, ev.CheckpointPlaced):
             # the latest placement of an incarnation counts (a successor controller that placed
-            # it again after a kill mid-copy replaces the first)
+            # it again after a kill replaces the first), but a copy the first one made was paid
+            # for: its bytes moved (the restore across is the instance's, spent once)
+            if self._placed_copy.get(n):
+                self._copied_before += self._placed[n]
             self._placed[n] = max(0.0, e.cost or 0.0)
+            self._placed_copy[n] = e.action == "copy"
             self._save_per_gb[n] = max(0.0, e.save_per_gb or 0.0)
             v["breakdown"] += 1
         elif isinstance(e, ev.Notice):
@@ -630,7 +654,7 @@ class JobState:
     def transfer_cost(self) -> float:
         """$ of moving checkpoints between regions (`checkpoint_placed`: a copy or a restore read
         across, then each save of that incarnation written across): the ledger's transfer line."""
-        return sum(self._placed.values()) + self._saves_across
+        return sum(self._placed.values()) + self._saves_across + self._copied_before
 
     def breakdown(self, now: float | None = None) -> Breakdown:
         """Where the time and the money went (`spotnb.ledger`): the same figures for
@@ -638,7 +662,7 @@ class JobState:
         if now is None:
             now = self.last_t if self.done and self.last_t is not None else time.time()
         b = compute_breakdown(
-            [inc.span(self.zone_prices) for inc in self.incs.values()],
+            [inc.span(self.zone_prices, self.spot_price) for inc in self.incs.values()],
             self.ledger_start,
             self.ended_at,
             now,

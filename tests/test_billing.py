@@ -350,3 +350,69 @@ def test_a_replica_move_is_timed_to_its_old_instance_s_increment_too() -> None:
     assert T0 + 3600.0 - 900.0 <= leave < T0 + 3600.0
     assert FleetController._due(fleet, old, move, fleet._move_at) is True
     assert FleetController._due(stand_in("best-price"), old, move, now) is True
+
+
+def test_a_copy_placed_before_the_controller_died_stays_in_the_bill_when_its_successor_places_again() -> None:
+    """Attack: the controller copied the checkpoint to zone-b (its `checkpoint_placed` says so,
+    $0.04 spent) and was SIGKILLed before writing `incarnations/0002.ckpt.json`; its successor
+    places incarnation 2 again and finds the copy there ("in_place", $0). The copy's bytes
+    were moved and paid: the bill keeps them. A restore read across is spent once, by the
+    instance, so a later placement of the same incarnation replaces it."""
+    base: list[Any] = [
+        ev.Submitted(t=T0 - 5, name="j", provider="local", instance_type="g4dn.xlarge", config={}),
+    ]
+
+    def placed(t: float, action: str, cost: float, per_gb: float = 0.0) -> Any:
+        return ev.CheckpointPlaced(
+            t=t,
+            incarnation=2,
+            zone="zone-b",
+            action=action,
+            source="h",
+            target="b",
+            cost=cost,
+            save_per_gb=per_gb,
+        )
+
+    copied_then_in_place = [*base, placed(T0, "copy", 0.04), placed(T0 + 5, "in_place", 0.0)]
+    assert JobState.from_events(copied_then_in_place).transfer_cost == pytest.approx(0.04)
+    across_twice = [*base, placed(T0, "read_across", 0.04, 0.02), placed(T0 + 5, "read_across", 0.04, 0.02)]
+    assert JobState.from_events(across_twice).transfer_cost == pytest.approx(0.04)
+    # a successor that had to copy again (the first copy was damaged since): both copies paid
+    copy_after_copy = [*base, placed(T0, "copy", 0.04), placed(T0 + 5, "copy", 0.04)]
+    assert JobState.from_events(copy_after_copy).transfer_cost == pytest.approx(0.08)
+
+
+def test_an_instance_launched_but_never_recorded_as_allocated_is_still_billed() -> None:
+    """Attack: the controller is SIGKILLed between `launched` and `allocated` (on a cloud the
+    wait for the VM can take minutes). The instance ran: its successor reclaimed it (a cloud's)
+    or killed it (the local market's orphan) and closed it. It was billed $0 — no allocation
+    in the log. It is billed from its launch to its end at its zone's price; a launch that
+    failed (`alloc_failed` after it: never ran) and one still waiting are not billed."""
+    base: list[Any] = [
+        ev.Submitted(t=T0 - 5, name="j", provider="aws", instance_type="g4dn.xlarge", config={}),
+        ev.Prices(t=T0 - 2, zones={"us-east-1a": 0.40}),
+        ev.Allocating(t=T0 - 1, incarnation=1, region="us-east-1a", attempt=1),
+    ]
+
+    def launched(t: float) -> Any:
+        return ev.Launched(
+            t=t,
+            incarnation=1,
+            instance_id="i-1",
+            region="us-east-1a",
+            instance_type="g4dn.xlarge",
+            launched_at=t,
+        )
+
+    closed = ev.Exited(t=T0 + 600, incarnation=1, reason=ev.Outcome.LOST)
+    ran = JobState.from_events([*base, launched(T0), closed])
+    assert ran.breakdown(now=T0 + 600).spot_cost == pytest.approx(600 * 0.40 / 3600)
+    failed = [
+        *base,
+        launched(T0),
+        ev.AllocFailed(t=T0 + 30, incarnation=1, region="us-east-1a", reason="x", retry_in=0.0),
+    ]
+    assert JobState.from_events([*failed, closed]).breakdown(now=T0 + 600).spot_cost == 0.0
+    waiting = JobState.from_events([*base, launched(T0)])
+    assert waiting.breakdown(now=T0 + 60).spot_cost == 0.0

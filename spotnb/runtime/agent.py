@@ -210,9 +210,21 @@ class Agent:
                 )
             time.sleep(0.05 if self.store.local else 1.0)
             self.store.invalidate()
-        doc = json.loads(self.store.read_bytes(path))
+        try:
+            doc = json.loads(self.store.read_bytes(path))
+        except ValueError as exc:
+            doc = exc
+        if not (
+            isinstance(doc, dict)
+            and isinstance(doc.get("write"), str)
+            and isinstance(doc.get("read", []), list)
+        ):  # a string for "read" would make a store of each character
+            raise RuntimeError(
+                f"{path} is damaged ({doc!r:.120}): this instance gives up, the next one gets a new "
+                "document from the controller"
+            )
         opened = {self.store.url: self.store}
-        for url in [doc.get("write"), *doc.get("read", [])]:
+        for url in [doc["write"], *doc.get("read", [])]:
             if isinstance(url, str) and url and url.rstrip("/") not in opened:
                 try:
                     opened[url.rstrip("/")] = Store(url)

@@ -33,6 +33,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -294,6 +295,10 @@ def _copy_slice_hashing(src: str, offset: int, nbytes: int, dest: str) -> str:
     return digest.hexdigest()
 
 
+def _step_of(found: Manifest | Exception | None) -> float:
+    return float(found.step) if isinstance(found, Manifest) else -math.inf
+
+
 def _restore_dir(folder: str, files: dict[str, str]) -> None:
     """Make `folder` hold exactly `files` (verified local copy -> path inside it): built beside
     it, then swapped in, so a kill leaves either the old folder or the restored one whole."""
@@ -451,6 +456,9 @@ class Checkpointer:
         #: the URL of the store the last `load_latest` restored from (None: nothing restored)
         self.restored_from: str | None = None
         self._unreachable: set[str] = set()  # stores whose listing failed (warned once)
+        #: blobs of the write store that failed verification at restore: a save writes them
+        #: again instead of reusing them (same size, so `_upload_blob` would take them as good)
+        self._damaged_blobs: set[str] = set()
         #: most bytes of host RAM snapshot buffers may hold at once (None: what is free, see
         #: `budget`)
         self.snapshot_memory = snapshot_memory
@@ -1022,11 +1030,13 @@ class Checkpointer:
         earlier checkpoint's copy, checked by size; restore checks its hash)."""
         path = f"{self.root}/{BLOBS}/{sha256}"
         try:
-            if self.store.exists(path) and self.store.fs.size(path) == size:
+            damaged = sha256 in self._damaged_blobs
+            if not damaged and self.store.exists(path) and self.store.fs.size(path) == size:
                 return {"size": size, "sha256": sha256, "blob": True, "reused": True}
         except OSError:
             pass  # cannot tell: upload it
         meta = self._upload(local, path, {"size": size, "sha256": sha256})
+        self._damaged_blobs.discard(sha256)
         return {**meta, "blob": True}
 
     def _upload(self, local: str, dest: str, known: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -1096,7 +1106,9 @@ class Checkpointer:
                 continue
             self._unreachable.discard(store.url)
             out += [(seq, rank, manifest, store) for seq, manifest in found]
-        out.sort(key=lambda item: (-item[0], item[1]))
+        # one number in two stores is one checkpoint's copies (same step), or two checkpoints
+        # numbered while one store was out of reach (`_existing_seqs`): the one further on first
+        out.sort(key=lambda item: (-item[0], -_step_of(item[2]), item[1]))
         return [(seq, manifest, store) for seq, _, manifest, store in out]
 
     def _scan_store(self, store: Store) -> list[tuple[int, Manifest | Exception | None]]:
@@ -1146,6 +1158,10 @@ class Checkpointer:
         for _, m, _ in scan:
             if isinstance(m, Manifest) and not any(k.seq == m.seq for k in manifests):
                 manifests.append(m)
+        try:  # blobs' temp files of uploads and copies that died (a live one's is younger)
+            self.store.clean_temp(f"{self.root}/{BLOBS}")
+        except OSError:
+            pass
         gone: dict[str, set[str]] = {}
         keep = {m.seq for m in manifests[:2]}
         keep |= {m.seq for m in [m for m in manifests if m.kind in _PERSISTENT][: self.keep_last]}
@@ -1229,7 +1245,12 @@ class Checkpointer:
         try:
             for name, meta in manifest.files.items():
                 where = f"{root}/{BLOBS}/{meta['sha256']}" if meta.get("blob") else f"{folder}/{name}"
-                paths[name] = self._fetch_verified(where, meta, store)
+                try:
+                    paths[name] = self._fetch_verified(where, meta, store)
+                except ValueError:  # its bytes do not match its hash
+                    if meta.get("blob") and store is self.store:
+                        self._damaged_blobs.add(meta["sha256"])
+                    raise
             state = torch.load(paths["state.pt"], map_location="cpu", weights_only=False)
             if DATA_NAME in paths:  # written chunked: the skeleton's tensors are in tensors.bin
                 state = fill_refs(state, paths[DATA_NAME])

@@ -289,3 +289,225 @@ def _agent_events(store: Store) -> list[Any]:
     from spotnb.events import EventReader
 
     return EventReader(store, JOB).poll()
+
+
+def test_the_cost_rule_with_an_unknown_length_and_free_saves_back_stays_a_number() -> None:
+    """Attack: a job of unknown length (infinite expected saves) whose saves cross back for
+    free (or a checkpoint of 0 bytes): inf × 0 is NaN, which made every comparison false —
+    the copy was never taken even when it costs less than the restore across, and the event
+    carried a NaN cost. Saves that cost nothing add nothing."""
+    import math
+
+    free_back = {"copy": 0.0, "local": 0.0, "across": 0.02, "back": 0.0}
+    got = choose(2e9, 1e9, math.inf, free_back, "home", "zb")
+    assert math.isfinite(got.read_cost) and got.read_cost == pytest.approx(0.04)
+    assert got.action == "copy" and got.cost == 0.0
+    empty = choose(0.0, 0.0, math.inf, {"copy": 0.02, "local": 0.0, "across": 0.02, "back": 0.02}, "h", "z")
+    assert (empty.copy_cost, empty.read_cost, empty.action) == (0.0, 0.0, "read_across")
+    assert "nan" not in empty.reason
+
+
+@pytest.mark.parametrize("url", ["  {d}/zb  ", "{d}/zb\n", "\t{d}/zb"])
+def test_a_regional_store_url_with_spaces_around_it_is_refused(tmp_path, url: str) -> None:
+    """Attack: the check read the URL stripped, the controller and the agent used it as given:
+    '  /d/zb  ' became a folder named '  /d/zb  ' under each process's working directory (the
+    copy in one, the instance's saves in another), '/d/zb\\n' a folder whose name ends in a
+    line break. Refused, naming the field."""
+    with pytest.raises(spot.ConfigError, match=r"regional_stores\['zone-b'\].*spaces or a line break"):
+        _local(tmp_path, regional_stores={"zone-b": url.format(d=tmp_path)})
+
+
+@pytest.mark.parametrize("raw", [b'{"write": "/x", "re', b"[1, 2]", b'{"write": "/x", "read": "/x/y"}'])
+def test_a_damaged_checkpoint_document_makes_the_agent_give_up_with_a_warning(tmp_path, raw: bytes) -> None:
+    """Attack: `incarnations/0002.ckpt.json` truncated, not an object, or with a string where
+    the list of stores goes (each character became a store: folders named '/', 'x', 'y' under
+    the working directory). The agent says which file is damaged and gives up (the controller
+    relaunches with a new document) rather than dying on a traceback or opening odd stores."""
+    import json
+
+    from spotnb.runtime.agent import Agent
+
+    home = Store((tmp_path / "home").as_uri())
+    inc = home.job(JOB, "incarnations")
+    home.write_bytes(f"{inc}/0002.json", json.dumps({"incarnation": 2, "ckpt_doc": True}).encode())
+    home.write_bytes(f"{inc}/0002.ckpt.json", raw)
+    agent = Agent(home.url, JOB, 2)
+    with pytest.raises(RuntimeError, match=r"0002\.ckpt\.json.*damaged"):
+        agent._checkpoint_stores()
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        (dict(provider="aws", store="s3://home-bucket/spot"), "cannot reach"),
+        (dict(provider="aws", store="s3://home-bucket/spot", url="file:///srv/west"), "cannot reach"),
+        (dict(provider="aws", store="s3://home-bucket/spot", url="memory://west"), "one process"),
+        (dict(url="memory://west"), "one process"),
+    ],
+)
+def test_a_regional_store_the_instances_cannot_reach_is_refused(tmp_path, fields: dict, words: str) -> None:
+    """Attack: a folder as the regional store of a job on cloud VMs (the home store's check
+    refuses it, this one did not), or a memory:// store (one process's): the controller copied
+    the checkpoint there on its own machine, and the instance in that zone saved every
+    checkpoint onto its own disk or memory, gone with it at the next preemption. Refused,
+    naming the entry, before anything runs."""
+    url = fields.pop("url", str(tmp_path / "west"))
+    if fields.get("provider") == "aws":
+        config = dict(instance_type="g5.xlarge", regions=["us-east-1a", "us-west-2a"], **fields)
+        with pytest.raises(spot.ConfigError, match=rf"regional_stores\['us-west-2'\].*{words}"):
+            spot.Config(**config, regional_stores={"us-west-2": url})
+        assert spot.Config(**config, regional_stores={"us-west-2": "s3://west/spot"}).regional_stores
+    else:
+        with pytest.raises(spot.ConfigError, match=rf"regional_stores\['zone-b'\].*{words}"):
+            _local(tmp_path, regional_stores={"zone-b": url})
+
+
+def test_a_damaged_blob_in_the_write_store_is_written_again_not_reused_by_later_saves(stores) -> None:
+    """Attack: one flipped byte in a blob (a frozen tensor, stored by content) of the copy in
+    the regional store. The instance there restored the home copy, then each save found the
+    damaged blob "already there" (same size) and listed it: every checkpoint it committed was
+    unrestorable, pruning then deleted the good home one, and the next restore found nothing —
+    the job would have started over. The blob that failed verification is written again."""
+    base = torch.arange(256 * 256, dtype=torch.float32).reshape(256, 256)  # 256 kB: a blob
+    frozen = {base.untyped_storage().data_ptr()}
+
+    def save(ck: Checkpointer, step: int) -> None:
+        state = {
+            "step": step,
+            "objects": {"base": base, "w": torch.full((8, 8), float(step))},
+            "rng": {},
+            "user": {},
+        }
+        ck.save_now(ck.snapshot(state, step, "periodic", frozen=frozen))
+
+    home, reg = stores
+    ck, _ = _ck(home)
+    save(ck, 10)
+    ck.close()
+    seq, manifest = newest_committed(home, JOB)
+    copy_checkpoint(home, reg, JOB, seq)
+    (sha,) = [meta["sha256"] for meta in manifest["files"].values() if meta.get("blob")]
+    _flip(reg, reg.job(JOB, "ckpt", "blobs", sha))
+    there, _ = _ck(reg, [home], n=2)
+    assert there.load_latest()[0].step == 10 and there.restored_from == home.url
+    save(there, 20)
+    save(there, 30)  # keep_last=2: the home checkpoint goes now
+    there.close()
+    again, rec = _ck(reg, [home], n=3)
+    found = again.load_latest()
+    assert found is not None and found[0].step == 30 and again.restored_from == reg.url
+    assert torch.equal(found[1]["objects"]["base"], base) and not rec.kinds("checkpoint_invalid")
+    again.close()
+
+
+def test_two_checkpoints_that_got_one_number_while_a_store_was_out_of_reach_restore_the_newer(stores) -> None:
+    """Attack: the regional store holds checkpoint 2 (step 20); it is out of reach when the
+    next instance (at home) picks its numbers, so its step-30 save is also number 2, at home.
+    Once the region is back, an instance writing there took its own copy first (the write
+    store's) and restored step 20: ten committed steps thrown away. Of two checkpoints with one
+    number, the one further on is restored."""
+    home, reg = stores
+    ck, _ = _ck(home)
+    ckpt_save(ck, 10)
+    ck.close()
+    copy_checkpoint(home, reg, JOB, 1)
+    there, _ = _ck(reg, [home], n=2)
+    there.load_latest()
+    ckpt_save(there, 20)  # number 2, in the region
+    there.close()
+    back_home, _ = _ck(home, n=3)  # the region out of reach: it is not among its stores
+    back_home.load_latest()
+    ckpt_save(back_home, 30)  # number 2 again, at home
+    back_home.close()
+    assert newest_committed(home, JOB)[0] == newest_committed(reg, JOB)[0] == 2
+    again, _ = _ck(reg, [home], n=4)
+    manifest, _ = again.load_latest()
+    assert (manifest.step, again.restored_from) == (30, home.url)
+    again.close()
+    # the controller places the one further on too: it is not "already" in the region
+    newest = Regional.__new__(Regional)
+    newest.home, newest.job_id, newest.urls, newest._stores = (
+        home,
+        JOB,
+        {"zone-b": reg.url},
+        {home.url: home, reg.url: reg},
+    )
+    seq, manifest, holders = newest.newest()
+    assert (seq, manifest["step"], holders) == (2, 30, [home.url])
+
+
+@pytest.mark.parametrize(
+    "home", ["az://container/spot?sv=2022-11-02&sig=SECRET", "s3://b/x?X-Amz-Signature=SECRET"]
+)
+def test_a_home_store_url_with_a_token_is_refused_as_a_regional_one_is(tmp_path, home: str) -> None:
+    """Attack: a regional store URL with a query (a SAS token) was refused, the home store's
+    was not — and with regional stores the home store's URL is written into every
+    `checkpoint_placed` event and incarnation document (its spec already carried it)."""
+    with pytest.raises(spot.ConfigError, match=r"store.*query"):
+        spot.Config(store=home)
+
+
+def test_temp_files_a_killed_copy_or_save_left_among_the_blobs_are_removed_once_stale(stores) -> None:
+    """Attack: a controller SIGKILLed while copying a blob (a frozen base model: gigabytes)
+    leaves `blobs/<sha>.tmp-…` in the regional store, and an instance killed mid-upload the
+    same at home; nothing ever removed them (the copy cleaned only the checkpoint's folder).
+    The next copy and the next prune remove those untouched for `STALE_TEMP_S`; a younger one
+    may be a live writer's and stays."""
+    import time
+
+    from spotnb.store import STALE_TEMP_S
+
+    home, reg = stores
+    ck, _ = _ck(home)
+    ckpt_save(ck, 10)
+    seq, _ = newest_committed(home, JOB)
+    paths = {}
+    for name, store in (("reg", reg), ("home", home)):
+        blobs = store.job(JOB, "ckpt", "blobs")
+        os.makedirs(blobs, exist_ok=True)
+        old, young = (
+            os.path.join(blobs, "a" * 64 + ".tmp-dead0001"),
+            os.path.join(blobs, "b" * 64 + ".tmp-live0001"),
+        )
+        for p in (old, young):
+            Path(p).write_bytes(b"x" * 1024)
+        then = time.time() - STALE_TEMP_S - 5
+        os.utime(old, (then, then))
+        paths[name] = (old, young)
+    copy_checkpoint(home, reg, JOB, seq)
+    ckpt_save(ck, 20)  # prunes nothing yet, but cleans its own blobs folder
+    ck.close()
+    for old, young in paths.values():
+        assert not os.path.exists(old) and os.path.exists(young)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"files": {}, "bytes": "x"}',
+        '{"files": {}, "step": "x"}',
+        '{"files": {}, "bytes": 1e400}',
+        '{"files": {}, "bytes": -5e9}',
+        '{"files": {}, "referenced": [1]}',
+    ],
+)
+def test_a_manifest_with_bad_numbers_is_passed_over_by_the_controller_not_fatal(tmp_path, raw: str) -> None:
+    """Attack: a newer manifest in a regional store whose byte count or step is text, a list,
+    infinite or negative (damaged, or a foreign writer: the controller does not verify
+    signatures). `Regional.place` raised (ValueError, OverflowError, TypeError) in the
+    controller's loop, or billed a negative transfer. It is passed over, as the agent would
+    refuse it, and the newest good checkpoint is placed."""
+    from spotnb.providers import get_provider_class
+
+    home = Store((tmp_path / "home").as_uri())
+    ck, _ = _ck(home)
+    ckpt_save(ck, 10)
+    ck.close()
+    seq, _ = newest_committed(home, JOB)
+    reg = Store(str(tmp_path / "zone-b"))
+    reg.write_bytes(reg.job(JOB, "ckpt", "00000009", "MANIFEST.json"), raw.encode())
+    assert newest_committed(reg, JOB) is None
+    config = _local(tmp_path, regional_stores={"zone-b": str(tmp_path / "zone-b")})
+    regional = Regional(config, get_provider_class("local")(config), home, JOB)
+    _, fields, _ = regional.place("zone-a", lambda step: 5.0, 0, None)
+    assert fields["seq"] == seq and fields["action"] == "in_place" and fields.get("cost", 0.0) >= 0.0
