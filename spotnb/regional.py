@@ -56,7 +56,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from spotnb.store import Store
+from spotnb.store import Store, is_safe_name
 
 __all__ = [
     "CKPT_DOC",
@@ -323,16 +323,6 @@ def _order(found: tuple[int, dict[str, Any]] | tuple[int, dict[str, Any], list[s
     return (found[0], float(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else -1.0)
 
 
-def _safe(name: Any) -> bool:
-    return (
-        isinstance(name, str)
-        and bool(name)
-        and not name.startswith("/")
-        and ".." not in name.split("/")
-        and "\\" not in name
-    )
-
-
 def copy_checkpoint(
     src: Store, dst: Store, job_id: str, seq: int, bps: float | None = None
 ) -> tuple[int, float]:
@@ -362,13 +352,13 @@ def copy_checkpoint(
     sent = 0
     try:
         for name, meta in files.items():
-            if not (_safe(name) and isinstance(meta, dict) and isinstance(meta.get("sha256"), str)):
+            if not (is_safe_name(name) and isinstance(meta, dict) and isinstance(meta.get("sha256"), str)):
                 raise CopyFailed(
                     f"checkpoint {folder}: its manifest lists {name!r} without a safe name and sha256"
                 )
             sha, size = meta["sha256"], meta.get("size")
             rel = f"blobs/{sha}" if meta.get("blob") else f"{folder}/{name}"
-            if not _safe(rel):
+            if not is_safe_name(rel):
                 raise CopyFailed(f"checkpoint {folder}: {name!r} names a blob {sha!r} outside its folder")
             target = f"{dst_root}/{rel}"
             if meta.get("blob") and _matches(dst, target, sha, size):

@@ -26,7 +26,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-__all__ = ["Store", "open_store", "private_dir", "is_temp_name", "TEMP_MARK", "STALE_TEMP_S"]
+__all__ = ["Store", "open_store", "private_dir", "is_temp_name", "is_safe_name", "TEMP_MARK", "STALE_TEMP_S"]
 
 TEMP_MARK = ".tmp-"  # `<name>.tmp-<hex>`: an atomic write in flight (or one that died)
 STALE_TEMP_S = 600.0  # a temp file untouched this long belongs to no live writer
@@ -35,6 +35,18 @@ STALE_TEMP_S = 600.0  # a temp file untouched this long belongs to no live write
 def is_temp_name(name: str) -> bool:
     """Whether `name` is the temp file of an atomic write, not an object of the store."""
     return TEMP_MARK in name
+
+
+def is_safe_name(name: Any) -> bool:
+    """A file name a manifest may list: relative, inside its checkpoint's folder (a manifest read
+    from a store is input: `../` or an absolute path must not reach outside it)."""
+    return (
+        isinstance(name, str)
+        and bool(name)
+        and not name.startswith("/")
+        and ".." not in name.split("/")
+        and "\\" not in name
+    )
 
 
 def private_dir(path: str | os.PathLike[str]) -> Path:

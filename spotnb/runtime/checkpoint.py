@@ -68,7 +68,7 @@ from spotnb.runtime.incremental import BlobRef, Incremental, Seen, fill_blobs, m
 from spotnb.runtime.staging import CudaStage
 from spotnb.signing import BadSignature, sign_doc, verify_doc
 from spotnb.sizes import available_memory, human_bytes, total_memory
-from spotnb.store import Store
+from spotnb.store import Store, is_safe_name
 
 __all__ = [
     "Checkpointer",
@@ -195,7 +195,7 @@ class Manifest:
         if not isinstance(files, dict) or "state.pt" not in files:
             raise InvalidManifest("MANIFEST.json files does not list state.pt")
         for name, meta in files.items():
-            if not _safe_name(name):
+            if not is_safe_name(name):
                 raise InvalidManifest(f"MANIFEST.json lists a file outside its folder: {name!r}")
             if not (
                 isinstance(meta, dict)
@@ -212,7 +212,7 @@ class Manifest:
             raise InvalidManifest("MANIFEST.json dests must map listed files to paths")
         dirs = doc.get("dirs", {})
         if not isinstance(dirs, dict) or not all(
-            _safe_name(k) and isinstance(v, str) and v for k, v in dirs.items()
+            is_safe_name(k) and isinstance(v, str) and v for k, v in dirs.items()
         ):
             raise InvalidManifest("MANIFEST.json dirs must map name prefixes to folders")
         fields = set(cls.__dataclass_fields__)
@@ -320,17 +320,6 @@ def _restore_dir(folder: str, files: dict[str, str]) -> None:
         shutil.rmtree(old, ignore_errors=True)
     elif old is not None:
         os.unlink(old)
-
-
-def _safe_name(name: Any) -> bool:
-    """A file name a manifest may list: relative, inside the checkpoint's folder."""
-    return (
-        isinstance(name, str)
-        and bool(name)
-        and not name.startswith("/")
-        and ".." not in name.split("/")
-        and "\\" not in name
-    )
 
 
 class _HashingFile:
