@@ -25,7 +25,10 @@ from tests.test_browser import _TRACES, CHROMIUM, CHROMIUM_ARGS, lab  # noqa: F4
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} not installed"),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(),
+        reason=f"the browser tests drive headless Chromium at {CHROMIUM}; scripts/setup.sh installs it",
+    ),
 ]
 
 #: the number of points of the synthetic job's loss line (its first-time steps)

@@ -292,7 +292,10 @@ def test_a_process_killed_mid_gated_write_leaves_the_previous_checkpoint(store_u
         c.close()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the side-stream device-to-host copy")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU: the side-stream device-to-host copy cannot run on a CPU-only machine",
+)
 def test_a_gated_save_on_the_gpu_copies_on_a_side_stream_and_holds_the_saved_step(store_url) -> None:
     """Parameters and momentum on the GPU: the snapshot queues their host copies on a side stream
     and returns; the next step (its compute stream waiting for the copy's event) runs; the
