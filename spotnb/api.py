@@ -287,9 +287,18 @@ def _placement_rows(provider: Any, config: Config, regions: list[str] | str) -> 
     except Exception:  # noqa: BLE001 - unknown: priced as another region
         store = (store_cloud(config.store_url()), None)
     transfer, clouds = {}, {}
+    regional = None
+    if config.regional_stores:  # the saves stay in a zone's region when it has a store
+        from spotnb.regional import Regional
+        from spotnb.store import Store
+
+        regional = Regional(config, provider, Store(config.store_url()), "dry-run")
     for zone in prices:  # no checkpoint yet: the first start restores nothing
         where = provider.zone_location(zone)
-        transfer[zone] = transfer_to(store, where, NOMINAL_CHECKPOINT_BYTES, False)
+        if regional is not None:
+            transfer[zone] = regional.transfer(zone, None, NOMINAL_CHECKPOINT_BYTES, False)
+        else:
+            transfer[zone] = transfer_to(store, where, NOMINAL_CHECKPOINT_BYTES, False)
         clouds[zone] = where[0] or provider.name
     ranked = rank_zones({z: p.spot for z, p in prices.items()}, markets, transfer=transfer, clouds=clouds)
     return [

@@ -809,6 +809,12 @@ class Controller:
             return instance
         return None
 
+    def _regional_stores(self) -> Regional | None:
+        """The job's stores when it has regional ones (`Config.regional_stores`), else None."""
+        if self._regional is None and getattr(self.config, "regional_stores", None):
+            self._regional = Regional(self.config, self.provider, self.store, self.job.id)
+        return self._regional
+
     def _place_checkpoint(self, n: int, instance: Instance) -> None:
         """Where incarnation `n` restores from and writes (`spotnb.regional`: copy the newest
         checkpoint into its zone's store, or read across, by cost), once: its agent waits for
@@ -818,8 +824,8 @@ class Controller:
         path = self.store.job(self.job.id, "incarnations", CKPT_DOC.format(n=n))
         if self.store.exists(path):
             return
-        if self._regional is None:
-            self._regional = Regional(self.config, self.provider, self.store, self.job.id)
+        regional = self._regional_stores()
+        assert regional is not None
         self.pump()
         st, zone = self.job.state, instance.region
 
@@ -834,7 +840,7 @@ class Controller:
 
         written = max((c.nbytes or 0 for c in st.checkpoints[-10:]), default=0)
         bps = self.config.local_upload_bps if self.provider.name == "local" else None
-        doc, fields, warnings = self._regional.place(zone, saves_after, written, bps)
+        doc, fields, warnings = regional.place(zone, saves_after, written, bps)
         for message in warnings:
             self.emit(ev.JobWarning(message=message), n)
         self.emit(ev.CheckpointPlaced(**fields), n)
@@ -943,9 +949,13 @@ class Controller:
                 self._store_location = (store_cloud(self.store.url), None)
         nbytes, saved = checkpoint_bytes(self.job.state)
         transfer, clouds = {}, {}
+        regional = self._regional_stores()
         for zone in zones:
             where = self.provider.zone_location(zone)
-            transfer[zone] = transfer_to(self._store_location, where, nbytes, saved)
+            if regional is not None:  # copied into the zone's region, or read from where it is
+                transfer[zone] = regional.transfer(zone, self.job.state.checkpoint_store, nbytes, saved)
+            else:
+                transfer[zone] = transfer_to(self._store_location, where, nbytes, saved)
             clouds[zone] = where[0] or self.provider.name
         return transfer, clouds
 

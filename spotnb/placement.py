@@ -21,7 +21,9 @@ expected number of copies (the restores of the expected starts, the first one on
 is a checkpoint to restore, plus the saves every τ) is added to the zone's cost, and the
 transfer time at an assumed bandwidth is added to its restart time, so two zones at the same
 price rank the one beside the store first, and a big checkpoint can make a cheaper far zone
-lose.
+lose. With a store in the zone's region (`Config.regional_stores`, `spotnb.regional`) the
+checkpoint is copied there once, at the first start, and read and written in the zone after:
+only that first restore pays the crossing (`Transfer.per_gb_later`, `seconds_later`).
 
 Used by the controller for `regions="cheapest"` (at every allocation, so a relaunch goes to
 the zone that is best then) and by the dry run (the ranked table with each term).
@@ -64,6 +66,10 @@ class Transfer:
     restore_first: bool = True  # the first start there restores (False before the first save)
     route: str = "same region"  # in words, for the dry run
     per_gb_back: float | None = None  # $/GB of a save written back (None: as `per_gb`)
+    # a restore after the first one there: None as the first; a regional store's zone reads the
+    # copy its first start made in the zone (`spotnb.regional`)
+    per_gb_later: float | None = None
+    seconds_later: float | None = None
 
     @property
     def gb(self) -> float:
@@ -134,28 +140,31 @@ def rank_zones(
     for zone, spot in prices.items():
         mttp, restart = markets[zone]
         move = (transfer or {}).get(zone, _NO_TRANSFER)
-        restart = restart + move.seconds  # each restore there reads the checkpoint across
+        later_s = move.seconds if move.seconds_later is None else move.seconds_later
+        first = restart + move.seconds  # the first start there reads the checkpoint across
+        restart = restart + later_s  # and each start after a preemption reads it again (or the copy)
         p = penalty((trouble or {}).get(zone, ()), now)
         effective = mttp / p
         if math.isinf(effective):  # a market that never preempts: the work and one start
-            wall = work + restart
+            wall = work + first
             saves = starts = 0.0
         else:
             tau = max(daly_interval(delta, effective, restart), 1e-3)
-            wall = expected_total(work, tau, delta, effective, restart) + restart  # + the first start
+            wall = expected_total(work, tau, delta, effective, restart) + first  # + the first start
             saves = work / tau
-            starts = max(0.0, wall - restart) / effective  # the preemptions' relaunches
+            starts = max(0.0, wall - first) / effective  # the preemptions' relaunches
         restores = starts + (1.0 if move.restore_first else 0.0)
         copies = saves + restores
         one = move.gb * move.per_gb
+        later = move.gb * (move.per_gb if move.per_gb_later is None else move.per_gb_later)
         back = move.per_gb if move.per_gb_back is None else move.per_gb_back
-        moving = one * restores + move.gb * back * saves
+        moving = (one if move.restore_first else 0.0) + later * starts + move.gb * back * saves
         out.append(
             ZoneEstimate(
                 zone,
                 spot,
                 mttp,
-                restart,
+                first,
                 p,
                 wall / 3600.0,
                 spot * wall / 3600.0 + moving,

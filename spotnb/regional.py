@@ -56,6 +56,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from spotnb.placement import Transfer
 from spotnb.store import Store, is_safe_name
 
 __all__ = [
@@ -439,6 +440,7 @@ class Regional:
         self.config, self.provider, self.home, self.job_id = config, provider, home, job_id
         self.urls: dict[str, str] = {k: v.rstrip("/") for k, v in (config.regional_stores or {}).items()}
         self._stores: dict[str, Store] = {home.url: home}
+        self._home_place: tuple[str | None, str | None] | None = None
 
     def store(self, url: str) -> Store:
         if url not in self._stores:
@@ -465,11 +467,13 @@ class Regional:
         from spotnb.transfer import store_cloud
 
         if url == self.home.url:
-            try:
-                cloud, region = self.provider.store_location()
-                return (cloud, region)
-            except Exception:  # noqa: BLE001 - unknown: priced as another region
-                return (store_cloud(url), None)
+            if self._home_place is None:  # asked once: a cloud may answer it with an API call
+                try:
+                    cloud, region = self.provider.store_location()
+                    self._home_place = (cloud, region)
+                except Exception:  # noqa: BLE001 - unknown: priced as another region
+                    self._home_place = (store_cloud(url), None)
+            return self._home_place
         key = next(k for k, v in self.urls.items() if v == url)
         cloud, region = self.provider.zone_location(key)
         return (store_cloud(url) or cloud, region)
@@ -485,6 +489,37 @@ class Regional:
             return EGRESS[here[0]]["internet"] if here[0] in EGRESS else 0.0
         via = self.place_of(self.home.url)
         return self.provider.egress_per_gb(here, via) + self.provider.egress_per_gb(via, there)
+
+    def transfer(self, zone: str, source: str | None, nbytes: float, saved: bool) -> Transfer:
+        """Moving the checkpoint to `zone`, for the zone ranking (`placement.rank_zones`), as
+        `place` would move it: from `source` (the store the job's saves go to now; None: the
+        home store), copied once into the zone's store when that is another store (its first
+        start pays the copy; its later starts and its saves stay in the zone's region), else
+        read from and written back to `source` at every start and save. The ranking prices the
+        copy, the choice `place` makes unless the job is near its end."""
+        from spotnb.transfer import BANDWIDTH, egress_per_gb
+
+        source = source if source in self.all_urls() else self.home.url
+        target = self.target_for(zone)
+        here, there, place = self.place_of(source), self.place_of(target), self.provider.zone_location(zone)
+        rate = self.provider.egress_per_gb
+
+        def seconds(a: tuple[str | None, str | None], b: tuple[str | None, str | None]) -> float:
+            return 0.0 if egress_per_gb(a, b)[1] in ("same region", "same place") else nbytes / BANDWIDTH
+
+        if target == source:
+            route = egress_per_gb(here, place)[1]
+            return Transfer(nbytes, rate(here, place), seconds(here, place), saved, route, rate(place, here))
+        return Transfer(
+            nbytes,
+            self.copy_rate(here, there) + rate(there, place),
+            seconds(here, there) + seconds(there, place),
+            saved,
+            f"copied to {target}",
+            rate(place, there),
+            per_gb_later=rate(there, place),
+            seconds_later=seconds(there, place),
+        )
 
     def newest(self) -> tuple[int, dict[str, Any], list[str]] | None:
         """The newest committed checkpoint across the stores: (seq, manifest, URLs holding it)."""

@@ -306,6 +306,9 @@ class JobState:
         self._saves_across = 0.0  # $ of saves written across regions
         self._placed_copy: dict[int, bool] = {}  # incarnation -> its latest placement copied
         self._copied_before = 0.0  # $ of copies made by placements a later one replaced
+        # the store the latest placement writes the saves to (`Config.regional_stores`); None:
+        # the home store
+        self.checkpoint_store: str | None = None
         self._save_per_gb: dict[int, float] = {}  # incarnation -> $/GB of each of its saves
         self.feed: list[Event] = []
         self.step = 0
@@ -532,6 +535,8 @@ class JobState:
             self._placed[n] = max(0.0, e.cost or 0.0)
             self._placed_copy[n] = e.action == "copy"
             self._save_per_gb[n] = max(0.0, e.save_per_gb or 0.0)
+            # where its saves go: the zone's store after a copy, else the store it reads from
+            self.checkpoint_store = e.target if e.action == "copy" else e.source
             v["breakdown"] += 1
         elif isinstance(e, ev.Notice):
             inc.notice = e

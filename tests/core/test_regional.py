@@ -48,7 +48,8 @@ def test_a_move_copies_the_checkpoint_to_the_new_regions_store_and_saves_there(r
     the copy and its later saves land there; the job ends bit-exactly and the ledger counts
     the copy."""
     zone_b = str(tmp_path / "zone-b-bucket")
-    zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["1s", 0.02]], "egress": EGRESS}}
+    # zone-a dear enough that the move pays its start and the copy (the ranking prices it)
+    zones = {"zone-a": {"price": 1.0}, "zone-b": {"price": [[0, 3.0], ["1s", 0.02]], "egress": EGRESS}}
     job = spot.train(
         functools.partial(jobfns.seeded_mlp, step_delay=0.01, hold_at=60),
         spot.Config(
@@ -151,7 +152,7 @@ def test_a_controller_killed_mid_copy_leaves_nothing_taken_for_committed(
     monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
     zone_b = tmp_path / "zone-b-bucket"
     # zone-a dear: the move pays for its slow save (2 MB/s) at once
-    zones = {"zone-a": {"price": 1.0}, "zone-b": {"price": [[0, 3.0], ["1s", 0.02]], "egress": EGRESS}}
+    zones = {"zone-a": {"price": 4.0}, "zone-b": {"price": [[0, 12.0], ["1s", 0.02]], "egress": EGRESS}}
     job = spot.train(
         functools.partial(jobfns.seeded_mlp, step_delay=0.01, hold_at=60),
         spot.Config(
