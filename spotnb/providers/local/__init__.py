@@ -399,8 +399,8 @@ class LocalProvider(Provider):
         if code is None:
             return InstanceStatus(InstanceState.RUNNING)
         injector = self._injectors.get(instance.id)
-        if injector is not None and injector.kill is not None:
-            k = injector.kill
+        k = injector.settled() if injector is not None else None
+        if k is not None:
             return InstanceStatus(
                 InstanceState.PREEMPTED,
                 code,

@@ -67,6 +67,13 @@ class Injector:
     def cancel(self) -> None:
         self._cancel.set()
 
+    def settled(self) -> Kill | None:
+        """The market's kill, for a process seen to have ended: a kill under way (the group
+        signalled, its record not yet written: the process can die in between) is waited for,
+        so an instance the market killed never reads as one that exited on its own."""
+        with self._lock:
+            return self.kill
+
     def kill_now(self, reason: str = "preempted") -> Kill | None:
         """SIGKILL the process group (idempotent); records where the process was."""
         with self._lock:
