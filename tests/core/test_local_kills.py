@@ -8,8 +8,12 @@ on an event, never after a sleep."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +21,7 @@ import spotnb as spot
 from spotnb.providers.base import InstanceState, LaunchSpec
 from spotnb.providers.local import LocalProvider
 from spotnb.providers.local import injector as injector_mod
+from spotnb.providers.local.zygote import Forked, Zygote, _stat
 
 
 def _spec(command: list[str], n: int = 1) -> LaunchSpec:
@@ -65,3 +70,108 @@ def test_an_instance_dying_before_its_kill_is_recorded_still_reads_as_preempted(
         assert seen_dead.is_set()  # the race was really run
     finally:
         provider.close()
+
+
+_HOOK = """\
+import os, signal, time
+
+_fork = os.fork
+MODE = ""
+
+
+def _until(path):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.005)  # a file another process makes, not a race waited out
+
+
+def fork():
+    \"\"\"The zygote's fork, recorded. MODE "child_first": the zygote stops once its child has
+    claimed the request; "market_first": it stops at once, and its child waits for the market's
+    claim; "": it does not stop.\"\"\"
+    pid = _fork()
+    if pid:
+        if MODE == "child_first":
+            _until(os.environ["CLAIM"])
+        if MODE:
+            os.kill(os.getpid(), signal.SIGSTOP)
+    else:
+        with open(os.environ["FORKED_PIDS"], "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        if MODE == "market_first":
+            _until(os.environ["CLAIM"])
+    return pid
+
+
+os.fork = fork
+"""
+
+
+def _zygote(tmp_path: Path, mode: str) -> Zygote:
+    """A real zygote with `_HOOK` as its sitecustomize: the fault, injected in it."""
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(_HOOK.replace('MODE = ""', f"MODE = {mode!r}"))
+    env = dict(os.environ, FORKED_PIDS=str(tmp_path / "forked"), CLAIM=str(tmp_path / "claim"))
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "hook"), env.get("PYTHONPATH", "")])
+    zygote = Zygote(env, "20261126-000000-abcdef", str(tmp_path / "zygote.log"))
+    assert zygote.wait_ready(), (tmp_path / "zygote.log").read_text()
+    return zygote
+
+
+def _spawn(zygote: Zygote, tmp_path: Path, claim: str = "claim") -> Forked | None:
+    log = str(tmp_path / "instance.log")
+    return zygote.spawn(["--help"], dict(zygote.env), log, str(tmp_path / claim))
+
+
+def _gone(pid: int) -> bool:
+    deadline = time.monotonic() + 60
+    while _stat(pid)[0] not in ("", "Z", "X") and time.monotonic() < deadline:
+        time.sleep(0.01)  # the process's end, polled from /proc
+    return _stat(pid)[0] in ("", "Z", "X")
+
+
+def test_a_zygote_stopped_between_its_fork_and_its_answer_leaves_no_unknown_instance(
+    tmp_path: Path,
+) -> None:
+    """The child it forked is the market's instance (adopted: its pid, its end), not a process
+    left running beside the cold instance the market would start instead; the stopped zygote
+    is ended and serves no more."""
+    zygote = _zygote(tmp_path, "child_first")
+    try:
+        child = _spawn(zygote, tmp_path)
+        forked = [int(p) for p in (tmp_path / "forked").read_text().split()]
+        assert child is not None and forked == [child.pid]
+        assert child.wait(timeout=60) is not None  # its end is seen although its parent is gone
+        assert "spotnb-agent" in (tmp_path / "instance.log").read_text()  # it ran `agent --help`
+        assert zygote.proc.wait(timeout=30) is not None
+        assert _spawn(zygote, tmp_path, "claim2") is None
+    finally:
+        zygote.close()
+
+
+def test_a_child_the_market_gave_up_on_runs_nothing(tmp_path: Path) -> None:
+    """Forked, but claimed by the market first (it started the instance cold): the child ends
+    before it becomes an instance (no log, no agent: never two instances for one request)."""
+    zygote = _zygote(tmp_path, "market_first")
+    try:
+        assert _spawn(zygote, tmp_path) is None
+        assert (tmp_path / "claim").read_text() == "market"
+        (pid,) = (int(p) for p in (tmp_path / "forked").read_text().split())
+        assert _gone(pid)
+        assert not (tmp_path / "instance.log").exists()
+    finally:
+        zygote.close()
+
+
+def test_a_zygote_stopped_before_it_reads_a_request_never_forks_it_later(tmp_path: Path) -> None:
+    """No answer, no child: the market starts the instance cold, and the zygote, ended, cannot
+    fork the request later (two instances for one)."""
+    zygote = _zygote(tmp_path, "")
+    os.kill(zygote.proc.pid, signal.SIGSTOP)
+    try:
+        assert _spawn(zygote, tmp_path) is None
+        assert (tmp_path / "claim").read_text() == "market"
+        assert zygote.proc.wait(timeout=30) is not None
+        assert not (tmp_path / "forked").exists()  # the hook records every fork
+    finally:
+        zygote.close()

@@ -5,6 +5,7 @@ cold starts, never a lost job. Nothing is mocked: real processes, really killed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -73,3 +74,44 @@ def test_the_zygote_can_be_turned_off(tmp_path: Path, monkeypatch) -> None:
     assert job.result(timeout=180) == 5
     first = json.loads((tmp_path / "1.json").read_text())
     assert "spotnb.runtime.zygote" not in first["parent"], first["parent"]
+
+
+def _job_processes(job_id: str) -> list[str]:
+    """Live processes whose command line names the job (its controller, zygote, instances):
+    once the job has ended and its controller exited, none."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes()
+            state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if name.isdigit() and job_id.encode() in cmd and state not in (b"Z", b"X"):
+            found.append(name + ": " + cmd.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+def test_a_stopped_zygote_costs_no_preemption_and_no_process(tmp_path: Path) -> None:
+    """The zygote is SIGSTOPped while its instance trains: that instance's kill at step 20 is
+    seen at once (its end read from /proc, its stopped parent cannot report it), its replacement
+    starts cold instead of waiting on the zygote forever, and when the job ends no process of
+    it is left (the stopped zygote was ended)."""
+    go = tmp_path / "go"
+    fn = functools.partial(jobfns.who_started_me, steps=40, out=str(tmp_path), wait_for=str(go), hold_at=20)
+    job = spot.train(fn, spot.Config(local_schedule=[{"step": 20}], ship_modules=SHIP))
+    first = _wait_for(tmp_path / "1.json")
+    os.kill(first["ppid"], signal.SIGSTOP)
+    go.touch()
+    try:
+        assert job.result(timeout=120) == 40
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # a failed run must not leave it stopped
+            os.kill(first["ppid"], signal.SIGCONT)
+    assert job.breakdown().preemptions == 1
+    assert _kills(job) == [20]
+    second = json.loads((tmp_path / "2.json").read_text())
+    assert "spotnb.runtime.zygote" not in second["parent"], second["parent"]
+    deadline = time.monotonic() + 60
+    while (left := _job_processes(job.id)) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the controller closes its market after the job's end
+    assert not left, left

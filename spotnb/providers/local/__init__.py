@@ -214,7 +214,7 @@ class LocalProvider(Provider):
                 raise CapacityError("the job was stopped while waiting for an instance")
             proc: subprocess.Popen | Forked | None = None
             if zygote is not None:  # the same process as below, forked warm (zygote.py)
-                proc = zygote.spawn(spec.command[len(_AGENT) :], env, log_path)
+                proc = zygote.spawn(spec.command[len(_AGENT) :], env, log_path, f"{beacon}.claim")
             if proc is None:
                 with open(log_path, "ab") as log:
                     # umask: the agent's checkpoints and spool in a local store are owner-only
