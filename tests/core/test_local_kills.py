@@ -94,7 +94,7 @@ def fork():
         if MODE == "child_first":
             _until(os.environ["CLAIM"])
         if MODE:
-            os.kill(os.getpid(), signal.SIGSTOP)
+            os.kill(os.getpid(), int(os.environ.get("ZYGOTE_SIGNAL", signal.SIGSTOP)))
     else:
         with open(os.environ["FORKED_PIDS"], "a") as f:
             f.write(f"{os.getpid()}\\n")
@@ -107,11 +107,12 @@ os.fork = fork
 """
 
 
-def _zygote(tmp_path: Path, mode: str) -> Zygote:
-    """A real zygote with `_HOOK` as its sitecustomize: the fault, injected in it."""
+def _zygote(tmp_path: Path, mode: str, sig: int = signal.SIGSTOP) -> Zygote:
+    """A real zygote with `_HOOK` as its sitecustomize: the fault (`sig`), injected in it."""
     (tmp_path / "hook").mkdir()
     (tmp_path / "hook" / "sitecustomize.py").write_text(_HOOK.replace('MODE = ""', f"MODE = {mode!r}"))
     env = dict(os.environ, FORKED_PIDS=str(tmp_path / "forked"), CLAIM=str(tmp_path / "claim"))
+    env["ZYGOTE_SIGNAL"] = str(int(sig))
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "hook"), env.get("PYTHONPATH", "")])
     zygote = Zygote(env, "20261126-000000-abcdef", str(tmp_path / "zygote.log"))
     assert zygote.wait_ready(), (tmp_path / "zygote.log").read_text()
@@ -130,13 +131,14 @@ def _gone(pid: int) -> bool:
     return _stat(pid)[0] in ("", "Z", "X")
 
 
-def test_a_zygote_stopped_between_its_fork_and_its_answer_leaves_no_unknown_instance(
-    tmp_path: Path,
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["stopped", "killed"])
+def test_a_zygote_stopped_or_killed_between_its_fork_and_its_answer_leaves_no_unknown_instance(
+    tmp_path: Path, sig: int
 ) -> None:
     """The child it forked is the market's instance (adopted: its pid, its end), not a process
-    left running beside the cold instance the market would start instead; the stopped zygote
-    is ended and serves no more."""
-    zygote = _zygote(tmp_path, "child_first")
+    left running beside the cold instance the market would start instead; the zygote is
+    ended (a stopped one, by the market) and serves no more."""
+    zygote = _zygote(tmp_path, "child_first", sig)
     try:
         child = _spawn(zygote, tmp_path)
         forked = [int(p) for p in (tmp_path / "forked").read_text().split()]
