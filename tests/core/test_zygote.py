@@ -64,6 +64,7 @@ def test_a_dead_zygote_means_a_cold_start_and_the_job_goes_on(tmp_path: Path) ->
     second = json.loads((tmp_path / "2.json").read_text())
     assert "spotnb.runtime.zygote" not in second["parent"], second["parent"]
     assert second["ppid"] != first["ppid"]
+    _assert_none_left(job.id)
 
 
 def test_the_zygote_can_be_turned_off(tmp_path: Path, monkeypatch) -> None:
@@ -91,6 +92,13 @@ def _job_processes(job_id: str) -> list[str]:
     return found
 
 
+def _assert_none_left(job_id: str) -> None:
+    deadline = time.monotonic() + 60
+    while (left := _job_processes(job_id)) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the controller closes its market after the job's end
+    assert not left, left
+
+
 def test_a_stopped_zygote_costs_no_preemption_and_no_process(tmp_path: Path) -> None:
     """The zygote is SIGSTOPped while its instance trains: that instance's kill at step 20 is
     seen at once (its end read from /proc, its stopped parent cannot report it), its replacement
@@ -111,7 +119,4 @@ def test_a_stopped_zygote_costs_no_preemption_and_no_process(tmp_path: Path) -> 
     assert _kills(job) == [20]
     second = json.loads((tmp_path / "2.json").read_text())
     assert "spotnb.runtime.zygote" not in second["parent"], second["parent"]
-    deadline = time.monotonic() + 60
-    while (left := _job_processes(job.id)) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the controller closes its market after the job's end
-    assert not left, left
+    _assert_none_left(job.id)

@@ -239,6 +239,8 @@ class Zygote:
                 stdin.close()
             except OSError:
                 pass
+        if self._stopped():  # it would never read the end of its stdin
+            self.proc.kill()
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
