@@ -177,3 +177,20 @@ def test_a_zygote_stopped_before_it_reads_a_request_never_forks_it_later(tmp_pat
         assert not (tmp_path / "forked").exists()  # the hook records every fork
     finally:
         zygote.close()
+
+
+def test_a_step_kill_that_never_lands_is_said_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A kill scheduled at a step the instance never showed the market (it ended first) did not
+    happen: the market says so, instead of a job that silently ran without its preemption."""
+    provider = LocalProvider(spot.Config(local_schedule=[{"step": 20}], local_alloc_delay=0))
+    code = "import os; from spotnb.runtime import beacon as b; "
+    code += "b.Beacon(os.environ['SPOTNB_BEACON']).set_step(5)"  # shows step 5, then ends
+    try:
+        instance = provider.launch(_spec([sys.executable, "-c", code]))
+        provider._procs[instance.id].wait(timeout=60)
+        provider._injectors[instance.id]._thread.join(timeout=60)
+        assert provider.describe(instance).state == InstanceState.EXITED
+    finally:
+        provider.close()
+    said = [r.getMessage() for r in caplog.records if "never landed" in r.getMessage()]
+    assert said and "ended at step 5" in said[0], said

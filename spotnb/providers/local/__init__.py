@@ -479,6 +479,8 @@ class LocalProvider(Provider):
     def close(self) -> None:
         with self._lock:
             self._closing.set()
+        for injector in self._injectors.values():  # first: the ends below are not theirs
+            injector.cancel()
         for instance_id, proc in list(self._procs.items()):
             if proc.poll() is None:
                 self._terminated.add(instance_id)
@@ -487,8 +489,6 @@ class LocalProvider(Provider):
                 except ProcessLookupError:
                     pass
                 proc.wait()
-        for injector in self._injectors.values():
-            injector.cancel()
         with self._lock:
             zygote, self._zygote_proc = self._zygote_proc, None
         if zygote is not None:
