@@ -1,7 +1,9 @@
 """The local market forks its instances from a zygote that imported torch once
 (`spotnb/runtime/zygote.py`): a forked instance is what a cold one is (its own session, the
-controller sees its exit, preemptions and resumes as before), and a zygote that is gone means
-cold starts, never a lost job. Nothing is mocked: real processes, really killed."""
+controller sees its exit, preemptions and resumes as before), and a zygote that is gone or
+stopped means cold starts, never a lost job, preemption or process. Nothing is mocked: real
+processes, really killed. The job function's steps take microseconds, less than the market's
+look at the beacon: the first instance holds at the scheduled step (`hold_at`) until killed."""
 
 from __future__ import annotations
 
