@@ -104,6 +104,8 @@ def fork():
 
 
 os.fork = fork
+if MODE == "at_start":  # before its imports: it never becomes ready
+    os.kill(os.getpid(), signal.SIGSTOP)
 """
 
 
@@ -115,7 +117,8 @@ def _zygote(tmp_path: Path, mode: str, sig: int = signal.SIGSTOP) -> Zygote:
     env["ZYGOTE_SIGNAL"] = str(int(sig))
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "hook"), env.get("PYTHONPATH", "")])
     zygote = Zygote(env, "20261126-000000-abcdef", str(tmp_path / "zygote.log"))
-    assert zygote.wait_ready(), (tmp_path / "zygote.log").read_text()
+    if mode != "at_start":
+        assert zygote.wait_ready(), (tmp_path / "zygote.log").read_text()
     return zygote
 
 
@@ -175,6 +178,17 @@ def test_a_zygote_stopped_before_it_reads_a_request_never_forks_it_later(tmp_pat
         assert (tmp_path / "claim").read_text() == "market"
         assert zygote.proc.wait(timeout=30) is not None
         assert not (tmp_path / "forked").exists()  # the hook records every fork
+    finally:
+        zygote.close()
+
+
+def test_a_zygote_stopped_before_it_is_ready_means_cold_starts_at_once(tmp_path: Path) -> None:
+    """Not the ready timeout's two minutes per instance: a stopped zygote is seen, and ended."""
+    zygote = _zygote(tmp_path, "at_start")
+    try:
+        assert _spawn(zygote, tmp_path) is None
+        assert zygote.proc.wait(timeout=30) is not None
+        assert not (tmp_path / "claim").exists()  # nothing was asked of it
     finally:
         zygote.close()
 
