@@ -9,11 +9,17 @@ environment it was given (the job key included, which thus never shows in
 `/proc/<pid>/environ`), then `agent.main(ARGS)`.
 
 Protocol (JSON lines): the market writes one request per instance on stdin
-(`{"argv", "env", "log", "cwd"}`); the zygote answers `{"ready": true}` once loaded, then
+(`{"argv", "env", "log", "cwd", "claim"}`); the zygote answers `{"ready": true}` once loaded, then
 `{"forked": pid}` per request, in order, and `{"exit": pid, "code": c}` when one of its
 instances ends (`c` as `Popen.returncode`: negative for a signal). It exits when its stdin
 closes (its market closed, or the market's process died); its instances live on, as orphans of
 a dead controller always do (`LocalProvider.reclaim`). See ARCHITECTURE.md "The local market".
+
+`claim`: a file the child creates, with its pid, before it becomes an instance. A market that
+got no answer (the zygote died or stopped between its fork and its answer) creates it first
+when the child did not, and the child then ends without running anything; otherwise the market
+adopts the pid the file names. Either way a request makes one instance, never two and never
+one the market does not know of.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["main"]
+__all__ = ["claim", "main"]
 
 
 def _preload() -> None:
@@ -36,6 +42,24 @@ def _preload() -> None:
     import spotnb.runtime.agent  # noqa: F401
     from spotnb.policy import resolve_policy  # noqa: F401
     from spotnb.runtime import context, notice, script, torchrun_group  # noqa: F401
+
+
+def claim(path: str, text: str) -> bool:
+    """Create `path` holding `text`, unless it exists (False): whole or absent to its reader
+    (written aside, then linked into place, which fails if the name is taken)."""
+    aside = f"{path}.{os.getpid()}.{time.monotonic_ns()}"
+    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    try:
+        os.link(aside, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(aside)
 
 
 def _send(doc: dict[str, Any]) -> None:
@@ -49,6 +73,9 @@ def _become_instance(req: dict[str, Any], keep: list[int]) -> None:
     try:
         os.setsid()
         os.umask(0o077)
+        if req.get("claim") and not claim(req["claim"], str(os.getpid())):
+            code = 0  # the market gave up on this request and started the instance cold
+            return
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

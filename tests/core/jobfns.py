@@ -334,10 +334,15 @@ def lora_mlp(
     return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()}, "loss": loss.item()}
 
 
-def who_started_me(ctx: Any, steps: int = 60, out: str = "", wait_for: str = "") -> int:
+def who_started_me(
+    ctx: Any, steps: int = 60, out: str = "", wait_for: str = "", hold_at: int | None = None
+) -> int:
     """Writes, per incarnation, the instance's parent pid, its session and a draw of numpy's
     global generator to `out`/<incarnation>.json; the first incarnation waits at step 10 until
-    the file `wait_for` exists (the test's signal that it may be preempted)."""
+    the file `wait_for` exists (the test's signal that it may be preempted). `hold_at`: the
+    first incarnation waits at that step until the market kills it (at most 120 s): its steps
+    take microseconds, far less than the market's look at the beacon (`Injector`), so without
+    the hold a kill scheduled for that step lands when the job has already run past it."""
     import json
     import os
 
@@ -354,6 +359,10 @@ def who_started_me(ctx: Any, steps: int = 60, out: str = "", wait_for: str = "")
         if step == 10 and wait_for:
             deadline = time.monotonic() + 120
             while not Path(wait_for).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        if step == hold_at and ctx.incarnation == 1:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:  # the market's kill ends the wait
                 time.sleep(0.01)
         ctx.log(step_value=float(step))
     return ctx.step_index

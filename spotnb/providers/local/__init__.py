@@ -214,7 +214,7 @@ class LocalProvider(Provider):
                 raise CapacityError("the job was stopped while waiting for an instance")
             proc: subprocess.Popen | Forked | None = None
             if zygote is not None:  # the same process as below, forked warm (zygote.py)
-                proc = zygote.spawn(spec.command[len(_AGENT) :], env, log_path)
+                proc = zygote.spawn(spec.command[len(_AGENT) :], env, log_path, f"{beacon}.claim")
             if proc is None:
                 with open(log_path, "ab") as log:
                     # umask: the agent's checkpoints and spool in a local store are owner-only
@@ -399,8 +399,8 @@ class LocalProvider(Provider):
         if code is None:
             return InstanceStatus(InstanceState.RUNNING)
         injector = self._injectors.get(instance.id)
-        if injector is not None and injector.kill is not None:
-            k = injector.kill
+        k = injector.settled() if injector is not None else None
+        if k is not None:
             return InstanceStatus(
                 InstanceState.PREEMPTED,
                 code,
@@ -479,6 +479,8 @@ class LocalProvider(Provider):
     def close(self) -> None:
         with self._lock:
             self._closing.set()
+        for injector in self._injectors.values():  # first: the ends below are not theirs
+            injector.cancel()
         for instance_id, proc in list(self._procs.items()):
             if proc.poll() is None:
                 self._terminated.add(instance_id)
@@ -487,8 +489,6 @@ class LocalProvider(Provider):
                 except ProcessLookupError:
                     pass
                 proc.wait()
-        for injector in self._injectors.values():
-            injector.cancel()
         with self._lock:
             zygote, self._zygote_proc = self._zygote_proc, None
         if zygote is not None:

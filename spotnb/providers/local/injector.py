@@ -4,6 +4,7 @@ schedule entries may also trigger on a step and a checkpoint phase read from the
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from spotnb.providers.local.zygote import Forked
 
 __all__ = ["Kill", "Injector"]
+
+log = logging.getLogger(__name__)
 
 _PHASES = {
     "step": None,
@@ -66,6 +69,13 @@ class Injector:
 
     def cancel(self) -> None:
         self._cancel.set()
+
+    def settled(self) -> Kill | None:
+        """The market's kill, for a process seen to have ended: a kill under way (the group
+        signalled, its record not yet written: the process can die in between) is waited for,
+        so an instance the market killed never reads as one that exited on its own."""
+        with self._lock:
+            return self.kill
 
     def kill_now(self, reason: str = "preempted") -> Kill | None:
         """SIGKILL the process group (idempotent); records where the process was."""
@@ -148,3 +158,13 @@ class Injector:
                 self.trigger = None
                 return self._run()  # the timed path: notice now, kill at kill_at
             time.sleep(0.0005)
+        if not self._cancel.is_set() and self.kill is None:
+            step, phase = read_beacon(self.beacon_path)
+            log.warning(
+                "the local market's kill scheduled at %s never landed: the instance ended at step "
+                "%d (%s) first%s",
+                self.trigger,
+                step,
+                phase.name.lower(),
+                ", its steps faster than the market's look at them (about 1 ms)" if step >= target else "",
+            )

@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 
+from spotnb.runtime.zygote import claim as take_claim
+
 __all__ = ["ZYGOTE_ENV", "Forked", "Zygote"]
 
 log = logging.getLogger(__name__)
@@ -27,14 +29,16 @@ log = logging.getLogger(__name__)
 ZYGOTE_ENV = "SPOTNB_LOCAL_ZYGOTE"
 #: seconds the market waits for the zygote's imports before it starts instances cold
 READY_TIMEOUT = 120.0
+#: seconds the market waits for the zygote's answer to a request (a fork's: milliseconds)
+ANSWER_TIMEOUT = 30.0
 
 
 class Forked:
     """An instance the zygote forked: the part of `subprocess.Popen` the market uses (pid,
     poll, wait, returncode). Its exit status arrives from the zygote, which is its parent."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
+    def __init__(self, pid: int, parent: int | None = None) -> None:
+        self.pid, self.parent = pid, parent
         self.returncode: int | None = None
         self._ended = threading.Event()
         self._orphaned = False
@@ -50,8 +54,14 @@ class Forked:
         self._ended.set()
 
     def poll(self) -> int | None:
-        if self.returncode is None and self._orphaned and not _alive(self.pid):
-            self.returncode = -signal.SIGKILL
+        if self.returncode is None:
+            state, ppid, status = _stat(self.pid)
+            if state == "Z" and status is not None and (self._orphaned or ppid == self.parent):
+                # ended, and its parent has not reaped it: a zygote that is stopped (or slow to
+                # answer) must not hide an instance's end, nor its exit status, from the market
+                self.returncode = os.waitstatus_to_exitcode(status)
+            elif self._orphaned and state in ("", "Z", "X"):
+                self.returncode = -signal.SIGKILL  # reaped by its new parent: status unknown
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -60,17 +70,41 @@ class Forked:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise subprocess.TimeoutExpired(f"instance {self.pid}", timeout or 0.0)
-            self._ended.wait(min(left or 0.05, 0.05) if self._orphaned else left)
+            self._ended.wait(min(left or 0.05, 0.05))  # poll reads /proc: no wake-up for that
         assert self.returncode is not None
         return self.returncode
 
 
-def _alive(pid: int) -> bool:
+def _adopt(claim: str) -> Forked | None:
+    """After a request the zygote did not answer: the child it forked, if it did (it named
+    itself in the claim file), now an orphan; None: no child will run (the market's claim
+    came first), start the instance cold."""
+    if take_claim(claim, "market"):
+        return None
+    try:
+        with open(claim, encoding="ascii") as f:
+            pid = int(f.read())
+    except (OSError, ValueError):
+        return None
+    child = Forked(pid)
+    child._orphan()
+    log.warning("the local market's zygote forked instance %d and went silent: it runs on", pid)
+    return child
+
+
+def _stat(pid: int) -> tuple[str, int, int | None]:
+    """(state, parent pid, wait status) of `pid` from /proc (the status is a zombie's; Linux
+    3.5+); ("", 0, None) when there is no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return "", 0, None
+    try:
+        status = int(fields[49]) if fields[0] == b"Z" and len(fields) > 49 else None
+        return fields[0].decode(), int(fields[1]), status
+    except (ValueError, IndexError):
+        return "", 0, None
 
 
 class Zygote:
@@ -107,7 +141,7 @@ class Zygote:
                 if "ready" in doc:
                     self._ready.set()
                 elif "forked" in doc:
-                    child = Forked(int(doc["forked"]))
+                    child = Forked(int(doc["forked"]), parent=self.proc.pid)
                     with self._lock:
                         self._children[child.pid] = child
                         self._forked.append(child)
@@ -130,7 +164,13 @@ class Zygote:
 
     def wait_ready(self) -> bool:
         """Until the zygote has imported what an instance needs (False: it cannot serve)."""
-        ready = self._ready.wait(READY_TIMEOUT) and not self._dead.is_set()
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not self._ready.wait(0.05):
+            if self._stopped() or time.monotonic() > deadline:
+                with self._lock:
+                    self._retire("did not become ready")
+                break
+        ready = self._ready.is_set() and not self._dead.is_set()
         if not ready and not self._said_so:
             self._said_so = True
             log.warning(
@@ -141,12 +181,15 @@ class Zygote:
             )
         return ready
 
-    def spawn(self, argv: list[str], env: dict[str, str], log_path: str) -> Forked | None:
+    def spawn(self, argv: list[str], env: dict[str, str], log_path: str, claim: str) -> Forked | None:
         """Fork an instance running `spotnb.runtime.agent ARGV` (None: start it cold). Quick
-        once `wait_ready` said yes: the answer is a fork's."""
+        once `wait_ready` said yes: the answer is a fork's. `claim`: a path of the market's
+        no other request uses (`runtime/zygote.py`): without an answer, the child the zygote
+        may have forked is adopted or ends before it runs anything, never left unknown."""
         if not self.wait_ready():
             return None
-        request = json.dumps({"argv": argv, "env": env, "log": log_path, "cwd": os.getcwd()})
+        doc = {"argv": argv, "env": env, "log": log_path, "cwd": os.getcwd(), "claim": claim}
+        request = json.dumps(doc)
         with self._asking, self._lock:
             if self._dead.is_set():
                 return None
@@ -155,10 +198,36 @@ class Zygote:
                 self.proc.stdin.write(request.encode() + b"\n")
                 self.proc.stdin.flush()
             except OSError:
-                return None
+                pass  # it died: the claim says whether it forked first
+            deadline = time.monotonic() + ANSWER_TIMEOUT
             while not self._forked and not self._dead.is_set():
-                self._answer.wait()
-            return self._forked.pop(0) if self._forked else None
+                if self._stopped() or time.monotonic() > deadline:
+                    self._retire("did not answer a request")
+                    break
+                self._answer.wait(0.05)
+            if self._forked:
+                return self._forked.pop(0)
+        return _adopt(claim)
+
+    def _stopped(self) -> bool:
+        """The zygote is stopped (SIGSTOP, a debugger): it neither forks nor reports."""
+        return _stat(self.proc.pid)[0] in ("T", "t")
+
+    def _retire(self, why: str) -> None:
+        """With `_lock` held: a zygote that does not answer serves no more (its instances live
+        on; their ends are read from /proc, `Forked.poll`); killed, so that it never forks for
+        a request the market gave up on."""
+        if self._dead.is_set():
+            return
+        self._dead.set()
+        for child in self._children.values():
+            child._orphan()
+        self._children.clear()
+        log.warning("the local market's zygote %s (stopped or stuck): instances start cold", why)
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
 
     def close(self) -> None:
         """End the zygote (its instances are the market's to end, and were)."""
@@ -170,6 +239,8 @@ class Zygote:
                 stdin.close()
             except OSError:
                 pass
+        if self._stopped():  # it would never read the end of its stdin
+            self.proc.kill()
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
