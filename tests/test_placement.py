@@ -51,10 +51,12 @@ def test_unknown_work_and_a_market_that_never_preempts() -> None:
 
 def test_the_relaunch_avoids_the_zone_that_just_preempted_it() -> None:
     """Two zones at the same price: the first instance runs in the first; after it is
-    preempted the relaunch goes to the other (EAGER_NEXT_REGION), and the job finishes."""
+    preempted the relaunch goes to the other (EAGER_NEXT_REGION), and the job finishes. Its
+    steps take well under a millisecond: the first instance holds at step 20 until the kill
+    (`hold_at`), or the market could see the job's end before its step 20."""
     zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": 0.10}}
     job = spot.train(
-        functools.partial(jobfns.seeded_mlp, steps=40, width=32),
+        functools.partial(jobfns.seeded_mlp, steps=40, width=32, hold_at=20),
         spot.Config(
             ship_modules=SHIP,
             local_regions=zones,
@@ -64,6 +66,7 @@ def test_the_relaunch_avoids_the_zone_that_just_preempted_it() -> None:
         ),
     )
     job.result(timeout=180)
+    assert [e["step"] for e in job.events if e["kind"] == "preempted"] == [20]
     regions = [e["region"] for e in job.events if e["kind"] == "allocated"]
     assert regions == ["zone-a", "zone-b"]
 

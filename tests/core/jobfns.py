@@ -93,8 +93,10 @@ def seeded_mlp(
     return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()}, "loss": loss.item()}
 
 
-def slow_steps(ctx: Any, steps: int = 400, step_time: float = 0.02) -> int:
-    """Small state, steps of known duration: for notice and breakdown tests."""
+def slow_steps(ctx: Any, steps: int = 400, step_time: float = 0.02, hold_at: int | None = None) -> int:
+    """Small state, steps of known duration: for notice and breakdown tests. `hold_at`: the
+    first incarnation waits at that step until the market kills it or sends a notice
+    (`hold_for_the_market`)."""
     import torch
 
     model = torch.nn.Linear(8, 8)
@@ -102,7 +104,20 @@ def slow_steps(ctx: Any, steps: int = 400, step_time: float = 0.02) -> int:
     for step in ctx.steps(steps):
         time.sleep(step_time)
         ctx.log(step_value=float(step))
+        if step == hold_at and ctx.incarnation == 1:
+            hold_for_the_market(ctx)
     return ctx.step_index
+
+
+def hold_for_the_market(ctx: Any, timeout: float = 120) -> None:
+    """Wait inside the current step until the market kills this instance (the kill ends the
+    wait) or a notice comes, at most `timeout` s. A kill scheduled at a step lands when the
+    market's injector, which looks at the beacon about every millisecond, sees that step: on a
+    loaded machine it may look only after the last of a few fast steps, and the job ends
+    unpreempted. Held at the step, the kill lands there whatever the load."""
+    deadline = time.monotonic() + timeout
+    while ctx.notice is None and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def fails_at(ctx: Any, step_fail: int = 5) -> None:

@@ -190,7 +190,9 @@ def test_compute_and_recompute_are_exact_across_kills() -> None:
 
 def deletes_its_checkpoints(ctx: Any, store_root: str) -> int:
     """Incarnation 1 deletes every checkpoint at step 35 (a bucket lifecycle rule, a user's
-    cleanup), then is killed at step 38: its successor has nothing to restore."""
+    cleanup), then is killed at step 38, where it holds until the kill (its steps are too short
+    for the market to be sure to see step 38 on a loaded machine): its successor has nothing
+    to restore."""
     import torch
 
     ctx.track(model=torch.nn.Linear(2, 2))
@@ -198,6 +200,8 @@ def deletes_its_checkpoints(ctx: Any, store_root: str) -> int:
         if ctx.incarnation == 1 and step == 35:
             shutil.rmtree(os.path.join(store_root, "jobs", ctx.job_id, "ckpt"))
         time.sleep(0.002)
+        if ctx.incarnation == 1 and step == 38:
+            jobfns.hold_for_the_market(ctx)
     return ctx.step_index
 
 
@@ -214,6 +218,7 @@ def test_a_restart_from_zero_after_every_checkpoint_vanished_is_said(tmp_path: P
         ),
     )
     assert job.result(timeout=120) == 60
+    assert [e["step"] for e in job.events if e["kind"] == "preempted"] == [38]
     warnings = [e for e in job.events if e["kind"] == "warning" and e.get("restart_from_zero")]
     assert len(warnings) == 1 and warnings[0]["incarnation"] == 2
     assert warnings[0]["high_water"] >= 30 and "step 0" in warnings[0]["message"]
@@ -224,11 +229,11 @@ def test_a_restart_from_zero_after_every_checkpoint_vanished_is_said(tmp_path: P
 
 def test_a_kill_can_land_during_a_restore() -> None:
     schedule = [{"step": 25, "phase": "step"}, {"step": 0, "phase": "restore"}]
-    fn = functools.partial(jobfns.slow_steps, steps=40, step_time=0.002)
+    fn = functools.partial(jobfns.slow_steps, steps=40, step_time=0.002, hold_at=25)
     job = spot.train(fn, spot.Config(ship_modules=SHIP, checkpoint="static:10", local_schedule=schedule))
     assert job.result(timeout=120) == 40
-    kills = [e["phase"] for e in job.events if e["kind"] == "preempted"]
-    assert len(kills) == 2 and kills[1] == "restore"
+    kills = [(e["step"], e["phase"]) for e in job.events if e["kind"] == "preempted"]
+    assert len(kills) == 2 and kills[0][0] == 25 and kills[1][1] == "restore"
 
 
 def test_a_failing_pre_commit_flush_aborts_the_commit(tmp_path: Path) -> None:

@@ -25,10 +25,11 @@ def test_the_cheapest_zone_now_is_chosen_and_a_relaunch_goes_where_it_is_cheapes
     """zone-a costs $0.10/h throughout; zone-b $0.30/h at first and $0.02/h from 0.5 s on.
     With regions="cheapest" the first instance starts in zone-a; the relaunch after the
     preemption at step 30 (seconds later: the instance had to start Python and torch first)
-    goes to zone-b, and each instance is billed at its zone's price."""
+    goes to zone-b, and each instance is billed at its zone's price. The steps take well under
+    a millisecond: the first instance holds at step 30 until the kill (`hold_at`)."""
     zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["500ms", 0.02]]}}
     job = spot.train(
-        functools.partial(jobfns.seeded_mlp, steps=60, width=32),
+        functools.partial(jobfns.seeded_mlp, steps=60, width=32, hold_at=30),
         spot.Config(
             ship_modules=SHIP,
             local_regions=zones,
@@ -38,6 +39,7 @@ def test_the_cheapest_zone_now_is_chosen_and_a_relaunch_goes_where_it_is_cheapes
         ),
     )
     job.result(timeout=180)
+    assert [e["step"] for e in job.events if e["kind"] == "preempted"] == [30]
     first, second = _allocated(job)
     assert (first["region"], first["spot_price"]) == ("zone-a", pytest.approx(0.10))
     assert (second["region"], second["spot_price"]) == ("zone-b", pytest.approx(0.02))

@@ -75,10 +75,12 @@ def test_a_running_job_moves_to_the_zone_that_became_cheaper_finishes_exactly_an
 
 def test_migrate_never_relaunches_where_it_ran() -> None:
     """The same market as the relaunch test of test_local_regions (zone-b becomes cheaper
-    after 0.5 s), but migrate="never": the relaunch after the preemption goes back to zone-a."""
+    after 0.5 s), but migrate="never": the relaunch after the preemption goes back to zone-a
+    (the first instance holds at step 30 until the kill: its steps are faster than the
+    market's look at them)."""
     zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["500ms", 0.02]]}}
     job = spot.train(
-        functools.partial(jobfns.seeded_mlp, steps=60, width=32),
+        functools.partial(jobfns.seeded_mlp, steps=60, width=32, hold_at=30),
         spot.Config(
             ship_modules=SHIP,
             local_regions=zones,
@@ -89,6 +91,7 @@ def test_migrate_never_relaunches_where_it_ran() -> None:
         ),
     )
     job.result(timeout=180)
+    assert [e["step"] for e in _kinds(job, "preempted")] == [30]
     assert [e["region"] for e in _kinds(job, "allocated")] == ["zone-a", "zone-a"]
 
 

@@ -100,14 +100,16 @@ def test_a_relaunch_near_the_end_reads_the_checkpoint_across_from_the_other_regi
     own store. A copy would go zone-b → this machine → zone-c ($0.02 + $0.02 a GB) and no save
     is left to make there (static:110: the one save, at 110, has long committed; the next
     would be past the end), so reading across ($0.02 a GB) is cheaper: the checkpoint stays
-    in zone-b's store and the new instance restores from it."""
+    in zone-b's store and the new instance restores from it. The first instance holds at step
+    190 until the kill (`hold_at`): ten steps of a millisecond are less than the market may take
+    to look at the beacon on a loaded machine."""
     zone_b, zone_c = str(tmp_path / "zone-b-bucket"), str(tmp_path / "zone-c-bucket")
     zones = {
         "zone-b": {"price": [[0, 0.02], ["1s", 0.30]], "egress": EGRESS},
         "zone-c": {"price": 0.10, "egress": EGRESS},
     }
     job = spot.train(
-        jobfns.seeded_mlp,
+        functools.partial(jobfns.seeded_mlp, hold_at=190),
         spot.Config(
             ship_modules=SHIP,
             local_regions=zones,
@@ -119,6 +121,7 @@ def test_a_relaunch_near_the_end_reads_the_checkpoint_across_from_the_other_regi
         ),
     )
     assert_matches_reference(job, reference)
+    assert [e["step"] for e in _kinds(job, "preempted")] == [190]
     assert [e["region"] for e in _kinds(job, "allocated")] == ["zone-b", "zone-c"]
     placed = {e["incarnation"]: e for e in _kinds(job, "checkpoint_placed")}
     assert (placed[1]["action"], placed[1]["target"]) == ("fresh", zone_b)

@@ -54,11 +54,16 @@ def _wait_for(job: spot.Job, predicate: Any, what: str, timeout: float = 120) ->
     raise AssertionError(f"never saw {what}; events: {[e['kind'] for e in job.events]}")
 
 
-def gated(ctx: Any, gate: str, at: int, steps: int = 60, first_at: int | None = None) -> float:
+def gated(
+    ctx: Any, gate: str, at: int, steps: int = 60, first_at: int | None = None, hold_at: int | None = None
+) -> float:
     """Deterministic training that, in its first incarnation, waits at step `at` until the
     test has done its tampering (a hand-shake, not a timing guess); with `first_at`, also at
     that step until `gate + ".first"` exists (so that an earlier checkpoint commits first: on a
-    busy box the writer may otherwise supersede every snapshot but the newest)."""
+    busy box the writer may otherwise supersede every snapshot but the newest). `hold_at`: the
+    first incarnation waits at that step until the market kills it: its steps take
+    microseconds, and a kill scheduled a few steps after the gate could otherwise land only
+    after the loop (`jobfns.hold_for_the_market`)."""
     import torch
 
     torch.manual_seed(0)
@@ -73,6 +78,8 @@ def gated(ctx: Any, gate: str, at: int, steps: int = 60, first_at: int | None = 
                 deadline = time.monotonic() + 120
                 while not os.path.exists(path) and time.monotonic() < deadline:
                     time.sleep(0.02)
+        if ctx.incarnation == 1 and step == hold_at:
+            jobfns.hold_for_the_market(ctx)
     return float(model.weight.sum())
 
 
@@ -114,7 +121,7 @@ def test_a_forged_result_is_refused_and_never_runs(tmp_path: Path, spotnb_home: 
 
 def test_a_forged_function_is_refused_at_relaunch(tmp_path: Path) -> None:
     marker, gate = tmp_path / "pwned-fn", tmp_path / "gate"
-    fn = functools.partial(gated, gate=str(gate), at=5, steps=30)
+    fn = functools.partial(gated, gate=str(gate), at=5, steps=30, hold_at=8)
     job = spot.train(
         fn,
         spot.Config(ship_modules=SHIP, checkpoint="static:10", local_schedule=[{"step": 8, "phase": "step"}]),
@@ -126,11 +133,12 @@ def test_a_forged_function_is_refused_at_relaunch(tmp_path: Path) -> None:
         job.result(timeout=180)
     assert not marker.exists(), "a forged fn.pkl ran a command on the instance"
     assert [e["incarnation"] for e in job.events if e["kind"] == "error"] == [2]
+    assert [e["step"] for e in job.events if e["kind"] == "preempted"] == [8]
 
 
 def test_a_swapped_checkpoint_is_never_loaded_and_restore_falls_back(tmp_path: Path) -> None:
     marker, gate = tmp_path / "pwned-ckpt", tmp_path / "gate"
-    fn = functools.partial(gated, gate=str(gate), at=35, steps=60, first_at=25)
+    fn = functools.partial(gated, gate=str(gate), at=35, steps=60, first_at=25, hold_at=38)
     job = spot.train(
         fn,
         spot.Config(
@@ -164,6 +172,7 @@ def test_a_swapped_checkpoint_is_never_loaded_and_restore_falls_back(tmp_path: P
     ]
     assert prior, "no checkpoint committed before the tampered one"
     assert [e["from_step"] for e in resumed] == [max(prior)]  # the one before, verified
+    assert [e["step"] for e in job.events if e["kind"] == "preempted"] == [38]
     # the fallback is exact: every step logged twice logged the same value, and the result is
     # what the steps compute
     seen: dict[int, float] = {}
