@@ -24,7 +24,7 @@ def _run(coro):
 
 def test_await_a_job_gives_its_result_and_the_stream_ends_with_it() -> None:
     job = spot.train(
-        functools.partial(slow_steps, steps=40, step_time=0.01),
+        functools.partial(slow_steps, steps=40, step_time=0.01, hold_at=15),  # until the kill
         spot.Config(local_schedule=[{"step": 15, "phase": "step"}]),
     )
 

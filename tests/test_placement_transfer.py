@@ -96,7 +96,7 @@ def test_every_allocation_of_a_multi_zone_job_writes_the_zones_prices() -> None:
     so the widget's price lines show for this job too."""
     zones = {"zone-a": {"price": 0.10}, "zone-b": {"price": [[0, 0.30], ["1s", 0.02]]}}
     job = spot.train(
-        functools.partial(jobfns.slow_steps, steps=30, step_time=0.01),
+        functools.partial(jobfns.slow_steps, steps=30, step_time=0.01, hold_at=15),  # killed there
         spot.Config(
             ship_modules=["tests.core.jobfns"],
             local_regions=zones,
@@ -114,6 +114,7 @@ def test_every_allocation_of_a_multi_zone_job_writes_the_zones_prices() -> None:
     assert said[0]["zones"]["zone-a"] == 0.10
     # one before each allocation, the second after the first instance was preempted
     preempted = kinds.index("preempted")
+    assert job.events[preempted]["step"] == 15
     assert any(job.events.index(e) > preempted for e in said)
     assert set(job.state.zone_prices) == {"zone-a", "zone-b"}
 

@@ -28,11 +28,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # -- training functions shipped to local instances (by value: ship_modules=[__name__]) ----------
 def short_fit(ctx: Any) -> float:
+    """60 steps; the first incarnation holds at step 30 until the market's kill there ends it
+    (on a loaded machine the market may otherwise see the step only after the loop)."""
     loss = 1.0
     for step in ctx.steps(60):
         loss = 1.0 / (1 + step)
         ctx.log(loss=loss)
         time.sleep(0.01)  # the workload's own step time
+        deadline = time.monotonic() + 120
+        while step == 30 and ctx.incarnation == 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
     return loss
 
 

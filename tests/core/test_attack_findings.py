@@ -82,7 +82,7 @@ def test_no_alarm_about_vanished_checkpoints_when_none_was_ever_committed() -> N
     from tests.core import jobfns
 
     job = spot.train(
-        functools.partial(jobfns.slow_steps, steps=40, step_time=0.05),
+        functools.partial(jobfns.slow_steps, steps=40, step_time=0.05, hold_at=30),  # until the kill
         spot.Config(
             ship_modules=["tests.core.jobfns"],
             checkpoint="periodic:1000",
@@ -92,6 +92,7 @@ def test_no_alarm_about_vanished_checkpoints_when_none_was_ever_committed() -> N
     try:
         assert job.result(timeout=240) == 40
         assert any(e["kind"] == "allocated" and e["incarnation"] == 2 for e in job.events)
+        assert [e["step"] for e in job.events if e["kind"] == "preempted"] == [30]
         assert not any(e["kind"] == "checkpoint" and e.get("incarnation") == 1 for e in job.events)
         alarms = [e["message"] for e in job.events if e.get("restart_from_zero")]
         assert not alarms, alarms

@@ -40,7 +40,8 @@ def _submit(store_url: str, **fields) -> Job:
         local_schedule=[{"step": 25, "phase": "step"}],
         **fields,
     )
-    _, payload, files = api._prepare(functools.partial(jobfns.slow_steps, steps=40, step_time=0.01), config)
+    fn = functools.partial(jobfns.slow_steps, steps=40, step_time=0.01, hold_at=25)  # until the kill
+    _, payload, files = api._prepare(fn, config)
     return api._submit(payload, config, files, detach=True)
 
 

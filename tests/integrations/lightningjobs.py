@@ -108,9 +108,13 @@ def tiny(
     }
 
 
-def fabric_tiny(ctx: Any, steps: int = 30, step_delay: float = 0.0) -> dict[str, Any]:
+def fabric_tiny(
+    ctx: Any, steps: int = 30, step_delay: float = 0.0, hold_at: int | None = None
+) -> dict[str, Any]:
     """A hand-written Fabric loop over the same shuffled, noisy loader (10 batches an epoch):
-    dropout, AdamW and a per-step LR schedule, driven by `fabric_batches`."""
+    dropout, AdamW and a per-step LR schedule, driven by `fabric_batches`. `hold_at`: the first
+    incarnation waits at that step until the market's notice has reached it (at most 60 s), so
+    that it is acted on at the next step boundary however loaded the machine."""
     import lightning as L
     import torch
     from torch import nn
@@ -136,4 +140,8 @@ def fabric_tiny(ctx: Any, steps: int = 30, step_delay: float = 0.0) -> dict[str,
         ctx.log(loss=loss.item())
         if step_delay:
             time.sleep(step_delay)
+        if _step == hold_at and ctx.incarnation == 1:
+            deadline = time.monotonic() + 60
+            while ctx.notice is None and time.monotonic() < deadline:
+                time.sleep(0.01)
     return {"weights": {k: v.detach().clone() for k, v in net.state_dict().items()}, "step": ctx.step_index}

@@ -195,8 +195,8 @@ def test_a_fabric_loop_resumes_exactly_mid_epoch() -> None:
     weights and losses bit for bit: the shuffle and the random noise of the epoch included."""
     fn = functools.partial(lightningjobs.fabric_tiny, steps=20)
     calm = spot.train(fn, spot.Config(checkpoint="static:100", ship_modules=SHIP))
-    spotted = spot.train(
-        functools.partial(fn, step_delay=0.05),
+    spotted = spot.train(  # held at step 14 until the notice is in: six steps may be too few for it
+        functools.partial(fn, step_delay=0.05, hold_at=14),
         spot.Config(
             checkpoint="static:100",
             ship_modules=SHIP,
