@@ -213,7 +213,10 @@ class _DamagingContext:
 
 
 def mlp_with_damage(ctx: Any, store_dir: str, change: str) -> dict:
-    return jobfns.seeded_mlp(_DamagingContext(ctx, store_dir, change, at=45, saved=40), step_delay=0.01)
+    """Held at step 50 until the kill: a kill that landed after the save at 60 committed would
+    resume from there, past the damaged checkpoint, and test nothing."""
+    damaging = _DamagingContext(ctx, store_dir, change, at=45, saved=40)
+    return jobfns.seeded_mlp(damaging, step_delay=0.01, hold_at=50)
 
 
 @pytest.mark.parametrize("change", ["list", "missing files", "truncated"])
@@ -234,6 +237,7 @@ def test_a_job_survives_a_damaged_manifest_between_incarnations(reference, tmp_p
     invalid = [e for e in job.events if e["kind"] == "checkpoint_invalid"]
     resumed = [e for e in job.events if e["kind"] == "resumed"]
     assert invalid and invalid[0]["reason"]
+    assert [e["step"] for e in job.events if e["kind"] == "preempted"] == [50]
     assert [e["from_step"] for e in resumed] == [20]
     for name, tensor in ref_result["params"].items():
         assert torch.equal(result["params"][name], tensor), name
