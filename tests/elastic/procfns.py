@@ -53,11 +53,16 @@ def group_dp(
     return {"weights": weights.flatten().tolist(), "step": ctx.step_index, "ranks": ctx.local_world_size}
 
 
-def sharded_mlp(ctx: Any, steps: int, out: str, step_delay: float = 0.02) -> dict[str, Any]:
+def sharded_mlp(
+    ctx: Any, steps: int, out: str, step_delay: float = 0.02, hold_at: int | None = None
+) -> dict[str, Any]:
     """A small MLP sharded over the instance's processes with FSDP2's `fully_shard` (gloo,
     CPU), trained with Adam on batches drawn from each rank's own RNG (seeded differently per
     rank), so an exact resume needs the shards, the optimizer's state and every rank's RNG.
-    Every rank saves the full weights at the end to `out/<incarnation>-<local rank>.pt`."""
+    Every rank saves the full weights at the end to `out/<incarnation>-<local rank>.pt`.
+    `hold_at`: in the first incarnation every rank waits at that step until the market kills
+    the instance (at most 120 s; for a kill without notice: a notice reaches rank 0 only), so a
+    kill scheduled there lands there, not a few steps (and saves) later on a loaded machine."""
     import torch
     from torch.distributed.fsdp import fully_shard
 
@@ -80,6 +85,10 @@ def sharded_mlp(ctx: Any, steps: int, out: str, step_delay: float = 0.02) -> dic
         ctx.log(loss=float(loss.item()))
         if step_delay:
             time.sleep(step_delay)
+        if _step == hold_at and ctx.incarnation == 1:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:  # the market's kill ends the wait
+                time.sleep(0.01)
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}
     torch.save(full, os.path.join(out, f"{ctx.incarnation}-{ctx.local_rank}.pt"))
     return {"step": ctx.step_index, "ranks": ctx.local_world_size}

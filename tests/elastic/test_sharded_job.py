@@ -41,14 +41,14 @@ def test_a_preempted_sharded_job_resumes_from_its_shards_exactly(tmp_path: Path)
     hit_out.mkdir()
     # both jobs run at once: the calm one is the reference, not a timing
     calm = spot.train(functools.partial(procfns.sharded_mlp, steps=steps, out=str(calm_out)), _config())
-    hit = spot.train(
-        functools.partial(procfns.sharded_mlp, steps=steps, out=str(hit_out)),
+    hit = spot.train(  # held at 13 until the kill: a late one would land after the save at 15
+        functools.partial(procfns.sharded_mlp, steps=steps, out=str(hit_out), hold_at=13),
         _config(local_schedule=[{"instance": 0, "step": 13}]),
     )
     assert calm.result(timeout=90)["step"] == steps
     assert hit.result(timeout=90)["step"] == steps
     (preempted,) = _by(hit, "preempted", 1)
-    assert preempted["how"] == "preempted"
+    assert preempted["how"] == "preempted" and preempted["step"] == 13
     (resumed,) = _by(hit, "resumed", 2)
     # one commit per save although two processes wrote it (rank 0 speaks for the group);
     # static:5 saves at 5 and 10 in the background: the one of step 10 may still have been
