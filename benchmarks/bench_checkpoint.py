@@ -23,7 +23,9 @@ prints:
 **spotnb** tracks the model and its optimizer, so its saves are gated (`runtime/chunked.py`):
 the parameters are written from their own memory while the next forward/backward runs.
 **spotnb copy** is spotnb with `Checkpointer.stream = False`: the whole-state copy +
-`torch.save` writer of earlier versions, for comparison. **spotnb ¼ budget** is spotnb with
+`torch.save` writer of earlier versions, for comparison. **spotnb read-back** hashes the
+gated tensors as before this digest's change: by reading `tensors.bin` back after the gate
+opens, instead of while the drain writes them. **spotnb ¼ budget** is spotnb with
 `Config.snapshot_memory` set to a quarter of the state (gated too: only what the optimizer
 does not write goes through the buffers). For the spotnb rows the last column is the most
 bytes the snapshot buffers held (`Checkpointer.peak_bytes`) against the budget they were given
@@ -204,12 +206,28 @@ class SpotnbQuarter(Spotnb):
     budget_fraction = 0.25
 
 
+class SpotnbReadBack(Spotnb):
+    """spotnb with the gated tensors hashed by reading `tensors.bin` back after the gate opens
+    (at nice 10), as before, instead of while the drain writes them."""
+
+    name = "spotnb read-back"
+
+    def save(self, step: int) -> None:
+        from spotnb.runtime.chunked import Drain
+
+        Drain.hash_after_gate = True  # read by the drain this save starts
+        try:
+            super().save(step)
+        finally:
+            Drain.hash_after_gate = False
+
+
 class SpotnbCopy(Spotnb):
     name = "spotnb copy"  # the whole-state copy + torch.save of earlier versions (stream=False)
     stream = False
 
 
-SAVERS: tuple[type[Saver], ...] = (TorchSave, DcpAsync, Spotnb, SpotnbQuarter, SpotnbCopy)
+SAVERS: tuple[type[Saver], ...] = (TorchSave, DcpAsync, Spotnb, SpotnbQuarter, SpotnbReadBack, SpotnbCopy)
 #: saver name -> (most bytes its snapshot buffers held, its budget), filled as spotnb savers close
 BUFFERS: dict[str, tuple[int, int]] = {}
 
@@ -352,13 +370,18 @@ class _Sink:
 def profile(mb: int, rounds: int) -> None:
     """Where one save's time goes, phase by phase (median of `rounds`), on the state of the
     `mb` MB model: the snapshot copy, torch.save's serialisation with and without its zip CRC32,
-    sha256, the write to a spool file on this disk (page cache, no fsync), and the whole save
-    (spotnb's `save_now`: all of them plus the rename into the store), whole-state and chunked."""
+    each hash (sha256, BLAKE3, xxh3_128 when installed, CRC32), the write to a spool file on
+    this disk (page cache, no fsync), and the whole save (spotnb's `save_now`: all of them plus
+    the rename into the store), whole-state, chunked and gated (BLAKE3 while the drain writes,
+    or read back after the gate opens)."""
     import hashlib
+    import zlib
 
     from torch.serialization import set_crc32_options
 
+    from spotnb.runtime import digest
     from spotnb.runtime.checkpoint import Checkpointer
+    from spotnb.runtime.chunked import Drain
 
     model = make_model(mb)
     sd = model.state_dict()
@@ -377,10 +400,32 @@ def profile(mb: int, rounds: int) -> None:
             for t in sd.values():
                 f.write(memoryview(t.numpy()))
 
-    def sha() -> None:
-        h = hashlib.sha256()
-        for t in sd.values():
-            h.update(memoryview(t.numpy()))
+    def hasher(make: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            h = make()
+            for t in sd.values():
+                h.update(memoryview(t.numpy()).cast("B"))
+
+        return run
+
+    class _Crc:
+        def __init__(self) -> None:
+            self.value = 0
+
+        def update(self, data: Any) -> None:
+            self.value = zlib.crc32(data, self.value)
+
+    hashes: dict[str, Callable[[], Any]] = {
+        "sha256": hashlib.sha256,
+        "blake3 (used)": lambda: digest.new("blake3"),
+    }
+    try:
+        import xxhash
+
+        hashes["xxh3_128 (not cryptographic)"] = xxhash.xxh3_128
+    except ImportError:
+        pass  # not a dependency of spotnb: its row is left out
+    hashes["zlib.crc32"] = _Crc
 
     def no_crc() -> None:
         set_crc32_options(False)
@@ -398,17 +443,22 @@ def profile(mb: int, rounds: int) -> None:
         times.setdefault("copy (snapshot)", []).append(snap.snapshot_s)
         timed("serialise (torch.save, CRC32 on)", lambda s=snap: torch.save(s.state, _Sink()))
         timed("serialise (torch.save, CRC32 off)", no_crc)
-        timed("sha256", sha)
+        for name, make in hashes.items():
+            timed(f"hash: {name}", hasher(make))
         timed("write to spool (no fsync)", write_raw)
         timed("whole save: writer (save_now)", lambda s=snap: whole.save_now(s))
         snap = timed("chunked ¼ budget: stall", lambda r=r: chunked.snapshot({"model": sd}, r, "periodic"))
         timed("chunked ¼ budget: writer after", lambda s=snap: chunked.save_now(s))
-        t0 = time.perf_counter()
-        snap = gated.snapshot({"model": sd}, r, "periodic", optimizers=[opt])
-        times.setdefault("gated: snapshot returns", []).append(time.perf_counter() - t0)
-        gated.gate.wait()  # what a step() right after the save would wait, with no forward/backward
-        times.setdefault("gated: + until step() may run", []).append(time.perf_counter() - t0)
-        timed("gated: writer after (hash, rename)", lambda s=snap: gated.save_now(s))
+        for after in (False, True):  # BLAKE3 while the drain writes; or read back after the gate
+            how = "read-back" if after else "hashed while written"
+            Drain.hash_after_gate = after
+            t0 = time.perf_counter()
+            snap = gated.snapshot({"model": sd}, r, "periodic", optimizers=[opt])
+            Drain.hash_after_gate = False
+            times.setdefault(f"gated, {how}: snapshot returns", []).append(time.perf_counter() - t0)
+            gated.gate.wait()  # what a step() right after the save would wait, no forward/backward
+            times.setdefault(f"gated, {how}: + until step()", []).append(time.perf_counter() - t0)
+            timed(f"gated, {how}: writer after", lambda s=snap: gated.save_now(s))
         if r == 0:
             times.clear()
     whole.close()
@@ -418,7 +468,7 @@ def profile(mb: int, rounds: int) -> None:
     print(f"\n== profile: one save of {nbytes / 1e6:.0f} MB, median of {rounds} ==")
     for name, values in times.items():
         t = statistics.median(values)
-        print(f"{name:36}{t * 1e3:8.0f} ms {nbytes / t / 1e9:6.2f} GB/s")
+        print(f"{name:48}{t * 1e3:8.0f} ms {nbytes / t / 1e9:6.2f} GB/s")
 
 
 def main() -> None:

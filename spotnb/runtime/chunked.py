@@ -272,6 +272,7 @@ class Drain:
         #: set once every gated tensor is written (or the drain gave up): the optimizers may step
         self.released = released if released is not None else threading.Event()
         self._on_done, self._on_torn = on_done, on_torn
+        self._after_gate = self.hash_after_gate  # as when this save started
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spotnb-snapshot-drain", daemon=True)
         self._thread.start()
@@ -303,14 +304,14 @@ class Drain:
                     self.free.put(buf)
             hashed = size
             if direct and f is not None and self.error is None:
-                size = self._write_direct(f, direct, size, None if self.hash_after_gate else sha)
+                size = self._write_direct(f, direct, size, None if self._after_gate else sha)
             direct = []  # the drain holds no live tensor past the gate
             self.released.set()
             _lower_priority()
             if f is not None:
                 f.close()
                 f = None
-            if self.hash_after_gate and self.error is None and size > hashed:  # read back
+            if self._after_gate and self.error is None and size > hashed:  # read back
                 with open(self.path, "rb") as fin:
                     fin.seek(hashed)
                     while part := fin.read(_HASH_READ):
