@@ -14,7 +14,10 @@ prints:
   at the optimizer gate for the parameters to be written (each save is followed by one
   training step);
 * throughput with a save every 10 steps ÷ throughput without saves (the step is a real
-  forward/backward/SGD step of the same model);
+  forward/backward/SGD step of the same model), median of `--repeats` interleaved runs;
+* CPU/step: CPU seconds the process used per step (every thread: training and the saver's
+  work) ÷ the same without saves. Unlike the throughput it hardly depends on what else the
+  machine runs, so it still compares the savers' cost on a shared machine;
 * peak extra host memory during the saving run (resident set size above the run's start,
   sampled every 5 ms);
 * bytes written per save, and how many of the saves asked for were committed (spotnb drops a
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -273,16 +277,24 @@ def stalls(model: torch.nn.Module, rounds: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+def _cpu() -> float:
+    """CPU seconds this process (every thread) and its waited-for children have used."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def run_training(
     model: torch.nn.Module, steps: int, make: Callable[[str, torch.optim.Optimizer], Saver] | None
-) -> tuple[float, int, int, str]:
+) -> tuple[float, int, int, str, float]:
     """Steps per second of `steps` SGD steps with a save every 10 (none if `make` is None),
-    waiting for the last save; peak extra RSS; bytes of a save."""
+    waiting for the last save; peak extra RSS; bytes of a save; CPU seconds per step (all
+    threads: the saver's work included, whatever else the machine runs)."""
     x = torch.randn(32, model[0].in_features)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     folder = tempfile.mkdtemp(prefix="spotnb-bench-ckpt-")
     saver = make(folder, opt) if make is not None else None
     with PeakRss() as mem:
+        cpu0 = _cpu()
         t0 = time.perf_counter()
         for step in range(1, steps + 1):
             loss = model(x).square().mean()
@@ -295,15 +307,16 @@ def run_training(
         if saver is not None:
             saver.finish()
         dt = time.perf_counter() - t0
+        cpu = (_cpu() - cpu0) / steps
     written = saver.written if saver is not None else 0
     done = f"{saver.committed}/{saver.asked}" if saver is not None else ""
     if saver is not None:
         saver.close()
     shutil.rmtree(folder, ignore_errors=True)
-    return steps / dt, mem.extra, written, done
+    return steps / dt, mem.extra, written, done, cpu
 
 
-def bench(mb: int, steps: int, rounds: int, stall_only: bool = False) -> None:
+def bench(mb: int, steps: int, rounds: int, stall_only: bool = False, repeats: int = 2) -> None:
     BUFFERS.clear()
     model = make_model(mb)
     nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
@@ -318,30 +331,39 @@ def bench(mb: int, steps: int, rounds: int, stall_only: bool = False) -> None:
         return
     run_training(model, 10, None)  # warm-up
     base: list[float] = []
+    base_cpu: list[float] = []
+    cpus: dict[str, list[float]] = {cls.name: [] for cls in SAVERS}
     rates: dict[str, list[float]] = {cls.name: [] for cls in SAVERS}
     peaks: dict[str, int] = {cls.name: 0 for cls in SAVERS}
     written: dict[str, int] = {}
     done: dict[str, str] = {}
-    for _ in range(2):  # interleaved, so drift in machine speed hits every saver alike
-        base.append(run_training(model, steps, None)[0])
+    for _ in range(repeats):  # interleaved, so drift in machine speed hits every saver alike
+        rate, _, _, _, cpu = run_training(model, steps, None)
+        base.append(rate)
+        base_cpu.append(cpu)
+        print(f"  no saves: {rate:.3f} steps/s, {cpu:.3f} CPU s/step", flush=True)
         for cls in SAVERS:
-            rate, peak, nbytes_written, committed = run_training(
+            rate, peak, nbytes_written, committed, cpu = run_training(
                 model, steps, lambda f, o, c=cls: c(model, f, o)
             )
+            print(f"  {cls.name}: {rate:.3f} steps/s, {cpu:.3f} CPU s/step", flush=True)
             rates[cls.name].append(rate)
+            cpus[cls.name].append(cpu)
             peaks[cls.name] = max(peaks[cls.name], peak)
             written[cls.name], done[cls.name] = nbytes_written, committed
     b = statistics.median(base)
+    bc = statistics.median(base_cpu)
     print(f"no saves: {b:.2f} steps/s; one RAM copy of the state: {copy * 1e3:.0f} ms")
     print(
         f"{'':16}{'stall/save':>12}{'÷ RAM copy':>12}{'throughput':>12}{'peak extra':>12}{'bytes':>10}"
-        f"{'committed':>11}  buffers/budget"
+        f"{'committed':>11}{'CPU/step':>10}  buffers/budget"
     )
     for cls in SAVERS:
         n = cls.name
         print(
             f"{n:16}{stall[n] * 1e3:10.0f}ms{stall[n] / copy:12.2f}{statistics.median(rates[n]) / b:12.3f}"
             f"{peaks[n] / 1e6:10.0f}MB{written.get(n, 0) / 1e6:8.0f}MB{done.get(n, ''):>11}"
+            f"{statistics.median(cpus[n]) / bc:10.3f}"
             + (f"  {BUFFERS[n][0] / 1e6:.0f}MB/{BUFFERS[n][1] / 1e6:.0f}MB" if n in BUFFERS else "")
         )
     s, d = "spotnb", "DCP async_save"
@@ -349,7 +371,11 @@ def bench(mb: int, steps: int, rounds: int, stall_only: bool = False) -> None:
         return
     verdict_stall = "≤" if stall[s] <= stall[d] else ">"
     verdict_rate = "≥" if statistics.median(rates[s]) >= statistics.median(rates[d]) else "<"
-    print(f"spotnb stall {verdict_stall} DCP's; spotnb throughput ratio {verdict_rate} DCP's")
+    verdict_cpu = "≤" if statistics.median(cpus[s]) <= statistics.median(cpus[d]) else ">"
+    print(
+        f"spotnb stall {verdict_stall} DCP's; spotnb throughput ratio {verdict_rate} DCP's; "
+        f"spotnb CPU per step {verdict_cpu} DCP's"
+    )
 
 
 class _Sink:
@@ -482,6 +508,9 @@ def main() -> None:
         help="savers to run by name, comma separated (default: all)",
     )
     parser.add_argument("--profile", action="store_true", help="per-phase costs of one save, then exit")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="interleaved runs of each saver for the throughput (default 2)"
+    )
     parser.add_argument("--stall-only", action="store_true", help="measure the stalls, not the throughput")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -492,7 +521,7 @@ def main() -> None:
         profile(int(args.mb.split(",")[0]), args.rounds)
         return
     for mb in (int(x) for x in args.mb.split(",")):
-        bench(mb, args.steps, args.rounds, args.stall_only)
+        bench(mb, args.steps, args.rounds, args.stall_only, args.repeats)
 
 
 if __name__ == "__main__":
