@@ -38,6 +38,7 @@ Goal (issue 11): spotnb's stall ≤ DCP async_save's and its throughput ratio �
 size, peak extra memory ≤ the snapshot budget.
 
     python benchmarks/bench_checkpoint.py --profile       # where one 200 MB save's time goes
+    python benchmarks/bench_checkpoint.py --save-cost     # CPU seconds of one save, by digest
 """
 
 from __future__ import annotations
@@ -497,6 +498,82 @@ def profile(mb: int, rounds: int) -> None:
         print(f"{name:48}{t * 1e3:8.0f} ms {nbytes / t / 1e9:6.2f} GB/s")
 
 
+def save_cost(mb: int, rounds: int) -> None:
+    """CPU seconds (every thread of this process) and wall seconds of one save with no training
+    beside it, median of `rounds` after a warm-up: spotnb's gated save with its digest computed
+    each way, against DCP async_save. The checkpoint is deleted after each save (no page-cache
+    writeback in either). On a shared machine the CPU seconds stay comparable where the
+    throughput ratios drown in the neighbours' load."""
+    import torch.distributed.checkpoint as dcp
+
+    from spotnb.runtime import digest
+    from spotnb.runtime.checkpoint import Checkpointer
+    from spotnb.runtime.chunked import Drain
+
+    model = make_model(mb)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    _train_step(model, opt, torch.randn(32, model[0].in_features))
+    nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+    class _NoHash:
+        def update(self, data: Any) -> None:
+            pass
+
+        def hexdigest(self) -> str:
+            return "0" * 64
+
+    fresh = digest.fresh
+    ways: dict[str, tuple[Callable[[], tuple[str, Any]], bool]] = {
+        "spotnb: BLAKE3 while written (now)": (fresh, False),
+        "spotnb: BLAKE3 read back after the gate": (fresh, True),
+        "spotnb: sha256 read back (before)": (lambda: ("sha256", digest.new("sha256")), True),
+        "spotnb: no hash at all (the floor)": (lambda: ("blake3", _NoHash()), False),
+    }
+
+    def cpu() -> float:
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        return me.ru_utime + me.ru_stime
+
+    def spotnb(folder: str, way: str) -> tuple[float, float, float]:
+        c = Checkpointer(Store(folder), "cost", 1, lambda e: None)
+        digest.fresh, Drain.hash_after_gate = ways[way]  # type: ignore[assignment]
+        try:
+            c0, t0 = cpu(), time.perf_counter()
+            state = {"model": model.state_dict(), "opt": opt.state_dict()}
+            c.submit(c.snapshot(state, 1, "periodic", optimizers=[opt]))
+            c.gate.wait()
+            gated = time.perf_counter() - t0
+            c.wait()
+            return cpu() - c0, time.perf_counter() - t0, gated
+        finally:
+            digest.fresh, Drain.hash_after_gate = fresh, False  # type: ignore[assignment]
+            c.close()
+
+    def dcp_async(folder: str, way: str) -> tuple[float, float, float]:
+        c0, t0 = cpu(), time.perf_counter()
+        future = dcp.async_save({"model": model.state_dict()}, checkpoint_id=os.path.join(folder, "dcp"))
+        returned = time.perf_counter() - t0
+        future.result()
+        return cpu() - c0, time.perf_counter() - t0, returned
+
+    rows = [(way, spotnb) for way in ways] + [("DCP async_save", dcp_async)]
+    out: dict[str, list[tuple[float, float, float]]] = {}
+    for r in range(rounds + 1):
+        for name, fn in rows:
+            folder = tempfile.mkdtemp(prefix="spotnb-bench-ckpt-")
+            try:
+                got = fn(folder, name)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            if r:  # the first round allocates and warms up
+                out.setdefault(name, []).append(got)
+    print(f"\n== one save of {nbytes / 1e6:.0f} MB, no training beside it, median of {rounds} ==")
+    print(f"{'':42}{'CPU s':>8}{'wall s':>8}  until step() may run (DCP: until async_save returns)")
+    for name, got in out.items():
+        cpu_s, wall, gated = (statistics.median(g[i] for g in got) for i in range(3))
+        print(f"{name:42}{cpu_s:8.3f}{wall:8.3f}{gated:8.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", default="200", help="state sizes in MB, comma separated (default 200)")
@@ -509,6 +586,11 @@ def main() -> None:
     )
     parser.add_argument("--profile", action="store_true", help="per-phase costs of one save, then exit")
     parser.add_argument(
+        "--save-cost",
+        action="store_true",
+        help="CPU and wall seconds of one save, each digest way, and DCP's",
+    )
+    parser.add_argument(
         "--repeats", type=int, default=2, help="interleaved runs of each saver for the throughput (default 2)"
     )
     parser.add_argument("--stall-only", action="store_true", help="measure the stalls, not the throughput")
@@ -519,6 +601,9 @@ def main() -> None:
         SAVERS = tuple(cls for cls in SAVERS if cls.name in args.only.split(","))
     if args.profile:
         profile(int(args.mb.split(",")[0]), args.rounds)
+        return
+    if args.save_cost:
+        save_cost(int(args.mb.split(",")[0]), args.rounds)
         return
     for mb in (int(x) for x in args.mb.split(",")):
         bench(mb, args.steps, args.rounds, args.stall_only, args.repeats)
