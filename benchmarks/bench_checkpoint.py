@@ -145,11 +145,16 @@ class TorchSave(Saver):
 
 class DcpAsync(Saver):
     name = "DCP async_save"
+    #: checkpoints left on disk (`--dcp-keep`): 0 deletes each as soon as it is written, so the
+    #: kernel drops its dirty pages unwritten; 2 keeps the last two, as spotnb's keep_last=2
+    #: does, so both pay for the page cache's writeback to disk
+    keep = 0
 
     def __init__(self, model: torch.nn.Module, folder: str, opt: torch.optim.Optimizer) -> None:
         super().__init__(model, folder, opt)
         self.future: Any = None
         self.path = ""
+        self.kept: list[str] = []
 
     def save(self, step: int) -> None:
         import torch.distributed.checkpoint as dcp
@@ -163,7 +168,14 @@ class DcpAsync(Saver):
             self.future.result()
             self.future = None
             self.written = _size(self.path)
-            shutil.rmtree(self.path, ignore_errors=True)
+            self.kept.append(self.path)
+            while len(self.kept) > self.keep:
+                shutil.rmtree(self.kept.pop(0), ignore_errors=True)
+
+    def close(self) -> None:
+        self.finish()
+        for path in self.kept:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class Spotnb(Saver):
@@ -593,9 +605,16 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=2, help="interleaved runs of each saver for the throughput (default 2)"
     )
+    parser.add_argument(
+        "--dcp-keep",
+        type=int,
+        default=0,
+        help="DCP checkpoints left on disk, like spotnb's keep_last (default 0: each deleted once written)",
+    )
     parser.add_argument("--stall-only", action="store_true", help="measure the stalls, not the throughput")
     args = parser.parse_args()
     torch.manual_seed(0)
+    DcpAsync.keep = args.dcp_keep
     if args.only:
         global SAVERS
         SAVERS = tuple(cls for cls in SAVERS if cls.name in args.only.split(","))
