@@ -682,12 +682,18 @@ class Checkpointer:
                 self._wait_for_buffers()
         self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         path = os.path.join(self.spool, f"data-{uuid.uuid4().hex[:8]}.bin")
-        released = None
+        released = waiting = None
         if gated is not None and gated.optimizers:
             self.gate.hook(gated.optimizers)
             released = self.gate.close()
+            waiting = self.gate.waiting
         drain = Drain(
-            path, chunks, on_done=lambda: self._give_back(chunks), released=released, on_torn=self._torn
+            path,
+            chunks,
+            on_done=lambda: self._give_back(chunks),
+            released=released,
+            on_torn=self._torn,
+            waiting=waiting,
         )
         try:
             skeleton = copy_chunked(state, drain, _plain_copy, gated, self._stage_cuda)

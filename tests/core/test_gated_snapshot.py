@@ -248,6 +248,50 @@ def test_a_flipped_byte_of_a_gated_save_is_caught_by_its_blake3_and_the_previous
         c.close()
 
 
+def test_a_step_waiting_mid_write_stops_the_inline_hash_and_the_rest_is_hashed_after_the_gate(
+    store_url, monkeypatch
+) -> None:
+    """The drain hashes the parameters as it writes them only while nobody waits at the gate:
+    here a `step()` starts waiting after the third piece, the drain writes the rest unhashed,
+    opens the gate, and hashes the rest by reading it back. The digest covers the file exactly
+    (restore verifies it), and the wait was not spent hashing."""
+    from blake3 import blake3
+
+    from spotnb.runtime import digest
+
+    model, opt = _model()
+    c = Checkpointer(Store(store_url), "job", 1, Recorder())
+    updates: list[bool] = []  # per hash update: was the gate open
+
+    class Hasher:
+        def __init__(self) -> None:
+            self.h = blake3()
+
+        def update(self, data) -> None:
+            updates.append(c.gate.open.is_set())
+            self.h.update(data)
+            if len(updates) == 3:
+                c.gate.waiting.set()  # what `Gate.wait` does when a step() arrives
+
+        def hexdigest(self) -> str:
+            return self.h.hexdigest()
+
+    monkeypatch.setattr(chunked, "_PIECE", 64 * 1024)
+    monkeypatch.setattr(digest, "fresh", lambda: ("blake3", Hasher()))
+    try:
+        expected = _clone(_state(model, opt, 1))
+        c.submit(c.snapshot(_state(model, opt, 1), 1, "periodic", optimizers=[opt]))
+        _step(model, opt)
+        assert c.wait(60) and c.failures == 0
+        # three updates inside the gate, then none until it opened, then the read-back
+        assert updates[:3] == [False] * 3 and len(updates) > 3 and all(updates[3:])
+        manifest, restored = c.load_latest()
+        assert manifest.step == 1
+        _assert_same(expected, restored)
+    finally:
+        c.close()
+
+
 def test_a_full_spool_disk_during_the_gated_write_opens_the_gate_and_fails_the_save(
     tmp_path, store_url
 ) -> None:
