@@ -488,8 +488,8 @@ def profile(mb: int, rounds: int) -> None:
         timed("whole save: writer (save_now)", lambda s=snap: whole.save_now(s))
         snap = timed("chunked ¼ budget: stall", lambda r=r: chunked.snapshot({"model": sd}, r, "periodic"))
         timed("chunked ¼ budget: writer after", lambda s=snap: chunked.save_now(s))
-        for after in (False, True):  # BLAKE3 while the drain writes; or read back after the gate
-            how = "read-back" if after else "hashed while written"
+        for after in (False, True):  # BLAKE3 inline until a waiter (the gate.wait below), or read back
+            how = "read-back" if after else "now (inline until a step() waits)"
             Drain.hash_after_gate = after
             t0 = time.perf_counter()
             snap = gated.snapshot({"model": sd}, r, "periodic", optimizers=[opt])
