@@ -14,7 +14,10 @@ prints:
   at the optimizer gate for the parameters to be written (each save is followed by one
   training step);
 * throughput with a save every 10 steps ÷ throughput without saves (the step is a real
-  forward/backward/SGD step of the same model);
+  forward/backward/SGD step of the same model), median of `--repeats` interleaved runs;
+* CPU/step: CPU seconds the process used per step (every thread: training and the saver's
+  work) ÷ the same without saves. Unlike the throughput it hardly depends on what else the
+  machine runs, so it still compares the savers' cost on a shared machine;
 * peak extra host memory during the saving run (resident set size above the run's start,
   sampled every 5 ms);
 * bytes written per save, and how many of the saves asked for were committed (spotnb drops a
@@ -23,7 +26,9 @@ prints:
 **spotnb** tracks the model and its optimizer, so its saves are gated (`runtime/chunked.py`):
 the parameters are written from their own memory while the next forward/backward runs.
 **spotnb copy** is spotnb with `Checkpointer.stream = False`: the whole-state copy +
-`torch.save` writer of earlier versions, for comparison. **spotnb ¼ budget** is spotnb with
+`torch.save` writer of earlier versions, for comparison. **spotnb read-back** hashes the
+gated tensors as before this digest's change: by reading `tensors.bin` back after the gate
+opens, instead of while the drain writes them. **spotnb ¼ budget** is spotnb with
 `Config.snapshot_memory` set to a quarter of the state (gated too: only what the optimizer
 does not write goes through the buffers). For the spotnb rows the last column is the most
 bytes the snapshot buffers held (`Checkpointer.peak_bytes`) against the budget they were given
@@ -33,12 +38,14 @@ Goal (issue 11): spotnb's stall ≤ DCP async_save's and its throughput ratio �
 size, peak extra memory ≤ the snapshot budget.
 
     python benchmarks/bench_checkpoint.py --profile       # where one 200 MB save's time goes
+    python benchmarks/bench_checkpoint.py --save-cost     # CPU seconds of one save, by digest
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -138,11 +145,16 @@ class TorchSave(Saver):
 
 class DcpAsync(Saver):
     name = "DCP async_save"
+    #: checkpoints left on disk (`--dcp-keep`): 0 deletes each as soon as it is written, so the
+    #: kernel drops its dirty pages unwritten; 2 keeps the last two, as spotnb's keep_last=2
+    #: does, so both pay for the page cache's writeback to disk
+    keep = 0
 
     def __init__(self, model: torch.nn.Module, folder: str, opt: torch.optim.Optimizer) -> None:
         super().__init__(model, folder, opt)
         self.future: Any = None
         self.path = ""
+        self.kept: list[str] = []
 
     def save(self, step: int) -> None:
         import torch.distributed.checkpoint as dcp
@@ -156,7 +168,14 @@ class DcpAsync(Saver):
             self.future.result()
             self.future = None
             self.written = _size(self.path)
-            shutil.rmtree(self.path, ignore_errors=True)
+            self.kept.append(self.path)
+            while len(self.kept) > self.keep:
+                shutil.rmtree(self.kept.pop(0), ignore_errors=True)
+
+    def close(self) -> None:
+        self.finish()
+        for path in self.kept:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class Spotnb(Saver):
@@ -204,12 +223,28 @@ class SpotnbQuarter(Spotnb):
     budget_fraction = 0.25
 
 
+class SpotnbReadBack(Spotnb):
+    """spotnb with the gated tensors hashed by reading `tensors.bin` back after the gate opens
+    (at nice 10), as before, instead of while the drain writes them."""
+
+    name = "spotnb read-back"
+
+    def save(self, step: int) -> None:
+        from spotnb.runtime.chunked import Drain
+
+        Drain.hash_after_gate = True  # read by the drain this save starts
+        try:
+            super().save(step)
+        finally:
+            Drain.hash_after_gate = False
+
+
 class SpotnbCopy(Spotnb):
     name = "spotnb copy"  # the whole-state copy + torch.save of earlier versions (stream=False)
     stream = False
 
 
-SAVERS: tuple[type[Saver], ...] = (TorchSave, DcpAsync, Spotnb, SpotnbQuarter, SpotnbCopy)
+SAVERS: tuple[type[Saver], ...] = (TorchSave, DcpAsync, Spotnb, SpotnbQuarter, SpotnbReadBack, SpotnbCopy)
 #: saver name -> (most bytes its snapshot buffers held, its budget), filled as spotnb savers close
 BUFFERS: dict[str, tuple[int, int]] = {}
 
@@ -255,16 +290,24 @@ def stalls(model: torch.nn.Module, rounds: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+def _cpu() -> float:
+    """CPU seconds this process (every thread) and its waited-for children have used."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def run_training(
     model: torch.nn.Module, steps: int, make: Callable[[str, torch.optim.Optimizer], Saver] | None
-) -> tuple[float, int, int, str]:
+) -> tuple[float, int, int, str, float]:
     """Steps per second of `steps` SGD steps with a save every 10 (none if `make` is None),
-    waiting for the last save; peak extra RSS; bytes of a save."""
+    waiting for the last save; peak extra RSS; bytes of a save; CPU seconds per step (all
+    threads: the saver's work included, whatever else the machine runs)."""
     x = torch.randn(32, model[0].in_features)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     folder = tempfile.mkdtemp(prefix="spotnb-bench-ckpt-")
     saver = make(folder, opt) if make is not None else None
     with PeakRss() as mem:
+        cpu0 = _cpu()
         t0 = time.perf_counter()
         for step in range(1, steps + 1):
             loss = model(x).square().mean()
@@ -277,15 +320,16 @@ def run_training(
         if saver is not None:
             saver.finish()
         dt = time.perf_counter() - t0
+        cpu = (_cpu() - cpu0) / steps
     written = saver.written if saver is not None else 0
     done = f"{saver.committed}/{saver.asked}" if saver is not None else ""
     if saver is not None:
         saver.close()
     shutil.rmtree(folder, ignore_errors=True)
-    return steps / dt, mem.extra, written, done
+    return steps / dt, mem.extra, written, done, cpu
 
 
-def bench(mb: int, steps: int, rounds: int, stall_only: bool = False) -> None:
+def bench(mb: int, steps: int, rounds: int, stall_only: bool = False, repeats: int = 2) -> None:
     BUFFERS.clear()
     model = make_model(mb)
     nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
@@ -300,30 +344,39 @@ def bench(mb: int, steps: int, rounds: int, stall_only: bool = False) -> None:
         return
     run_training(model, 10, None)  # warm-up
     base: list[float] = []
+    base_cpu: list[float] = []
+    cpus: dict[str, list[float]] = {cls.name: [] for cls in SAVERS}
     rates: dict[str, list[float]] = {cls.name: [] for cls in SAVERS}
     peaks: dict[str, int] = {cls.name: 0 for cls in SAVERS}
     written: dict[str, int] = {}
     done: dict[str, str] = {}
-    for _ in range(2):  # interleaved, so drift in machine speed hits every saver alike
-        base.append(run_training(model, steps, None)[0])
+    for _ in range(repeats):  # interleaved, so drift in machine speed hits every saver alike
+        rate, _, _, _, cpu = run_training(model, steps, None)
+        base.append(rate)
+        base_cpu.append(cpu)
+        print(f"  no saves: {rate:.3f} steps/s, {cpu:.3f} CPU s/step", flush=True)
         for cls in SAVERS:
-            rate, peak, nbytes_written, committed = run_training(
+            rate, peak, nbytes_written, committed, cpu = run_training(
                 model, steps, lambda f, o, c=cls: c(model, f, o)
             )
+            print(f"  {cls.name}: {rate:.3f} steps/s, {cpu:.3f} CPU s/step", flush=True)
             rates[cls.name].append(rate)
+            cpus[cls.name].append(cpu)
             peaks[cls.name] = max(peaks[cls.name], peak)
             written[cls.name], done[cls.name] = nbytes_written, committed
     b = statistics.median(base)
+    bc = statistics.median(base_cpu)
     print(f"no saves: {b:.2f} steps/s; one RAM copy of the state: {copy * 1e3:.0f} ms")
     print(
         f"{'':16}{'stall/save':>12}{'÷ RAM copy':>12}{'throughput':>12}{'peak extra':>12}{'bytes':>10}"
-        f"{'committed':>11}  buffers/budget"
+        f"{'committed':>11}{'CPU/step':>10}  buffers/budget"
     )
     for cls in SAVERS:
         n = cls.name
         print(
             f"{n:16}{stall[n] * 1e3:10.0f}ms{stall[n] / copy:12.2f}{statistics.median(rates[n]) / b:12.3f}"
             f"{peaks[n] / 1e6:10.0f}MB{written.get(n, 0) / 1e6:8.0f}MB{done.get(n, ''):>11}"
+            f"{statistics.median(cpus[n]) / bc:10.3f}"
             + (f"  {BUFFERS[n][0] / 1e6:.0f}MB/{BUFFERS[n][1] / 1e6:.0f}MB" if n in BUFFERS else "")
         )
     s, d = "spotnb", "DCP async_save"
@@ -331,7 +384,11 @@ def bench(mb: int, steps: int, rounds: int, stall_only: bool = False) -> None:
         return
     verdict_stall = "≤" if stall[s] <= stall[d] else ">"
     verdict_rate = "≥" if statistics.median(rates[s]) >= statistics.median(rates[d]) else "<"
-    print(f"spotnb stall {verdict_stall} DCP's; spotnb throughput ratio {verdict_rate} DCP's")
+    verdict_cpu = "≤" if statistics.median(cpus[s]) <= statistics.median(cpus[d]) else ">"
+    print(
+        f"spotnb stall {verdict_stall} DCP's; spotnb throughput ratio {verdict_rate} DCP's; "
+        f"spotnb CPU per step {verdict_cpu} DCP's"
+    )
 
 
 class _Sink:
@@ -352,13 +409,18 @@ class _Sink:
 def profile(mb: int, rounds: int) -> None:
     """Where one save's time goes, phase by phase (median of `rounds`), on the state of the
     `mb` MB model: the snapshot copy, torch.save's serialisation with and without its zip CRC32,
-    sha256, the write to a spool file on this disk (page cache, no fsync), and the whole save
-    (spotnb's `save_now`: all of them plus the rename into the store), whole-state and chunked."""
+    each hash (sha256, BLAKE3, xxh3_128 when installed, CRC32), the write to a spool file on
+    this disk (page cache, no fsync), and the whole save (spotnb's `save_now`: all of them plus
+    the rename into the store), whole-state, chunked and gated (BLAKE3 while the drain writes,
+    or read back after the gate opens)."""
     import hashlib
+    import zlib
 
     from torch.serialization import set_crc32_options
 
+    from spotnb.runtime import digest
     from spotnb.runtime.checkpoint import Checkpointer
+    from spotnb.runtime.chunked import Drain
 
     model = make_model(mb)
     sd = model.state_dict()
@@ -377,10 +439,32 @@ def profile(mb: int, rounds: int) -> None:
             for t in sd.values():
                 f.write(memoryview(t.numpy()))
 
-    def sha() -> None:
-        h = hashlib.sha256()
-        for t in sd.values():
-            h.update(memoryview(t.numpy()))
+    def hasher(make: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            h = make()
+            for t in sd.values():
+                h.update(memoryview(t.numpy()).cast("B"))
+
+        return run
+
+    class _Crc:
+        def __init__(self) -> None:
+            self.value = 0
+
+        def update(self, data: Any) -> None:
+            self.value = zlib.crc32(data, self.value)
+
+    hashes: dict[str, Callable[[], Any]] = {
+        "sha256": hashlib.sha256,
+        "blake3 (used)": lambda: digest.new("blake3"),
+    }
+    try:
+        import xxhash
+
+        hashes["xxh3_128 (not cryptographic)"] = xxhash.xxh3_128
+    except ImportError:
+        pass  # not a dependency of spotnb: its row is left out
+    hashes["zlib.crc32"] = _Crc
 
     def no_crc() -> None:
         set_crc32_options(False)
@@ -398,17 +482,22 @@ def profile(mb: int, rounds: int) -> None:
         times.setdefault("copy (snapshot)", []).append(snap.snapshot_s)
         timed("serialise (torch.save, CRC32 on)", lambda s=snap: torch.save(s.state, _Sink()))
         timed("serialise (torch.save, CRC32 off)", no_crc)
-        timed("sha256", sha)
+        for name, make in hashes.items():
+            timed(f"hash: {name}", hasher(make))
         timed("write to spool (no fsync)", write_raw)
         timed("whole save: writer (save_now)", lambda s=snap: whole.save_now(s))
         snap = timed("chunked ¼ budget: stall", lambda r=r: chunked.snapshot({"model": sd}, r, "periodic"))
         timed("chunked ¼ budget: writer after", lambda s=snap: chunked.save_now(s))
-        t0 = time.perf_counter()
-        snap = gated.snapshot({"model": sd}, r, "periodic", optimizers=[opt])
-        times.setdefault("gated: snapshot returns", []).append(time.perf_counter() - t0)
-        gated.gate.wait()  # what a step() right after the save would wait, with no forward/backward
-        times.setdefault("gated: + until step() may run", []).append(time.perf_counter() - t0)
-        timed("gated: writer after (hash, rename)", lambda s=snap: gated.save_now(s))
+        for after in (False, True):  # BLAKE3 inline until a waiter (the gate.wait below), or read back
+            how = "read-back" if after else "now (inline until a step() waits)"
+            Drain.hash_after_gate = after
+            t0 = time.perf_counter()
+            snap = gated.snapshot({"model": sd}, r, "periodic", optimizers=[opt])
+            Drain.hash_after_gate = False
+            times.setdefault(f"gated, {how}: snapshot returns", []).append(time.perf_counter() - t0)
+            gated.gate.wait()  # what a step() right after the save would wait, no forward/backward
+            times.setdefault(f"gated, {how}: + until step()", []).append(time.perf_counter() - t0)
+            timed(f"gated, {how}: writer after", lambda s=snap: gated.save_now(s))
         if r == 0:
             times.clear()
     whole.close()
@@ -418,7 +507,83 @@ def profile(mb: int, rounds: int) -> None:
     print(f"\n== profile: one save of {nbytes / 1e6:.0f} MB, median of {rounds} ==")
     for name, values in times.items():
         t = statistics.median(values)
-        print(f"{name:36}{t * 1e3:8.0f} ms {nbytes / t / 1e9:6.2f} GB/s")
+        print(f"{name:48}{t * 1e3:8.0f} ms {nbytes / t / 1e9:6.2f} GB/s")
+
+
+def save_cost(mb: int, rounds: int) -> None:
+    """CPU seconds (every thread of this process) and wall seconds of one save with no training
+    beside it, median of `rounds` after a warm-up: spotnb's gated save with its digest computed
+    each way, against DCP async_save. The checkpoint is deleted after each save (no page-cache
+    writeback in either). On a shared machine the CPU seconds stay comparable where the
+    throughput ratios drown in the neighbours' load."""
+    import torch.distributed.checkpoint as dcp
+
+    from spotnb.runtime import digest
+    from spotnb.runtime.checkpoint import Checkpointer
+    from spotnb.runtime.chunked import Drain
+
+    model = make_model(mb)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    _train_step(model, opt, torch.randn(32, model[0].in_features))
+    nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+    class _NoHash:
+        def update(self, data: Any) -> None:
+            pass
+
+        def hexdigest(self) -> str:
+            return "0" * 64
+
+    fresh = digest.fresh
+    ways: dict[str, tuple[Callable[[], tuple[str, Any]], bool]] = {
+        "spotnb: BLAKE3 while written (now)": (fresh, False),
+        "spotnb: BLAKE3 read back after the gate": (fresh, True),
+        "spotnb: sha256 read back (before)": (lambda: ("sha256", digest.new("sha256")), True),
+        "spotnb: no hash at all (the floor)": (lambda: ("blake3", _NoHash()), False),
+    }
+
+    def cpu() -> float:
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        return me.ru_utime + me.ru_stime
+
+    def spotnb(folder: str, way: str) -> tuple[float, float, float]:
+        c = Checkpointer(Store(folder), "cost", 1, lambda e: None)
+        digest.fresh, Drain.hash_after_gate = ways[way]  # type: ignore[assignment]
+        try:
+            c0, t0 = cpu(), time.perf_counter()
+            state = {"model": model.state_dict(), "opt": opt.state_dict()}
+            c.submit(c.snapshot(state, 1, "periodic", optimizers=[opt]))
+            c.gate.open.wait()  # not `gate.wait()`: a waiter makes the drain stop hashing inline
+            gated = time.perf_counter() - t0
+            c.wait()
+            return cpu() - c0, time.perf_counter() - t0, gated
+        finally:
+            digest.fresh, Drain.hash_after_gate = fresh, False  # type: ignore[assignment]
+            c.close()
+
+    def dcp_async(folder: str, way: str) -> tuple[float, float, float]:
+        c0, t0 = cpu(), time.perf_counter()
+        future = dcp.async_save({"model": model.state_dict()}, checkpoint_id=os.path.join(folder, "dcp"))
+        returned = time.perf_counter() - t0
+        future.result()
+        return cpu() - c0, time.perf_counter() - t0, returned
+
+    rows = [(way, spotnb) for way in ways] + [("DCP async_save", dcp_async)]
+    out: dict[str, list[tuple[float, float, float]]] = {}
+    for r in range(rounds + 1):
+        for name, fn in rows:
+            folder = tempfile.mkdtemp(prefix="spotnb-bench-ckpt-")
+            try:
+                got = fn(folder, name)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            if r:  # the first round allocates and warms up
+                out.setdefault(name, []).append(got)
+    print(f"\n== one save of {nbytes / 1e6:.0f} MB, no training beside it, median of {rounds} ==")
+    print(f"{'':42}{'CPU s':>8}{'wall s':>8}  until step() may run (DCP: until async_save returns)")
+    for name, got in out.items():
+        cpu_s, wall, gated = (statistics.median(g[i] for g in got) for i in range(3))
+        print(f"{name:42}{cpu_s:8.3f}{wall:8.3f}{gated:8.3f}")
 
 
 def main() -> None:
@@ -432,17 +597,35 @@ def main() -> None:
         help="savers to run by name, comma separated (default: all)",
     )
     parser.add_argument("--profile", action="store_true", help="per-phase costs of one save, then exit")
+    parser.add_argument(
+        "--save-cost",
+        action="store_true",
+        help="CPU and wall seconds of one save, each digest way, and DCP's",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="interleaved runs of each saver for the throughput (default 2)"
+    )
+    parser.add_argument(
+        "--dcp-keep",
+        type=int,
+        default=0,
+        help="DCP checkpoints left on disk, like spotnb's keep_last (default 0: each deleted once written)",
+    )
     parser.add_argument("--stall-only", action="store_true", help="measure the stalls, not the throughput")
     args = parser.parse_args()
     torch.manual_seed(0)
+    DcpAsync.keep = args.dcp_keep
     if args.only:
         global SAVERS
         SAVERS = tuple(cls for cls in SAVERS if cls.name in args.only.split(","))
     if args.profile:
         profile(int(args.mb.split(",")[0]), args.rounds)
         return
+    if args.save_cost:
+        save_cost(int(args.mb.split(",")[0]), args.rounds)
+        return
     for mb in (int(x) for x in args.mb.split(",")):
-        bench(mb, args.steps, args.rounds, args.stall_only)
+        bench(mb, args.steps, args.rounds, args.stall_only, args.repeats)
 
 
 if __name__ == "__main__":

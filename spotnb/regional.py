@@ -24,7 +24,7 @@ and why go into a `checkpoint_placed` event; the $ spent (the copy or the restor
 then each save written across) is the ledger's transfer line.
 
 A copy (`copy_checkpoint`) streams every file the manifest lists (its blobs too) to the
-target, each written atomically and read back to check its sha256 and size against the
+target, each written atomically and read back to check its digest and size against the
 manifest, and writes the manifest last, byte for byte (its signature binds it to
 `ckpt/<seq>/MANIFEST.json` and the job, not to a store, so the agent verifies it there as
 at home). A controller killed mid-copy leaves files without a manifest: not a checkpoint;
@@ -43,7 +43,6 @@ URL (refused at Config).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import math
@@ -57,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotnb.placement import Transfer
+from spotnb.runtime import digest
 from spotnb.store import Store, is_safe_name
 
 __all__ = [
@@ -353,21 +353,23 @@ def copy_checkpoint(
     sent = 0
     try:
         for name, meta in files.items():
-            if not (is_safe_name(name) and isinstance(meta, dict) and isinstance(meta.get("sha256"), str)):
+            wrong = digest.problem(meta)
+            if not is_safe_name(name) or wrong is not None:
                 raise CopyFailed(
-                    f"checkpoint {folder}: its manifest lists {name!r} without a safe name and sha256"
+                    f"checkpoint {folder}: its manifest lists {name!r}, "
+                    + (f"which {wrong}" if wrong else "a name outside its folder")
                 )
-            sha, size = meta["sha256"], meta.get("size")
-            rel = f"blobs/{sha}" if meta.get("blob") else f"{folder}/{name}"
+            found, size = digest.of(meta), meta["size"]
+            rel = f"blobs/{meta[digest.ADDRESS]}" if meta.get("blob") else f"{folder}/{name}"
             if not is_safe_name(rel):
-                raise CopyFailed(f"checkpoint {folder}: {name!r} names a blob {sha!r} outside its folder")
+                raise CopyFailed(f"checkpoint {folder}: {name!r} names a blob {rel!r} outside its folder")
             target = f"{dst_root}/{rel}"
-            if meta.get("blob") and _matches(dst, target, sha, size):
+            if meta.get("blob") and _matches(dst, target, found, size):
                 continue  # an earlier copy brought it (blobs are by content)
-            n = _copy_file(src, f"{src_root}/{rel}", dst, target, sha, size, bps, t0, sent)
+            n = _copy_file(src, f"{src_root}/{rel}", dst, target, found, size, bps, t0, sent)
             sent += n
             copied += n
-            if not _matches(dst, target, sha, size):
+            if not _matches(dst, target, found, size):
                 raise CopyFailed(f"{target}: the copy does not match the manifest (read back)")
         dst.write_bytes(manifest_path, raw)  # last: the copy is a checkpoint from now on
     except CopyFailed:
@@ -379,17 +381,19 @@ def copy_checkpoint(
     return copied, time.perf_counter() - t0
 
 
-def _matches(store: Store, path: str, sha: str, size: Any) -> bool:
-    digest = hashlib.sha256()
+def _matches(store: Store, path: str, found: tuple[str, str], size: int) -> bool:
+    """Whether `path` holds `size` bytes with the digest `found` ((algorithm, hex))."""
+    algo, want = found
+    hasher = digest.new(algo)
     n = 0
     try:
         with store.fs.open(path, "rb") as f:
             while chunk := f.read(_CHUNK):
-                digest.update(chunk)
+                hasher.update(chunk)
                 n += len(chunk)
     except (OSError, ValueError):
         return False
-    return digest.hexdigest() == sha and (size is None or n == size)
+    return hasher.hexdigest() == want and n == size
 
 
 def _copy_file(
@@ -397,15 +401,16 @@ def _copy_file(
     path: str,
     dst: Store,
     target: str,
-    sha: str,
-    size: Any,
+    found: tuple[str, str],
+    size: int,
     bps: float | None,
     t0: float,
     sent: int,
 ) -> int:
     """Stream one file, hashing it on the way (a source that does not match its manifest is
     not copied: the agent would refuse it anyway); atomic in the target."""
-    digest = hashlib.sha256()
+    algo, want = found
+    hasher = digest.new(algo)
     n = 0
     tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}" if dst.local else target
     if dst.local:
@@ -413,15 +418,15 @@ def _copy_file(
     try:
         with src.fs.open(path, "rb") as fin, dst.fs.open(tmp, "wb") as fout:
             while chunk := fin.read(_CHUNK):
-                digest.update(chunk)
+                hasher.update(chunk)
                 fout.write(chunk)
                 n += len(chunk)
                 if bps:
                     ahead = (sent + n) / bps - (time.perf_counter() - t0)
                     if ahead > 0:
                         time.sleep(ahead)  # the emulated link's pace, not a wait for an event
-        if digest.hexdigest() != sha or (size is not None and n != size):
-            raise CopyFailed(f"{path}: the source does not match its manifest (sha256/size)")
+        if hasher.hexdigest() != want or n != size:
+            raise CopyFailed(f"{path}: the source does not match its manifest ({algo}/size)")
         if dst.local:
             os.chmod(tmp, 0o600)
             os.replace(tmp, target)

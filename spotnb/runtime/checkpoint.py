@@ -3,9 +3,11 @@
 Phase 1 (`snapshot`, the only blocking part) copies the tracked state into CPU memory, reusing
 buffers (pinned when CUDA is present) so later snapshots are a plain memcpy. Phase 2 (a
 background thread) serialises the copy to a local spool file and uploads it in chunks,
-hashing as it goes. Phase 3 writes `MANIFEST.json` (sizes and sha256 of every file, step,
+hashing as it goes. Phase 3 writes `MANIFEST.json` (size and digest of every file, step,
 kind) last: a checkpoint exists only once its manifest does. Restore takes the newest
-checkpoint whose files verify and falls back to the one before.
+checkpoint whose files verify and falls back to the one before. Files a save writes by value
+carry a BLAKE3 digest, blobs stored by content their sha256 (`runtime/digest.py` says why);
+restore checks whichever an entry carries.
 
 A state larger than the snapshot memory budget (`Config.snapshot_memory`) is not copied whole:
 `runtime/chunked.py` streams it through two half-budget buffers into `tensors.bin`, and
@@ -50,6 +52,7 @@ from spotnb import protocol as ev
 from spotnb.files import remove_orphaned
 from spotnb.policy.base import EMERGENCY_MARGIN, Observation, snapshot_estimate, upload_estimate
 from spotnb.protocol import SaveKind
+from spotnb.runtime import digest
 from spotnb.runtime.beacon import Beacon, Phase
 from spotnb.runtime.chunked import (
     ALIGN,
@@ -151,7 +154,7 @@ class Manifest:
         return {meta["sha256"] for meta in self.files.values() if meta.get("blob")}
 
     def to_json(self, key: bytes | None = None, job_id: str = "") -> bytes:
-        """The manifest as written; with a key, signed (it holds every file's sha256, so the
+        """The manifest as written; with a key, signed (it holds every file's digest, so the
         signature covers the state that restore will torch.load)."""
         doc = dict(self.__dict__)
         doc["bytes"] = doc.pop("nbytes")
@@ -197,14 +200,9 @@ class Manifest:
         for name, meta in files.items():
             if not is_safe_name(name):
                 raise InvalidManifest(f"MANIFEST.json lists a file outside its folder: {name!r}")
-            if not (
-                isinstance(meta, dict)
-                and _is_int(meta.get("size"))
-                and meta["size"] >= 0
-                and isinstance(meta.get("sha256"), str)
-                and len(meta["sha256"]) == 64
-            ):
-                raise InvalidManifest(f"MANIFEST.json entry {name!r} lacks a size and sha256")
+            wrong = digest.problem(meta)
+            if wrong is not None:
+                raise InvalidManifest(f"MANIFEST.json entry {name!r} {wrong}")
         dests = doc.get("dests", {})
         if not isinstance(dests, dict) or not all(
             isinstance(k, str) and k in files and isinstance(v, str) and v for k, v in dests.items()
@@ -257,31 +255,31 @@ def _is_int(value: Any) -> bool:
 
 def _copy_hashing(src: str, dest: str) -> tuple[str, int]:
     """Copy `src` to `dest`; its sha256 and size, from the one read."""
-    digest = hashlib.sha256()
+    sha = hashlib.sha256()
     size = 0
     with open(src, "rb") as fin, open(dest, "wb") as fout:
         while chunk := fin.read(CHUNK):
-            digest.update(chunk)
+            sha.update(chunk)
             fout.write(chunk)
             size += len(chunk)
-    return digest.hexdigest(), size
+    return sha.hexdigest(), size
 
 
 def _write_tensor_hashing(t: torch.Tensor, dest: str) -> str:
     """Write a copied (contiguous, CPU) tensor's bytes to `dest`; their sha256."""
-    digest = hashlib.sha256()
+    sha = hashlib.sha256()
     raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().data if t.nelement() else memoryview(b"")
     with open(dest, "wb") as out:
         for i in range(0, len(raw), CHUNK):
             part = raw[i : i + CHUNK]
-            digest.update(part)
+            sha.update(part)
             out.write(part)
-    return digest.hexdigest()
+    return sha.hexdigest()
 
 
 def _copy_slice_hashing(src: str, offset: int, nbytes: int, dest: str) -> str:
     """Copy `nbytes` of `src` from `offset` to `dest`; their sha256."""
-    digest = hashlib.sha256()
+    sha = hashlib.sha256()
     with open(src, "rb") as fin, open(dest, "wb") as fout:
         fin.seek(offset)
         left = nbytes
@@ -289,10 +287,10 @@ def _copy_slice_hashing(src: str, offset: int, nbytes: int, dest: str) -> str:
             chunk = fin.read(min(CHUNK, left))
             if not chunk:
                 raise ValueError(f"{DATA_NAME} ends before a tensor at {offset} (+{nbytes})")
-            digest.update(chunk)
+            sha.update(chunk)
             fout.write(chunk)
             left -= len(chunk)
-    return digest.hexdigest()
+    return sha.hexdigest()
 
 
 def _step_of(found: Manifest | Exception | None) -> float:
@@ -326,7 +324,8 @@ class _HashingFile:
     """A write-only file that hashes what passes through (torch.save only calls write)."""
 
     def __init__(self, f: Any) -> None:
-        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+        self.f, self.size = f, 0
+        self.algo, self.sha = digest.fresh()
 
     def write(self, data: bytes) -> int:
         self.sha.update(data)
@@ -337,7 +336,7 @@ class _HashingFile:
         self.f.flush()
 
     def digest(self) -> dict[str, Any]:
-        return {"size": self.size, "sha256": self.sha.hexdigest()}
+        return {"size": self.size, self.algo: self.sha.hexdigest()}
 
 
 class _BufferPool:
@@ -683,12 +682,18 @@ class Checkpointer:
                 self._wait_for_buffers()
         self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         path = os.path.join(self.spool, f"data-{uuid.uuid4().hex[:8]}.bin")
-        released = None
+        released = waiting = None
         if gated is not None and gated.optimizers:
             self.gate.hook(gated.optimizers)
             released = self.gate.close()
+            waiting = self.gate.waiting
         drain = Drain(
-            path, chunks, on_done=lambda: self._give_back(chunks), released=released, on_torn=self._torn
+            path,
+            chunks,
+            on_done=lambda: self._give_back(chunks),
+            released=released,
+            on_torn=self._torn,
+            waiting=waiting,
         )
         try:
             skeleton = copy_chunked(state, drain, _plain_copy, gated, self._stage_cuda)
@@ -1038,22 +1043,22 @@ class Checkpointer:
                 return known
             except OSError:
                 pass  # another filesystem: copy below
-        digest = hashlib.sha256()
+        algo, hasher = digest.fresh()  # a file written by value (not a blob: those come `known`)
         start = time.perf_counter()
         target = f"{dest}.tmp-{uuid.uuid4().hex[:8]}" if self.store.local else dest
         if self.store.local:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
         try:
-            size = self._copy(local, target, known is None, digest, start)
+            size = self._copy(local, target, known is None, hasher, start)
         except BaseException:
             if self.store.local and os.path.exists(target):
                 os.unlink(target)  # a full disk or a cancel must not leave debris in the store
             raise
         if self.store.local:
             os.replace(target, dest)
-        return known if known is not None else {"size": size, "sha256": digest.hexdigest()}
+        return known if known is not None else {"size": size, algo: hasher.hexdigest()}
 
-    def _copy(self, local: str, target: str, hash_it: bool, digest: Any, start: float) -> int:
+    def _copy(self, local: str, target: str, hash_it: bool, hasher: Any, start: float) -> int:
         """Chunked, cancellable, throttled copy into the store; returns the bytes copied."""
         size = 0
         with open(local, "rb") as src, self.store.fs.open(target, "wb") as out:
@@ -1064,7 +1069,7 @@ class Checkpointer:
                 if not chunk:
                     break
                 if hash_it:
-                    digest.update(chunk)
+                    hasher.update(chunk)
                 out.write(chunk)
                 size += len(chunk)
                 if self.upload_bps:
@@ -1268,18 +1273,22 @@ class Checkpointer:
         return state
 
     def _fetch_verified(self, path: str, meta: dict[str, Any], store: Store | None = None) -> str:
+        """Copy `path` to the spool, checking its size and the digest its entry carries (sha256
+        or BLAKE3, `digest.of`); ValueError when they differ. The local copy's path."""
+        algo, want = digest.of(meta)
+        hasher = digest.new(algo)
         local = os.path.join(self.spool, f"restore-{uuid.uuid4().hex[:8]}")
-        digest = hashlib.sha256()
         size = 0
         with (store or self.store).fs.open(path, "rb") as src, open(local, "wb") as out:
             while chunk := src.read(CHUNK):
-                digest.update(chunk)
+                hasher.update(chunk)
                 out.write(chunk)
                 size += len(chunk)
-        if size != meta["size"] or digest.hexdigest() != meta["sha256"]:
+        got = hasher.hexdigest()
+        if size != meta["size"] or got != want:
             os.unlink(local)
             raise ValueError(
-                f"{path}: size {size} / sha256 {digest.hexdigest()[:12]} do not match the "
-                f"manifest ({meta['size']} / {meta['sha256'][:12]})"
+                f"{path}: size {size} / {algo} {got[:12]} do not match the "
+                f"manifest ({meta['size']} / {want[:12]})"
             )
         return local

@@ -8,9 +8,10 @@ for, so a job that ran on 4 processes resumes on 1 and the reverse.
 What spotnb adds is what DCP leaves to its caller, the same guarantees as `checkpoint.py`:
 
 - **Commit last.** Every process uploads its files to `ckpt/<seq>/dcp/` and reports their
-  sha256 and size; process 0 gathers them and writes `MANIFEST.json` only once it has every
-  process's entries (a process that dies mid-save fails the collective, and no manifest is
-  written: the half-written folder is never restored and the next prune removes it).
+  digest (BLAKE3, `runtime/digest.py`) and size; process 0 gathers them and writes
+  `MANIFEST.json` only once it has every process's entries (a process that dies mid-save
+  fails the collective, and no manifest is written: the half-written folder is never
+  restored and the next prune removes it).
 - **Verified restore, falling back together.** Each process fetches the shard files it
   reads (below), checks them against the manifest, and the processes agree (an all-reduce)
   before DCP reads any of them; a checkpoint that fails anywhere is passed over by all, for
@@ -21,7 +22,7 @@ What spotnb adds is what DCP leaves to its caller, the same guarantees as `check
   marker (`{"format": "dcp"}`) so that a tool that only knows the one-file format sees what it
   is instead of a state dict.
 - **Asynchronous saves.** The training thread's stall is the copy of its shard to host RAM
-  (DCP's `DefaultStager`, buffers reused from save to save); DCP's write, the sha256 and the
+  (DCP's `DefaultStager`, buffers reused from save to save); DCP's write, the hash and the
   upload run in one background thread per process, whose collectives (DCP's plan and the
   gather of "my files are up") run on a gloo group of their own, never on the training
   group (gloo collectives of two threads on one group interleave and deadlock). A new save

@@ -83,10 +83,10 @@ class _HeldDrain:
         self.writing, self.go = threading.Event(), threading.Event()
         real = chunked.Drain._write_direct
 
-        def held(drain, f, direct, size):
+        def held(drain, *args):
             self.writing.set()
             assert self.go.wait(30)
-            return real(drain, f, direct, size)
+            return real(drain, *args)
 
         monkeypatch.setattr(chunked.Drain, "_write_direct", held)
 
@@ -211,6 +211,87 @@ def test_a_save_requested_while_the_previous_is_gated_waits_and_both_are_exact(
         c.close()
 
 
+def test_a_flipped_byte_of_a_gated_save_is_caught_by_its_blake3_and_the_previous_one_restores(
+    store_url,
+) -> None:
+    """The drain hashes the parameters as it writes them (BLAKE3, no read-back): a byte of them
+    changed in the committed `tensors.bin` fails that checkpoint's digest at restore, which
+    takes the one before, bit for bit."""
+    model, opt = _model()
+    rec = Recorder()
+    c = Checkpointer(Store(store_url), "job", 1, rec)  # default budget: gated all the same
+    try:
+        first = _clone(_state(model, opt, 1))
+        c.submit(c.snapshot(_state(model, opt, 1), 1, "periodic", optimizers=[opt]))
+        _step(model, opt)  # held by the gate until the parameters are written and hashed
+        assert c.wait(60)
+        c.submit(c.snapshot(_state(model, opt, 2), 2, "periodic", optimizers=[opt]))
+        _step(model, opt)
+        assert c.wait(60) and c.failures == 0
+        newest = c.list_manifests()[0]
+        entry = newest.files[DATA_NAME]
+        assert newest.step == 2 and set(entry) == {"size", "blake3"}
+        path = f"{c.root}/{newest.seq:08d}/{DATA_NAME}"
+        with open(path, "r+b") as f:  # the last bytes: a gated tensor's (they are written last)
+            f.seek(entry["size"] - 3)
+            byte = f.read(1)
+            f.seek(entry["size"] - 3)
+            f.write(bytes([byte[0] ^ 0x10]))
+        manifest, restored = c.load_latest()
+        assert manifest.step == 1
+        _assert_same(first, restored)
+        (invalid,) = rec.kinds("checkpoint_invalid")
+        assert (
+            invalid["seq"] == newest.seq and DATA_NAME in invalid["reason"] and "blake3" in invalid["reason"]
+        )
+    finally:
+        c.close()
+
+
+def test_a_step_waiting_mid_write_stops_the_inline_hash_and_the_rest_is_hashed_after_the_gate(
+    store_url, monkeypatch
+) -> None:
+    """The drain hashes the parameters as it writes them only while nobody waits at the gate:
+    here a `step()` starts waiting after the third piece, the drain writes the rest unhashed,
+    opens the gate, and hashes the rest by reading it back. The digest covers the file exactly
+    (restore verifies it), and the wait was not spent hashing."""
+    from blake3 import blake3
+
+    from spotnb.runtime import digest
+
+    model, opt = _model()
+    c = Checkpointer(Store(store_url), "job", 1, Recorder())
+    updates: list[bool] = []  # per hash update: was the gate open
+
+    class Hasher:
+        def __init__(self) -> None:
+            self.h = blake3()
+
+        def update(self, data) -> None:
+            updates.append(c.gate.open.is_set())
+            self.h.update(data)
+            if len(updates) == 3:
+                c.gate.waiting.set()  # what `Gate.wait` does when a step() arrives
+
+        def hexdigest(self) -> str:
+            return self.h.hexdigest()
+
+    monkeypatch.setattr(chunked, "_PIECE", 64 * 1024)
+    monkeypatch.setattr(digest, "fresh", lambda: ("blake3", Hasher()))
+    try:
+        expected = _clone(_state(model, opt, 1))
+        c.submit(c.snapshot(_state(model, opt, 1), 1, "periodic", optimizers=[opt]))
+        _step(model, opt)
+        assert c.wait(60) and c.failures == 0
+        # three updates inside the gate, then none until it opened, then the read-back
+        assert updates[:3] == [False] * 3 and len(updates) > 3 and all(updates[3:])
+        manifest, restored = c.load_latest()
+        assert manifest.step == 1
+        _assert_same(expected, restored)
+    finally:
+        c.close()
+
+
 def test_a_full_spool_disk_during_the_gated_write_opens_the_gate_and_fails_the_save(
     tmp_path, store_url
 ) -> None:
@@ -248,7 +329,7 @@ c = Checkpointer(Store(sys.argv[1]), "job", 1, lambda e: None, snapshot_memory=1
 c.save_now(c.snapshot({"step": 1, "w": w.state_dict()}, 1, "periodic", optimizers=[opt]))
 real = chunked.Drain._write_direct
 
-def stuck(drain, f, direct, size):
+def stuck(drain, f, direct, size, sha):
     f.write(direct[0].tensor.reshape(-1).view(torch.uint8).numpy().data[:1 << 20])
     f.flush()
     open(sys.argv[2], "w").close()  # half of the parameters are in the spool file: kill me now

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import spotnb as spot
-from spotnb.runtime.checkpoint import Checkpointer
+from spotnb.runtime.checkpoint import Checkpointer, InvalidManifest, Manifest
 from spotnb.store import Store
 from tests.core import jobfns
 from tests.core.helpers import Recorder, ckpt_save, ckpt_state, mounted_tmpfs
@@ -61,6 +61,12 @@ def _set(key: str, value: Any) -> Callable[[dict], None]:
     return lambda d: d.__setitem__(key, value)
 
 
+def _only(entry: dict, *keys: str) -> None:
+    """Drop every field of a manifest entry but `keys`."""
+    for k in set(entry) - set(keys):
+        del entry[k]
+
+
 DAMAGE: dict[str, Callable[[dict], Any]] = {
     "unparseable": lambda d: b'{"seq": 2, "step":',
     "empty file": lambda d: b"",
@@ -72,7 +78,13 @@ DAMAGE: dict[str, Callable[[dict], Any]] = {
     "missing seq": _pop("seq"),
     "empty file list": _set("files", {}),
     "files is a list": lambda d: d.__setitem__("files", list(d["files"])),
-    "entry without sha256": lambda d: d["files"]["state.pt"].pop("sha256") and None,
+    "entry without a digest": lambda d: _only(d["files"]["state.pt"], "size"),
+    "entry with a digest spotnb cannot check": lambda d: (
+        d["files"]["state.pt"].update({"xxh3_128": "0" * 32})
+        or _only(d["files"]["state.pt"], "size", "xxh3_128")
+    ),
+    "digest not hex": lambda d: d["files"]["state.pt"].__setitem__("blake3", "g" * 64),
+    "digest of the wrong length": lambda d: d["files"]["state.pt"].__setitem__("blake3", "0" * 63),
     "entry without size": lambda d: d["files"]["state.pt"].pop("size") and None,
     "entry is a string": lambda d: d["files"].__setitem__("state.pt", "abc"),
     "step is a string": _set("step", "20"),
@@ -155,6 +167,56 @@ def test_a_damaged_state_file_falls_back(ckpt, how: str) -> None:
     manifest, _ = c.load_latest()
     assert manifest.step == 10
     assert rec.kinds("checkpoint_invalid")[0]["step"] == 20
+
+
+@pytest.mark.parametrize(
+    "entry, says",
+    [
+        ({"size": 3}, "carries no digest: it needs one of 'blake3', 'sha256'"),
+        ({"size": 3, "xxh3_128": "0" * 32}, "carries no digest"),
+        ({"size": 3, "blake3": "0" * 64, "blob": True}, "a blob without the sha256 that names it"),
+        ({"blake3": "0" * 64}, "has size None"),
+    ],
+)
+def test_a_manifest_entry_without_a_digest_it_can_check_is_refused_naming_it(entry, says) -> None:
+    """An entry must carry a digest restore can check (BLAKE3 for files written by value, the
+    sha256 of manifests before it and of blobs): one with neither is refused when the manifest
+    is read, naming the entry and what it lacks, never verified as "nothing to compare"."""
+    doc = {
+        "seq": 2,
+        "step": 20,
+        "kind": "periodic",
+        "incarnation": 1,
+        "created": 0.0,
+        "files": {"state.pt": {"size": 3, "sha256": "0" * 64}, "tensors.bin": entry},
+    }
+    with pytest.raises(InvalidManifest) as err:
+        Manifest.parse(json.dumps(doc).encode(), "00000002")
+    assert "'tensors.bin'" in str(err.value) and says in str(err.value)
+
+
+def test_a_signed_manifest_covers_the_blake3_digest(tmp_path) -> None:
+    """The HMAC covers every entry's digest: whoever rewrites a BLAKE3 digest in a signed
+    manifest (to match a tensors.bin they changed) makes the manifest invalid, and restore
+    takes the previous checkpoint."""
+    key = b"k" * 32
+    rec = Recorder()
+    c = Checkpointer(Store(str(tmp_path / "store")), "job", 1, rec, key=key)
+    try:
+        _save(c, 10)
+        _save(c, 20)
+        newest, older = c.list_manifests()
+        assert "blake3" in newest.files["state.pt"]
+        # the attacker puts another state in the newest folder and rewrites its entry to match
+        swapped = c.store.read_bytes(f"{c.root}/{older.seq:08d}/state.pt")
+        c.store.write_bytes(f"{c.root}/{newest.seq:08d}/state.pt", swapped)
+        _rewrite(c, newest.seq, lambda d: d["files"].__setitem__("state.pt", older.files["state.pt"]))
+        manifest, state = c.load_latest()
+        assert manifest.step == 10 and manifest.seq == older.seq
+        invalid = rec.kinds("checkpoint_invalid")
+        assert [e["seq"] for e in invalid] == [newest.seq] and "signature" in invalid[0]["reason"]
+    finally:
+        c.close()
 
 
 def test_a_full_store_fails_the_save_not_the_job(tmp_path) -> None:

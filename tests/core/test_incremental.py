@@ -21,6 +21,7 @@ from tests.core import jobfns
 from tests.core.helpers import Recorder, assert_matches_reference
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ckpt_v1"
+FIXTURE_V2 = Path(__file__).resolve().parents[1] / "fixtures" / "ckpt_v2"
 
 
 class Lora(torch.nn.Module):
@@ -232,6 +233,64 @@ def test_checkpoints_of_the_format_before_still_restore(store_url: str, tmp_path
         assert not rec.kinds("checkpoint_invalid")
     finally:
         c.close()
+
+
+def test_checkpoints_with_blake3_digests_restore(store_url: str, tmp_path: Path, monkeypatch) -> None:
+    """tests/fixtures/ckpt_v2 (signed): files written by value carry BLAKE3, blobs their sha256,
+    a gated save's `tensors.bin` among them; both checkpoints restore bit for bit (the two
+    optimizer steps are replayed here on whole numbers)."""
+    monkeypatch.chdir(tmp_path)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.Linear(128, 16))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_((torch.arange(p.numel()) % 97).reshape(p.shape))
+    opt = torch.optim.SGD(model[1].parameters(), lr=1.0, momentum=0.5)
+    want = {}
+    for step in (10, 20):
+        for p in model[1].parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()
+        want[step] = {"model": _clone(model.state_dict()), "opt": _clone(opt.state_dict())}
+    rec = Recorder()
+    c = Checkpointer(Store(store_url), "job", 1, rec, key=b"ckpt_v2 fixture key, not secret!")
+    try:
+        shutil.copytree(FIXTURE_V2 / "ckpt", c.root, dirs_exist_ok=True)
+        manifest, state = c.load_latest()
+        assert (manifest.seq, manifest.step, manifest.kind) == (2, 20, "insurance")
+        assert manifest.files["tensors.bin"].keys() == {"size", "blake3"}
+        _assert_equal(state["objects"], want[20])
+        c.store.rm(f"{c.root}/00000002", recursive=True)
+        manifest, state = c.load_latest()
+        assert manifest.step == 10 and (tmp_path / "notes.txt").read_text() == "backed up by ctx.backup\n"
+        _assert_equal(state["objects"], want[10])
+        assert not rec.kinds("checkpoint_invalid")
+    finally:
+        c.close()
+
+
+def _clone(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clone(v) for v in obj]
+    return obj
+
+
+def _assert_equal(got, want) -> None:
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor) and torch.equal(got, want)
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys()
+        for k in want:
+            _assert_equal(got[k], want[k])
+    elif isinstance(want, list):
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            _assert_equal(a, b)
+    else:
+        assert got == want
 
 
 def test_an_emergency_save_is_sized_by_what_it_would_write() -> None:

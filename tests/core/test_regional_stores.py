@@ -6,6 +6,7 @@ runs jobs)."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -150,9 +151,30 @@ def test_a_copy_of_a_damaged_source_is_refused(stores) -> None:
     ck.close()
     seq, _ = newest_committed(home, JOB)
     _flip(home, home.job(JOB, "ckpt", f"{seq:08d}", "state.pt"))
-    with pytest.raises(CopyFailed, match="does not match"):
+    with pytest.raises(CopyFailed, match=r"does not match its manifest \(blake3/size\)"):
         copy_checkpoint(home, reg, JOB, seq)
     assert newest_committed(reg, JOB) is None
+
+
+@pytest.mark.parametrize(
+    "fixture, key", [("ckpt_v1", None), ("ckpt_v2", b"ckpt_v2 fixture key, not secret!")]
+)
+def test_checkpoints_of_either_digest_are_copied_and_restore_from_the_copy(stores, fixture, key) -> None:
+    """ckpt_v1 (sha256 entries only) and ckpt_v2 (BLAKE3 for files written by value, sha256 for
+    blobs, a gated tensors.bin): the copy checks whichever digest each entry carries, and the
+    regional copy alone restores."""
+    home, reg = stores
+    src = Path(__file__).resolve().parents[1] / "fixtures" / fixture / "ckpt"
+    shutil.copytree(src, home.job(JOB, "ckpt"))
+    copied, _ = copy_checkpoint(home, reg, JOB, 2)
+    assert copied > 0 and newest_committed(reg, JOB)[0] == 2
+    rec = Recorder()
+    there = Checkpointer(reg, JOB, 2, rec, key=key)
+    try:
+        manifest, _ = there.load_latest()
+        assert manifest.seq == 2 and there.restored_from == reg.url and not rec.kinds("checkpoint_invalid")
+    finally:
+        there.close()
 
 
 def test_the_cost_rule() -> None:

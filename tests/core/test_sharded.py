@@ -164,9 +164,9 @@ def test_a_state_sharded_over_two_processes_loads_into_one_and_into_three(tmp_pa
     url = _save(tmp_path, 2, [3, 4])
     (newest, older) = _manifests(url)
     assert is_sharded(newest) and (newest.step, older.step) == (4, 3)
-    # one shard file per process, and DCP's metadata, each with its sha256
+    # one shard file per process, and DCP's metadata, each with its digest (BLAKE3: written by value)
     shards = sorted(n for n in newest.files if n.endswith(".distcp"))
-    assert len(shards) == 2 and all(len(newest.files[n]["sha256"]) == 64 for n in shards)
+    assert len(shards) == 2 and all(len(newest.files[n]["blake3"]) == 64 for n in shards)
     assert torch.load(Store(url).path("jobs", "job", "ckpt", f"{newest.seq:08d}", "state.pt")) == MARKER
 
     for world in (1, 3):
