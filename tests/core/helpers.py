@@ -114,3 +114,49 @@ def mounted_tmpfs(path: Path, size: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def assert_same_state(a: Any, b: Any) -> None:
+    """`a` and `b` hold the same values, bit for bit: tensors of the same dtype and shape,
+    containers of the same type and keys, other objects equal."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same_state(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same_state(x, y)
+    else:
+        assert a == b
+
+
+def free_port() -> int:
+    """A TCP port of this machine nobody listens on now (for a process group's store)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EventList(list):
+    """A checkpointer's `emit` that keeps the events it is given, in order."""
+
+    def __call__(self, event: Any) -> None:
+        self.append(event)
+
+
+def gloo_mesh(rank: int, world: int, port: int) -> Any:
+    """Join a gloo process group of `world` CPU processes on `port`; its 1-D device mesh."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    # a forked child's first parallel op waits forever on the parent's thread pool: one thread
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    return init_device_mesh("cpu", (world,))

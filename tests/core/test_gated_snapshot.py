@@ -23,7 +23,7 @@ from spotnb.runtime import chunked
 from spotnb.runtime.checkpoint import Checkpointer
 from spotnb.runtime.chunked import DATA_NAME
 from spotnb.store import Store
-from tests.core.helpers import Recorder
+from tests.core.helpers import Recorder, assert_same_state
 
 MB = 1024 * 1024
 
@@ -58,22 +58,6 @@ def _clone(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(_clone(v) for v in obj)
     return obj
-
-
-def _assert_same(a, b) -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
-        assert torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            _assert_same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            _assert_same(x, y)
-    else:
-        assert a == b
 
 
 class _HeldDrain:
@@ -125,7 +109,7 @@ def test_training_runs_during_a_gated_save_and_the_checkpoint_holds_the_saved_st
         assert c.wait(60) and c.failures == 0
         manifest, restored = c.load_latest()
         assert manifest.step == 1 and DATA_NAME in manifest.files
-        _assert_same(expected, restored)
+        assert_same_state(expected, restored)
         assert not torch.equal(restored["objects"]["model"]["0.weight"], model[0].weight.detach())
         assert c.peak_bytes <= budget
     finally:
@@ -158,7 +142,7 @@ def test_a_write_the_gate_cannot_see_fails_that_save_and_later_saves_block(store
         assert any("changed in place" in e["message"] for e in rec.kinds("warning"))
         manifest, restored = c.load_latest()
         assert manifest.step == 1
-        _assert_same(first, restored)
+        assert_same_state(first, restored)
         assert c.blocking
         # later saves: everything copied before the snapshot returns, so a write right after is harmless
         third = _clone(_state(model, opt, 3))
@@ -169,7 +153,7 @@ def test_a_write_the_gate_cannot_see_fails_that_save_and_later_saves_block(store
         assert c.wait(60) and len(rec.kinds("checkpoint_failed")) == 1
         manifest, restored = c.load_latest()
         assert manifest.step == 3
-        _assert_same(third, restored)
+        assert_same_state(third, restored)
     finally:
         if held is not None:
             held.release()
@@ -202,10 +186,10 @@ def test_a_save_requested_while_the_previous_is_gated_waits_and_both_are_exact(
         assert c.wait(60) and c.failures == 0
         manifest, restored = c.load_latest()
         assert manifest.step == 2 and restored["objects"]["model"]["2.weight"].shape == (256, 512)
-        _assert_same(_state(model, opt, 2), restored)
+        assert_same_state(_state(model, opt, 2), restored)
         older = [m for m in c.list_manifests() if m.step == 1]
         assert older and c._load(older[0]) is not None
-        _assert_same(one, c._load(older[0]))
+        assert_same_state(one, c._load(older[0]))
     finally:
         held.release()
         c.close()
@@ -239,7 +223,7 @@ def test_a_flipped_byte_of_a_gated_save_is_caught_by_its_blake3_and_the_previous
             f.write(bytes([byte[0] ^ 0x10]))
         manifest, restored = c.load_latest()
         assert manifest.step == 1
-        _assert_same(first, restored)
+        assert_same_state(first, restored)
         (invalid,) = rec.kinds("checkpoint_invalid")
         assert (
             invalid["seq"] == newest.seq and DATA_NAME in invalid["reason"] and "blake3" in invalid["reason"]
@@ -295,7 +279,7 @@ def test_a_step_waiting_mid_write_stops_the_inline_hash_and_the_rest_is_hashed_a
         assert updates[:3] == [False] * 3 and len(updates) > 3 and all(updates[3:])
         manifest, restored = c.load_latest()
         assert manifest.step == 1
-        _assert_same(expected, restored)
+        assert_same_state(expected, restored)
     finally:
         c.close()
 
@@ -403,7 +387,7 @@ def test_a_gated_save_on_the_gpu_copies_on_a_side_stream_and_holds_the_saved_ste
         assert c.wait(60) and c.failures == 0
         manifest, restored = c.load_latest()
         assert manifest.step == 1 and DATA_NAME in manifest.files
-        _assert_same({k: v for k, v in expected.items()}, _to(restored, "cuda"))
+        assert_same_state({k: v for k, v in expected.items()}, _to(restored, "cuda"))
         assert c.held_bytes >= 8 * MB  # the pinned host copies, kept for the next save
     finally:
         c.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -22,33 +21,14 @@ import torch.multiprocessing as mp
 from spotnb.runtime.checkpoint import Checkpointer, Manifest
 from spotnb.runtime.sharded import MARKER, ShardedCheckpointer, is_sharded
 from spotnb.store import Store
+from tests.core.helpers import EventList, free_port, gloo_mesh
 
 ROWS, COLS = 12, 5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _full(step: int) -> torch.Tensor:
     """The unsharded weights at `step` (distinct per step, so a restore shows which one)."""
     return torch.arange(ROWS * COLS, dtype=torch.float32).reshape(ROWS, COLS) + 1000 * step
-
-
-class _Events(list):
-    def __call__(self, event: Any) -> None:
-        self.append(event)
-
-
-def _group(rank: int, world: int, port: int) -> Any:
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    return init_device_mesh("cpu", (world,))
 
 
 def _sharded_state(mesh: Any, step: int) -> dict[str, Any]:
@@ -69,8 +49,8 @@ def _save_worker(
 ) -> None:
     import torch.distributed as dist
 
-    mesh = _group(rank, world, port)
-    events = _Events()
+    mesh = gloo_mesh(rank, world, port)
+    events = EventList()
     ck = Checkpointer(Store(url), "job", 1, events, keep_last=5)
     sharded = ShardedCheckpointer(ck)
     seqs = []
@@ -96,8 +76,8 @@ def _load_worker(rank: int, world: int, port: int, url: str, out: str) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    mesh = _group(rank, world, port)
-    events = _Events()
+    mesh = gloo_mesh(rank, world, port)
+    events = EventList()
     ck = Checkpointer(Store(url), "job", 2, events)
     state = {"w": distribute_tensor(torch.zeros(ROWS, COLS), mesh, [Shard(0)]), "step": -1}
     manifest = ShardedCheckpointer(ck).load(state)
@@ -121,7 +101,7 @@ def _save(
     tmp_path: Path, world: int, steps: list[int], die_at: int | None = None, full_at: int | None = None
 ) -> str:
     url = (tmp_path / "store").as_uri()
-    args = (world, _free_port(), url, steps, die_at, str(tmp_path), full_at)
+    args = (world, free_port(), url, steps, die_at, str(tmp_path), full_at)
     if die_at is None:
         mp.start_processes(_save_worker, args=args, nprocs=world, start_method="fork", join=True)
     else:
@@ -144,7 +124,7 @@ def _spawn_tolerating_death(fn: Any, args: tuple, world: int) -> None:
 def _load(tmp_path: Path, url: str, world: int) -> list[dict[str, Any]]:
     mp.start_processes(
         _load_worker,
-        args=(world, _free_port(), url, str(tmp_path)),
+        args=(world, free_port(), url, str(tmp_path)),
         nprocs=world,
         start_method="fork",
         join=True,
@@ -153,7 +133,7 @@ def _load(tmp_path: Path, url: str, world: int) -> list[dict[str, Any]]:
 
 
 def _manifests(url: str) -> list[Manifest]:
-    ck = Checkpointer(Store(url), "job", 9, _Events())
+    ck = Checkpointer(Store(url), "job", 9, EventList())
     try:
         return ck.list_manifests()
     finally:

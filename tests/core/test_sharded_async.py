@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -24,36 +23,15 @@ import torch.multiprocessing as mp
 from spotnb.runtime.checkpoint import Checkpointer, Manifest
 from spotnb.runtime.sharded import SHARD_DIR, ShardedCheckpointer
 from spotnb.store import Store
+from tests.core.helpers import EventList, free_port, gloo_mesh
 
 # 128 kB per process's shard on 2 processes: above the small-entry threshold (64 kB)
 ROWS, COLS = 128, 512
 HELD = 30.0  # the most a held upload waits for the training thread: a synchronous save fails
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _full(step: int) -> torch.Tensor:
     return torch.arange(ROWS * COLS, dtype=torch.float32).reshape(ROWS, COLS) + 1000 * step
-
-
-class _Events(list):
-    def __call__(self, event: Any) -> None:
-        self.append(event)
-
-
-def _group(rank: int, world: int, port: int) -> Any:
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    # a forked child's first parallel op waits forever on the parent's thread pool: one thread
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    return init_device_mesh("cpu", (world,))
 
 
 def _state(mesh: Any, step: int) -> dict[str, Any]:
@@ -62,7 +40,7 @@ def _state(mesh: Any, step: int) -> dict[str, Any]:
     return {"w": distribute_tensor(_full(step), mesh, [Shard(0)]), "step": step}
 
 
-def _checkpointer(url: str, incarnation: int, events: _Events) -> Checkpointer:
+def _checkpointer(url: str, incarnation: int, events: EventList) -> Checkpointer:
     return Checkpointer(Store(url), "job", incarnation, events, keep_last=5)
 
 
@@ -71,8 +49,8 @@ def _async_worker(rank: int, world: int, port: int, url: str, out: str, die_in_u
     training thread has changed the weights in place (a training step); report."""
     import torch.distributed as dist
 
-    mesh = _group(rank, world, port)
-    events = _Events()
+    mesh = gloo_mesh(rank, world, port)
+    events = EventList()
     ck = _checkpointer(url, 1, events)
     sharded = ShardedCheckpointer(ck)
     first = sharded.save(_state(mesh, 3), 3)
@@ -112,8 +90,8 @@ def _load_worker(rank: int, world: int, port: int, url: str, out: str) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    mesh = _group(rank, world, port)
-    events = _Events()
+    mesh = gloo_mesh(rank, world, port)
+    events = EventList()
     ck = _checkpointer(url, 2, events)
     state: dict[str, Any] = {"w": distribute_tensor(torch.zeros(ROWS, COLS), mesh, [Shard(0)]), "step": -1}
     sharded = ShardedCheckpointer(ck)
@@ -133,7 +111,7 @@ def _load_worker(rank: int, world: int, port: int, url: str, out: str) -> None:
 
 
 def _run(fn: Any, world: int, *args: Any) -> None:
-    mp.start_processes(fn, args=(world, _free_port(), *args), nprocs=world, start_method="fork", join=True)
+    mp.start_processes(fn, args=(world, free_port(), *args), nprocs=world, start_method="fork", join=True)
 
 
 def _run_tolerating_death(fn: Any, world: int, *args: Any) -> None:
@@ -142,7 +120,7 @@ def _run_tolerating_death(fn: Any, world: int, *args: Any) -> None:
     import multiprocessing
 
     fork = multiprocessing.get_context("fork")
-    port = _free_port()
+    port = free_port()
     procs = [fork.Process(target=fn, args=(r, world, port, *args)) for r in range(world)]
     for p in procs:
         p.start()
@@ -161,7 +139,7 @@ def _load(tmp_path: Path, url: str, world: int) -> list[dict[str, Any]]:
 
 
 def _manifests(url: str) -> list[Manifest]:
-    ck = Checkpointer(Store(url), "job", 9, _Events())
+    ck = Checkpointer(Store(url), "job", 9, EventList())
     try:
         return ck.list_manifests()
     finally:
@@ -208,8 +186,8 @@ def _save_two(tmp_path: Path) -> str:
 def _save_worker(rank: int, world: int, port: int, url: str) -> None:
     import torch.distributed as dist
 
-    mesh = _group(rank, world, port)
-    ck = _checkpointer(url, 1, _Events())
+    mesh = gloo_mesh(rank, world, port)
+    ck = _checkpointer(url, 1, EventList())
     sharded = ShardedCheckpointer(ck)
     for step in (3, 4):
         sharded.save_async(_state(mesh, step), step)
@@ -257,8 +235,8 @@ def _full_disk_worker(rank: int, world: int, port: int, url: str, out: str) -> N
 
     from spotnb.runtime import sharded as sharded_mod
 
-    mesh = _group(rank, world, port)
-    events = _Events()
+    mesh = gloo_mesh(rank, world, port)
+    events = EventList()
     ck = _checkpointer(url, 1, events)
     sharded = ShardedCheckpointer(ck)
     write = sharded_mod._SplitWriter.write_data
@@ -297,8 +275,8 @@ def test_a_full_spool_disk_on_one_process_fails_that_save_for_all_and_the_next_c
 def _budget_worker(rank: int, world: int, port: int, url: str, out: str) -> None:
     import torch.distributed as dist
 
-    mesh = _group(rank, world, port)
-    ck = Checkpointer(Store(url), "job", 1, _Events(), snapshot_memory=4096)
+    mesh = gloo_mesh(rank, world, port)
+    ck = Checkpointer(Store(url), "job", 1, EventList(), snapshot_memory=4096)
     sharded = ShardedCheckpointer(ck)
     future = sharded.save_async(_state(mesh, 3), 3)
     done = future.done()  # no copy fits the budget: written from the live state, waited for
@@ -321,8 +299,8 @@ def _misfit_worker(rank: int, world: int, port: int, url: str, out: str) -> None
     import torch.distributed as dist
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    mesh = _group(rank, world, port)
-    ck = _checkpointer(url, 2, _Events())
+    mesh = gloo_mesh(rank, world, port)
+    ck = _checkpointer(url, 2, EventList())
     state = _state(mesh, 0)
     state["head"] = distribute_tensor(torch.zeros(4, 4), mesh, [Shard(0)])  # tracked since the save
     try:
@@ -352,8 +330,8 @@ def _old_format_worker(rank: int, world: int, port: int, url: str) -> None:
     from spotnb.runtime import sharded as sharded_mod
 
     sharded_mod._SplitWriter = sharded_mod.dcp.FileSystemWriter  # type: ignore[misc, assignment]
-    mesh = _group(rank, world, port)
-    ck = _checkpointer(url, 1, _Events())
+    mesh = gloo_mesh(rank, world, port)
+    ck = _checkpointer(url, 1, EventList())
     ShardedCheckpointer(ck).save(_state(mesh, 3), 3)
     ck.close()
     dist.destroy_process_group()

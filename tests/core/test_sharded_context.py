@@ -6,7 +6,6 @@ process imports torch again.)"""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +18,8 @@ from spotnb.runtime.checkpoint import Checkpointer
 from spotnb.runtime.context import Context
 from spotnb.runtime.local_group import Group
 from spotnb.store import Store
+from tests.core.helpers import free_port
 from tests.elastic import procfns
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _worker(
@@ -89,7 +83,7 @@ def _hold_uploads(ctx: Context, ckpt: Checkpointer, steps: int) -> None:
 
 
 def _run(world: int, url: str, incarnation: int, steps: int, out: Path, hold: bool = False) -> None:
-    args: Any = (world, _free_port(), url, incarnation, steps, str(out), hold)
+    args: Any = (world, free_port(), url, incarnation, steps, str(out), hold)
     mp.start_processes(_worker, args=args, nprocs=world, start_method="fork", join=True)
 
 

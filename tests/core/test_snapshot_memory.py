@@ -22,7 +22,7 @@ from spotnb.runtime.chunked import DATA_NAME
 from spotnb.runtime.context import Context
 from spotnb.store import Store
 from tests.core import jobfns
-from tests.core.helpers import Recorder
+from tests.core.helpers import Recorder, assert_same_state
 
 MB = 1024 * 1024
 
@@ -50,22 +50,6 @@ def _big_state(step: int) -> dict:
     }
 
 
-def _assert_same(a, b) -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
-        assert torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            _assert_same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            _assert_same(x, y)
-    else:
-        assert a == b
-
-
 def test_a_state_four_times_the_budget_saves_in_chunks_and_restores_bit_exactly(store_url) -> None:
     rec = Recorder()
     c = Checkpointer(Store(store_url), "job", 1, rec, snapshot_memory=2 * MB)
@@ -82,7 +66,7 @@ def test_a_state_four_times_the_budget_saves_in_chunks_and_restores_bit_exactly(
         assert c.peak_bytes <= 2 * MB and c.held_bytes <= 2 * MB
         manifest, restored = c.load_latest()
         assert manifest.step == 20 and DATA_NAME in manifest.files
-        _assert_same(_big_state(20), restored)
+        assert_same_state(_big_state(20), restored)
         # the one before still restores too, and is what a damaged newest one falls back to
         data = f"{c.root}/{manifest.seq:08d}/{DATA_NAME}"
         with open(data, "r+b") as f:
@@ -90,7 +74,7 @@ def test_a_state_four_times_the_budget_saves_in_chunks_and_restores_bit_exactly(
             f.write(b"\xff")
         manifest, restored = c.load_latest()
         assert manifest.step == 10
-        _assert_same(expected, restored)
+        assert_same_state(expected, restored)
         assert "blake3" in rec.kinds("checkpoint_invalid")[0]["reason"]  # the digest tensors.bin carries
     finally:
         c.close()
@@ -258,7 +242,7 @@ def test_an_emergency_save_abandons_a_chunked_upload_and_leaves_no_spool_behind(
         c.save_now(c.snapshot(_big_state(11), 11, "emergency"))
         manifest, restored = c.load_latest()
         assert manifest.step == 11
-        _assert_same(_big_state(11), restored)
+        assert_same_state(_big_state(11), restored)
         assert [n for n in os.listdir(c.spool) if n.startswith("data-")] == []
         assert c.peak_bytes <= 2 * MB
     finally:
