@@ -79,6 +79,14 @@ def _notebook(path: Path, source: str) -> None:
     )
 
 
+def _report_failure(page: Any, server: dict[str, Any], console: list[str]) -> None:
+    """What a failed browser test leaves to look at: a screenshot, the console, the plots."""
+    shot = server["tmp"] / "failure.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"failure screenshot: {shot}\nbrowser console (last 30):\n" + "\n".join(console[-30:]))
+    print("plots and their traces (name:points):", page.evaluate(_TRACES))
+
+
 def _open_and_run(page: Any, server: dict[str, Any], name: str) -> None:
     """Open notebook `name`, wait for its idle kernel, start running all its cells."""
     page.goto(f"{server['url']}/lab/tree/{name}?token={server['token']}")
@@ -127,10 +135,7 @@ def test_widget_of_an_ended_job_shows_its_loss_curve_when_plotly_loads_late(
                 whole = f"n => n.length === 2 && n.every(p => p >= {STEPS})"
                 page.wait_for_function(f"() => ({whole})(({_LOSSES})())", timeout=60_000, polling=200)
             except Exception:
-                shot = lab["tmp"] / "failure.png"
-                page.screenshot(path=str(shot), full_page=True)
-                print(f"failure screenshot: {shot}\nbrowser console (last 30):\n" + "\n".join(console[-30:]))
-                print("plots and their traces (name:points):", page.evaluate(_TRACES))
+                _report_failure(page, lab, console)
                 raise
         finally:
             browser.close()
@@ -172,10 +177,7 @@ def test_widget_shows_its_loss_curve_again_after_the_page_is_reloaded(
                 page.reload()
                 page.wait_for_function(whole, timeout=60_000, polling=200)
             except Exception:
-                shot = lab["tmp"] / "failure.png"
-                page.screenshot(path=str(shot), full_page=True)
-                print(f"failure screenshot: {shot}\nbrowser console (last 30):\n" + "\n".join(console[-30:]))
-                print("plots and their traces (name:points):", page.evaluate(_TRACES))
+                _report_failure(page, lab, console)
                 raise
         finally:
             browser.close()
