@@ -8,6 +8,7 @@ with a copy and every later save across."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,16 @@ def test_the_state_knows_which_store_the_saves_go_to(action: str, where: str) ->
     assert state.checkpoint_store is None
     state.feed_events([placed])
     assert state.checkpoint_store == {"source": "file:///home", "target": "file:///b"}[where]
+
+
+def test_a_checkpoint_of_infinite_size_ranks_without_nan(tmp_path: Path) -> None:
+    """A corrupt save event (`nbytes` inf: `checkpoint_bytes` keeps it) must not turn a zone's
+    cost into NaN (inf bytes × a free 0 $/GB link): NaN compares false, so the sort would put
+    that zone anywhere. A free link costs 0 whatever the bytes; a paid one, inf (ranked last)."""
+    regional, _ = _regional(tmp_path)
+    zones = ("zone-a", "zone-b")
+    transfer = {z: regional.transfer(z, regional.urls["zone-b"], float("inf"), True) for z in zones}
+    markets = {z: (3600.0, 60.0) for z in zones}
+    ranked = rank_zones({"zone-a": 0.099, "zone-b": 0.100}, markets, save_s=10.0, transfer=transfer)
+    assert not any(math.isnan(z.cost) or math.isnan(z.transfer_cost) for z in ranked)
+    assert [z.zone for z in ranked] == ["zone-b", "zone-a"]
