@@ -102,7 +102,14 @@ class ZoneEstimate:
         extra = f", penalty ×{self.penalty:.2f} (recent trouble)" if self.penalty > 1.005 else ""
         t = self.transfer
         moved = ""
-        if t.per_gb > 0 or t.seconds > 0:
+        if t.per_gb_later is not None and (t.per_gb > 0 or t.seconds > 0):  # copied once (regional)
+            moved = (
+                f" + checkpoint {t.gb:.2f} GB {t.route} once at ${t.per_gb:.3f}/GB"
+                f"{'' if t.restore_first else ' (nothing saved yet: no copy)'}, later starts at "
+                f"${t.per_gb_later:.3f}/GB, saves at ${t.per_gb_back or 0.0:.3f}/GB = ${self.transfer_cost:.4f} "
+                f"(+{_duration(t.seconds)} first restore)"
+            )
+        elif t.per_gb > 0 or t.seconds > 0:
             moved = (
                 f" + checkpoint {t.gb:.2f} GB {t.route} at ${t.per_gb:.3f}/GB × {self.copies:.1f} "
                 f"copies = ${self.transfer_cost:.4f} (+{_duration(t.seconds)} per restore)"

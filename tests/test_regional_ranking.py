@@ -115,3 +115,17 @@ def test_a_checkpoint_of_infinite_size_ranks_without_nan(tmp_path: Path) -> None
     ranked = rank_zones({"zone-a": 0.099, "zone-b": 0.100}, markets, save_s=10.0, transfer=transfer)
     assert not any(math.isnan(z.cost) or math.isnan(z.transfer_cost) for z in ranked)
     assert [z.zone for z in ranked] == ["zone-b", "zone-a"]
+
+
+def test_the_dry_run_line_of_a_copied_checkpoint_does_not_multiply_every_copy_by_the_copy_price(
+    tmp_path: Path,
+) -> None:
+    """The line said "at $0.100/GB × 8.0 copies = $0.0000" for a zone with its own store before
+    the first save (and $0.1 × 8 copies = $5 for a 50 GB one that pays the copy once): its
+    arithmetic must be the one the cost was computed with."""
+    regional, _ = _regional(tmp_path)
+    for saved in (False, True):
+        b = {z.zone: z for z in _rank(regional, None, saved=saved)}["zone-b"]
+        line = b.describe()
+        assert "× " + f"{b.copies:.1f} copies" not in line
+        assert f"${b.transfer_cost:.4f}" in line and "once" in line
