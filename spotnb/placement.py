@@ -106,7 +106,8 @@ class ZoneEstimate:
             moved = (
                 f" + checkpoint {t.gb:.2f} GB {t.route} once at ${t.per_gb:.3f}/GB"
                 f"{'' if t.restore_first else ' (nothing saved yet: no copy)'}, later starts at "
-                f"${t.per_gb_later:.3f}/GB, saves at ${t.per_gb_back or 0.0:.3f}/GB = ${self.transfer_cost:.4f} "
+                f"${t.per_gb_later:.3f}/GB, saves at ${t.per_gb_back or 0.0:.3f}/GB "
+                f"= ${self.transfer_cost:.4f} "
                 f"(+{_duration(t.seconds)} first restore)"
             )
         elif t.per_gb > 0 or t.seconds > 0:
