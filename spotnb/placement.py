@@ -127,12 +127,6 @@ def penalty(trouble: Iterable[float], now: float, decay: float = PENALTY_DECAY) 
     return 1.0 + sum(math.exp(-max(0.0, now - t) / decay) for t in trouble if now - t < 5 * decay)
 
 
-def _dollars(count: float, price: float) -> float:
-    """`count` × `price`, where a free price costs 0 even for an infinite count (a corrupt
-    checkpoint size): inf × 0 is NaN, which compares false and would scramble the ranking."""
-    return 0.0 if price == 0 or count == 0 else count * price
-
-
 def rank_zones(
     prices: Mapping[str, float],
     markets: Mapping[str, tuple[float, float]],
@@ -169,10 +163,10 @@ def rank_zones(
             starts = max(0.0, wall - first) / effective  # the preemptions' relaunches
         restores = starts + (1.0 if move.restore_first else 0.0)
         copies = saves + restores
-        one = _dollars(move.gb, move.per_gb)
-        later = _dollars(move.gb, move.per_gb if move.per_gb_later is None else move.per_gb_later)
-        back = _dollars(move.gb, move.per_gb if move.per_gb_back is None else move.per_gb_back)
-        moving = (one if move.restore_first else 0.0) + _dollars(starts, later) + _dollars(saves, back)
+        one = move.gb * move.per_gb
+        later = move.gb * (move.per_gb if move.per_gb_later is None else move.per_gb_later)
+        back = move.per_gb if move.per_gb_back is None else move.per_gb_back
+        moving = (one if move.restore_first else 0.0) + later * starts + move.gb * back * saves
         out.append(
             ZoneEstimate(
                 zone,

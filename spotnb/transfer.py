@@ -25,6 +25,7 @@ holds the restore).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from spotnb.placement import Transfer
@@ -114,5 +115,7 @@ def checkpoint_bytes(state: Any) -> tuple[float, bool]:
         float(getattr(save, "nbytes", 0) or 0) + float(getattr(save, "referenced_bytes", 0) or 0)
         for save in saves[-10:]
     ]
-    biggest = max(sizes, default=0.0)
+    # a corrupt record's size (inf, NaN, negative) is no size: inf bytes × a free link would
+    # price a zone at NaN, which sorts anywhere
+    biggest = max((s for s in sizes if math.isfinite(s) and s > 0), default=0.0)
     return (biggest if biggest > 0 else NOMINAL_CHECKPOINT_BYTES), bool(saves)

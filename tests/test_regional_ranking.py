@@ -104,13 +104,24 @@ def test_the_state_knows_which_store_the_saves_go_to(action: str, where: str) ->
     assert state.checkpoint_store == {"source": "file:///home", "target": "file:///b"}[where]
 
 
-def test_a_checkpoint_of_infinite_size_ranks_without_nan(tmp_path: Path) -> None:
-    """A corrupt save event (`nbytes` inf: `checkpoint_bytes` keeps it) must not turn a zone's
-    cost into NaN (inf bytes × a free 0 $/GB link): NaN compares false, so the sort would put
-    that zone anywhere. A free link costs 0 whatever the bytes; a paid one, inf (ranked last)."""
+def test_a_corrupt_checkpoint_size_is_no_size_and_ranks_without_nan(tmp_path: Path) -> None:
+    """A corrupt save record (`nbytes` inf, NaN or negative) must not become the checkpoint's
+    size: inf bytes × a free 0 $/GB link is NaN, which compares false, so the sort would put
+    that zone anywhere. The size is the good records', and the ranking holds no NaN."""
+    from types import SimpleNamespace
+
+    from spotnb.transfer import checkpoint_bytes
+
+    good = SimpleNamespace(nbytes=BIG, referenced_bytes=0)
+    for bad in (float("inf"), float("nan"), -5.0):
+        state = SimpleNamespace(checkpoints=[good, SimpleNamespace(nbytes=bad, referenced_bytes=0)])
+        assert checkpoint_bytes(state) == (BIG, True)
     regional, _ = _regional(tmp_path)
+    nbytes, saved = checkpoint_bytes(
+        SimpleNamespace(checkpoints=[SimpleNamespace(nbytes=float("inf"), referenced_bytes=0)])
+    )
     zones = ("zone-a", "zone-b")
-    transfer = {z: regional.transfer(z, regional.urls["zone-b"], float("inf"), True) for z in zones}
+    transfer = {z: regional.transfer(z, regional.urls["zone-b"], nbytes, saved) for z in zones}
     markets = {z: (3600.0, 60.0) for z in zones}
     ranked = rank_zones({"zone-a": 0.099, "zone-b": 0.100}, markets, save_s=10.0, transfer=transfer)
     assert not any(math.isnan(z.cost) or math.isnan(z.transfer_cost) for z in ranked)
