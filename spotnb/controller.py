@@ -1220,15 +1220,13 @@ class Controller:
         if status.state == InstanceState.PREEMPTED:
             if "done" in kinds:
                 return _Outcome(Outcome.DONE, status.exit_code)
-            return _Outcome(
-                Outcome.EVACUATED if "evacuated" in kinds else Outcome.PREEMPTED,
-                status.exit_code,
-                status.detail,
-            )
+            if "evacuated" in kinds:
+                return _Outcome(Outcome.EVACUATED, status.exit_code, self._left_at(n, status.detail))
+            return _Outcome(Outcome.PREEMPTED, status.exit_code, status.detail)
         if "done" in kinds:
             return _Outcome(Outcome.DONE, status.exit_code)
         if "evacuated" in kinds:
-            return _Outcome(Outcome.EVACUATED, status.exit_code)
+            return _Outcome(Outcome.EVACUATED, status.exit_code, self._left_at(n, {}))
         if "error" in kinds:
             return _Outcome(Outcome.USER_ERROR, status.exit_code)
         from spotnb.runtime.local_group import EXIT_GROUP_LOST
@@ -1239,6 +1237,24 @@ class Controller:
         if status.state == InstanceState.TERMINATED:
             return _Outcome(Outcome.STOPPED if self._stop.is_set() else Outcome.LOST, status.exit_code)
         return _Outcome(Outcome.CRASHED, status.exit_code, {"log": str(instance.info.get("log", ""))})
+
+    def _left_at(self, n: int, detail: dict[str, Any]) -> dict[str, Any]:
+        """What the `preempted` event of an instance that left by itself after a notice says:
+        the market's own kill record where it has one (`detail`), else the step of the
+        instance's `evacuated` and that it was noticed. Without them the event read "step
+        None" (drawn at step 0) whenever the instance left before the market's kill, which is
+        how a notice usually ends (on a cloud, always: it records no step)."""
+        out = dict(detail)
+        if out.get("step") is None:
+            left = next(
+                (e for e in reversed(self.job.events) if e.kind == "evacuated" and e.incarnation == n), None
+            )
+            if isinstance(left, ev.Evacuated):
+                out["step"] = left.step
+        if out.get("noticed") is None:
+            inc = self.job.state.incs.get(n)
+            out["noticed"] = inc is not None and "notice" in inc.kinds
+        return out
 
     def _finish_incarnation(self, n: int, instance: Instance, outcome: _Outcome) -> None:
         self._fence()  # a controller that lost the job must not end its instance

@@ -95,6 +95,10 @@ def test_a_noticed_replica_leaves_after_its_step_and_no_step_fails() -> None:
     assert slots[noticed] == 2
     (preempted,) = _by(job, "preempted", noticed)
     assert preempted["how"] == "evacuated"
+    # it left by itself before the market's kill: its `preempted` says where and that it was
+    # noticed all the same (from its `evacuated`), not step None (drawn at step 0)
+    (evacuated,) = _by(job, "evacuated", noticed)
+    assert preempted["step"] == evacuated["step"] > 20 and preempted["noticed"] is True
     assert not _by(job, "checkpoint", noticed)  # peers hold the state: nothing to save
     # no failed step anywhere: no replica logged the same step twice
     for n, rows in _rows(job).items():
