@@ -22,7 +22,11 @@ Why a child process, not `runpy` in the agent's process:
 
 `spotnb.ctx()` in the script reaches the agent's real `Context` over a private Unix socket
 (`script_client.ScriptContext`; the server is `CtxServer` here), so `ctx.log`, `ctx.backup`,
-`ctx.should_save`, `ctx.restore`, `ctx.steps` and `ctx.step` behave as in a function.
+`ctx.should_save`, `ctx.restore`, `ctx.steps` and `ctx.step` behave as in a function. As for a
+function, the instance is `ready` at the script's first step boundary: its start-up (the
+interpreter, `import torch`, loading its own checkpoint) is preparation in the ledger, not
+training time that no step accounts for. A script that marks no steps is ready at its first
+`ctx.log`, and one that never calls `spotnb.ctx()` after `PLAIN_READY_S`.
 
 How an incarnation ends:
 
@@ -94,6 +98,10 @@ PAST_DEADLINE_S = 10.0
 #: agent kills it: its peers would wait in their collective for the script's whole timeout
 #: (30 min by default); killed, it is a lost worker and torchrun starts a new round
 STOP_GRACE = float(os.environ.get("SPOTNB_GROUP_STOP_GRACE", "10"))
+#: seconds after which a script that has not called spotnb.ctx() is said `ready` (it knows
+#: nothing of spotnb and marks no steps: its job then reads running); a script that uses
+#: spotnb.ctx() is ready at its first step (or its first ctx.log, if it marks none)
+PLAIN_READY_S = 60.0
 
 # The child's first moments: die with the agent (PR_SET_PDEATHSIG survives exec), then become
 # `python script args` (a fresh interpreter, nothing of spotnb imported). Not preexec_fn: that
@@ -178,6 +186,17 @@ class CtxServer:
                 except OSError:
                     return
 
+    def say_ready(self) -> None:
+        """Say `ready` now, unless the Context already did (at the script's first step)."""
+        with self._lock:
+            self._ready()
+
+    def _ready(self) -> None:
+        ctx = self.ctx
+        if not ctx._ready_sent:
+            ctx._ready_sent = True
+            self._emit(ev.Ready(prep_s=time.time() - ctx._started, step=ctx.step_index, total=ctx.total))
+
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
         with self._lock:
@@ -207,6 +226,8 @@ class CtxServer:
                 raise AttributeError(f"the job's context has no method {name!r}")
             if name == "backup":
                 self._before_backup()
+            elif name == "log":
+                self._ready()  # metrics before any step: a script that marks no steps trains
             result = getattr(ctx, name)(*request.get("args", []), **request.get("kwargs", {}))
             if hasattr(result, "__next__") or hasattr(result, "__enter__"):
                 self._next += 1
@@ -317,10 +338,15 @@ class ScriptRunner:
     def _run(self, tmp: str, server: CtxServer) -> ScriptResult:
         ctx = self.ctx
         if self.group is None:
-            ctx.restore()  # the backed-up folders are back before the script looks for them
-        # (on several instances each rendezvous round restores the checkpoint rank 0 chose)
-        ctx._ready_sent = True
-        self._emit(ev.Ready(prep_s=time.time() - ctx._started, step=ctx.step_index, total=ctx.total))
+            # the backed-up folders are back before the script looks for them; `ready` (the
+            # first step is about to run) is said at the script's first step boundary, as a
+            # function's is, so its start-up (its interpreter, `import torch`, loading its
+            # checkpoint) is preparation, not training time that no step accounts for
+            ctx.restore()
+        else:
+            # on several instances each rendezvous round restores the checkpoint rank 0 chose,
+            # and `ready` is said now (the fleet counts a replica from it)
+            server.say_ready()
         self.notice_file = os.path.join(tmp, "notice.json")
         result_file = os.path.join(tmp, "result.pkl")
         self.failed_file = os.path.join(tmp, "failed.json")
@@ -375,6 +401,7 @@ class ScriptRunner:
         _become_subreaper()  # what the script leaves behind is reparented here, to be ended
         before = _children(os.getpid())
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        begun = time.monotonic()
         pump = threading.Thread(target=self._pump, args=(proc,), name="spotnb-script-stderr", daemon=True)
         pump.start()
         try:
@@ -384,6 +411,12 @@ class ScriptRunner:
                     break
                 except subprocess.TimeoutExpired:
                     pass
+                if (
+                    not ctx._ready_sent
+                    and not server.connected.is_set()
+                    and time.monotonic() - begun >= PLAIN_READY_S
+                ):
+                    server.say_ready()  # it does not use spotnb: its steps are not seen
                 notice = ctx.notice
                 # on several instances the group saves first (`_group_notice`)
                 if notice is not None and not self.signalled and (self.group is None or self._group_notice()):

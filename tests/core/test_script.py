@@ -64,6 +64,8 @@ def test_a_preempted_script_resumes_from_its_backup_and_ends_like_a_calm_run(
     assert emergency["t"] < notice["deadline"]
     (preempted,) = _by(job, "preempted", 1)
     assert preempted["how"] == "evacuated"
+    (evacuated,) = _by(job, "evacuated", 1)  # the step it left at, not None (drawn at step 0)
+    assert preempted["step"] == evacuated["step"] and preempted["noticed"] is True
     (resumed,) = _by(job, "resumed", 2)
     assert resumed["save_kind"] == "emergency"
     assert result["resumed_from"] == got["step"]  # from the emergency save, nothing redone
@@ -187,6 +189,30 @@ def test_the_script_s_ctx_calls_reach_the_context_with_their_errors(runner) -> N
     assert "no attribute 'no_such_method'" in errors["missing"]
     assert [(r["loss"], r["ready"]) for r in ctx.rows] == [(0.5, 1)]
     assert "ready" in events.kinds()
+
+
+def test_a_script_is_ready_at_its_first_step_so_its_start_up_is_preparation(runner) -> None:
+    """`ready` means the first step is about to run (as for a function): a script's start-up
+    (its interpreter, `import torch`, its own checkpoint loaded) comes before it, so the ledger
+    counts it as preparation, not as training time that no step accounts for ("other")."""
+    make, ctx, events = runner
+    result = cloudpickle.loads(make("slow_start.py", "0.5").run().pickled)
+    (ready,) = [f for k, f in events if k == "ready"]
+    assert ctx._started + ready["prep_s"] >= result["first_step"]
+
+
+def test_a_script_that_never_reaches_spotnb_is_said_ready_after_a_while(
+    runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script that never calls spotnb.ctx() marks no step: it is said ready (the job reads
+    running) once it has run `PLAIN_READY_S` without reaching spotnb, not never."""
+    import spotnb.runtime.script as script_mod
+
+    monkeypatch.setattr(script_mod, "PLAIN_READY_S", 0.3)
+    make, ctx, events = runner
+    make("no_ctx.py", "1.5").run()
+    (ready,) = [f for k, f in events if k == "ready"]
+    assert 0.3 <= ready["prep_s"] < 1.5
 
 
 @pytest.mark.parametrize(
