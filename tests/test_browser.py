@@ -9,33 +9,27 @@ CI installs Chromium through scripts/setup.d/40-browser.sh; locally the test is 
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+from tests.browser_lab import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    MATHJAX_NODES,
+    ROOT,
+    make_readme_env,
+    output_problems,
+    run_lab,
+    save_notebook,
+    wait_all_ran,
+)
 
 pytestmark = [
     pytest.mark.browser,
@@ -47,88 +41,22 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """JupyterLab on 127.0.0.1 with a token, serving a temp dir holding the quickstart."""
-    work = tmp_path / "lab"
-    work.mkdir()
-    shutil.copy(ROOT / "notebooks" / "01-quickstart.ipynb", work)
-    settings = tmp_path / "lab-settings"
-    (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
-    (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False})
-    )
-    port, token = _free_port(), os.urandom(12).hex()
-    # this checkout's own build of the extension (`cd extension && npm run build` writes it to
-    # spotnb/labextension) comes first on the labextensions path, so the test checks the
-    # extension of the code under test, not whatever copy is installed in sys.prefix
-    jupyter_path = [os.environ.get("JUPYTER_PATH", "")]
-    build = ROOT / "spotnb" / "labextension"
-    if (build / "package.json").exists():
-        share = tmp_path / "jupyter-share"
-        (share / "labextensions").mkdir(parents=True)
-        (share / "labextensions" / "spotnb").symlink_to(build, target_is_directory=True)
-        jupyter_path.insert(0, str(share))
-    env = {
-        **os.environ,
-        "JUPYTER_PATH": os.pathsep.join(filter(None, jupyter_path)),
-        "SPOTNB_FAST": "1",
-        "SPOTNB_HOME": str(tmp_path / "spotnb-home"),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "JUPYTERLAB_SETTINGS_DIR": str(settings),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
-    }
-    log = open(tmp_path / "jupyterlab.log", "wb")  # noqa: SIM115 - JupyterLab writes it until teardown
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyterlab",
-            "--no-browser",
-            "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={port}",
-            "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={token}",
-            f"--ServerApp.root_dir={work}",
-            "--LabApp.expose_app_in_browser=True",
-            *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
-        ],
-        cwd=work,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:  # the server is up when its API answers (or the test fails with its log)
-        try:
-            with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            log.close()
-            pytest.fail(f"JupyterLab did not start:\n{(tmp_path / 'jupyterlab.log').read_text()[-3000:]}")
-        time.sleep(0.2)  # polling interval of a readiness probe, not a race-hiding sleep
-    try:
-        yield {"url": url, "token": token, "dir": work, "tmp": tmp_path}
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-        log.close()
+    with run_lab(tmp_path, ["01-quickstart.ipynb"]) as served:
+        yield served
+
+
+@pytest.fixture
+def readme_lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The quickstart in a JupyterLab of a virtualenv made only as README says: its first
+    command's installs, then JupyterLab (what README tells notebook users to add), no set-up
+    script, no constraints, nothing of this checkout on a path. The widget once crashed there
+    (plotly's FigureWidget needs anywidget, which only the test set-up installed)."""
+    python = make_readme_env(tmp_path / "readme-venv", ["jupyterlab"])
+    with run_lab(tmp_path, ["01-quickstart.ipynb"], python=str(python), checkout=False) as served:
+        yield served
 
 
 # JS helpers evaluated in the page: read what the user sees from the DOM and plotly's graph div
@@ -160,8 +88,11 @@ _PREEMPT_MARKERS = """() => {
 }"""
 
 
-def test_quickstart_widget_in_jupyterlab(lab: dict[str, Any]) -> None:
+def test_quickstart_widget_in_jupyterlab(readme_lab: dict[str, Any]) -> None:
+    """The quickstart as a new user runs it, in the environment README's install makes."""
     from playwright.sync_api import sync_playwright
+
+    lab = readme_lab
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -224,6 +155,13 @@ def _drive(page: Any, lab: dict[str, Any]) -> None:
     assert "on demand for the same" in cost["text"], cost
     final = page.evaluate(_LOSS_POINTS)
     assert final >= first > 0
+
+    # every cell ran, and nothing the user sees is a traceback or dollars typeset as maths
+    wait_all_ran(page, 120)
+    save_notebook(page)
+    problems = output_problems(lab["dir"] / "01-quickstart.ipynb")
+    assert not problems, problems
+    assert page.evaluate(MATHJAX_NODES) == 0, "MathJax typeset part of the notebook (a $…$ pair)"
     assert page.evaluate(_PREEMPT_MARKERS) >= 2
 
     # the widget's progress line is readable: the extension's stylesheet must not reach into

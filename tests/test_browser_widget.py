@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.test_browser import _TRACES, CHROMIUM, CHROMIUM_ARGS, lab  # noqa: F401 - lab: fixture
+from tests.browser_lab import CHROMIUM, CHROMIUM_ARGS
+from tests.test_browser import _TRACES, lab  # noqa: F401 - lab: fixture
 
 pytestmark = [
     pytest.mark.browser,
@@ -176,6 +177,70 @@ def test_widget_shows_its_loss_curve_again_after_the_page_is_reloaded(
                 )
                 page.reload()
                 page.wait_for_function(whole, timeout=60_000, polling=200)
+            except Exception:
+                _report_failure(page, lab, console)
+                raise
+        finally:
+            browser.close()
+
+
+#: the live figure's breakdown bar (axes x3/y3): each category's name, seconds and bar position
+_BREAKDOWN = """() => Array.from(document.querySelectorAll('.spotnb-job-widget .js-plotly-plot')).map(
+  gd => (gd.data || []).filter(t => t.xaxis === 'x3').map(
+    t => ({name: t.name, x: t.x ? Array.from(t.x) : null, y: t.y ? Array.from(t.y) : null})))"""
+
+
+def test_the_live_breakdown_bar_draws_every_category_the_job_spent_time_on(
+    lab: dict[str, Any],  # noqa: F811 - the fixture imported above
+) -> None:
+    """The widget draws the job's breakdown as it grows (several updates, as while a job
+    runs): every category with seconds in it is a bar on the breakdown row. Allocation,
+    preparation and "other" once lost their row (y) and were not drawn at all: plotly marks
+    the traces a batched update leaves alone as "_undefined_", which its ipywidgets
+    serializers turned into undefined but anywidget does not, so plotly's model wrote the
+    string into the data the figure is first drawn from."""
+    from playwright.sync_api import sync_playwright
+
+    _notebook(
+        lab["dir"] / "growing.ipynb",
+        "import threading\n"
+        "from IPython.display import display\n"
+        "from tests.widget_helpers import EventsJob, events_of\n"
+        "from spotnb.widget.view import JobView\n"
+        f"events = events_of(steps={STEPS}, preempt_at=(150,))\n"
+        "job = EventsJob([])\n"
+        "view = JobView(job, interval=0.05, figure_interval=0.05)\n"
+        "display(view.box)\n"
+        "def feed():\n"
+        "    for k in range(0, len(events), 20):\n"
+        "        view.on_events(events[k:k + 20])\n"
+        "        view._closed.wait(0.2)\n"
+        "threading.Thread(target=feed, daemon=True).start()",
+    )
+    want = {"compute", "recompute", "allocation", "preparation"}
+    drawn = f"""() => {{
+      const bars = ({_BREAKDOWN})();
+      if (bars.length !== 1) return false;
+      const spent = bars[0].filter(t => t.x && t.x[0] > 0).map(t => t.name);
+      return {sorted(want)!r}.every(n => spent.includes(n));
+    }}"""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1600})
+            # plotly's module arrives after the first updates, as on a busy machine: the figure
+            # is first drawn from the state those updates left
+            page.add_init_script(_SLOW_MODULES)
+            console: list[str] = []
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            try:
+                _open_and_run(page, lab, "growing.ipynb")
+                page.wait_for_function("() => window.__modelTimeouts > 0", timeout=60_000, polling=100)
+                page.evaluate("() => window.__releaseModules()")
+                page.wait_for_function(drawn, timeout=90_000, polling=200)
+                bars = page.evaluate(_BREAKDOWN)[0]
+                missing = [t["name"] for t in bars if t["x"] and t["x"][0] > 0 and not t["y"]]
+                assert not missing, f"categories with seconds but no bar: {missing} ({bars})"
             except Exception:
                 _report_failure(page, lab, console)
                 raise

@@ -8,5 +8,5 @@ if ! command -v chromium >/dev/null 2>&1 || [ ! -x /usr/bin/chromium ]; then
         sudo apt-get update && sudo apt-get install -y --no-install-recommends chromium fonts-dejavu-core
     fi
 fi
-python -c "import playwright, jupyterlab, nbclient, ipykernel, anywidget" 2>/dev/null \
-    || python -m pip install "playwright>=1.45" "jupyterlab>=4.2" "nbclient>=0.10" "ipykernel>=6.29" "anywidget>=0.9"
+python -c "import playwright, jupyterlab, nbclient, ipykernel" 2>/dev/null \
+    || python -m pip install "playwright>=1.45" "jupyterlab>=4.2" "nbclient>=0.10" "ipykernel>=6.29"

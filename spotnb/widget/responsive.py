@@ -73,11 +73,41 @@ function plotly(model) {
   return loading;
 }
 
+// plotly's Python side marks "not this trace" in a batched update as "_undefined_"; its
+// ipywidgets serializers turned that into undefined, but anywidget applies none, and plotly's
+// model then wrote the string into the figure's data: a trace updated beside others lost the
+// properties they changed (the breakdown's allocation bar its row, then its bar)
+const UNDEFINED = "_undefined_";
+function revive(value) {
+  if (value === UNDEFINED) return undefined;
+  if (Array.isArray(value)) return value.map(revive);
+  if (value && typeof value === "object" && Object.getPrototypeOf(value) === Object.prototype) {
+    const out = {};
+    for (const [k, v] of Object.entries(value)) out[k] = revive(v);
+    return out;
+  }
+  return value;
+}
+function reviving(model) {
+  const get = (key) => {
+    const value = model.get(key);
+    return MESSAGES.includes(key) ? revive(value) : value;
+  };
+  return new Proxy(model, {
+    get(target, prop) {
+      if (prop === "get") return get;
+      const value = Reflect.get(target, prop, target);
+      return typeof value === "function" ? value.bind(target) : value;
+    },
+  });
+}
+
 export default () => {
   let loaded = null;
   return {
     initialize(ctx) {
       const model = ctx.model;
+      ctx = { ...ctx, model: reviving(model) };
       // a plot message is a value set then reset to null by the kernel: keep the values that
       // come before plotly's model code listens
       const early = [];
@@ -107,6 +137,7 @@ export default () => {
     },
     async render(ctx) {
       const base = await loaded;
+      ctx = { ...ctx, model: reviving(ctx.model) };
       const el = ctx.el;
       const cleanup = await base.render(ctx);
       let width = 0, frame = 0;
