@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from spotnb import aio
 from spotnb.errors import JobFailed, JobStopped, SpotnbError
 from spotnb.events import EventReader, EventSink
+from spotnb.html_safe import NO_MATH
 from spotnb.ledger import Breakdown
 from spotnb.protocol import TERMINAL, Event, JobStatus, as_metric
 from spotnb.savings import describe_savings
@@ -353,13 +354,13 @@ class Job:
 
     def _repr_html_(self) -> str:
         b = self.breakdown()
-        sv = describe_savings(b.total_cost, b.on_demand_cost, str(self.status), b.compute)
+        sv = describe_savings(b.total_cost, b.on_demand_cost, str(self.status), b.compute, b.lanes)
         rows = "".join(
             f"<tr><td>{c}</td><td>{getattr(b, c):.1f} s</td></tr>"
             for c in ("compute", "recompute", "save", "alloc", "prep", "other")
         )
         return (
-            f"<div class='spotnb-job'><b>{html.escape(self.name)}</b> "
+            f"<div class='spotnb-job {NO_MATH}'><b>{html.escape(self.name)}</b> "
             f"<code>{html.escape(self.id)}</code> — <b>{html.escape(self.status)}</b><br>"
             f"step {b.step}{'/' + str(b.total_steps) if b.total_steps else ''}, "
             f"{b.preemptions} preemption(s), {html.escape(_spent(b))}: "

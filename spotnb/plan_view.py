@@ -16,6 +16,7 @@ import html
 import json
 from typing import Any
 
+from spotnb.html_safe import NO_MATH
 from spotnb.prices import lookup_price, table_date
 
 __all__ = ["Plan", "summary_rows"]
@@ -172,7 +173,7 @@ class Plan(dict):
         )
         raw = {k: v for k, v in self.items() if k != "bootstrap"}
         return (
-            "<div class='spotnb-plan'>"
+            f"<div class='spotnb-plan {NO_MATH}'>"
             f"<b>spotnb dry run</b>: nothing was sent; {len(self.get('requests', []))} request(s) planned."
             f"<table>{rows}</table>"
             "<details><summary>raw requests (JSON)</summary><pre>"

@@ -25,6 +25,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from spotnb import logs, palette
+from spotnb.html_safe import NO_MATH
 from spotnb.protocol import Event, JobStatus, JobWarning
 from spotnb.state import JobState
 from spotnb.widget.figures import (
@@ -254,7 +255,7 @@ def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> 
         )
     legend = " ".join(f"<span style='color:{c}'>■</span> {label}" for c, label in palette.CATEGORIES.values())
     return (
-        f"<div class='spotnb-job-info' style='font-family:sans-serif;font-size:13px'>{head}"
+        f"<div class='spotnb-job-info {NO_MATH}' style='font-family:sans-serif;font-size:13px'>{head}"
         f"{tb}{feed}<div style='font-size:11px;color:#666;margin-top:4px'>{legend}</div></div>"
     )
 
