@@ -235,9 +235,8 @@ class Controller:
             spot_cost=b.total_cost,
             on_demand_cost=b.on_demand_cost,
             heartbeat=time.time(),
-            burn_rate=((b.spot_price or 0.0) + (b.coordinator_price or 0.0))
-            if self.job.status in ("running", "restoring")
-            else 0.0,
+            # every instance the job holds (and its coordinator), at its price now
+            burn_rate=self.job.hourly_rate() if self.job.status in ("running", "restoring") else 0.0,
         )
 
     def _stop_requested(self) -> bool:

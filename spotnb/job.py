@@ -255,6 +255,12 @@ class Job:
         with self._lock:
             return self.state.breakdown()
 
+    def hourly_rate(self) -> float:
+        """$/h the job is billed now: every instance it holds at its current spot price, plus
+        its coordinator (0 once it ended)."""
+        with self._lock:
+            return self.state.hourly_rate()
+
     def cost(self) -> dict[str, Any]:
         """Spent so far, its on-demand equivalent, the projected total and the savings, said
         as every view says them (`spotnb.savings`): `savings` is None while withheld (before a

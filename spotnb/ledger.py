@@ -67,6 +67,15 @@ class Breakdown:
     #: $ of checkpoints moved between regions (Config.regional_stores: copies, restores read
     #: across and saves written across; `checkpoint_placed` events)
     transfer_cost: float = 0.0
+    #: instances side by side (a job on several instances): above 1 the seconds are
+    #: instance-seconds, and the total is about `lanes` × the wall time
+    lanes: int = 1
+
+    @property
+    def unit(self) -> str:
+        """What the seconds count: "s", or "instance-s" for a job on several instances (so a
+        3-minute job on three instances does not read as 9 minutes of wall time)."""
+        return "s" if self.lanes <= 1 else "instance-s"
 
     @property
     def total_cost(self) -> float:
@@ -84,12 +93,13 @@ class Breakdown:
 
     def table(self) -> str:
         """A plain-text table for terminals and logs."""
-        lines = [f"{'category':<10} {'seconds':>10} {'share':>7}"]
+        lines = [f"{'category':<10} {'seconds' if self.lanes <= 1 else 'instance-s':>10} {'share':>7}"]
         for cat in CATEGORIES:
             val = getattr(self, cat)
             share = val / self.total if self.total else 0.0
             lines.append(f"{cat:<10} {val:>10.2f} {share:>6.1%}")
-        lines.append(f"{'total':<10} {self.total:>10.2f}")
+        wall = "" if self.lanes <= 1 else f"  ({self.lanes} instances side by side)"
+        lines.append(f"{'total':<10} {self.total:>10.2f}{wall}")
         lines.append(
             f"preemptions {self.preemptions}, instances {self.incarnations}, "
             f"steps {self.step}" + (f"/{self.total_steps}" if self.total_steps else "")
@@ -104,7 +114,7 @@ class Breakdown:
         spent = "total" if self.coordinator_price is not None or self.transfer_cost else "spot cost"
         lines.append(
             f"{spent} ${self.total_cost:.4f}  vs on-demand ${self.on_demand_cost:.4f} for the same "
-            f"{self.compute / 60:.1f} min of training"
+            f"{self.compute / 60:.1f} {'min' if self.lanes <= 1 else 'instance-min'} of training"
             + (f"  ({self.savings:.0%} less)" if self.savings >= 0 else f"  ({-self.savings:.0%} more)")
         )
         return "\n".join(lines)
@@ -276,6 +286,7 @@ def compute_breakdown(
         out.save += s
         out.on_demand_cost += c / 3600.0 * inc.on_demand
     out.total = max(0.0, stop - start) * len(lanes) + extra
+    out.lanes = len(lanes)
     out.other += max(0.0, out.total - sum(getattr(out, k) for k in CATEGORIES))
     return out
 

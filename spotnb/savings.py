@@ -53,12 +53,16 @@ def _money(x: float) -> str:
     return f"${x:.2f}" if abs(x) >= 1 else f"${x:.4f}"
 
 
-def describe_savings(spot: float, on_demand: float, status: str, useful_s: float) -> Savings:
+def describe_savings(
+    spot: float, on_demand: float, status: str, useful_s: float, instances: int = 1
+) -> Savings:
     """The savings of a job that has spent `spot` dollars, whose `useful_s` seconds of
-    first-time compute would have cost `on_demand` dollars on demand, in state `status`."""
+    first-time compute would have cost `on_demand` dollars on demand, in state `status`.
+    `instances` side by side: `useful_s` is then instance-seconds, and the baseline says so."""
     spot, on_demand, useful_s = float(spot or 0.0), float(on_demand or 0.0), float(useful_s or 0.0)
     minutes = useful_s / 60.0
-    baseline = f"vs {_money(on_demand)} on demand for the same {minutes:.1f} min of training"
+    what = "min of training" if instances <= 1 else f"instance-min of training on {instances} instances"
+    baseline = f"vs {_money(on_demand)} on demand for the same {minutes:.1f} {what}"
     if status in _NO_FIGURE:
         return Savings(None, f"no savings figure: the job {status}", "none", baseline, spot, on_demand)
     if on_demand <= 0.0 or (status not in _FINAL and useful_s < MIN_USEFUL_S):

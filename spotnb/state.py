@@ -399,7 +399,7 @@ class JobState:
                 inc.progress = e
                 inc.kinds.add(kind)
             self.step = max(self.step, e.step)
-            self._pace.append((e.t, self.step))
+            self._pace.append((e.t, self.front_step()))
             self.total = e.total or self.total
             if e.step_time:
                 self.step_time = e.step_time
@@ -549,6 +549,7 @@ class JobState:
         elif isinstance(e, ev.Evacuating):
             inc.evacuating = t
         elif isinstance(e, ev.Evacuated):
+            self._reach(inc, e.step - 1)  # it saved after step e.step - 1 and left
             if inc.evacuating is not None:
                 moved = "moving" in inc.kinds and inc.notice is None
                 inc.save_spans.append((inc.evacuating, t, "move" if moved else "emergency"))
@@ -561,6 +562,8 @@ class JobState:
             inc.end_how = "evacuated" if e.how == Outcome.EVACUATED else "preempted"
             if e.step is not None:
                 self._reach(inc, e.step - 1)
+            if inc.progress is not None:  # its latest report, when its rows were not its own
+                self._reach(inc, inc.progress.step - 1)
             bits = [
                 f"#{n} {inc.instance_id or e.instance_id} preempted",
                 f"at step ≈{max(inc.reached, 0)}",
@@ -594,6 +597,8 @@ class JobState:
             step = row.get("step") if isinstance(row, dict) else None
             if not isinstance(step, int) or isinstance(step, bool) or not -MAX_STEP < step < MAX_STEP:
                 continue
+            if step > top:  # whichever replica logged it, this instance reached the step
+                top = step
             replica = row.get("replica")
             if replica is not None:  # several instances: replica 0 draws the job's series
                 if replica != 0:
@@ -605,8 +610,6 @@ class JobState:
             rt = _seconds(row.get("t"), e.t)
             if not redo and new_t is None:
                 new_t = rt
-            if step > top:
-                top = step
             for key, value in row.items():
                 if key == "step" or key == "t" or key == "replica":
                     continue
@@ -679,19 +682,78 @@ class JobState:
         b.transfer_cost = self.transfer_cost
         return b
 
+    def live_instances(self) -> list[Incarnation]:
+        """The instances the job holds now (allocated, not ended): what it is billed for."""
+        return [i for i in self.incs.values() if i.allocated is not None and i.end is None]
+
+    def hourly_rate(self, now: float | None = None) -> float:
+        """What the job costs per hour now: each instance it holds at its zone's current spot
+        price, plus its on-demand coordinator; 0 once it ended. Three instances cost three
+        prices (the status bar once showed the last one allocated)."""
+        if self.done:
+            return 0.0
+        now = time.time() if now is None else now
+        rate = 0.0
+        for inc in self.live_instances():
+            price = inc.spot_price or 0.0
+            for t, p in inc._price_steps(self.zone_prices):
+                if t <= now:
+                    price = p
+            rate += price
+        for item in coordinator_overheads(inc.info for inc in self.incs.values()):
+            if item.end is None:
+                rate += item.price
+        return rate
+
+    def front_step(self) -> int:
+        """The step training is at now: the furthest latest report of an instance the job
+        holds (after a preemption, the replacement's, which may be redoing steps), else the
+        furthest step ever reported."""
+        live = [i.progress.step for i in self.live_instances() if i.progress is not None]
+        return max(live) if live else self.step
+
+    def recomputing(self) -> tuple[int, int, int] | None:
+        """(first, current, end) while the job redoes the steps a preemption lost: it resumed
+        from `first`, is at `current`, and steps before `end` were done once already. None
+        while it does new work."""
+        live = [
+            i
+            for i in self.live_instances()
+            if i.progress is not None and i.boundary is not None and i.from_step is not None
+        ]
+        if not live:
+            return None
+        inc = max(live, key=lambda i: i.progress.step if i.progress is not None else -1)
+        current, end = inc.progress.step if inc.progress is not None else 0, (inc.boundary or 0) + 1
+        first = inc.from_step or 0
+        if (
+            current >= end
+            or end <= first
+            or any(i.progress is not None and i.progress.step >= end for i in self.live_instances())
+        ):
+            return None
+        return first, current, end
+
     def pace(self) -> tuple[float | None, float | None]:
         """(steps per second over the last `PACE_WINDOW` seconds of reports, seconds to the end
         at that rate), as tqdm shows them: the job's progress in wall time, so preemptions,
-        restarts and saves slow it down as they do the user's wait. None while unknown."""
-        if len(self._pace) < 2:
+        restarts and saves slow it down as they do the user's wait. Measured from the current
+        step (`front_step`), since the latest restart (a replacement redoing steps moves on
+        from where it resumed: its pace, not a frozen figure). None while unknown."""
+        points = list(self._pace)
+        for k in range(len(points) - 1, 0, -1):
+            if points[k][1] < points[k - 1][1]:  # a restart: the pace starts again there
+                points = points[k:]
+                break
+        if len(points) < 2:
             return None, None
-        t_end, s_end = self._pace[-1]
-        t0, s0 = next(((t, st) for t, st in self._pace if t_end - t <= PACE_WINDOW), self._pace[0])
+        t_end, s_end = points[-1]
+        t0, s0 = next(((t, st) for t, st in points if t_end - t <= PACE_WINDOW), points[0])
         if t_end - t0 <= 0 or s_end <= s0:
             return None, None
         rate = (s_end - s0) / (t_end - t0)
         total = self.total
-        eta = max(0.0, (int(total) - self.step) / rate) if total and not self.done else None
+        eta = max(0.0, (int(total) - s_end) / rate) if total and not self.done else None
         return rate, eta
 
     def cost(self, b: Breakdown | None = None) -> dict[str, Any]:
@@ -706,9 +768,8 @@ class JobState:
             projected = b.total_cost
         elif total and self.step_time and b.spot_price is not None:
             remaining_s = max(0, int(total) - int(b.step)) * self.step_time
-            hourly = b.spot_price + (b.coordinator_price or 0.0)
-            projected = b.total_cost + remaining_s * hourly / 3600.0
-        sv = describe_savings(b.total_cost, b.on_demand_cost, str(self.status), b.compute)
+            projected = b.total_cost + remaining_s * self.hourly_rate() / 3600.0
+        sv = describe_savings(b.total_cost, b.on_demand_cost, str(self.status), b.compute, b.lanes)
         baseline = sv.baseline
         if b.coordinator_price is not None:
             baseline += (
@@ -728,6 +789,8 @@ class JobState:
             "projected": projected,
             "spot_price": b.spot_price,
             "on_demand_price": b.on_demand_price,
+            "hourly": self.hourly_rate(),  # $/h of everything the job holds now
+            "instances_now": len(self.live_instances()),
         }
 
 

@@ -46,13 +46,16 @@ def test_a_log_written_before_the_protocol_reads_as_it_did(old_job) -> None:
     state = JobState.from_events(events)
     assert state.status == ev.JobStatus.SUCCEEDED == expected["status"]
     assert state.n_skipped == 0
-    assert state.breakdown().as_dict() == pytest.approx(expected["breakdown"])
+    got = state.breakdown().as_dict()  # every figure it had, as it was (newer ones may be added)
+    assert {k: got[k] for k in expected["breakdown"]} == pytest.approx(expected["breakdown"])
     assert state.preemptions == 1 and state.checkpointed
     from spotnb.job import Job
 
     job = Job(job_id, store)
     job._ingest(events)
-    assert job.status == "succeeded" and job.breakdown().as_dict() == pytest.approx(expected["breakdown"])
+    got = job.breakdown().as_dict()
+    assert job.status == "succeeded"
+    assert {k: got[k] for k in expected["breakdown"]} == pytest.approx(expected["breakdown"])
     assert {k: [list(p) for p in v[:3]] for k, v in job.metrics.items()} == expected["metrics"]
 
 

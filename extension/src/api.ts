@@ -62,6 +62,8 @@ export interface IBreakdown {
   spot_price: number | null;
   on_demand_price: number | null;
   savings: number;
+  /** instances side by side: above 1 the seconds are instance-seconds, the prices per instance */
+  lanes?: number;
 }
 
 export interface IIncarnation {
@@ -107,6 +109,9 @@ export interface IJobDetail {
     projected: number | null;
     spot_price: number | null;
     on_demand_price: number | null;
+    /** $/h of every instance the job holds now (and its coordinator) */
+    hourly?: number;
+    instances_now?: number;
   };
   metrics?: { [name: string]: ISeries };
   redo?: { [name: string]: Array<ISeries & { incarnation: number }> };

@@ -268,12 +268,19 @@ export class JobView extends Panel {
       `<div class="spotnb-card-sub">${esc(sub)}</div></div>`;
     const total = d.total ?? job.total_steps;
     const step = d.step ?? job.step;
+    // a job on several instances: the prices are each instance's, said so, with what all the
+    // instances it holds cost now
+    const each = (b?.lanes ?? 1) > 1 ? ' per instance' : '';
+    const now =
+      !terminal && (c?.instances_now ?? 0) > 1
+        ? `; now ${rate(c?.hourly ?? 0)} for ${c?.instances_now}`
+        : '';
     head.querySelector('.spotnb-cards')!.innerHTML =
       card(
         'spotnb-cost-spot',
         'Spot cost',
         money(c?.spot ?? job.spot_cost),
-        c?.spot_price ? `at ${rate(c.spot_price)}` : ''
+        c?.spot_price ? `at ${rate(c.spot_price)}${each}${now}` : ''
       ) +
       (c?.coordinator_price
         ? card(
@@ -287,7 +294,7 @@ export class JobView extends Panel {
         'spotnb-cost-ondemand',
         'On-demand equivalent',
         money(c?.on_demand ?? job.on_demand_cost),
-        c?.on_demand_price ? `at ${rate(c.on_demand_price)}` : ''
+        c?.on_demand_price ? `at ${rate(c.on_demand_price)}${each}` : ''
       ) +
       card(
         `spotnb-cost-saved spotnb-tone-${c?.savings_tone ?? job.savings_tone}`,

@@ -171,13 +171,17 @@ def progress_line(state: JobState, width: int = 20) -> str:
     """`[#####.....] 150/300 50% loss 0.0123 | running | 2 preemptions | spot $0.0003 (-70%)`."""
     b = state.breakdown()
     total = b.total_steps or state.total
-    step = max(b.step, state.step)
+    redo = state.recomputing()
+    step = state.front_step() if redo else max(b.step, state.step)
     if total:
         frac = min(1.0, step / total)
         filled = int(frac * width)
         bar = f"[{'#' * filled}{'.' * (width - filled)}] {step}/{total} {frac:4.0%}"
     else:
         bar = f"step {step}"
+    if redo:
+        first, current, end = redo
+        bar += f" recomputing {first}→{end} ({(current - first) / max(1, end - first):.0%})"
     metrics = " ".join(f"{k} {v:.4g}" for k, v in list(state.last_metrics.items())[:3])
     cost = state.cost(b)
     money = f"spot ${cost['spot']:.4f}: {cost['savings_text']}"

@@ -186,8 +186,12 @@ def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> 
     status = state.status
     color = palette.status_color(status)
     total = b.total_steps or state.total
-    step = max(b.step, state.step)
+    redo = state.recomputing()
+    # the step training is at now: after a preemption the replacement redoes steps, and the
+    # line and the bar move with it (tqdm keeps moving), the high-water mark shaded ahead
+    step = state.front_step() if redo else max(b.step, state.step)
     frac = min(1.0, step / total) if total else 0.0
+    high = min(1.0, max(b.step, state.step) / total) if total else 0.0
     last = ", ".join(f"{k} {v:.4g}" for k, v in list(state.last_metrics.items())[:3])
     proj = cost["projected"]
     # a job with an on-demand coordinator (several instances on a cloud) spent more than its
@@ -202,26 +206,45 @@ def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> 
     savings = "" if cost["savings"] is None else f"{cost['savings']:.4f}"
     price = ""
     if cost["spot_price"] is not None:
+        # several instances: the prices are each one's, and what they all cost now comes first
+        each = " per instance" if b.lanes > 1 else ""
+        now = cost["instances_now"]
+        fleet = f"now ${cost['hourly']:.3f}/h for {now} instances · " if now > 1 else ""
         price = (
-            f"<div style='color:#666;font-size:11px'>${cost['spot_price']:.3f}/h spot vs "
-            f"${(cost['on_demand_price'] or 0):.3f}/h on demand</div>"
+            f"<div class='spotnb-price' data-hourly='{cost['hourly']:.6f}' style='color:#666;"
+            f"font-size:11px'>{fleet}${cost['spot_price']:.3f}/h spot vs "
+            f"${(cost['on_demand_price'] or 0):.3f}/h on demand{each}</div>"
         )
     name = _esc(state.name or job_id)
     badge = (
         f"<span class='spotnb-status' data-status='{_esc(status)}' style='background:{color};"
         f"color:white;border-radius:10px;padding:2px 10px;font-weight:600'>{_esc(status)}</span>"
     )
-    progress = (
-        f"<div style='background:#eee;border-radius:4px;height:8px;width:100%;margin:4px 0'>"
-        f"<div style='background:{color};width:{frac * 100:.1f}%;height:8px;border-radius:4px'>"
-        f"</div></div>"
+    ahead = (
+        f"<div style='background:{palette.MARKS['redo']};opacity:0.35;width:{(high - frac) * 100:.1f}%;"
+        f"height:8px'></div>"
+        if redo and high > frac
+        else ""
     )
+    progress = (
+        f"<div style='background:#eee;border-radius:4px;height:8px;width:100%;margin:4px 0;display:flex'>"
+        f"<div style='background:{color};width:{frac * 100:.1f}%;height:8px;border-radius:4px'>"
+        f"</div>{ahead}</div>"
+    )
+    redoing = ""
+    if redo:
+        first, current, end = redo
+        done_frac = (current - first) / max(1, end - first)
+        redoing = (
+            f" · <span class='spotnb-redo' data-first='{first}' data-end='{end}' style='color:"
+            f"{palette.MARKS['redo']}'>recomputing {first}→{end} ({done_frac:.0%})</span>"
+        )
     head = (
         f"<div style='display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start'>"
         f"<div style='min-width:260px;flex:1'>"
         f"<div><b>{name}</b> <code style='color:#666'>{_esc(job_id)}</code> {badge}</div>"
         f"{progress}<div class='spotnb-progress' data-step='{step}' data-total='{total or ''}'>"
-        f"step {step}{'/' + str(total) if total else ''}{' · ' + pace if pace else ''} · "
+        f"step {step}{'/' + str(total) if total else ''}{redoing}{' · ' + pace if pace else ''} · "
         f"{b.preemptions} preemption(s) · {b.incarnations} instance(s)"
         f"{f' · {state.live_replicas} training now' if state.live_replicas is not None else ''}"
         f"{' · ' + _esc(last) if last else ''}</div></div>"
@@ -241,9 +264,12 @@ def render_info_html(state: JobState, job_id: str = "", feed_lines: int = 9) -> 
         if times > 1:
             line = line.replace("</div>", f" <span style='color:#666'>(×{times})</span></div>")
         lines.append(line)
+    # the newest line is in view: a column-reverse box starts scrolled to its end (the feed
+    # once showed its first lines and hid the job's last events below its fold)
     feed = (
         f"<div class='spotnb-feed' style='font-size:12px;margin-top:6px;max-height:190px;"
-        f"overflow:auto;border-left:3px solid #ddd;padding-left:8px'>{''.join(lines)}</div>"
+        f"overflow:auto;border-left:3px solid #ddd;padding-left:8px;display:flex;"
+        f"flex-direction:column-reverse'><div>{''.join(lines)}</div></div>"
     )
     tb = ""
     if state.error is not None:
