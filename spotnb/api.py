@@ -308,7 +308,9 @@ def _placement_rows(provider: Any, config: Config, regions: list[str] | str) -> 
             "cost": z.cost,
             "hours": z.hours,
             "transfer": z.transfer_cost,
-            "text": z.describe(),
+            # before it runs the job's length is unknown: each zone is priced for one hour of
+            # training (placement.NOMINAL_WORK), and says so
+            "text": z.describe(nominal=True),
         }
         for z in ranked
     ]

@@ -53,13 +53,15 @@ METRICS: tuple[str, ...] = (
     "#7f7f7f",
 )
 
-#: marks on the charts: a preemption, a resume, a notice, a committed checkpoint, redone steps
+#: marks on the charts: a preemption, a resume, a notice, a committed checkpoint, redone steps,
+#: a move to another zone
 MARKS: dict[str, str] = {
     "preempt": "#d62728",
     "resume": "#17becf",
     "notice": "#ff7f0e",
     "checkpoint": "#1f77b4",
     "redo": "#ff7f0e",
+    "move": "#6a1b9a",
 }
 
 GOOD = "#2e7d32"  # money saved

@@ -97,8 +97,10 @@ class ZoneEstimate:
     restore_cost: float = 0.0  # $ of the first start's restore (what a move there pays)
     cloud: str = ""  # the zone's cloud, for a placement across clouds
 
-    def describe(self) -> str:
-        """One line for the dry run and the log."""
+    def describe(self, nominal: bool = False) -> str:
+        """One line for the dry run and the log. `nominal`: the work is not the job's own
+        (before it ran, its length is unknown) but one hour of training, and the line says so
+        rather than read as the job's forecast."""
         extra = f", penalty ×{self.penalty:.2f} (recent trouble)" if self.penalty > 1.005 else ""
         t = self.transfer
         moved = ""
@@ -115,9 +117,11 @@ class ZoneEstimate:
                 f" + checkpoint {t.gb:.2f} GB {t.route} at ${t.per_gb:.3f}/GB × {self.copies:.1f} "
                 f"copies = ${self.transfer_cost:.4f} (+{_duration(t.seconds)} per restore)"
             )
+        per = " per hour of training" if nominal else ""
         return (
-            f"${self.spot:.3f}/h × {self.hours:.2f} h expected (MTTP {_duration(self.mttp)}, "
-            f"restart {_duration(self.restart)}{extra}){moved} = ${self.cost:.4f}"
+            f"${self.spot:.3f}/h × {self.hours:.2f} h{' of wall time' if nominal else ' expected'} "
+            f"(MTTP {_duration(self.mttp)}, restart {_duration(self.restart)}{extra}){moved} "
+            f"= ${self.cost:.4f}{per}"
         )
 
 

@@ -72,8 +72,8 @@ def _merged_info(known: dict[str, Any], new: Any) -> dict[str, Any]:
 
 def describe_kill(e: Event | Mapping[str, Any]) -> str:
     """How a `preempted` event ended the instance, in words."""
-    if e.get("how") == "evacuated":
-        return "left cleanly after an emergency save"
+    if e.get("how") == "evacuated":  # whether it saved is the checkpoint's own mark
+        return "left cleanly after the notice"
     phase = e.get("phase")
     what = {"save": "killed while saving a checkpoint", "upload": "killed while uploading a checkpoint"}.get(
         phase or "", "killed"
@@ -93,7 +93,7 @@ class Series:
     curve rather than an aliased one. Width doubles (adjacent buckets merge) when full, so the
     cost per point is O(1) amortised and memory stays O(max_points)."""
 
-    __slots__ = ("width", "max_points", "_ids", "_sx", "_my", "_mt", "_n", "version", "count")
+    __slots__ = ("width", "max_points", "_ids", "_sx", "_my", "_mt", "_n", "version", "count", "integral")
 
     def __init__(self, max_points: int = MAX_POINTS) -> None:
         self.width = 1
@@ -107,10 +107,13 @@ class Series:
         self._n: list[int] = []
         self.version = 0
         self.count = 0  # raw points seen
+        self.integral = True  # every value seen is a whole number (a count: ticks 2, 3, not 2.5)
 
     def add(self, step: int, value: float, t: float = 0.0) -> None:
         if not math.isfinite(value):
             return
+        if self.integral and not float(value).is_integer():
+            self.integral = False
         self.count += 1
         self.version += 1
         b = step // self.width
@@ -513,7 +516,7 @@ class JobState:
                     step,
                     (
                         f"#{n} resumed from step {step}<br>{e.save_kind or '?'} checkpoint "
-                        f"#{e.seq}, restore {e.restore_s or 0.0:.2f} s"
+                        f"(save {e.seq}), restore {e.restore_s or 0.0:.2f} s"
                     ),
                     t,
                 )

@@ -33,7 +33,11 @@ def test_each_zone_is_a_step_line_over_the_timeline_to_the_end_of_the_job() -> N
     assert b["x"][-1] >= b["x"][1]  # drawn on to the end of the job
     assert b["text"][-1] == "b" and "%{fullData.name}" in b["hovertemplate"]
     fig = static_figures_from_state(st)["timeline"]
-    assert fig.layout.yaxis2.visible is True and fig.layout.yaxis2.overlaying == "y"
+    # a band of their own above the lanes (not drawn across them), ticked at the zones' prices
+    assert fig.layout.yaxis2.visible is True and fig.layout.yaxis2.overlaying is None
+    assert fig.layout.yaxis2.domain[0] > fig.layout.yaxis.domain[1]
+    assert list(fig.layout.yaxis2.tickvals) == [0.02, 0.10, 0.30]
+    assert list(fig.layout.yaxis2.ticktext) == ["$0.02", "$0.10", "$0.30"]
     assert [t.yaxis for t in fig.data if t.name in ("a", "b")] == ["y2", "y2"]
 
 
@@ -58,7 +62,9 @@ def test_the_live_widget_draws_the_prices_on_its_own_axis(sent: list[Any], clock
         and {t.xaxis for t in lines} == {"x2"}
     )
     axis = view.figure.layout[f"yaxis{LIVE_PRICE_AXIS[1:]}"]
-    assert axis.visible is True and axis.overlaying == "y2"
+    lanes = view.figure.layout.yaxis2
+    assert axis.visible is True and axis.overlaying is None and axis.domain[0] > lanes.domain[1]
+    assert list(axis.tickvals) == [0.05, 0.1, 0.3]  # the zones' prices, not plotly's round numbers
 
 
 def test_bad_prices_events_are_skipped_not_drawn() -> None:

@@ -635,7 +635,8 @@ export const PALETTE = {
     "resume": "#17becf",
     "notice": "#ff7f0e",
     "checkpoint": "#1f77b4",
-    "redo": "#ff7f0e"
+    "redo": "#ff7f0e",
+    "move": "#6a1b9a"
   },
   "good": "#2e7d32",
   "bad": "#c62828"

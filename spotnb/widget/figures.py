@@ -29,6 +29,13 @@ __all__ = [
     "WAITING",
     "waiting_for_first_step",
     "timeline_traces",
+    "timeline_lanes",
+    "timeline_axis",
+    "live_titles",
+    "integer_ticks",
+    "split_timeline",
+    "price_ticks",
+    "MARK_OFFSETS",
     "price_traces",
     "price_axis",
     "PRICE_KEY",
@@ -286,6 +293,24 @@ def _panel_title(names: list[str]) -> str:
     return f"{', '.join(cut)} +{len(names) - 3} more"
 
 
+#: a panel of whole numbers spanning at most this much is ticked at every integer
+INTEGER_SPAN = 6
+
+
+def integer_ticks(state: JobState) -> list[int | None]:
+    """Per metric panel: 1 where its one metric counts something (whole numbers over a small
+    span: replicas, instances, an epoch), so its ticks read 2, 3 and not 2, 2.5, 3; else None."""
+    out: list[int | None] = []
+    for names in metric_panels(state):
+        series = state.first.get(names[0]) if len(names) == 1 else None
+        if series is None or not len(series) or not series.integral:
+            out.append(None)
+            continue
+        _, ys = series.xy()
+        out.append(1 if max(ys) - min(ys) <= INTEGER_SPAN else None)
+    return out
+
+
 def metric_axes(state: JobState, domain: tuple[float, float], x_axis: str, gap: float) -> dict[str, Any]:
     """Layout of the metric panels stacked in `domain` (paper fraction), `gap` apart: each
     panel's y-axis titled with its metric, its hidden marker axis, and the shared x-axis drawn
@@ -294,6 +319,7 @@ def metric_axes(state: JobState, domain: tuple[float, float], x_axis: str, gap: 
     n = len(panels)
     lo, hi = domain
     h = (hi - lo - gap * (n - 1)) / n
+    steps = integer_ticks(state)
     layout: dict[str, Any] = {}
     for k in range(MAX_PANELS):
         # every panel's axes exist from the first draw (the live figure then only changes
@@ -304,6 +330,8 @@ def metric_axes(state: JobState, domain: tuple[float, float], x_axis: str, gap: 
             "anchor": "x",
             "visible": k < n,
             "title": {"text": _panel_title(panels[k]) if k < n else "", "standoff": 4},
+            "dtick": steps[k] if k < n else None,
+            "tickformat": "d" if k < n and steps[k] else None,
         }
         layout[layout_key(MARK_AXES[k])] = {
             "overlaying": VALUE_AXES[k],
@@ -338,43 +366,92 @@ def _hover_inc(inc: Incarnation, what: str, a: float, b: float) -> str:
     return "<br>".join(lines)
 
 
+#: where a lane's marks sit, as offsets from the lane's centre (the lanes are 1 apart, the bars
+#: 0.6 wide, the axis reversed: negative is above): a notice above the bar, a kill on it, a
+#: checkpoint on its lower edge, so a notice, an emergency save and the kill a moment later
+#: are three marks, not one
+MARK_OFFSETS = {"notice": -0.42, "move": -0.42, "kill": 0.0, "ckpt": 0.3}
+
+
+def _slots(state: JobState) -> dict[int, list[int]]:
+    """Each instance slot (replica) of a job on several instances, with the instances (#n)
+    that filled it in turn; {} for a job on one instance at a time."""
+    slots: dict[int, list[int]] = {}
+    for n in sorted(state.incs):
+        slots.setdefault(state.incs[n].slot, []).append(n)
+    return slots if len(slots) > 1 else {}
+
+
+def timeline_lanes(state: JobState) -> tuple[dict[int, int], list[str]]:
+    """(incarnation → lane index, lane labels top to bottom). One lane per instance, named
+    "#n" (the n-th launched, as the feed and the hovers name it) with its instance type, or
+    its zone once the job moved; a job on several instances has one lane per replica, naming
+    the instances that served it in turn ("replica 1 · #2 #4"), and a last lane with the
+    number of replicas training."""
+    slots = _slots(state)
+    if slots:
+        order = sorted(slots)
+        index = {n: order.index(slot) for slot, ns in slots.items() for n in ns}
+        labels = [f"replica {slot} · " + " ".join(f"#{n}" for n in slots[slot]) for slot in order]
+        return index, [*labels, REPLICA_LANE]
+    moved = len({inc.region for inc in state.incs.values() if inc.region}) > 1
+    index, labels = {}, []
+    for n in sorted(state.incs):
+        inc = state.incs[n]
+        # short: the axis labels set the left margin of every panel (the hover has the rest)
+        what = inc.region if moved else inc.instance_type
+        index[n] = len(labels)
+        labels.append(f"#{inc.n} {_short(what)}" if what else f"#{inc.n}")
+    return index, labels
+
+
+def timeline_axis(state: JobState) -> dict[str, Any]:
+    """The lanes' axis: one tick per lane, named (the lanes are numbers, so marks can sit
+    above and below a bar), top to bottom."""
+    _, labels = timeline_lanes(state)
+    count = max(1, len(labels))
+    return {
+        "tickmode": "array",
+        "tickvals": list(range(len(labels))),
+        "ticktext": labels,
+        "range": [count - 0.45, -0.55],  # reversed: the first lane on top, room for its notice
+        "autorange": False,
+        "showgrid": False,
+        "zeroline": False,
+    }
+
+
 def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
     """One horizontal bar per incarnation (per instance slot on a job with several), split into
     alloc / prep / recompute / compute / save (explicit `base`, seconds since submission), with
-    notice, kill and checkpoint markers."""
+    notice, move, kill and checkpoint markers placed apart around their lane."""
     t0 = state.job_start or 0.0
     now = state.now() if now is None else now
     segs: dict[str, dict[str, list[Any]]] = {
         c: {"y": [], "base": [], "x": [], "text": []}
         for c in ("alloc", "prep", "recompute", "compute", "save")
     }
-
-    # a job on several instances: one lane per instance slot, its incarnations one after another
-    lanes = len({inc.slot for inc in state.incs.values()}) > 1
-
-    # a job that moved between zones (regions="cheapest", local_regions): the lane names the
-    # zone, which is then what differs between instances; else the instance type
-    moved = len({inc.region for inc in state.incs.values() if inc.region}) > 1
-
-    def lane(inc: Incarnation) -> str:
-        # short: the axis labels set the left margin of every panel (the hover has the rest)
-        if lanes:
-            return f"instance {inc.slot}"
-        what = inc.region if moved else inc.instance_type
-        return f"#{inc.n} {_short(what)}" if what else f"#{inc.n}"
+    lane_of, labels = timeline_lanes(state)
+    several = bool(_slots(state))
 
     def seg(cat: str, inc: Incarnation, a: float | None, b: float | None, what: str) -> None:
         if a is None or b is None or b <= a:
             return
         d = segs[cat]
-        d["y"].append(lane(inc))
+        d["y"].append(lane_of[inc.n])
         d["base"].append(a - t0)
         d["x"].append(b - a)
         d["text"].append(_hover_inc(inc, what, a, b))
 
-    notice: dict[str, list[Any]] = {"x": [], "y": [], "text": []}
-    kill: dict[str, list[Any]] = {"x": [], "y": [], "text": []}
-    ckpt: dict[str, list[Any]] = {"x": [], "y": [], "text": []}
+    marks: dict[str, dict[str, list[Any]]] = {
+        k: {"x": [], "y": [], "text": []} for k in ("ckpt", "notice", "move", "kill")
+    }
+
+    def mark(kind: str, t: float, inc: Incarnation, text: str) -> None:
+        marks[kind]["x"].append(t - t0)
+        marks[kind]["y"].append(lane_of[inc.n] + MARK_OFFSETS[kind])
+        marks[kind]["text"].append(text)
+
     for n in sorted(state.incs):
         inc = state.incs[n]
         end = inc.end if inc.end is not None else now
@@ -387,39 +464,39 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
             seg("compute", inc, max(split, inc.ready), end, "compute")
         for a, b, kind in inc.save_spans:
             seg("save", inc, a, max(b, a + 1e-3), f"save ({kind})")
-        label = lane(inc)
         if inc.notice is not None:
             note = inc.notice
-            notice["x"].append(note.t - t0)
-            notice["y"].append(label)
-            notice["text"].append(
-                f"notice from {note.source or '?'}: {note.action or 'terminate'}, "
-                f"{note.time_left or 0.0:.1f} s left"
+            mark(
+                "notice",
+                note.t,
+                inc,
+                f"#{n} notice from {note.source or '?'}: {note.action or 'terminate'}, "
+                f"{note.time_left or 0.0:.1f} s left",
             )
-        if inc.moving is not None:  # asked to leave too, by the controller: same marker
+        if inc.moving is not None:  # asked to leave by the controller, for a cheaper zone
             mv = inc.moving
-            notice["x"].append(mv.t - t0)
-            notice["y"].append(label)
-            notice["text"].append(
-                f"move to {mv.to_region}: expected saving ${mv.saving:.4f} after the move's "
-                f"${mv.move_cost:.4f}"
+            mark(
+                "move",
+                mv.t,
+                inc,
+                f"#{n} moves to {mv.to_region}: expected saving ${mv.saving:.4f} after the "
+                f"move's ${mv.move_cost:.4f}",
             )
         if inc.killed is not None:
             k = inc.killed
-            kill["x"].append(k.t - t0)
-            kill["y"].append(label)
-            kill["text"].append(f"preempted: {describe_kill(k)}<br>lifetime {k.lifetime_s:.1f} s")
+            mark("kill", k.t, inc, f"#{n} preempted: {describe_kill(k)}<br>lifetime {k.lifetime_s:.1f} s")
     cps = state.checkpoints
     stride = max(1, len(cps) // 400)  # thin the markers of very long runs
     for e in cps[::stride] if stride > 1 else cps:
         found = state.incs.get(e.incarnation)
         if found is None:
             continue
-        ckpt["x"].append(e.t - t0)
-        ckpt["y"].append(lane(found))
-        ckpt["text"].append(
-            f"checkpoint #{e.seq} {e.save_kind} at step {e.step}<br>"
-            f"{format_bytes(e.nbytes)}, snapshot {e.snapshot_s:.3f} s, upload {e.upload_s:.3f} s"
+        mark(
+            "ckpt",
+            e.t,
+            found,
+            f"{e.save_kind} checkpoint (save {e.seq}) by #{e.incarnation} at step {e.step}<br>"
+            f"{format_bytes(e.nbytes)}, snapshot {e.snapshot_s:.3f} s, upload {e.upload_s:.3f} s",
         )
     out: list[Trace] = []
     names = {key: label for key, (_color, label) in palette.CATEGORIES.items()}
@@ -445,23 +522,28 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
                 },
             )
         )
-    for key, d, name, symbol, color, size in (
-        ("tl:ckpt", ckpt, "checkpoint", "diamond", palette.MARKS["checkpoint"], 7),
-        ("tl:notice", notice, "notice", "triangle-down", palette.MARKS["notice"], 11),
-        ("tl:kill", kill, "kill", "x", PREEMPT_COLOR, 11),
+    # in the legend when drawn (plotly leaves a trace without points out of it): what the
+    # glyphs mean is said once, where they are
+    for key, name, symbol, color, size in (
+        ("ckpt", "checkpoint", "diamond", palette.MARKS["checkpoint"], 7),
+        ("notice", "preemption notice", "triangle-down", palette.MARKS["notice"], 11),
+        ("move", "move to another zone", "triangle-right", palette.MARKS["move"], 12),
+        ("kill", "instance killed", "x", PREEMPT_COLOR, 11),
     ):
+        d = marks[key]
         out.append(
             (
-                key,
+                f"tl:{key}",
                 {
                     "type": "scatter",
                     "mode": "markers",
                     "name": name,
+                    "legendgroup": f"mark:{key}",
                     "x": d["x"],
                     "y": d["y"],
                     "text": d["text"],
                     "hovertemplate": "%{text}<extra></extra>",
-                    "showlegend": False,
+                    "showlegend": True,
                     "marker": {
                         "symbol": symbol,
                         "color": color,
@@ -471,22 +553,62 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
                 },
             )
         )
-    out.append(("tl:replicas", _replica_lane(state, t0, now) if lanes else _replica_lane(None, t0, now)))
+    replicas = _replica_lane(state if several else None, t0, now, len(labels) - 1)
+    out.append(("tl:replicas", replicas))
     out.extend(price_traces(state, t0, now))
     return out
 
 
+#: the share of the timeline row the lanes keep when the zone prices get a band above them
+LANES_SHARE, PRICE_BAND_FROM = 0.6, 0.7
+
+
+def _money_tick(p: float) -> str:
+    return f"${p:.2f}" if round(p, 2) == p else f"${p:.3f}"
+
+
+#: up to this many distinct zone prices are each a tick of the price band
+PRICE_TICKS = 8
+
+
+def price_ticks(state: JobState) -> tuple[float, ...] | None:
+    """The distinct prices the zones had, to tick the band at (None: none, or too many to
+    tick each: a price walk gets plotly's own ticks)."""
+    prices = sorted({p for points in state.zone_prices.values() for _, p in points})
+    return tuple(prices) if 0 < len(prices) <= PRICE_TICKS else None
+
+
 def price_axis(state: JobState) -> dict[str, Any]:
-    """The $/h axis of the zone prices, on the right of the timeline (hidden without prices)."""
-    return {
-        "side": "right",
-        "showgrid": False,
+    """The $/h axis of the zone prices: a band of its own above the lanes (lines drawn over the
+    lanes crossed them), ticked at the prices the zones had, hidden without prices. The
+    caller places it (`domain`, `anchor`)."""
+    ticks = price_ticks(state)
+    axis: dict[str, Any] = {
+        "showgrid": True,
         "zeroline": False,
-        "rangemode": "tozero",
         "visible": bool(state.zone_prices),
-        "title": {"text": "spot $/h", "standoff": 2},
-        "tickformat": "$.3~f",
+        "title": {"text": "zone $/h", "standoff": 2},
+        "fixedrange": True,
     }
+    if ticks:
+        axis.update(
+            tickmode="array",
+            tickvals=list(ticks),
+            ticktext=[_money_tick(p) for p in ticks],
+            range=[0, max(ticks) * 1.35],  # room above the top line for the zones' names
+            autorange=False,
+        )
+    else:
+        axis.update(tickmode="auto", tickformat="$.3~f", rangemode="tozero", autorange=True)
+    return axis
+
+
+def split_timeline(lo: float, hi: float, prices: bool) -> tuple[list[float], list[float]]:
+    """The lanes' domain and the price band's, in a timeline row spanning [lo, hi]."""
+    if not prices:
+        return _span(lo, hi), _span(lo, hi)
+    h = hi - lo
+    return _span(lo, lo + h * LANES_SHARE), _span(lo + h * PRICE_BAND_FROM, hi)
 
 
 def price_traces(state: JobState, t0: float, now: float) -> list[Trace]:
@@ -512,7 +634,7 @@ def price_traces(state: JobState, t0: float, now: float) -> list[Trace]:
                     "x": xs,
                     "y": ys,
                     "text": [""] * (len(xs) - 1) + [label] if xs else [],
-                    "textposition": "top left",
+                    "textposition": "top left",  # above its line's end, inside the plot
                     "textfont": {"size": 10, "color": "#616161"},
                     "line": {"shape": "hv", "width": 1.5, "color": "#757575", "dash": _PRICE_DASH[i % 6]},
                     # the zone's name is data, never template: %{fullData.name}, not an f-string
@@ -531,9 +653,10 @@ def price_traces(state: JobState, t0: float, now: float) -> list[Trace]:
 REPLICA_LANE = "replicas training"
 
 
-def _replica_lane(state: JobState | None, t0: float, now: float) -> dict[str, Any]:
+def _replica_lane(state: JobState | None, t0: float, now: float, lane: int = 0) -> dict[str, Any]:
     """The number of replicas in the quorum over time, as a labelled step line in its own lane
-    above the instances' (empty for a one-instance job, so the widget's traces stay the same)."""
+    (`lane`, below the replicas') (empty for a one-instance job, so the widget's traces stay the
+    same)."""
     xs: list[Any] = []
     texts: list[str] = []
     if state is not None:
@@ -548,7 +671,7 @@ def _replica_lane(state: JobState | None, t0: float, now: float) -> dict[str, An
         "mode": "lines+markers+text",
         "name": REPLICA_LANE,
         "x": xs,
-        "y": [REPLICA_LANE] * len(xs),
+        "y": [lane] * len(xs),
         "text": texts,
         "textposition": "top center",
         "line": {"color": palette.MARKS["checkpoint"], "width": 1, "shape": "hv"},
@@ -578,11 +701,11 @@ def breakdown_traces(b: Breakdown) -> list[Trace]:
                     "y": [0],
                     "x": [val],
                     "base": [base],
-                    "hovertemplate": f"{label}: %{{x:.1f}} s ({share:.0%})<extra></extra>",
+                    "hovertemplate": f"{label}: %{{x:.1f}} {b.unit} ({share:.0%})<extra></extra>",
                     "marker": {"color": CATEGORY_COLORS[cat]},
                     # labelled on the bar where there is room: the layout's `uniformtext` hides
                     # a label that would have to shrink or turn to fit, rather than print it tiny
-                    "text": [f"{label} {val:.0f} s ({share:.0%})" if share >= 0.08 else ""],
+                    "text": [f"{label} {val:.0f} {b.unit} ({share:.0%})" if share >= 0.08 else ""],
                     "textposition": "inside",
                     "textangle": 0,
                     "insidetextanchor": "middle",
@@ -609,13 +732,32 @@ LIVE_TITLES = {
 }
 
 
+def live_titles(state: JobState) -> dict[str, str]:
+    """The live figure's row titles: a job on several instances says its lanes are replicas
+    and its seconds instance-seconds (a 3-minute job on three instances spends 9)."""
+    slots = len(_slots(state))
+    if slots < 2:
+        return dict(LIVE_TITLES)
+    return {
+        **LIVE_TITLES,
+        "timeline": "replicas and the instances #n that served them (seconds since submission)",
+        "breakdown": f"where the time went (instance-seconds, {slots} instances side by side)",
+    }
+
+
 def live_layout(state: JobState, x_axis: str = "step") -> dict[str, Any]:
     """The live widget's one figure: the metric panels on top, then the instance timeline
     (axes x2/y2), then the breakdown bar (x3/y3). Rows are sized in pixels, so a new metric
     panel makes the figure taller instead of squeezing the others."""
     n = len(metric_panels(state))
     metrics_px = _ONE_PANEL_PX if n == 1 else (_PANEL_PX if n == 2 else 130) * n + _PANEL_GAP_PX * (n - 1)
-    rows_px = [metrics_px, _TIMELINE_PX, _BREAKDOWN_PX]
+    prices = bool(state.zone_prices)
+    lanes = len(timeline_lanes(state)[1])
+    # the lanes keep ~30 px each; the zone prices get a band above them
+    timeline_px = max(_TIMELINE_PX, 30 * lanes + 30)
+    if prices:
+        timeline_px = int(timeline_px / LANES_SHARE)
+    rows_px = [metrics_px, timeline_px, _BREAKDOWN_PX]
     plot_px = sum(rows_px) + 2 * _ROW_GAP_PX
     height = plot_px + _MARGIN["t"] + _MARGIN["b"]
     domains: list[tuple[float, float]] = []
@@ -623,6 +765,7 @@ def live_layout(state: JobState, x_axis: str = "step") -> dict[str, Any]:
     for px in rows_px:
         domains.append((top - px / plot_px, top))
         top -= (px + _ROW_GAP_PX) / plot_px
+    lanes_domain, band_domain = split_timeline(*domains[1], prices)
     layout: dict[str, Any] = {
         "template": "plotly_white",
         "height": height,
@@ -633,8 +776,8 @@ def live_layout(state: JobState, x_axis: str = "step") -> dict[str, Any]:
         "uirevision": "spotnb",
         **metric_axes(state, domains[0], x_axis, gap=_PANEL_GAP_PX / plot_px),
         "xaxis2": {"anchor": "y2", "domain": [0, 1]},
-        "yaxis2": {"anchor": "x2", "domain": _span(*domains[1]), "autorange": "reversed"},
-        layout_key(LIVE_PRICE_AXIS): {**price_axis(state), "overlaying": "y2", "anchor": "x2"},
+        "yaxis2": {"anchor": "x2", "domain": lanes_domain, **timeline_axis(state)},
+        layout_key(LIVE_PRICE_AXIS): {**price_axis(state), "domain": band_domain, "anchor": "x2"},
         "xaxis3": {"anchor": "y3", "domain": [0, 1]},
         "yaxis3": {
             "anchor": "x3",
@@ -645,10 +788,11 @@ def live_layout(state: JobState, x_axis: str = "step") -> dict[str, Any]:
         },
     }
     layout["xaxis"]["title"] = {"text": ""}  # the row title names the x-axis
+    titles = live_titles(state)
     layout["annotations"] = [
         {
             "name": f"title:{row}",
-            "text": text.format(x=X_AXES[x_axis] if x_axis != "step" else "step"),
+            "text": titles[row].format(x=X_AXES[x_axis] if x_axis != "step" else "step"),
             "xref": "paper",
             "yref": "paper",
             "x": 0.5,
@@ -658,7 +802,7 @@ def live_layout(state: JobState, x_axis: str = "step") -> dict[str, Any]:
             "showarrow": False,
             "font": {"size": 16},
         }
-        for i, (row, text) in enumerate(LIVE_TITLES.items())
+        for i, row in enumerate(LIVE_TITLES)
     ]
     if waiting_for_first_step(state):  # say so, instead of an empty panel with ticks at 0.2/0.4
         layout["yaxis"]["showticklabels"] = False
@@ -720,17 +864,27 @@ def _layout(panel: str, state: JobState) -> dict[str, Any]:
             ]
         return layout
     if panel == "timeline":
+        prices = bool(state.zone_prices)
+        lanes_domain, band_domain = split_timeline(0.0, 1.0, prices)
+        lanes = len(timeline_lanes(state)[1])
+        several = len(_slots(state)) > 1
         return {
             **common,
-            "title": {**title, "text": "instances"},
-            "height": 185 + 40 * max(1, len(state.incs)),
+            "title": {**title, "text": "replicas and their instances #n" if several else "instances"},
+            "height": 185 + 40 * max(1, lanes) + (120 if prices else 0),
             "xaxis": {"title": {"text": "seconds since submission"}},
-            "yaxis": {"autorange": "reversed"},
-            layout_key(PRICE_AXIS): {**price_axis(state), "overlaying": "y"},
+            "yaxis": {"domain": lanes_domain, **timeline_axis(state)},
+            layout_key(PRICE_AXIS): {**price_axis(state), "domain": band_domain, "anchor": "x"},
         }
+    slots = len(_slots(state))
     return {
         **common,
-        "title": {**title, "text": "where the time went (s)"},
+        "title": {
+            **title,
+            "text": f"where the time went (instance-seconds, {slots} instances side by side)"
+            if slots > 1
+            else "where the time went (s)",
+        },
         "height": 265,
         "xaxis": {"title": {"text": "seconds"}},
         "yaxis": {"showticklabels": False, "range": [-0.5, 0.5]},

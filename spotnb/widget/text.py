@@ -65,7 +65,7 @@ def event_text(e: Event | Mapping[str, Any]) -> str:
         how = f"group restarted (round {rnd})" if rnd > 1 else "relaunched"
         return (
             f"{who}{how}: resumed from step {e.get('from_step')} ({e.get('save_kind')} "
-            f"checkpoint #{e.get('seq')}, restore {num('restore_s'):.2f} s)"
+            f"checkpoint, save {e.get('seq')}, restore {num('restore_s'):.2f} s)"
         )
     if kind == "notice":
         return f"{who}⚠ PREEMPTION NOTICE ({e.get('source')}): {num('time_left'):.1f} s left"

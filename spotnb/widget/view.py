@@ -32,9 +32,12 @@ from spotnb.widget.figures import (
     LIVE_PRICE_AXIS,
     PRICE_KEY,
     breakdown_traces,
+    integer_ticks,
     live_layout,
     metric_panels,
     metric_traces,
+    price_ticks,
+    timeline_lanes,
     timeline_traces,
     waiting_for_first_step,
 )
@@ -363,7 +366,7 @@ class JobView:
             icon="stop",
             button_style="danger",
             tooltip="Terminate the instance; the job ends as stopped",
-            layout=widgets.Layout(width="90px"),
+            layout=widgets.Layout(width="auto", min_width="90px"),
         )
         self.stop_button._spotnb_budget = self.budget
         self.stop_button.on_click(self._on_stop)
@@ -417,9 +420,12 @@ class JobView:
         """What the figure's layout depends on: a change re-sends it (one message)."""
         return (
             tuple(map(tuple, metric_panels(state))),
+            tuple(integer_ticks(state)),
             self.x_axis,
             waiting_for_first_step(state),
-            bool(state.zone_prices),  # the timeline's $/h axis appears
+            tuple(timeline_lanes(state)[1]),  # a lane appears or is renamed
+            # the timeline's $/h band appears, ticked at the zones' prices
+            price_ticks(state),
         )
 
     def _on_stop(self, _button: Any) -> None:
@@ -549,10 +555,12 @@ class JobView:
             elif force:
                 return self.flush(force=True)
         if done and not pending_figure and self._last_html == html_value:
-            with self.stop_button.hold_sync():  # one message, not three
+            with self.stop_button.hold_sync():  # one message, not four
+                ok = st.status == JobStatus.SUCCEEDED
                 self.stop_button.disabled = True
-                self.stop_button.description = "done" if st.status == JobStatus.SUCCEEDED else str(st.status)
-                self.stop_button.button_style = "success" if st.status == JobStatus.SUCCEEDED else ""
+                self.stop_button.icon = "check" if ok else ""
+                self.stop_button.description = "done" if ok else str(st.status)
+                self.stop_button.button_style = "success" if ok else ""
             return True
         if pending_figure or self._last_html != html_value:
             self._wake.set()  # come back after the pause: there is more to send

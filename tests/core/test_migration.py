@@ -66,7 +66,7 @@ def test_a_running_job_moves_to_the_zone_that_became_cheaper_finishes_exactly_an
     line = event_line(moving)
     assert line is not None and "zone-a to zone-b" in line and f"{moving['saving']:.4f}" in line
     traces = dict(timeline_traces(job.state))
-    assert any(text.startswith("move to zone-b") for text in traces["tl:notice"]["text"])
+    assert any("moves to zone-b" in text for text in traces["tl:move"]["text"])
     # and the prices the controller saw, over time: zone-b from $0.30/h down to $0.02/h
     b = [price for _, price in job.state.zone_prices["zone-b"]]
     assert b[0] == pytest.approx(0.30) and b[-1] == pytest.approx(0.02)

@@ -109,7 +109,7 @@ def test_replicas_move_one_at_a_time_without_a_pause_and_the_job_pays_less() -> 
     line = event_line(first)
     assert line is not None and "zone-a to zone-b" in line and f"slot {first['slot']}" in line
     traces = dict(timeline_traces(job.state))
-    marks = [text for text in traces["tl:notice"]["text"] if text.startswith("move to zone-b")]
+    marks = [text for text in traces["tl:move"]["text"] if "moves to zone-b" in text]
     assert len(marks) == 2
 
 
