@@ -192,9 +192,9 @@ def test_zones_tutorial_shows_prices_moves_and_a_readable_dry_run(tmp_path: Path
             assert {"$0.02", "$0.20", "$0.30"} <= set(fig["ticks"]), fig["ticks"]
             assert band["domain"][0] > fig["layout"]["yaxis2"]["domain"][1]
             # the move has its own mark, and the legend says what it is
-            move = next(t for t in fig["traces"] if t["name"] == "move to another zone")
+            move = next(t for t in fig["traces"] if t["name"] == "moved zone")
             assert len(move["x"]) == 1
-            assert "move to another zone" in fig["legend"], fig["legend"]
+            assert "moved zone" in fig["legend"], fig["legend"]
             # the lanes name the zones, and no zone label runs off the figure
             lanes = fig["layout"]["yaxis2"]["ticktext"]
             assert lanes == ["#1 zone-a", "#2 zone-b"], lanes

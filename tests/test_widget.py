@@ -88,7 +88,7 @@ def test_static_figures_have_the_three_panels() -> None:
     names = {t.name for t in figs["metrics"].data}
     assert {"loss", "loss (recomputed)", "recomputed steps", "preempted", "resumed"} <= names
     tl = {t.name: t for t in figs["timeline"].data}
-    assert len(tl["compute"].y) == 2 and len(tl["recompute"].y) == 1 and len(tl["instance killed"].x) == 1
+    assert len(tl["compute"].y) == 2 and len(tl["recompute"].y) == 1 and len(tl["killed"].x) == 1
     bd = {t.name: t.x[0] for t in figs["breakdown"].data}
     assert bd["recompute"] > 0 and bd["compute"] > bd["recompute"]
     figs["timeline"].to_json()  # serialisable for export

@@ -101,7 +101,7 @@ def test_widget_and_text_follow_a_preempted_job_then_replay_it(
     assert len(_trace(view, "resumed").x) >= 3
     bars = {y for name in ("allocation", "preparation", "compute") for y in _trace(view, name).y}
     assert len(bars) == 4  # one bar per instance
-    assert len(_trace(view, "instance killed").x) == 3
+    assert len(_trace(view, "killed").x) == 3
     assert job.breakdown().as_dict() == pytest.approx(view.state.breakdown().as_dict())
     text = out.getvalue()
     assert text.count("PREEMPTED") == 3 and "succeeded" in text.splitlines()[-1]

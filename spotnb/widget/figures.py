@@ -526,9 +526,9 @@ def timeline_traces(state: JobState, now: float | None = None) -> list[Trace]:
     # glyphs mean is said once, where they are
     for key, name, symbol, color, size in (
         ("ckpt", "checkpoint", "diamond", palette.MARKS["checkpoint"], 7),
-        ("notice", "preemption notice", "triangle-down", palette.MARKS["notice"], 11),
-        ("move", "move to another zone", "triangle-right", palette.MARKS["move"], 12),
-        ("kill", "instance killed", "x", PREEMPT_COLOR, 11),
+        ("notice", "notice", "triangle-down", palette.MARKS["notice"], 11),
+        ("move", "moved zone", "triangle-right", palette.MARKS["move"], 12),
+        ("kill", "killed", "x", PREEMPT_COLOR, 11),
     ):
         d = marks[key]
         out.append(
@@ -722,7 +722,7 @@ def breakdown_traces(b: Breakdown) -> list[Trace]:
 #: timeline, breakdown; the gaps between rows hold the rows' titles
 _ONE_PANEL_PX, _PANEL_PX, _PANEL_GAP_PX = 260, 150, 22
 _TIMELINE_PX, _BREAKDOWN_PX, _ROW_GAP_PX = 150, 90, 62
-_MARGIN = {"l": 70, "r": 20, "t": 70, "b": 30}
+_MARGIN = {"l": 70, "r": 20, "t": 92, "b": 30}
 WAITING = "spotnb-waiting"
 #: the live figure's row titles (annotations named so they can be found and updated)
 LIVE_TITLES = {
@@ -798,7 +798,7 @@ def live_layout(state: JobState, x_axis: str = "step") -> dict[str, Any]:
             "x": 0.5,
             "y": domains[i][1],
             "yanchor": "bottom",
-            "yshift": 4 if i else 22,  # the first row's legend sits between it and its title
+            "yshift": 4 if i else 44,  # the legend (two rows when narrow) sits between it and its title
             "showarrow": False,
             "font": {"size": 16},
         }
