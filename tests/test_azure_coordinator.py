@@ -1,14 +1,23 @@
 """The coordinator of a job on several instances on Azure.
 
 Azure's compute and network control planes cannot run here (no emulator exists), so they are
-the one thing mocked, as in tests/test_azure.py: a stateful stand-in for
-`ComputeManagementClient.virtual_machines` (VMs that exist, their instance views, deletions)
-and one for `ResourceManagementClient.resources` (the generic PUT/GET/DELETE by resource id the
-provider uses for the NIC, public IP and security groups, assigning a private IP as Azure does).
-What is asserted is what spotnb sends (azure-mgmt-compute's own models and REST bodies), how it
-reacts to a coordinator that died, and what it deletes. The real fleet controller runs against
-those stand-ins in `test_a_coordinator_that_never_stays_up_fails_the_job_and_leaves_nothing`.
-No packet crosses a network security group here, and no VM boots.
+the one thing mocked:
+
+- the network (NIC, public IP, security groups) goes through the REAL
+  `azure.mgmt.resource.ResourceManagementClient` (the installed azure-mgmt-resource), whose
+  pipeline transport is `tests.azure_transport.ArmTransport`: the SDK's own signatures (a
+  keyword-only `api_version` given positionally is a TypeError, as in production), request
+  serialisation (`?api-version=`, JSON bodies), error mapping and pollers all run; only Azure
+  Resource Manager behind the wire is `GenericResources` (resources by id, a dynamic private IP
+  assigned as Azure does);
+- `ComputeManagementClient.virtual_machines` is still a stateful stand-in (`FakeVMs`: VMs that
+  exist, their instance views, deletions), as in tests/test_azure.py.
+
+What is asserted is what spotnb sends (azure-mgmt-compute's own models, the REST bodies and
+URLs of the network), how it reacts to a coordinator that died, and what it deletes. The real
+fleet controller runs against those in
+`test_a_coordinator_that_never_stays_up_fails_the_job_and_leaves_nothing`. No packet crosses a
+network security group here, and no VM boots.
 """
 
 from __future__ import annotations
@@ -29,11 +38,17 @@ from spotnb.ledger import Span, compute_breakdown, coordinator_overheads
 from spotnb.protocol import JobStatus, Progress
 from spotnb.providers import azure as azure_module
 from spotnb.providers.azure import AzureProvider
-from spotnb.providers.azure_coordinator import COORDINATOR_PRICES, coordinator_nic_body, job_network_ids
+from spotnb.providers.azure_coordinator import (
+    COORDINATOR_PRICES,
+    NETWORK_API_VERSION,
+    coordinator_nic_body,
+    job_network_ids,
+)
 from spotnb.providers.base import Feature, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, gc
 from spotnb.providers.coordinator import COORDINATOR_ROLE, MAX_COORDINATOR_LAUNCHES, ROLE_TAG
 from spotnb.signing import KEY_ENV, new_key, save_key
+from tests.azure_transport import GenericResources, resource_client
 
 CANARIES = {
     "AZURE_CLIENT_SECRET": "spotnb-canary-azure-client-secret-4d3c",
@@ -154,59 +169,52 @@ class FakeVMs:
         return [vm for vm in self.vms.values() if vm.tags.get(ROLE_TAG) == COORDINATOR_ROLE]
 
 
-class FakeResources:
-    """Generic resources by id: PUT stores the body (a NIC with a dynamic IP gets one, as
-    Azure assigns it), DELETE removes; `log` records both, in order."""
-
-    def __init__(self) -> None:
-        self.store: dict[str, dict[str, Any]] = {}
-        self.log: list[tuple[str, str]] = []
-        self.puts: list[tuple[str, dict[str, Any]]] = []
-
-    def begin_create_or_update_by_id(self, resource_id: str, api_version: str, parameters: Any) -> _Done:
-        body = parameters.as_dict()
-        self.log.append(("put", resource_id))
-        self.puts.append((resource_id, body))
-        for config in body.get("properties", {}).get("ipConfigurations", []):
-            config["properties"].setdefault("privateIPAddress", "10.0.0.7")
-        self.store[resource_id] = body
-        return _Done(SimpleNamespace(**body))
-
-    def get_by_id(self, resource_id: str, api_version: str) -> Any:
-        if resource_id not in self.store:
-            raise ResourceNotFoundError("not found")
-        return SimpleNamespace(**self.store[resource_id])
-
-    def begin_delete_by_id(self, resource_id: str, api_version: str) -> _Done:
-        self.log.append(("delete", resource_id))
-        if self.store.pop(resource_id, None) is None:
-            raise ResourceNotFoundError("not found")
-        return _Done()
-
-
 @pytest.fixture
-def fakes() -> tuple[FakeVMs, FakeResources]:
-    return FakeVMs(), FakeResources()
+def fakes() -> tuple[FakeVMs, GenericResources]:
+    return FakeVMs(), GenericResources()
 
 
-def _provider(fakes: tuple[FakeVMs, FakeResources], **kw: Any) -> AzureProvider:
+def _provider(fakes: tuple[FakeVMs, GenericResources], **kw: Any) -> AzureProvider:
     vms, res = fakes
     p = AzureProvider(
         _config(**kw),
         compute=SimpleNamespace(virtual_machines=vms),
-        resources=SimpleNamespace(resources=res),
+        resources=resource_client(res, SUB),
     )
     p.validate()
     p.describe_interval = 0.0  # describe at every call
     return p
 
 
-def test_azure_supports_several_instances(fakes: tuple[FakeVMs, FakeResources]) -> None:
+def test_the_network_goes_through_the_real_resource_sdk_with_api_version_as_a_keyword(
+    fakes: tuple[FakeVMs, GenericResources],
+) -> None:
+    """azure-mgmt-resource >= 26 makes `api_version` of `get_by_id`, `begin_create_or_update_by_id`
+    and `begin_delete_by_id` keyword-only: given positionally it is a TypeError before any
+    request. Through the real ResourceManagementClient (only Azure Resource Manager behind the
+    transport is mocked) the job's network is looked up, created and deleted, each request
+    naming the network API version in its URL."""
+    vms, res = fakes
+    p = _provider(fakes)
+    assert p.coordinator(JOB, 2) == "http://10.0.0.7:29510"
+    p.close()
+    sent = p.resources.transport.requests
+    assert {r.method for r in sent} == {"GET", "PUT", "DELETE"}
+    for r in sent:
+        assert r.url.startswith(f"https://management.azure.com{r.path}?")
+        assert f"api-version={NETWORK_API_VERSION}" in r.url and r.api_version == NETWORK_API_VERSION
+        assert r.path in NET.values()
+    nic_put = next(r for r in sent if r.method == "PUT" and r.path == NET["nic"])
+    assert nic_put.body["location"] == "eastus" and nic_put.body["tags"][JOB_TAG] == JOB
+    assert res.store == {}
+
+
+def test_azure_supports_several_instances(fakes: tuple[FakeVMs, GenericResources]) -> None:
     assert _provider(fakes).supports(Feature.ELASTIC)
 
 
 def test_coordinator_is_regular_priority_on_a_static_address_in_the_job_groups(
-    fakes: tuple[FakeVMs, FakeResources],
+    fakes: tuple[FakeVMs, GenericResources],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The canary secrets of the environment and the job's HMAC key never reach the boot script."""
@@ -246,7 +254,7 @@ def test_coordinator_is_regular_priority_on_a_static_address_in_the_job_groups(
     assert all(res.store[k]["tags"][JOB_TAG] == JOB for k in res.store)
 
 
-def test_security_group_opens_tcp_to_the_members_only(fakes: tuple[FakeVMs, FakeResources]) -> None:
+def test_security_group_opens_tcp_to_the_members_only(fakes: tuple[FakeVMs, GenericResources]) -> None:
     vms, res = fakes
     p = _provider(fakes)
     p.coordinator(JOB, 2)
@@ -276,7 +284,7 @@ def test_security_group_opens_tcp_to_the_members_only(fakes: tuple[FakeVMs, Fake
     assert instance.info["coordinator"]["price"] == pytest.approx(COORDINATOR_PRICES["Standard_B1ms"])
 
 
-def test_a_second_controller_finds_the_same_coordinator(fakes: tuple[FakeVMs, FakeResources]) -> None:
+def test_a_second_controller_finds_the_same_coordinator(fakes: tuple[FakeVMs, GenericResources]) -> None:
     vms, res = fakes
     first = _provider(fakes).coordinator(JOB, 2)
     puts = len(res.puts)
@@ -286,7 +294,7 @@ def test_a_second_controller_finds_the_same_coordinator(fakes: tuple[FakeVMs, Fa
 
 @pytest.mark.parametrize("death", ["deleted", "powered_off"])
 def test_a_dead_coordinator_is_replaced_on_the_same_nic(
-    fakes: tuple[FakeVMs, FakeResources], death: str
+    fakes: tuple[FakeVMs, GenericResources], death: str
 ) -> None:
     vms, _ = fakes
     p = _provider(fakes)
@@ -303,7 +311,7 @@ def test_a_dead_coordinator_is_replaced_on_the_same_nic(
     assert (("delete", dead.name) in vms.calls) == (death == "powered_off")
 
 
-def test_a_nic_still_held_by_the_dead_vm_is_tried_again(fakes: tuple[FakeVMs, FakeResources]) -> None:
+def test_a_nic_still_held_by_the_dead_vm_is_tried_again(fakes: tuple[FakeVMs, GenericResources]) -> None:
     vms, _ = fakes
     p = _provider(fakes)
     address = p.coordinator(JOB, 2)
@@ -313,7 +321,7 @@ def test_a_nic_still_held_by_the_dead_vm_is_tried_again(fakes: tuple[FakeVMs, Fa
     assert p.coordinator(JOB, 2) == address and len(vms.coordinators()) == 1
 
 
-def test_close_deletes_the_coordinator_then_its_network(fakes: tuple[FakeVMs, FakeResources]) -> None:
+def test_close_deletes_the_coordinator_then_its_network(fakes: tuple[FakeVMs, GenericResources]) -> None:
     vms, res = fakes
     p = _provider(fakes)
     p.coordinator(JOB, 2)
@@ -327,7 +335,7 @@ def test_close_deletes_the_coordinator_then_its_network(fakes: tuple[FakeVMs, Fa
 
 
 def test_gc_reaps_the_coordinator_and_network_of_an_ended_job(
-    fakes: tuple[FakeVMs, FakeResources], monkeypatch: pytest.MonkeyPatch
+    fakes: tuple[FakeVMs, GenericResources], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A controller died without `close`: `spotnb gc` deletes the coordinator and the network."""
     from spotnb.jobdb import JobDB
@@ -344,7 +352,7 @@ def test_gc_reaps_the_coordinator_and_network_of_an_ended_job(
             super().__init__(
                 config,
                 compute=SimpleNamespace(virtual_machines=vms),
-                resources=SimpleNamespace(resources=res),
+                resources=resource_client(res, SUB),
             )
 
     monkeypatch.setattr("spotnb.providers.get_provider_class", lambda name: Wired)
@@ -352,7 +360,7 @@ def test_gc_reaps_the_coordinator_and_network_of_an_ended_job(
     assert vms.vms == {} and res.store == {}
 
 
-def test_a_coordinator_that_never_stays_up_ends_the_job(fakes: tuple[FakeVMs, FakeResources]) -> None:
+def test_a_coordinator_that_never_stays_up_ends_the_job(fakes: tuple[FakeVMs, GenericResources]) -> None:
     vms, _ = fakes
     vms.coordinators_die = True
     p = _provider(fakes)
@@ -368,7 +376,7 @@ def _fit(ctx: Any) -> int:
 
 
 def test_a_coordinator_that_never_stays_up_fails_the_job_and_leaves_nothing(
-    fakes: tuple[FakeVMs, FakeResources], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    fakes: tuple[FakeVMs, GenericResources], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The real fleet controller and a file store (the boot check of a remote store is lifted:
     no VM reads it here): every coordinator powers off at once; the job fails with the reason,
@@ -383,7 +391,7 @@ def test_a_coordinator_that_never_stays_up_fails_the_job_and_leaves_nothing(
             super().__init__(
                 config,
                 compute=SimpleNamespace(virtual_machines=vms),
-                resources=SimpleNamespace(resources=res),
+                resources=resource_client(res, SUB),
             )
 
     monkeypatch.setattr("spotnb.api.get_provider_class", lambda name: Wired)
@@ -399,7 +407,7 @@ def test_a_coordinator_that_never_stays_up_fails_the_job_and_leaves_nothing(
     assert res.store == {}
 
 
-def test_several_instances_need_one_location(fakes: tuple[FakeVMs, FakeResources]) -> None:
+def test_several_instances_need_one_location(fakes: tuple[FakeVMs, GenericResources]) -> None:
     with pytest.raises(ConfigError, match="share its location"):
         AzureProvider(_config(region=None, regions=["eastus", "westus2"])).validate()
     with pytest.raises(ConfigError, match="instead of 'cheapest'"):
@@ -421,7 +429,7 @@ def test_dry_run_lists_the_coordinator_and_its_price() -> None:
     assert "3 spot instances" in text
 
 
-def test_ledger_bills_the_coordinator_on_its_own_line(fakes: tuple[FakeVMs, FakeResources]) -> None:
+def test_ledger_bills_the_coordinator_on_its_own_line(fakes: tuple[FakeVMs, GenericResources]) -> None:
     p = _provider(fakes)
     p.coordinator(JOB, 2)
     instance = p.launch(_spec())
@@ -447,7 +455,7 @@ def test_ledger_bills_the_coordinator_on_its_own_line(fakes: tuple[FakeVMs, Fake
 
 
 def test_a_list_that_lags_behind_never_starts_a_second_coordinator(
-    fakes: tuple[FakeVMs, FakeResources],
+    fakes: tuple[FakeVMs, GenericResources],
 ) -> None:
     """Azure's list is eventually consistent: a VM created a moment ago may be missing from it.
     The provider asks the VM it started directly before starting another one on demand."""
@@ -461,17 +469,10 @@ def test_a_list_that_lags_behind_never_starts_a_second_coordinator(
     assert len(vms.coordinators()) == 1
 
 
-def test_a_coordinator_that_fails_half_way_leaves_no_network(fakes: tuple[FakeVMs, FakeResources]) -> None:
+def test_a_coordinator_that_fails_half_way_leaves_no_network(fakes: tuple[FakeVMs, GenericResources]) -> None:
     """The security groups were made, then the NIC was refused: `close` still deletes them."""
     vms, res = fakes
-    real_put = res.begin_create_or_update_by_id
-
-    def refuse_nic(resource_id: str, api_version: str, parameters: Any) -> _Done:
-        if resource_id == NET["nic"]:
-            raise _error("AuthorizationFailed")
-        return real_put(resource_id, api_version, parameters)
-
-    res.begin_create_or_update_by_id = refuse_nic  # type: ignore[method-assign]
+    res.refuse[NET["nic"]] = "AuthorizationFailed"
     p = _provider(fakes)
     with pytest.raises(HttpResponseError, match="AuthorizationFailed"):
         p.coordinator(JOB, 2)
@@ -480,7 +481,7 @@ def test_a_coordinator_that_fails_half_way_leaves_no_network(fakes: tuple[FakeVM
     assert res.store == {} and vms.vms == {}
 
 
-def test_a_nic_left_unpinned_by_a_dead_controller_is_pinned(fakes: tuple[FakeVMs, FakeResources]) -> None:
+def test_a_nic_left_unpinned_by_a_dead_controller_is_pinned(fakes: tuple[FakeVMs, GenericResources]) -> None:
     """A controller died between creating the NIC (dynamic IP) and pinning it: the next one
     pins the IP the NIC already has rather than making another NIC."""
     vms, res = fakes
@@ -532,7 +533,7 @@ def test_a_spec_written_with_the_old_names_resumes_silently() -> None:
 
 
 def test_a_hosted_controller_runs_on_the_coordinator_with_its_identity(
-    fakes: tuple[FakeVMs, FakeResources], monkeypatch: pytest.MonkeyPatch
+    fakes: tuple[FakeVMs, GenericResources], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`Config.controller="cloud"`: the coordinator carries the controller (and the job key it
     verifies the spec with), runs as Config.controller_identity, never a credential; the

@@ -361,14 +361,15 @@ class AzureCoordinator:
     def _put(self, resource_id: str, body: dict[str, Any]) -> Any:
         from azure.mgmt.resource.resources.models import GenericResource
 
+        # api_version is keyword-only from azure-mgmt-resource 26 on (a TypeError positionally)
         poller = self.resources.resources.begin_create_or_update_by_id(
-            resource_id, NETWORK_API_VERSION, GenericResource(body)
+            resource_id, GenericResource(body), api_version=NETWORK_API_VERSION
         )
         return poller.result()
 
     def _get(self, resource_id: str) -> Any | None:
         try:
-            return self.resources.resources.get_by_id(resource_id, NETWORK_API_VERSION)
+            return self.resources.resources.get_by_id(resource_id, api_version=NETWORK_API_VERSION)
         except ResourceNotFoundError:
             return None
 
@@ -571,7 +572,9 @@ class AzureCoordinator:
     def _delete_when_free(self, resource_id: str, deadline: float) -> bool:
         while True:
             try:
-                self.resources.resources.begin_delete_by_id(resource_id, NETWORK_API_VERSION).result()
+                self.resources.resources.begin_delete_by_id(
+                    resource_id, api_version=NETWORK_API_VERSION
+                ).result()
                 return True
             except ResourceNotFoundError:
                 return True
