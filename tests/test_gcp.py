@@ -30,6 +30,7 @@ from spotnb.providers.gcp import (
     instance_name,
     simulate_request,
 )
+from tests.gcp_transport import compute_clients, done_operation, gce_error
 
 PROJECT = "spotnb-test"
 
@@ -389,3 +390,163 @@ def test_region_without_zones_is_a_config_error(fake: FakeInstances) -> None:
     with pytest.raises(ConfigError, match="'us-central1' has no zone that is UP"):
         provider.launch(_spec(zone="us-central1"))
     assert fake.inserted_zones() == []
+
+
+# -- a "not found": the zone's, or the user's ------------------------------------------------
+# These go through google-cloud-compute's REAL REST transport (InstancesClient and ZonesClient,
+# transport="rest"); only Compute Engine behind `requests` is faked (tests/gcp_transport.py),
+# answering with GCE's JSON error documents, so the exceptions are the ones google-api-core
+# builds from them (404 → NotFound, its message and `errors` items). The messages are GCE's
+# shapes as reported by users: "The resource '<path>' was not found" (synchronous 404 of
+# instances.insert), "... of type 'serviceAccount' was not found", and an operation's error.
+
+_ZONES_OF_US_CENTRAL1 = ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
+
+
+def _gce(answers: dict[str, tuple[int, Any]]) -> tuple[Any, Any, Any]:
+    """Real REST clients; an insert into a zone in `answers` gets that answer, any other
+    succeeds; the region's zones are listed as GCE lists them."""
+
+    def handler(request: Any) -> tuple[int, Any]:
+        if request.method == "GET" and request.path == f"/compute/v1/projects/{PROJECT}/zones":
+            region = f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/regions/us-central1"
+            return 200, {
+                "items": [{"name": z, "status": "UP", "region": region} for z in _ZONES_OF_US_CENTRAL1]
+            }
+        zone = request.path.split("/zones/")[1].split("/")[0]
+        if request.method == "POST" and request.path.endswith("/instances"):
+            return answers.get(zone, (200, done_operation(zone)))
+        return 404, gce_error(404, f"The resource '{request.path}' was not found")
+
+    return compute_clients(handler)
+
+
+def _inserted(adapter: Any) -> list[str]:
+    return [r.path.split("/zones/")[1].split("/")[0] for r in adapter.requests if r.method == "POST"]
+
+
+def _not_found(path: str) -> tuple[int, Any]:
+    """instances.insert's synchronous 404 for a resource the request names."""
+    return 404, gce_error(404, f"The resource '{path}' was not found")
+
+
+_IMAGE = "projects/deeplearning-platform-release/global/images/family/pytorch-latest-gpu"
+_P = f"projects/{PROJECT}"
+_SA = "spotnb@spotnb-test.iam.gserviceaccount.com"
+
+
+@pytest.mark.parametrize(
+    ("answer", "field", "named"),
+    [
+        pytest.param(_not_found(_IMAGE), "gcp_image", _IMAGE, id="image"),
+        pytest.param(
+            _not_found("projects/ubuntu-os-cloud/zones/us-central1-a/imageFamilyViews/x"),
+            "gcp_image",
+            "imageFamilyViews/x",
+            id="image-family-view",  # under zones/, yet the image's: missing in every zone
+        ),
+        pytest.param(
+            _not_found(f"{_P}/global/networks/default"),
+            "gcp_network",
+            "global/networks/default",
+            id="network",
+        ),
+        pytest.param(
+            _not_found(f"{_P}/regions/us-central1/subnetworks/s"),
+            "gcp_subnetwork",
+            "subnetworks/s",
+            id="subnetwork",
+        ),
+        pytest.param(
+            (404, gce_error(404, f"The resource 'One of [{_SA}]' of type 'serviceAccount' was not found")),
+            "gcp_service_account",
+            _SA,
+            id="service-account",
+        ),
+        pytest.param(
+            (400, gce_error(400, f'Service account "{_SA}" does not exist.', "badRequest")),
+            "gcp_service_account",
+            _SA,
+            id="service-account-400",
+        ),
+        pytest.param(
+            (
+                200,
+                done_operation(
+                    "us-central1-a",
+                    error=(404, "RESOURCE_NOT_FOUND", f"The resource '{_IMAGE}' was not found"),
+                ),
+            ),
+            "gcp_image",
+            _IMAGE,
+            id="image-in-the-operation",
+        ),
+        pytest.param(_not_found(_P), "gcp_project", _P, id="project"),
+    ],
+)
+def test_a_missing_resource_names_its_config_field_not_the_instance_type(
+    answer: tuple[int, Any], field: str, named: str
+) -> None:
+    """Missing in one zone is missing in all: the launch ends at the first zone with the field
+    to fix, and never says the instance type is the problem."""
+    instances, zones, adapter = _gce({"us-central1-a": answer})
+    provider = GCPProvider(_config(region="us-central1"), instances=instances, zones=zones)
+    provider.validate()
+    with pytest.raises(ConfigError) as err:
+        provider.launch(_spec(zone="us-central1"))
+    message = str(err.value)
+    assert message.startswith(f"Config.{field}: ") and named in message, message
+    assert "instance_type" not in message and "g2-standard-4" not in message
+    assert _inserted(adapter) == ["us-central1-a"]  # no other zone was tried
+
+
+def test_a_missing_image_in_an_explicit_zone_names_gcp_image() -> None:
+    instances, zones, adapter = _gce({"us-central1-a": _not_found(_IMAGE)})
+    provider = GCPProvider(_config(region="us-central1-a"), instances=instances, zones=zones)
+    with pytest.raises(
+        ConfigError, match=r"^Config\.gcp_image: the image .*pytorch-latest-gpu.* was not found"
+    ):
+        provider.launch(_spec())
+    assert _inserted(adapter) == ["us-central1-a"]
+
+
+def test_a_zone_without_the_machine_or_accelerator_type_moves_on() -> None:
+    """What one zone lacks another may offer: the zone itself (a fallback suffix the region
+    lacks), its machine type or accelerator type: the next zone is tried."""
+    instances, zones, adapter = _gce(
+        {
+            "us-central1-a": _not_found(f"{_P}/zones/us-central1-a/machineTypes/g2-standard-4"),
+            "us-central1-b": _not_found(f"{_P}/zones/us-central1-b/acceleratorTypes/nvidia-l4"),
+            "us-central1-c": _not_found(f"{_P}/zones/us-central1-c"),
+        }
+    )
+    provider = GCPProvider(
+        _config(region="us-central1", gcp_accelerator_type="nvidia-l4"), instances=instances, zones=zones
+    )
+    instance = provider.launch(_spec(zone="us-central1"))
+    assert _inserted(adapter) == _ZONES_OF_US_CENTRAL1 and instance.info["zone"] == "us-central1-f"
+    # the request GCE got: the real body of the REST transport, in the zone that took it
+    body = [r for r in adapter.requests if r.method == "POST"][-1].body
+    assert body["machineType"] == "zones/us-central1-f/machineTypes/g2-standard-4"
+    assert body["guestAccelerators"][0]["acceleratorType"] == "zones/us-central1-f/acceleratorTypes/nvidia-l4"
+
+
+def test_no_zone_offering_the_machine_type_still_blames_the_instance_type() -> None:
+    missing = {z: _not_found(f"{_P}/zones/{z}/machineTypes/g2-standard-4") for z in _ZONES_OF_US_CENTRAL1}
+    instances, zones, adapter = _gce(missing)
+    provider = GCPProvider(_config(region="us-central1"), instances=instances, zones=zones)
+    with pytest.raises(
+        ConfigError, match="Config.instance_type: no zone of us-central1 can run 'g2-standard-4'"
+    ):
+        provider.launch(_spec(zone="us-central1"))
+    assert _inserted(adapter) == _ZONES_OF_US_CENTRAL1
+
+
+def test_a_not_found_naming_nothing_is_not_blamed_on_the_zone(fake: FakeInstances) -> None:
+    """A NotFound whose message names no resource is raised as GCE said it, not read as 'not
+    in this zone' (through the real exception class; a message GCE would not send)."""
+    provider = _region_provider(fake, FakeZones())
+    fake.insert_error = gexc.NotFound("gone")
+    with pytest.raises(gexc.NotFound):
+        provider.launch(_spec(zone="us-central1"))
+    assert fake.inserted_zones() == ["us-central1-a"]

@@ -472,3 +472,16 @@ def test_a_hosted_controller_runs_on_the_coordinator_with_its_service_account(
     again = _provider(fakes, controller="cloud", controller_identity=account)
     again.host_controller(JOB, "gs://spotnb/jobs", "cd" * 32)
     assert len(instances.inserted) == 1
+
+
+def test_a_missing_coordinator_image_names_its_field(fakes: Fakes) -> None:
+    """The coordinator's insert answered GCE's 404 for its image (the real exception class with
+    GCE's message shape; the compute client is the stand-in above): the field that names the
+    image is the one to fix, not a retry."""
+    instances, _, _ = fakes
+    image = "projects/my-images/global/images/family/gone"
+    instances.refuse = [gexc.NotFound(f"The resource '{image}' was not found")]
+    p = _provider(fakes, gcp_coordinator_image=image)
+    with pytest.raises(ConfigError, match=r"^Config\.gcp_coordinator_image: the image .*family/gone"):
+        p.coordinator(JOB, 2)
+    assert instances.coordinators() == []

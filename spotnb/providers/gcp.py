@@ -14,7 +14,9 @@ offer the machine type moves on to the next zone, and only when every zone refus
 launch raise CapacityError (the controller then backs off and tries again). When the credentials
 may not list zones (compute.zones.list denied, or no credentials at all in a dry run), the
 fallback is the zone suffixes GCE uses, `<region>-a, -b, -c, -d, -f` (`FALLBACK_ZONE_SUFFIXES`):
-those a region lacks are skipped like a zone without the machine type.
+those a region lacks are skipped like a zone without the machine type. A "not found" that is
+not about the zone (the image, network, subnetwork, service account or project) ends the launch
+at once with a ConfigError naming the Config field to fix (`spotnb.providers.gcp_errors`).
 
 Credentials come from google-auth's Application Default Credentials; the VM uses its service
 account. Fault injection: `provider.inject(instance)` calls `simulate_maintenance_event`.
@@ -50,6 +52,7 @@ from spotnb.providers.bootstrap import gcp_startup_script, require_remote_store
 from spotnb.providers.cleanup import JOB_TAG, job_tags
 from spotnb.providers.coordinator import COORDINATOR_ROLE, ROLE_TAG, planned_hosting
 from spotnb.providers.gcp_coordinator import GCPCoordinator, job_network_tag
+from spotnb.providers.gcp_errors import missing_resource, missing_resource_error, zone_lacks
 
 __all__ = [
     "GCPProvider",
@@ -81,6 +84,7 @@ CAPACITY_MARKERS = (
 )
 # Errors that mean "this zone cannot serve this request at all" (no such zone, machine type or
 # GPU there): inside a region, the next zone is tried; for an explicit zone they are raised.
+# (A NotFound counts only when the resource it names is zonal: `gcp_errors.zone_lacks`.)
 NOT_IN_ZONE_MARKERS = ("does not exist in zone", "Unknown zone", "Invalid value for field 'zone'")
 #: Zone suffixes tried, in this order, when zones cannot be listed (GCE names zones a–f; most
 #: regions have three of them, and a suffix a region lacks is skipped).
@@ -209,7 +213,7 @@ def _is_capacity(exc: Exception) -> bool:
 
 
 def _not_in_zone(exc: Exception) -> bool:
-    return isinstance(exc, gexc.NotFound) or any(m in str(exc) for m in NOT_IN_ZONE_MARKERS)
+    return zone_lacks(exc) or any(m in str(exc) for m in NOT_IN_ZONE_MARKERS)
 
 
 class GCPProvider(GCPCoordinator, Provider):
@@ -441,6 +445,9 @@ class GCPProvider(GCPCoordinator, Provider):
             try:
                 return self._insert(spec, project, zone)
             except gexc.GoogleAPICallError as exc:
+                missing = missing_resource(exc)
+                if missing is not None:  # missing in every zone: trying the next one cannot help
+                    raise missing_resource_error(missing, exc, zone) from exc
                 if _is_capacity(exc):
                     capacity = True
                 elif not (len(zones) > 1 and _not_in_zone(exc)):

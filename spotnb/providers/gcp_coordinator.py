@@ -45,6 +45,7 @@ from spotnb.providers.coordinator import (
     failed_starts,
     host_on_coordinator,
 )
+from spotnb.providers.gcp_errors import missing_resource, missing_resource_error
 
 __all__ = [
     "GCPCoordinator",
@@ -450,6 +451,13 @@ class GCPCoordinator:
                 )
             ).result(timeout=_OP_TIMEOUT)
         except gexc.GoogleAPICallError as exc:
+            missing = missing_resource(
+                exc,
+                image_field="gcp_coordinator_image" if self.config.gcp_coordinator_image else "gcp_image",
+                service_account_field="controller_identity",  # the only one it carries
+            )
+            if missing is not None:
+                raise missing_resource_error(missing, exc, known.region) from exc
             if not any(marker in str(exc) for marker in _RETRY_MARKERS):
                 raise
             log.warning("job %s: the coordinator could not start yet (%s); trying again", known.job_id, exc)
