@@ -30,6 +30,7 @@ from spotnb.providers.gcp import (
     instance_name,
     simulate_request,
 )
+from spotnb.providers.gcp_zones import REGION_ZONES
 from tests.gcp_transport import compute_clients, done_operation, gce_error
 
 PROJECT = "spotnb-test"
@@ -140,7 +141,11 @@ class FakeZones:
         self.error = error
         self.requests: list[compute_v1.ListZonesRequest] = []
 
-    def list(self, request: compute_v1.ListZonesRequest) -> list[compute_v1.Zone]:
+    def list(
+        self, request: compute_v1.ListZonesRequest, *, timeout: float | None = None
+    ) -> list[compute_v1.Zone]:
+        """Keyword-only `timeout` as ZonesClient.list has it (the provider bounds the listing)."""
+        assert timeout is not None and timeout <= 30  # an offline listing must not hang
         self.requests.append(request)
         if self.error:
             raise self.error
@@ -355,7 +360,7 @@ def test_region_where_no_zone_offers_the_machine_type_is_a_config_error(fake: Fa
 def test_zones_fall_back_when_listing_is_not_allowed(fake: FakeInstances) -> None:
     zones = FakeZones(error=gexc.Forbidden("Required 'compute.zones.list' permission"))
     provider = _region_provider(fake, zones)
-    # us-east1 style: this region has no zone -a
+    # the table's zones of us-central1 (a, b, c, f); one retired since answers "not found"
     fake.zone_errors = {
         "us-central1-a": gexc.NotFound(
             "The resource 'projects/spotnb-test/zones/us-central1-a' was not found"
@@ -364,7 +369,13 @@ def test_zones_fall_back_when_listing_is_not_allowed(fake: FakeInstances) -> Non
     inst = provider.launch(_spec(zone="us-central1"))
     assert fake.inserted_zones() == ["us-central1-a", "us-central1-b"]
     assert inst.info["zone"] == "us-central1-b"
-    assert provider.zones("us-central1")[0] == [f"us-central1-{s}" for s in FALLBACK_ZONE_SUFFIXES]
+    assert provider.zones("us-central1")[0] == list(REGION_ZONES["us-central1"])
+    assert "built-in zone table" in provider.zones("us-central1")[1]
+    # a region the table does not know: GCE's zone suffixes in turn
+    assert provider.zones("mars-north1") == (
+        [f"mars-north1-{s}" for s in FALLBACK_ZONE_SUFFIXES],
+        "fallback (zones could not be listed: Forbidden)",
+    )
 
 
 def test_region_dry_run_names_the_zone_order(fake: FakeInstances) -> None:
@@ -378,7 +389,7 @@ def test_region_dry_run_names_the_zone_order(fake: FakeInstances) -> None:
     denied = _region_provider(FakeInstances(), FakeZones(error=gexc.Forbidden("denied")))
     plan = denied.plan_launch(_spec(zone="us-central1"))
     assert plan["zones"][:3] == ["us-central1-a", "us-central1-b", "us-central1-c"]
-    assert "fallback" in plan["zone_order"] and "Forbidden" in plan["zone_order"]
+    assert "built-in zone table" in plan["zone_order"] and "Forbidden" in plan["zone_order"]
 
 
 def test_list_tagged(provider: GCPProvider) -> None:
@@ -550,3 +561,91 @@ def test_a_not_found_naming_nothing_is_not_blamed_on_the_zone(fake: FakeInstance
     with pytest.raises(gexc.NotFound):
         provider.launch(_spec(zone="us-central1"))
     assert fake.inserted_zones() == ["us-central1-a"]
+
+
+# -- a dry run offline ------------------------------------------------------------------------
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> list[str]:
+    """This process cannot reach Google: every name lookup or connection to anything but
+    loopback fails at once (and is recorded), as on a laptop offline, so no test can hang on
+    the network or reach Google. No Google credentials on disk, and not a GCE machine (the
+    residency check reads files: patched, so a test run on a GCE VM behaves the same)."""
+    import socket
+
+    from google.auth.compute_engine import _metadata
+
+    attempts: list[str] = []
+    real_getaddrinfo, real_connect = socket.getaddrinfo, socket.socket.connect
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(host) not in _LOOPBACK:
+            attempts.append(f"resolve {host}")
+            raise socket.gaierror(socket.EAI_NONAME, "offline (the test's network guard)")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    def connect(self: socket.socket, address: Any) -> Any:
+        if isinstance(address, tuple) and str(address[0]) not in _LOOPBACK:
+            attempts.append(f"connect {address[0]}:{address[1]}")
+            raise OSError(101, "Network is unreachable (the test's network guard)")
+        return real_connect(self, address)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))  # no ADC file in it
+    monkeypatch.setattr(_metadata, "detect_gce_residency_linux", lambda: False)
+    return attempts
+
+
+def _fit(ctx: Any) -> int:
+    return 1
+
+
+_OFFLINE_CONFIG = dict(provider="gcp", region="us-central1", gcp_project=PROJECT, store="gs://spotnb/jobs")
+
+
+@pytest.mark.timeout(60)
+def test_an_offline_dry_run_expands_a_region_from_the_zone_table_without_probing(offline: list[str]) -> None:
+    """No credentials: the API is not asked and google-auth never probes the metadata server
+    (offline, each probe waits out its timeouts: 21-25 s were measured). The time it took is
+    printed, not asserted (timing goals live in benchmarks/)."""
+    import time
+
+    start = time.perf_counter()
+    plan = spot.train(_fit, spot.Config(**_OFFLINE_CONFIG, instance_type="g2-standard-4"), dry_run=True)
+    elapsed = time.perf_counter() - start
+    print(f"offline GCP dry run: {elapsed:.2f} s")
+    assert plan["zones"] == ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
+    assert "built-in zone table" in plan["zone_order"] and "no Google credentials" in plan["zone_order"]
+    assert "us-central1-a" in str(plan)
+    assert offline == []  # nothing was looked up or dialled: no metadata probe, no API call
+
+
+@pytest.mark.timeout(60)
+def test_a_dry_run_with_credentials_but_no_network_falls_back_to_the_zone_table(
+    offline: list[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Credentials on disk (gcloud's ADC file) but no network: the zone listing fails (the
+    token refresh cannot reach Google) and the table answers; nothing hangs."""
+    import json
+
+    adc = tmp_path / "gcloud" / "application_default_credentials.json"
+    adc.parent.mkdir(parents=True, exist_ok=True)
+    adc.write_text(
+        json.dumps(
+            {
+                "type": "authorized_user",
+                "client_id": "spotnb-test.apps.googleusercontent.com",
+                "client_secret": "spotnb-canary-gcp-client-secret",
+                "refresh_token": "spotnb-canary-gcp-refresh-token",
+            }
+        )
+    )
+    plan = spot.train(_fit, spot.Config(**_OFFLINE_CONFIG, instance_type="g2-standard-4"), dry_run=True)
+    assert plan["zones"] == ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
+    assert "built-in zone table" in plan["zone_order"]
+    assert offline and all("googleapis.com" in a for a in offline), offline  # tried Google only

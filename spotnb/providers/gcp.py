@@ -12,9 +12,11 @@ tried zone by zone, in the order `ZonesClient.list` gives for it (zones that are
 name); a capacity error (ZONE_RESOURCE_POOL_EXHAUSTED, stockout, quota) or a zone that does not
 offer the machine type moves on to the next zone, and only when every zone refused does the
 launch raise CapacityError (the controller then backs off and tries again). When the credentials
-may not list zones (compute.zones.list denied, or no credentials at all in a dry run), the
-fallback is the zone suffixes GCE uses, `<region>-a, -b, -c, -d, -f` (`FALLBACK_ZONE_SUFFIXES`):
-those a region lacks are skipped like a zone without the machine type. A "not found" that is
+may not list zones (compute.zones.list denied, offline), or there are no Google credentials at
+all (then the API is not asked: a dry run offline takes no metadata-server probe), the zones
+come from the built-in table (`gcp_zones.REGION_ZONES`); for a region it lacks, the fallback is
+the zone suffixes GCE uses, `<region>-a, -b, -c, -d, -f` (`FALLBACK_ZONE_SUFFIXES`): those a
+region lacks are skipped like a zone without the machine type. A "not found" that is
 not about the zone (the image, network, subnetwork, service account or project) ends the launch
 at once with a ConfigError naming the Config field to fix (`spotnb.providers.gcp_errors`).
 
@@ -34,8 +36,9 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from google.api_core import exceptions as gexc
-from google.auth.exceptions import DefaultCredentialsError
+from google.auth.exceptions import GoogleAuthError
 from google.cloud import compute_v1
+from requests.exceptions import RequestException
 
 from spotnb.errors import CapacityError, ConfigError
 from spotnb.prices import lookup_price
@@ -53,6 +56,7 @@ from spotnb.providers.cleanup import JOB_TAG, job_tags
 from spotnb.providers.coordinator import COORDINATOR_ROLE, ROLE_TAG, planned_hosting
 from spotnb.providers.gcp_coordinator import GCPCoordinator, job_network_tag
 from spotnb.providers.gcp_errors import missing_resource, missing_resource_error, zone_lacks
+from spotnb.providers.gcp_zones import ZONES_AS_OF, table_zones
 
 __all__ = [
     "GCPProvider",
@@ -93,6 +97,9 @@ _ZONE = re.compile(r"^[a-z]+-[a-z]+\d+-[a-z]$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+\d+$")
 _NAME_MAX = 63
 _INSERT_TIMEOUT = 180.0
+#: seconds `ZonesClient.list` may take before the zone table answers instead (offline, a
+#: network that drops packets)
+_LIST_TIMEOUT = 10.0
 
 
 def is_zone(name: str | None) -> bool:
@@ -297,12 +304,14 @@ class GCPProvider(GCPCoordinator, Provider):
         )
         if project:
             return project
-        try:
-            import google.auth
+        project = None
+        if self.has_credentials():  # else google.auth would probe the metadata server for nothing
+            try:
+                import google.auth
 
-            _, project = google.auth.default()
-        except Exception:  # noqa: BLE001 - google.auth raises several kinds
-            project = None
+                _, project = google.auth.default()
+            except Exception:  # noqa: BLE001 - google.auth raises several kinds
+                project = None
         if not project:
             raise ConfigError(
                 "Config.gcp_project: not set and no default project in the credentials; give the project id"
@@ -324,39 +333,55 @@ class GCPProvider(GCPCoordinator, Provider):
     def zones(self, where: str) -> tuple[list[str], str]:
         """The zones to try for a region or zone, in order, and where that order came from.
 
-        A region's zones are listed once per provider (they do not change during a job); when
-        listing fails (permission denied, no credentials) the fallback order is used instead."""
+        A region's zones are listed once per provider (they do not change during a job). Without
+        Google credentials (checked on disk, no network: `has_credentials`) the API is not asked
+        at all; when listing fails (permission denied, offline: bounded by `_LIST_TIMEOUT`) the
+        built-in zone table answers (`gcp_zones`), and for a region it lacks the fallback
+        suffixes."""
         if is_zone(where):
             return [where], "the configured zone"
         if where not in self._region_zones:
-            project = self.project()
-            try:
-                listed = sorted(
-                    z.name
-                    for z in self.zones_client.list(request=zones_request(project, where))
-                    if z.region.rsplit("/", 1)[-1] == where and z.status != "DOWN"
-                )
-                if not listed:
-                    raise ConfigError(
-                        f"Config.region: {where!r} has no zone that is UP in project "
-                        f"{project!r} (ZonesClient.list); check the region name"
-                    )
-                result = (listed, "ZonesClient.list")
-            except (gexc.GoogleAPICallError, DefaultCredentialsError) as exc:
-                log.warning(
-                    "cannot list the zones of %s (%s); trying %s-%s in turn",
-                    where,
-                    type(exc).__name__,
-                    where,
-                    "/".join(FALLBACK_ZONE_SUFFIXES),
-                )
-                result = (
-                    [f"{where}-{s}" for s in FALLBACK_ZONE_SUFFIXES],
-                    f"fallback (zones could not be listed: {type(exc).__name__})",
-                )
+            if self._zones_client is None and not self.has_credentials():
+                # google-auth would probe the metadata server first: seconds to minutes offline
+                result = self._unlisted_zones(where, "no Google credentials")
+            else:
+                result = self._listed_zones(where)
             self._region_zones[where] = result
         zones, source = self._region_zones[where]
         return list(zones), source
+
+    def _listed_zones(self, where: str) -> tuple[list[str], str]:
+        project = self.project()
+        try:
+            listed = sorted(
+                z.name
+                for z in self.zones_client.list(request=zones_request(project, where), timeout=_LIST_TIMEOUT)
+                if z.region.rsplit("/", 1)[-1] == where and z.status != "DOWN"
+            )
+        except (gexc.GoogleAPICallError, GoogleAuthError, RequestException) as exc:
+            return self._unlisted_zones(where, type(exc).__name__)
+        if not listed:
+            raise ConfigError(
+                f"Config.region: {where!r} has no zone that is UP in project "
+                f"{project!r} (ZonesClient.list); check the region name"
+            )
+        return listed, "ZonesClient.list"
+
+    def _unlisted_zones(self, where: str, why: str) -> tuple[list[str], str]:
+        """The zones of `where` when the API cannot tell them: the table's, else the suffixes."""
+        known = table_zones(where)
+        if known:
+            log.info("cannot list the zones of %s (%s); using the built-in table: %s", where, why, known)
+            return known, f"built-in zone table of {ZONES_AS_OF} (zones could not be listed: {why})"
+        log.warning(
+            "cannot list the zones of %s (%s); trying %s-%s in turn",
+            where,
+            why,
+            where,
+            "/".join(FALLBACK_ZONE_SUFFIXES),
+        )
+        suffixes = [f"{where}-{s}" for s in FALLBACK_ZONE_SUFFIXES]
+        return suffixes, f"fallback (zones could not be listed: {why})"
 
     # -- validation and planning -----------------------------------------------------------
     def _validate(self) -> None:
@@ -608,6 +633,8 @@ class GCPProvider(GCPCoordinator, Provider):
         """An authorized `requests` session for the Cloud Billing catalog, from Application
         Default Credentials (None without any)."""
         if self._catalog is None:
+            if not self.has_credentials():  # no metadata-server probe: nothing to find
+                return None
             import google.auth
             from google.auth.transport.requests import AuthorizedSession
 
