@@ -88,6 +88,15 @@ _PREEMPT_MARKERS = """() => {
 }"""
 
 
+_BARS = """() => {
+  const gd = document.querySelector('.spotnb-job-widget .js-plotly-plot');
+  const bars = (axis) => gd.data.filter(t => t.type === 'bar' && t.xaxis === axis).map(t => ({
+    name: t.name, x: t.x ? Array.from(t.x) : [], y: t.y ? Array.from(t.y) : [],
+    base: t.base ? Array.from(t.base) : []}));
+  return {timeline: bars('x2'), breakdown: bars('x3')};
+}"""
+
+
 def test_quickstart_widget_in_jupyterlab(readme_lab: dict[str, Any]) -> None:
     """The quickstart as a new user runs it, in the environment README's install makes."""
     from playwright.sync_api import sync_playwright
@@ -163,6 +172,21 @@ def _drive(page: Any, lab: dict[str, Any]) -> None:
     assert not problems, problems
     assert page.evaluate(MATHJAX_NODES) == 0, "MathJax typeset part of the notebook (a $…$ pair)"
     assert page.evaluate(_PREEMPT_MARKERS) >= 2
+
+    # the timeline and the breakdown draw every part of the job where it happened: each
+    # instance's allocation before its preparation (the first live timeline once drew them the
+    # other way round), and every category with seconds in it a bar on the breakdown's row
+    drawn = page.evaluate(_BARS)
+    for lane in {y for t in drawn["timeline"] for y in t["y"]}:
+        spans = {
+            t["name"]: min(b for b, y in zip(t["base"], t["y"], strict=True) if y == lane)
+            for t in drawn["timeline"]
+            if lane in t["y"]
+        }
+        if "allocation" in spans and "preparation" in spans:
+            assert spans["allocation"] < spans["preparation"], (lane, spans)
+    missing = [t["name"] for t in drawn["breakdown"] if t["x"] and t["x"][0] > 0 and not t["y"]]
+    assert not missing, f"breakdown categories with seconds but no bar: {missing}"
 
     # the widget's progress line is readable: the extension's stylesheet must not reach into
     # notebook outputs (its 6 px `.spotnb-progress` bar once hid this line as a grey strip)

@@ -149,6 +149,10 @@ export default () => {
         width = w;
         cancelAnimationFrame(frame);
         frame = requestAnimationFrame(() => {
+          // a relayout that sets the height (a new metric panel, a new lane) makes plotly.js
+          // pin the width at its value then, and a plot whose width and height are both set
+          // is never resized again: the width is the output's, never pinned
+          if (el.layout) delete el.layout.width;
           if (el._responsiveChartHandler) el._responsiveChartHandler();
         });
       });

@@ -292,7 +292,18 @@ def test_a_store_that_turned_read_only_ends_the_job_saying_so(
     )
     wait_progress(job, 10)
     agent = next(e for e in job.events if e["kind"] == "allocated")["info"]["pid"]
-    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    # the kernel refuses the remount while a file there is open for writing (mount exits 32,
+    # busy): the job writes its events and checkpoints all the time, so on a busy machine the
+    # first try can land mid-write. Ask again until the filesystem is read-only.
+    tries: list[str] = []
+    while len(tries) < 400:
+        out = subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], capture_output=True, text=True)
+        if out.returncode == 0:
+            break
+        tries.append(out.stderr.strip())
+        time.sleep(0.05)  # the pause between tries of a refused remount, not a wait for an event
+    else:
+        raise AssertionError(f"the tmpfs never became read-only: {tries[-3:]}")
     db = JobDB()
     wait_for(
         lambda: db.job(job.id)["status"] == "lost", 240, "the job DB never said the store refuses writes"
