@@ -43,6 +43,7 @@ __all__ = [
     "make_readme_env",
     "output_problems",
     "readme_install_commands",
+    "readme_python",
     "run_all",
     "wait_all_ran",
     "free_port",
@@ -268,6 +269,40 @@ def readme_install_commands(readme: Path = ROOT / "README.md") -> list[str]:
     if not installs:
         raise AssertionError(f"README's first command installs nothing: {first!r}")
     return installs
+
+
+def readme_python(extra: tuple[str, ...] = ("jupyterlab",)) -> Path:
+    """The python of a virtualenv made as README says (`make_readme_env`), plus `extra`, built
+    once under a lock and reused while README's install line, pyproject.toml and this checkout
+    stay the same (spotnb is installed editable, so the code under test is the checkout's).
+    Kept under ~/.cache/spotnb/readme-env/<key>; scripts/setup.sh builds it ahead of the
+    tests."""
+    import hashlib
+
+    from filelock import FileLock
+
+    parts = [
+        sys.version,
+        str(ROOT),
+        *readme_install_commands(),
+        *extra,
+        (ROOT / "pyproject.toml").read_text(),
+    ]
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spotnb" / "readme-env"
+    base.mkdir(parents=True, exist_ok=True)
+    env = base / key
+    with FileLock(str(base / f"{key}.lock"), timeout=1800):
+        done = env / "spotnb-readme-env.done"
+        if not done.exists():
+            make_readme_env(env, list(extra))
+            done.write_text(" && ".join(readme_install_commands()) + "\n")
+        done.touch()  # used now
+        for old in base.iterdir():  # envs of other keys unused for a day (an older pyproject)
+            marker = old / "spotnb-readme-env.done"
+            if old.name != key and (not marker.exists() or time.time() - marker.stat().st_mtime > 86400):
+                shutil.rmtree(old, ignore_errors=True)
+    return env / "bin" / "python"
 
 
 def make_readme_env(where: Path, extra: list[str]) -> Path:

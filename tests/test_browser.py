@@ -24,8 +24,8 @@ from tests.browser_lab import (
     CHROMIUM_ARGS,
     MATHJAX_NODES,
     ROOT,
-    make_readme_env,
     output_problems,
+    readme_python,
     run_lab,
     save_notebook,
     wait_all_ran,
@@ -54,7 +54,7 @@ def readme_lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
     command's installs, then JupyterLab (what README tells notebook users to add), no set-up
     script, no constraints, nothing of this checkout on a path. The widget once crashed there
     (plotly's FigureWidget needs anywidget, which only the test set-up installed)."""
-    python = make_readme_env(tmp_path / "readme-venv", ["jupyterlab"])
+    python = readme_python(("jupyterlab",))
     with run_lab(tmp_path, ["01-quickstart.ipynb"], python=str(python), checkout=False) as served:
         yield served
 

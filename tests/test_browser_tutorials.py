@@ -1,11 +1,14 @@
-"""Tutorials 04 (several instances) and 05 (zones and migration) run cell by cell in a real
-JupyterLab in headless Chromium, checked for what a user reads there: every preemption drawn
-at its step, the status bar's $/h the sum over the live instances, instance-seconds said so,
-the lanes named as the feed names instances, the zone prices' axis ticked at the zones' prices,
-the move in the legend, a dry run that is text (no MathJax), nothing cut short.
+"""Tutorials 04 (several instances) and 05 (zones and migration) run cell by cell, twice in a
+row from the same folder (a fresh kernel each time), in the JupyterLab of the Binder environment
+(tests/binder_env.py builds it as repo2docker does), in headless Chromium, and are checked for
+what a user reads there: every preemption drawn at its step, the status bar's $/h the sum over
+the live instances, instance-seconds said so, the lanes named as the feed names instances, the
+zone prices' axis ticked at the zones' prices, the move in the legend, a dry run that is text
+(no MathJax), nothing cut short, nothing left next to the notebook. (tests/test_notebooks.py runs
+the other tutorials twice in the same environment with nbclient.)
 
-Screenshots land in $SPOTNB_SCREENSHOTS (else the test's tmp dir) for a person to look at.
-Every wait is on a condition in the page, never a sleep.
+Screenshots land in $SPOTNB_SCREENSHOTS (else /tmp) for a person to look at. Every wait is on
+a condition in the page, never a sleep.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.binder_env import binder_python
 from tests.browser_lab import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -85,24 +89,62 @@ def _report(page: Any, lab: dict[str, Any], name: str) -> None:
     print(f"failure screenshot: {shot}\nconsole (last 20):\n" + "\n".join(page.console[-20:]))
 
 
+#: the tutorial's job widgets are gone (the outputs were cleared for the second run)
+_NO_WIDGET = "() => document.querySelectorAll('.spotnb-job-widget').length === 0"
+
+
+def _again(page: Any, lab: dict[str, Any], name: str) -> None:
+    """The tutorial's second run from the same folder: its outputs cleared, a new kernel, every
+    cell run again; it must pass too and leave nothing next to the notebook either."""
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
+    page.wait_for_function(_NO_WIDGET, timeout=30_000)
+    page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
+    page.wait_for_function(
+        """() => { const w = window.jupyterapp.shell.currentWidget;
+          const k = w.sessionContext.session && w.sessionContext.session.kernel;
+          return !!k && k.status === 'idle' && w.content.widgets.every(
+              c => c.model.type !== 'code' || c.model.executionCount === null
+                   || c.model.outputs.length === 0); }""",
+        timeout=60_000,
+    )
+    run_all(page)
+
+
+def _ran_cleanly(page: Any, lab: dict[str, Any], name: str, run: int) -> None:
+    wait_all_ran(page, 300)
+    save_notebook(page)
+    problems = output_problems(lab["dir"] / name)
+    assert not problems, f"run {run}: {problems}"
+    left = sorted(p.name for p in lab["dir"].iterdir() if p.name not in (name, ".ipynb_checkpoints"))
+    assert not left, f"run {run} left next to the notebook: {left}"
+
+
+@pytest.fixture(scope="module")
+def binder() -> Path:
+    return binder_python()
+
+
 def _job_events(lab: dict[str, Any], name: str) -> list[dict[str, Any]]:
     """The events of the lab's job named `name`, read from its store as `spot.attach` does."""
     import spotnb as spot
     from spotnb.jobdb import JobDB
 
     os.environ["SPOTNB_HOME"] = str(lab["tmp"] / "spotnb-home")
-    (row,) = [r for r in JobDB().jobs() if r.get("name") == name]
-    job = spot.attach(row["id"])
+    row = max((r for r in JobDB().jobs() if r.get("name") == name), key=lambda r: r["created"])
+    job = spot.attach(row["id"])  # the latest run's
     job.result(timeout=60)
     return list(job.events)
 
 
-def test_many_instances_tutorial_draws_what_happened(tmp_path: Path, browser_page: Any) -> None:
-    page = browser_page
-    with run_lab(tmp_path, ["04-many-instances.ipynb"]) as lab:
+def test_many_instances_tutorial_draws_what_happened(tmp_path: Path, browser_page: Any, binder: Path) -> None:
+    page, name = browser_page, "04-many-instances.ipynb"
+    with run_lab(tmp_path, [name], python=str(binder), checkout=False) as lab:
         try:
-            open_notebook(page, lab, "04-many-instances.ipynb", min_cells=5)
+            open_notebook(page, lab, name, min_cells=5)
             run_all(page)
+            page.wait_for_function(f"() => ({_STATUS})() === 'succeeded'", timeout=300_000, polling=500)
+            _ran_cleanly(page, lab, name, 1)
+            _again(page, lab, name)
             # while the job holds more than one instance, the status bar's $/h is all of them
             # (it once showed the last one allocated: "$0.16/h" for three)
             page.wait_for_function(
@@ -112,12 +154,9 @@ def test_many_instances_tutorial_draws_what_happened(tmp_path: Path, browser_pag
                 polling=200,
             )
             page.wait_for_function(f"() => ({_STATUS})() === 'succeeded'", timeout=300_000, polling=500)
-            wait_all_ran(page, 300)
-            save_notebook(page)
+            _ran_cleanly(page, lab, name, 2)
             page.locator(".spotnb-job-widget").first.screenshot(path=str(_shots() / "04-widget.png"))
             fig = page.evaluate(_FIGURE)
-            problems = output_problems(lab["dir"] / "04-many-instances.ipynb")
-            assert not problems, problems
 
             # every preemption is drawn at the step it happened, none at step 0
             events = _job_events(lab, "three-instances")
@@ -167,19 +206,22 @@ def test_many_instances_tutorial_draws_what_happened(tmp_path: Path, browser_pag
             raise
 
 
-def test_zones_tutorial_shows_prices_moves_and_a_readable_dry_run(tmp_path: Path, browser_page: Any) -> None:
-    page = browser_page
-    with run_lab(tmp_path, ["05-zones-and-migration.ipynb"]) as lab:
+def test_zones_tutorial_shows_prices_moves_and_a_readable_dry_run(
+    tmp_path: Path, browser_page: Any, binder: Path
+) -> None:
+    page, name = browser_page, "05-zones-and-migration.ipynb"
+    with run_lab(tmp_path, [name], python=str(binder), checkout=False) as lab:
         try:
-            open_notebook(page, lab, "05-zones-and-migration.ipynb", min_cells=5)
-            run_all(page)
-            page.wait_for_function(f"() => ({_STATUS})() === 'succeeded'", timeout=300_000, polling=500)
-            wait_all_ran(page, 300)
-            save_notebook(page)
+            open_notebook(page, lab, name, min_cells=5)
+            for run in (1, 2):
+                if run == 2:
+                    _again(page, lab, name)
+                else:
+                    run_all(page)
+                page.wait_for_function(f"() => ({_STATUS})() === 'succeeded'", timeout=300_000, polling=500)
+                _ran_cleanly(page, lab, name, run)
             widget = page.locator(".spotnb-job-widget").first
             widget.screenshot(path=str(_shots() / "05-widget.png"))
-            problems = output_problems(lab["dir"] / "05-zones-and-migration.ipynb")
-            assert not problems, problems
             # the dry run's dollar amounts stay text ("$0.100/h × 1.04 h" was typeset as maths)
             assert page.evaluate(MATHJAX_NODES) == 0
 
