@@ -124,14 +124,19 @@ def binder() -> Path:
     return binder_python()
 
 
-def _job_events(lab: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    """The events of the lab's job named `name`, read from its store as `spot.attach` does."""
-    import spotnb as spot
+def _job_id(lab: dict[str, Any], name: str) -> str:
+    """The id of the lab's latest job named `name` (its job DB)."""
     from spotnb.jobdb import JobDB
 
     os.environ["SPOTNB_HOME"] = str(lab["tmp"] / "spotnb-home")
-    row = max((r for r in JobDB().jobs() if r.get("name") == name), key=lambda r: r["created"])
-    job = spot.attach(row["id"])  # the latest run's
+    return str(max((r for r in JobDB().jobs() if r.get("name") == name), key=lambda r: r["created"])["id"])
+
+
+def _job_events(lab: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """The events of the lab's job named `name`, read from its store as `spot.attach` does."""
+    import spotnb as spot
+
+    job = spot.attach(_job_id(lab, name))  # the latest run's
     job.result(timeout=60)
     return list(job.events)
 
@@ -201,6 +206,14 @@ def test_many_instances_tutorial_draws_what_happened(tmp_path: Path, browser_pag
             page.wait_for_function(
                 f"() => ({_STATUSBAR})().startsWith('Spot: 0 running')", timeout=30_000, polling=500
             )
+
+            # the lab's job view says its prices are each instance's
+            job_id = _job_id(lab, "three-instances")
+            page.evaluate(f"() => window.jupyterapp.commands.execute('spotnb:open-job', {{id: '{job_id}'}})")
+            card = f".spotnb-jobview[data-job-id='{job_id}'] .spotnb-cost-spot .spotnb-card-sub"
+            page.wait_for_function(f'() => !!document.querySelector("{card}")', timeout=30_000)
+            sub = page.evaluate(f'() => document.querySelector("{card}").innerText')
+            assert "per instance" in sub, sub
         except Exception:
             _report(page, lab, "04")
             raise
