@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+from tests.test_server_ext import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -35,6 +38,7 @@ CHROMIUM_ARGS = [
 ]
 
 __all__ = [
+    "BROWSER_MARKS",
     "CHROMIUM",
     "CHROMIUM_ARGS",
     "ROOT",
@@ -51,6 +55,18 @@ __all__ = [
     "open_notebook",
     "run_lab",
     "save_notebook",
+]
+
+
+#: the marks of a test module that drives headless Chromium (skipped where it is missing,
+#: outside CI; CI installs it: scripts/setup.d/40-browser.sh)
+BROWSER_MARKS = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
+        reason=f"{CHROMIUM} not installed (CI installs it: scripts/setup.d/40-browser.sh)",
+    ),
 ]
 
 
@@ -155,12 +171,7 @@ def run_lab(
             time.sleep(0.2)  # polling interval of a readiness probe, not a race-hiding sleep
         yield {"url": url, "token": token, "dir": work, "tmp": tmp_path}
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        stop_process(proc)
         log.close()
 
 

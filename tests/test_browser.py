@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.browser_lab import (
+    BROWSER_MARKS,
     CHROMIUM,
     CHROMIUM_ARGS,
     MATHJAX_NODES,
@@ -31,14 +32,7 @@ from tests.browser_lab import (
     wait_all_ran,
 )
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
-        reason=f"{CHROMIUM} not installed (CI installs it: scripts/setup.d/40-browser.sh)",
-    ),
-]
+pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ import pytest
 
 from tests.binder_env import binder_python
 from tests.browser_lab import (
+    BROWSER_MARKS,
     CHROMIUM,
     CHROMIUM_ARGS,
     MATHJAX_NODES,
@@ -33,14 +34,7 @@ from tests.browser_lab import (
     wait_all_ran,
 )
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
-        reason=f"{CHROMIUM} not installed (CI installs it: scripts/setup.d/40-browser.sh)",
-    ),
-]
+pytestmark = BROWSER_MARKS
 
 #: the first job widget's figure: its traces and layout, as plotly drew them
 _FIGURE = """() => {

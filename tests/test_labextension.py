@@ -23,18 +23,9 @@ import pytest
 
 import spotnb as spot
 from spotnb import _jupyter
+from tests.browser_lab import CHROMIUM, CHROMIUM_ARGS
 from tests.test_server_ext import ROOT, request, start_jupyter, stop_process, wait_for
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 BUILT = ROOT / "spotnb" / "labextension" / "package.json"
 SETUP = "bash -c 'source scripts/setup.d/50-labextension.sh'"
 
