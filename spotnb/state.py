@@ -397,6 +397,9 @@ class JobState:
             self._fold_metrics(e, n)
             return
         if isinstance(e, ev.Progress):
+            if not (isinstance(e.step, int) and not isinstance(e.step, bool) and 0 <= e.step < MAX_STEP):
+                self.n_skipped += 1  # a step no job reaches (a corrupt log): every view divides by it
+                return
             inc = self._inc(n) if n else None
             if inc is not None:
                 inc.progress = e

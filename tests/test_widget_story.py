@@ -162,3 +162,14 @@ def test_every_html_spotnb_shows_is_shielded_from_mathjax() -> None:
     for page in (info, plan):
         root = re.match(r"<div class='([^']*)'", page)
         assert root and set(NO_MATH.split()) <= set(root.group(1).split()), page[:120]
+
+
+def test_a_progress_report_with_an_impossible_step_is_skipped_not_fatal_to_the_view() -> None:
+    """Found by fuzzing the folds: one `progress` event claiming step 10**400 (a corrupt log, a
+    foreign writer) made every refresh of the info pane raise OverflowError, so the widget
+    stopped updating for good. It is skipped like a metric row with such a step."""
+    events = events_of(steps=300, preempt_at=(150,))
+    next(e for e in events if e["kind"] == "progress")["step"] = 10**400
+    state = JobState.from_events(events)
+    assert state.n_skipped >= 1 and state.step == 300
+    assert "step 300/300" in render_info_html(state, "job") and "300/300" in progress_line(state)
