@@ -39,6 +39,7 @@ size, peak extra memory ≤ the snapshot budget.
 
     python benchmarks/bench_checkpoint.py --profile       # where one 200 MB save's time goes
     python benchmarks/bench_checkpoint.py --save-cost     # CPU seconds of one save, by digest
+    python benchmarks/bench_checkpoint.py --device cuda   # on a GPU: bench_checkpoint_cuda.py
 """
 
 from __future__ import annotations
@@ -612,7 +613,27 @@ def main() -> None:
         help="DCP checkpoints left on disk, like spotnb's keep_last (default 0: each deleted once written)",
     )
     parser.add_argument("--stall-only", action="store_true", help="measure the stalls, not the throughput")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="cuda: the GPU benchmark against torch.save and DCP (bench_checkpoint_cuda.py; --mb 2000,10000)",
+    )
+    parser.add_argument("--optimizers", default="sgd,adamw", help="with --device cuda: sgd, adamw or both")
+    parser.add_argument("--batch", type=int, default=2048, help="with --device cuda: rows per training batch")
+    parser.add_argument(
+        "--throughput-up-to",
+        type=int,
+        default=2000,
+        help="with --device cuda: measure the throughput at sizes up to this many MB, stalls only above",
+    )
+    parser.add_argument("--json", default="", help="with --device cuda: also write the figures to this file")
     args = parser.parse_args()
+    if args.device == "cuda":
+        import bench_checkpoint_cuda
+
+        bench_checkpoint_cuda.main(args)
+        return
     torch.manual_seed(0)
     DcpAsync.keep = args.dcp_keep
     if args.only:

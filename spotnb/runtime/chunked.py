@@ -15,7 +15,9 @@ bytes still is the gate (`Gate`): a step pre-hook on each tracked optimizer bloc
 `step()` until the drain has written every gated tensor. Writes the gate cannot see (user code
 changing a parameter in place between saves and the next step) are caught after the fact by the
 tensor's version counter (`Tensor._version`, bumped by every in-place op), read when the save
-starts and again just after its bytes were written: a change means the file may hold a torn
+starts and again just after its bytes were written (for a CUDA tensor: when the step is
+released, since from then on a kernel queued on the compute stream runs behind the host copy's
+event, though its version bumps as it is queued): a change means the file may hold a torn
 tensor, the drain reports it (`TornSnapshot`), the save is not committed and the checkpointer
 falls back to copying everything before releasing the step. Not seen at all: writes through
 `.data` or a numpy view (they bypass the version counter) made by code other than a tracked
@@ -363,30 +365,43 @@ class Drain:
 
         try:
             for d in direct:
-                if d.event is not None:
+                if d.event is not None and not self.released.is_set():
                     # host copies of CUDA tensors come last: the optimizers' host threads need not
-                    # wait for them (their compute stream waits for the event instead)
+                    # wait for them (their compute stream waits for the event instead). Their
+                    # versions are checked here, at the release, and not after the copy: a
+                    # kernel queued from now on (the optimizer's step) bumps the version when
+                    # it is queued, not when it runs, and runs behind the copy's event
+                    for g in direct:
+                        if g.source is not None:
+                            self._check(g, g.source)
                     self.released.set()
+                if d.event is not None:
                     d.event.synchronize()
                 if d.ref.offset > size:
                     out(bytes(d.ref.offset - size))
                     size = d.ref.offset
                 out(d.tensor.reshape(-1).view(torch.uint8).numpy().data)
                 size += d.ref.nbytes
-                live = d.source if d.source is not None else d.tensor
-                if _version(live) != d.version and self.error is None:
-                    reason = (
-                        f"{d.where} was changed in place (version {d.version} -> {_version(live)}) "
-                        "while the snapshot wrote it, by a write the optimizer gate does not hold "
-                        "back: this save is not committed (the previous checkpoint stays), and "
-                        "later saves copy every tensor before training resumes"
-                    )
-                    self.error = TornSnapshot(reason)
-                    if self._on_torn is not None:
-                        self._on_torn(reason)
+                if d.source is None:
+                    self._check(d, d.tensor)
         except BaseException as exc:  # noqa: BLE001 - reported by result()
             self.error = self.error or exc
         return size, hashed
+
+    def _check(self, d: _Direct, live: torch.Tensor) -> None:
+        """A gated tensor whose version moved since the save began was written by something the
+        gate does not hold back: the file may hold a torn copy (reported once)."""
+        if _version(live) == d.version or self.error is not None:
+            return
+        reason = (
+            f"{d.where} was changed in place (version {d.version} -> {_version(live)}) "
+            "while the snapshot wrote it, by a write the optimizer gate does not hold "
+            "back: this save is not committed (the previous checkpoint stays), and "
+            "later saves copy every tensor before training resumes"
+        )
+        self.error = TornSnapshot(reason)
+        if self._on_torn is not None:
+            self._on_torn(reason)
 
     def put(self, buf: torch.Tensor, n: int) -> None:
         self.full.put((buf, n))

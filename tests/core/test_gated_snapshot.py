@@ -365,37 +365,55 @@ def test_a_process_killed_mid_gated_write_leaves_the_previous_checkpoint(store_u
         c.close()
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available(),
-    reason="needs a CUDA GPU: the side-stream device-to-host copy cannot run on a CPU-only machine",
-)
-def test_a_gated_save_on_the_gpu_copies_on_a_side_stream_and_holds_the_saved_step(store_url) -> None:
-    """Parameters and momentum on the GPU: the snapshot queues their host copies on a side stream
-    and returns; the next step (its compute stream waiting for the copy's event) runs; the
-    checkpoint has the values of the save's step, bit for bit."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024)).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    x = torch.randn(64, 1024, device="cuda")
-    _step(model, opt, x)
-    c = Checkpointer(Store(store_url), "job", 1, Recorder())
-    try:
-        expected = _clone(_state(model, opt, 1))
-        c.submit(c.snapshot(_state(model, opt, 1), 1, "periodic", optimizers=[opt]))
-        for _ in range(3):
-            _step(model, opt, x)
-        assert c.wait(60) and c.failures == 0
-        manifest, restored = c.load_latest()
-        assert manifest.step == 1 and DATA_NAME in manifest.files
-        assert_same_state({k: v for k, v in expected.items()}, _to(restored, "cuda"))
-        assert c.held_bytes >= 8 * MB  # the pinned host copies, kept for the next save
-    finally:
-        c.close()
+class _QueuedStep:
+    """Stands for the CUDA event of a gated tensor's device-to-host copy. A CUDA kernel bumps its
+    tensor's version when the host queues it, not when the GPU runs it: the released optimizer
+    step's in-place update is queued (here: the version bumped) while the copy is still running,
+    and runs behind the copy's event, so the bytes written are the save's."""
+
+    def __init__(self, source: torch.Tensor, released: threading.Event, before_release: bool) -> None:
+        self.source, self.released, self.before_release = source, released, before_release
+
+    def synchronize(self) -> None:
+        if not self.before_release:
+            assert self.released.wait(10), "the drain waits for the copy before releasing the step"
+            self.source.add_(1)  # the optimizer's step, queued on the compute stream
 
 
-def _to(obj, device):
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device) if obj.is_floating_point() else obj
-    if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
-    return obj
+def _drain_one_staged_tensor(tmp_path, before_release: bool) -> chunked.Drain:
+    source = torch.arange(1024, dtype=torch.float32)
+    host = source.clone()  # the host copy, as the side stream made it
+    released = threading.Event()
+    drain = chunked.Drain(
+        str(tmp_path / DATA_NAME), chunked.ChunkBuffers(4096), on_done=lambda: None, released=released
+    )
+    ref = chunked.TensorRef(0, host.nbytes, "float32", (1024,))
+    staged = chunked._Direct(
+        ref, host, chunked._version(source), "objects/model/w", source=source,
+        event=_QueuedStep(source, released, before_release),
+    )  # fmt: skip
+    if before_release:
+        source.mul_(2)  # user code wrote the weight after the save began, before the step's release
+    drain.put_direct([staged])
+    drain.close()
+    return drain
+
+
+def test_an_optimizer_step_queued_behind_the_gpu_copy_does_not_tear_the_save(tmp_path) -> None:
+    """On a GPU the gate releases `step()` before the host copy is done (the compute stream waits
+    for the copy's event): the step's kernels bump the weight's version as they are queued. That
+    is ordered behind the copy: the save commits (it did not: one save per run was lost)."""
+    drain = _drain_one_staged_tensor(tmp_path, before_release=False)
+    assert drain.result()["size"] == 4096
+    assert torch.equal(
+        torch.frombuffer(bytearray((tmp_path / DATA_NAME).read_bytes()), dtype=torch.float32),
+        torch.arange(1024, dtype=torch.float32),
+    )
+
+
+def test_a_gpu_weight_written_before_the_step_is_released_tears_the_save(tmp_path) -> None:
+    """A write to a gated CUDA tensor before the release is not ordered behind the copy (nothing
+    made the compute stream wait for it): the save is not committed."""
+    drain = _drain_one_staged_tensor(tmp_path, before_release=True)
+    with pytest.raises(chunked.TornSnapshot, match="objects/model/w was changed in place"):
+        drain.result()
