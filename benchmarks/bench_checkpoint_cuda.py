@@ -94,7 +94,9 @@ class Trainer:
         return out
 
     def state(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optim": self.opt.state_dict()}
+        # plain dicts: DCP's stager cannot copy the OrderedDict a module's state_dict is
+        # (KeyError: <class 'type'>), so torchtitan hands it plain ones too
+        return {"model": dict(self.model.state_dict()), "optim": self.opt.state_dict()}
 
 
 class Saver:
@@ -267,6 +269,7 @@ def stalls(t: Trainer, savers: list[Saver], rounds: int, normal: float) -> dict[
             _sync()
             if r:
                 out[s.name].append(max(0.0, time.perf_counter() - t0 - normal))
+                print(f"    {s.name}: {out[s.name][-1] * 1e3:.0f} ms", flush=True)  # kept if cut off
             s.finish()
     return out
 
