@@ -21,12 +21,14 @@ __all__ = [
     "attach",
     "resume",
     "jobs",
+    "load_checkpoint",
     "Config",
     "Job",
     "JobFailed",
     "JobStopped",
     "ConfigError",
     "SpotnbError",
+    "CheckpointError",
     "Breakdown",
     "policy",
     "__version__",
@@ -39,6 +41,7 @@ _LAZY = {
     "attach": "spotnb.api",
     "resume": "spotnb.api",
     "jobs": "spotnb.api",
+    "load_checkpoint": "spotnb.weights",
     "Config": "spotnb.config",
     "Job": "spotnb.job",
     "Breakdown": "spotnb.ledger",
@@ -46,6 +49,7 @@ _LAZY = {
     "JobStopped": "spotnb.errors",
     "ConfigError": "spotnb.errors",
     "SpotnbError": "spotnb.errors",
+    "CheckpointError": "spotnb.errors",
     "_jupyter_labextension_paths": "spotnb._jupyter",
     "_jupyter_server_extension_points": "spotnb._jupyter",
 }
@@ -53,11 +57,12 @@ _LAZY = {
 if TYPE_CHECKING:
     from spotnb.api import attach, jobs, resume, train
     from spotnb.config import Config
-    from spotnb.errors import ConfigError, JobFailed, JobStopped, SpotnbError
+    from spotnb.errors import CheckpointError, ConfigError, JobFailed, JobStopped, SpotnbError
     from spotnb.job import Job
     from spotnb.ledger import Breakdown
     from spotnb.runtime.script_client import ctx
     from spotnb.script_job import run
+    from spotnb.weights import load_checkpoint
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""The `spotnb` command: run, jobs, logs, show, stop, resume, demo, simulate, plan, gc."""
+"""The `spotnb` command: run, jobs, logs, show, stop, resume, export, demo, simulate, plan, gc."""
 
 from __future__ import annotations
 
@@ -148,6 +148,27 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a job's trained weights (its newest verified checkpoint, or --step's) into a
+    folder as files other tools read (`spotnb.weights.export`)."""
+    import logging
+
+    from spotnb.weights import export
+
+    logging.basicConfig(format="spotnb export: %(message)s")  # the skipped checkpoints, if any
+    written = export(
+        args.job_id,
+        args.folder,
+        step=args.step,
+        format=args.format,
+        store=args.store,
+        overwrite=args.overwrite,
+    )
+    for path in written:
+        print(path)
+    return 0
+
+
 def _overrides(items: list[str] | None) -> dict[str, Any] | None:
     """`--set FIELD=VALUE` items as Config overrides (JSON or a plain string); None if one is
     malformed (said on stderr)."""
@@ -275,6 +296,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="change a Config field (JSON or a plain string), repeatable",
     )
     p.set_defaults(func=cmd_resume)
+    p = sub.add_parser(
+        "export", help="write a job's trained weights (a checkpoint's) as safetensors or torch files"
+    )
+    p.add_argument("job_id")
+    p.add_argument("folder", help="where to write them (created if missing)")
+    p.add_argument("--format", choices=("safetensors", "torch"), default="safetensors")
+    p.add_argument("--step", type=int, default=None, help="the checkpoint of this step (default: the newest)")
+    p.add_argument("--store", default=None, help="the job's store URL, for a job this machine did not submit")
+    p.add_argument("--overwrite", action="store_true", help="replace files that exist in the folder")
+    p.set_defaults(func=cmd_export)
     p = sub.add_parser(
         "run",
         help="run a Python script as a spot job and follow it: spotnb run train.py -- --lr 0.1",

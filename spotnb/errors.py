@@ -10,6 +10,7 @@ __all__ = [
     "SpotnbWarning",
     "ProviderUnavailable",
     "CapacityError",
+    "CheckpointError",
 ]
 
 
@@ -45,3 +46,9 @@ class ProviderUnavailable(SpotnbError, ImportError):
 
 class CapacityError(SpotnbError):
     """The provider has no capacity for the request right now (retry later or elsewhere)."""
+
+
+class CheckpointError(SpotnbError):
+    """No checkpoint of a job can be read (`job.checkpoint`, `spot.load_checkpoint`): none yet,
+    none of the step asked for, or none that verifies. The message names the step, the reason
+    and what to do."""

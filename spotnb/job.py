@@ -333,6 +333,43 @@ class Job:
         except (OSError, ValueError):
             return False
 
+    def checkpoint(self, step: int | None = None) -> Any:
+        """The tracked state of the job's newest checkpoint that verifies against its signed
+        manifest, or of the one saved at `step`: a `spotnb.weights.Checkpoint`, a dict of what
+        `ctx.track` tracked by name (`model.load_state_dict(ckpt["model"])`), with `ckpt.step`
+        and `ckpt.state` (`ctx.state`), tensors on the CPU. Works while the job runs and after
+        it ended; needs the job's key on this machine, as `result()` does. Raises
+        CheckpointError naming the step and the fix when none can be read."""
+        from spotnb.weights import job_key, read_checkpoint
+
+        return read_checkpoint(self.id, self._store_or_raise(), job_key(self.id), step)
+
+    def export(
+        self, folder: str, step: int | None = None, format: str = "safetensors", overwrite: bool = False
+    ) -> list[Any]:
+        """Write the trained weights of the newest verified checkpoint (or of `step`) into
+        `folder`, as files other tools read (`spotnb.weights.export`: `<name>.safetensors` per
+        tracked model, or `<name>.pt` with `format="torch"`; a Hugging Face job's
+        `checkpoint-<step>/`). Returns the paths written."""
+        from spotnb.weights import export_from, job_key
+
+        return export_from(
+            self.id,
+            self._store_or_raise(),
+            job_key(self.id),
+            folder,
+            step=step,
+            format=format,
+            overwrite=overwrite,
+        )
+
+    def _store_or_raise(self) -> Store:
+        if self.store is None:  # a lost job: the job DB says its store vanished
+            raise SpotnbError(
+                f"job {self.id} is lost ({self.state.status_reason}): its checkpoints went with its store"
+            )
+        return self.store
+
     def stop(self, wait: bool = True, timeout: float | None = 60) -> None:
         """Stop the job: terminate its instance; the job ends as "stopped"."""
         if self._stop_hook is not None:

@@ -320,6 +320,20 @@ def _restore_dir(folder: str, files: dict[str, str]) -> None:
         os.unlink(old)
 
 
+def _put_back(manifest: Manifest, paths: dict[str, str]) -> None:
+    """Copy a restored checkpoint's backed-up files (verified local copies: `paths`) to the
+    paths they were backed up from, each backed-up folder made whole again."""
+    in_dirs = {n for n in manifest.dests if any(n.startswith(p + "/") for p in manifest.dirs)}
+    for name, dest in manifest.dests.items():
+        if name not in in_dirs:
+            os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+            shutil.copyfile(paths[name], dest)
+    for prefix, folder_path in manifest.dirs.items():
+        _restore_dir(
+            folder_path, {paths[n]: manifest.dests[n] for n in in_dirs if n.startswith(prefix + "/")}
+        )
+
+
 class _HashingFile:
     """A write-only file that hashes what passes through (torch.save only calls write)."""
 
@@ -1230,7 +1244,14 @@ class Checkpointer:
                 return manifest, found
         return None
 
-    def _load(self, manifest: Manifest, store: Store | None = None) -> Any | None:
+    def _load(
+        self, manifest: Manifest, store: Store | None = None, files: dict[str, str] | None = None
+    ) -> Any | None:
+        """The state of `manifest` once every file it lists verified (None, with a
+        `checkpoint_invalid` event, when one does not), its backed-up files put back at their
+        paths. With `files` (a reader outside the job: `spotnb.weights`) they are not put back:
+        their verified copies stay in the spool, listed in `files` (manifest name -> local path)
+        for the caller to use before `close`."""
         store = store or self.store
         root = self._root_of(store)
         folder = f"{root}/{manifest.seq:08d}"
@@ -1250,22 +1271,18 @@ class Checkpointer:
                 state = fill_refs(state, paths[DATA_NAME])
             if any(name.startswith("tensors/") for name in paths):  # stored by content
                 state = fill_blobs(state, paths, read)
-            in_dirs = {n for n in manifest.dests if any(n.startswith(p + "/") for p in manifest.dirs)}
-            for name, dest in manifest.dests.items():
-                if name not in in_dirs:
-                    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
-                    shutil.copyfile(paths[name], dest)
-            for prefix, folder_path in manifest.dirs.items():
-                _restore_dir(
-                    folder_path, {paths[n]: manifest.dests[n] for n in in_dirs if n.startswith(prefix + "/")}
-                )
+            if files is not None:
+                files.update({name: paths[name] for name in manifest.dests})
+            else:
+                _put_back(manifest, paths)
         except Exception as exc:  # noqa: BLE001 - any damage means: take the previous checkpoint
             reason = str(exc) if len(self.stores) == 1 else f"in {store.url}: {exc}"
             self.emit(ev.CheckpointInvalid(seq=manifest.seq, step=manifest.step, reason=reason))
             return None
         finally:
+            kept = set((files or {}).values())
             for path in paths.values():
-                if path.startswith(self.spool) and os.path.exists(path):
+                if path.startswith(self.spool) and os.path.exists(path) and path not in kept:
                     os.unlink(path)
         # for `adopt`, once the caller has loaded the state: only blobs the write store holds
         # can be referenced by the next save (one restored from another store is written anew)

@@ -46,7 +46,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
@@ -55,7 +55,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
@@ -63,7 +63,7 @@ from spotnb import protocol as ev
 from spotnb.protocol import SaveKind
 from spotnb.runtime.checkpoint import Checkpointer, Manifest, _ewm
 
-__all__ = ["ShardedCheckpointer", "SHARD_DIR", "MARKER", "is_sharded", "needed_files"]
+__all__ = ["ShardedCheckpointer", "SHARD_DIR", "MARKER", "is_sharded", "needed_files", "whole_state"]
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,34 @@ def needed_files(state_dict: dict[str, Any], metadata: Metadata) -> set[str]:
     plan = planner.create_local_plan()
     storage = metadata.storage_data
     return {storage[item.storage_index].relative_path for item in plan.items}
+
+
+def whole_state(metadata: Metadata) -> dict[str, Any]:
+    """A state dict that loads every entry of a DCP checkpoint whole, into one process: the
+    nested state dict that was saved (DCP's `planner_data` maps each flattened key back to
+    its path), a CPU tensor of each saved tensor's full size (shards put together) and a
+    placeholder for each other value (DCP replaces it with the saved one)."""
+    out: dict[str, Any] = {}
+    paths = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
+    for key, meta in metadata.state_dict_metadata.items():
+        value: Any = None
+        if isinstance(meta, TensorStorageMetadata):
+            value = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+        path = tuple(paths.get(key) or (key,))
+        node: Any = out
+        for part, after in zip(path, path[1:], strict=False):  # the containers on the way (lists by index)
+            child: Any = [] if isinstance(after, int) else {}
+            if isinstance(node, list):
+                node.extend([None] * (part + 1 - len(node)))
+                node[part] = child if node[part] is None else node[part]
+                node = node[part]
+            else:
+                node = node.setdefault(part, child)
+        last = path[-1]
+        if isinstance(node, list):
+            node.extend([None] * (last + 1 - len(node)))
+        node[last] = value
+    return out
 
 
 class ShardedCheckpointer:
@@ -405,16 +433,26 @@ class ShardedCheckpointer:
         return found[0] if found is not None else None
 
     def load_with(
-        self, prepare: Callable[[Collection[str]], dict[str, Any]]
+        self,
+        prepare: Callable[[Collection[str]], dict[str, Any]] | None,
+        manifests: Sequence[Manifest] | None = None,
     ) -> tuple[Manifest, dict[str, Any]] | None:
         """`load`, with the state dict to load into made by `prepare(keys)` once the
         checkpoint's metadata is read (`keys`: the (flattened) keys it holds, e.g. per-process
         entries that exist only for the processes that wrote it). Returns the manifest and
-        the loaded state dict. Each process fetches only the files its load reads."""
+        the loaded state dict. Each process fetches only the files its load reads.
+
+        `prepare=None`: every entry as it was saved, whole (`whole_state`: a reader in one
+        process, `spotnb.weights`). `manifests`: the candidates, newest first (default: every
+        committed sharded checkpoint)."""
         self.wait()  # a save of this process still in the background is not a candidate yet
         ck = self.ckpt
-        candidates = [m for m in ck.list_manifests() if is_sharded(m)] if self.rank == 0 else None
-        candidates = self._broadcast(candidates, self.group)
+        candidates: list[Manifest]
+        if manifests is not None:
+            candidates = [m for m in manifests if is_sharded(m)]
+        else:
+            mine = [m for m in ck.list_manifests() if is_sharded(m)] if self.rank == 0 else None
+            candidates = self._broadcast(mine, self.group)
         self.fetched, self.fetched_bytes = {}, 0
         for manifest in candidates:
             local = tempfile.mkdtemp(prefix=f"restore-{manifest.seq}-", dir=ck.spool)
@@ -424,7 +462,10 @@ class ShardedCheckpointer:
                 state_dict: dict[str, Any] = {}
                 if self._all(reason is None):  # every process can plan: prepare may be collective
                     metadata = dcp.FileSystemReader(local).read_metadata()
-                    state_dict = prepare(set(metadata.state_dict_metadata))
+                    if prepare is None:
+                        state_dict = whole_state(metadata)
+                    else:
+                        state_dict = prepare(set(metadata.state_dict_metadata))
                     needed: set[str] = set()
                     unfit: str | None = None
                     try:
