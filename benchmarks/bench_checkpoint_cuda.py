@@ -152,11 +152,20 @@ class DcpAsync(Saver):
         self.finish()  # DCP's rule: one async save in flight
         self.path = os.path.join(self.folder, f"dcp-{step}")
         kw = {"async_stager": self.stager} if self.stager is not None else {}
-        got = dcp.async_save(self.t.state(), checkpoint_id=self.path, **kw)
+        got = dcp.async_save(self._state(), checkpoint_id=self.path, **kw)
         if hasattr(got, "upload_completion"):  # AsyncSaveResponse: staging may still run
             self.upload, self.staging = got.upload_completion, got.staging_completion
         else:
             self.upload, self.staging = got, None
+
+    def _state(self) -> dict[str, Any]:
+        """The state as torchtitan hands it to DCP: `get_state_dict`'s plain dicts, keyed by
+        parameter name (torch 2.11's stager cannot copy a module's OrderedDict or the
+        optimizer's own state_dict: KeyError <class 'type'>, seen on the H200)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optim = get_state_dict(self.t.model, self.t.opt)
+        return {"model": model, "optim": optim}
 
     def before_opt(self) -> None:
         if self.staging is not None:  # torchtitan's maybe_wait_for_staging
@@ -261,16 +270,21 @@ def stalls(t: Trainer, savers: list[Saver], rounds: int, normal: float) -> dict[
     step. Rounds interleaved across savers; each saver's writing finishes before the next."""
     out: dict[str, list[float]] = {s.name: [] for s in savers}
     for r in range(rounds + 1):  # round 0 warms up (buffers, files, CUDA streams)
-        for s in savers:
-            _sync()
-            t0 = time.perf_counter()
-            s.save(r)
-            t.step(s.before_opt)
-            _sync()
-            if r:
-                out[s.name].append(max(0.0, time.perf_counter() - t0 - normal))
-                print(f"    {s.name}: {out[s.name][-1] * 1e3:.0f} ms", flush=True)  # kept if cut off
-            s.finish()
+        for s in list(savers):
+            try:
+                _sync()
+                t0 = time.perf_counter()
+                s.save(r)
+                t.step(s.before_opt)
+                _sync()
+                if r:
+                    out[s.name].append(max(0.0, time.perf_counter() - t0 - normal))
+                    print(f"    {s.name}: {out[s.name][-1] * 1e3:.0f} ms", flush=True)  # kept if cut off
+                s.finish()
+            except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, the rest go on
+                print(f"    {s.name} FAILED: {type(exc).__name__}: {exc}", flush=True)
+                savers.remove(s)
+                del out[s.name]
     return out
 
 
