@@ -5,9 +5,13 @@ failed or a part produced nothing (timed out), so the script's status says wheth
 from __future__ import annotations
 
 import json
+import re
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+#: the lines of a benchmark log that are measurements (printed as they are made)
+MEASURED = re.compile(r"^(== .*==|    [^ ].*: \d+ ms|    [^ ].* FAILED: .*)$")
 
 
 def main(out: Path) -> int:
@@ -37,7 +41,11 @@ def main(out: Path) -> int:
     for part in ("bench-2gb", "bench-10gb"):
         path = out / f"{part}.json"
         if not path.exists():
-            print(f"{part}: no result (timed out?)")
+            log = out / f"{part}.log"
+            lines = log.read_text().splitlines() if log.exists() else []
+            seen = [x for x in lines if MEASURED.match(x)]
+            print(f"{part}: cut off or failed; measured before that:" if seen else f"{part}: no result")
+            print("\n".join(seen))
             ok = False
             continue
         for r in json.loads(path.read_text()):
