@@ -566,7 +566,12 @@ def resume(
         files = [ShippedFile(**{k: v for k, v in f.items() if k != "source"}) for f in collected]
         if spec.script is not None:  # the script itself is shipped whatever Config.files says
             files += [f for f in spec.files if f.path == spec.script.path and f not in files]
-    # -- all checked: write --------------------------------------------------------------------
+    # -- all checked: claim the job (of two resumes at once, one goes on), then write ----------
+    if not db.claim_job(full_id, row.get("status"), status=JobStatus.PENDING.value):
+        raise SpotnbError(
+            f"job {full_id} is being resumed by another call (its row changed since this one "
+            f"looked): follow that one with spot.attach({full_id!r})"
+        )
     if payload is not None:
         store.write_bytes(store.job(full_id, "fn.pkl"), seal(key, full_id, "fn.pkl", payload))
     fresh = _spec(full_id, new, [], created=spec.created)
@@ -605,7 +610,7 @@ def attach(job_id: str, store: str | None = None) -> Job:
         job = live or Job(row["id"], None, db, {"name": row.get("name")})  # type: ignore[arg-type]
         job._mark_lost(row.get("status_reason") or "its store vanished")
         return job
-    if live is not None:
+    if live is not None and not (live.done and _went_on_elsewhere(live, db)):
         return live
     if row is None and store is None:
         raise SpotnbError(f"no job {job_id!r} in {db.path}; pass store= to attach from a store directly")
@@ -623,6 +628,21 @@ def attach(job_id: str, store: str | None = None) -> Job:
     job = Job(full_id, st, db, {"name": name})
     job.follow()
     return job
+
+
+def _went_on_elsewhere(live: Job, db: JobDB) -> bool:
+    """A job this process saw end has more events in its store: it was resumed from another
+    process (`spotnb resume` in a shell). The finished Job this process holds is stale then:
+    forget it, so that `attach` follows the job again."""
+    if live.store is None:
+        return False
+    newer = EventReader(live.store, live.id).poll()
+    if len(newer) <= len(live.events):
+        return False
+    with _LIVE_LOCK:
+        if _LIVE.get(live.id) is live:
+            del _LIVE[live.id]
+    return True
 
 
 def jobs() -> list[dict[str, Any]]:

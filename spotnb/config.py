@@ -122,6 +122,12 @@ class _GenericConfig(BaseModel):
     )
     max_preemptions: int | None = Field(None, ge=0, description="Stop after this many preemptions.")
     max_retries: int = Field(0, ge=0, description="Relaunches after a user error (default 0).")
+    max_crashes: int = Field(
+        3,
+        ge=0,
+        description="Replicas of a job on several instances that may die without an error (the "
+        "OOM killer, a segfault) before the job fails; each is replaced and heals from a peer.",
+    )
     max_cost: float | None = Field(
         None,
         gt=0,
@@ -284,7 +290,13 @@ class _GenericConfig(BaseModel):
         )
 
     @field_validator(
-        "save_every", "keep_last", "max_preemptions", "max_retries", "max_stalled_relaunches", mode="before"
+        "save_every",
+        "keep_last",
+        "max_preemptions",
+        "max_retries",
+        "max_crashes",
+        "max_stalled_relaunches",
+        mode="before",
     )
     @classmethod
     def _no_bool(cls, v: Any) -> Any:

@@ -675,7 +675,8 @@ class Controller:
             "notice": self.provider.notice_settings(),
             **(extra or {}),
         }
-        if self.config.migrate in MOVING_POLICIES:  # the agent looks for a request to move
+        if self.config.migrate in MOVING_POLICIES or self.config.instances > 1:
+            # the agent looks for a request to move, or (several instances) to save now
             inc_doc["move_poll"] = MOVE_POLL if self.store.local else MOVE_POLL_REMOTE
         if getattr(self.config, "regional_stores", None):  # it waits for `_place_checkpoint`
             inc_doc["ckpt_doc"] = True

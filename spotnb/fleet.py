@@ -44,6 +44,8 @@ __all__ = ["FleetController", "make_controller", "AFTER_DONE_GRACE"]
 
 #: seconds a replica may go on after the job's first `done` before it is ended as not needed
 AFTER_DONE_GRACE = 15.0
+#: seconds the surviving replicas of a failing job have to checkpoint before they are ended
+SURVIVOR_SAVE_WAIT = 120.0
 
 
 @dataclass
@@ -86,6 +88,7 @@ class FleetController(Controller):
         self.slots = [_Slot(k) for k in range(self.config.instances)]
         self._succeeded = False
         self._succeeded_at: float | None = None
+        self.crashes = 0  # replicas that died without an error (Config.max_crashes)
         self._looked = time.time()  # the last look at the prices for a move
         self._status(JobStatus.PENDING if self._next_n == 1 else JobStatus.RESTORING)
         for slot in self.slots:
@@ -103,13 +106,15 @@ class FleetController(Controller):
             for slot in list(self.slots):  # (a slot that ended for good leaves the list)
                 verdict = self._tend(slot)
                 if verdict is not None:
+                    if verdict == JobStatus.FAILED:
+                        self._survivors_save()
                     self._end_all(Outcome.NOT_NEEDED if verdict == JobStatus.SUCCEEDED else Outcome.STOPPED)
                     if verdict == JobStatus.STOPPED:
                         self._end_stopped()
+                    elif verdict == JobStatus.FAILED:
+                        self._fail_job()
                     else:
-                        self.set_status(
-                            verdict, reason=None if verdict == JobStatus.SUCCEEDED else "user_error"
-                        )
+                        self.set_status(verdict)
                     return
             if self.config.migrate in MOVING_POLICIES and not self._succeeded:
                 self._tend_moves()
@@ -292,7 +297,28 @@ class FleetController(Controller):
             return None
         if self._succeeded:
             return None
+        if outcome.reason == Outcome.CRASHED:
+            # the process died without a Python exception (the OOM killer, a segfault, a stray
+            # kill): a lost replica, not the function's fault. The survivors train on and a
+            # replacement heals from a peer, as after a preemption, within the crash budget
+            self.crashes += 1
+            self._failure = (slot.n, outcome)
+            budget = self.config.max_crashes
+            self.emit(
+                ev.JobWarning(
+                    message=f"incarnation {slot.n} (slot {slot.index}) died without an error, exit "
+                    f"code {outcome.code}: crash {self.crashes} of the {budget} the job allows "
+                    f"(Config.max_crashes); its log: {outcome.detail.get('log') or 'none'}"
+                ),
+                slot.n,
+            )
+            if self.crashes > budget:
+                return JobStatus.FAILED
+            if refill:
+                self._refill(slot)
+            return None
         if outcome.reason in _FAILURES:
+            self._failure = (slot.n, outcome)
             if self.retries >= self.config.max_retries:
                 return JobStatus.FAILED
             self.retries += 1
@@ -312,6 +338,50 @@ class FleetController(Controller):
             if refill:
                 self._refill(slot)
         return None
+
+    def _survivors_save(self) -> None:
+        """The job must end on a failure: the replicas still training first checkpoint the
+        step they reached (`incarnations/<n>.save`; replica 0 of the quorum writes it), so a
+        resume loses nothing they computed. Waits for that checkpoint, for the survivors to
+        end, or SURVIVOR_SAVE_WAIT seconds, whichever comes first."""
+        live = [s for s in self.slots if s.instance is not None and s.reported_end is None]
+        if not live:
+            return
+        before = self.job.state.checkpointed
+        for slot in live:
+            self.store.write_bytes(self.store.job(self.job.id, "incarnations", f"{slot.n:04d}.save"), b"")
+        deadline = time.time() + SURVIVOR_SAVE_WAIT
+        while time.time() < deadline:
+            self.pump()
+            if self.job.state.checkpointed != before:
+                return
+            if all(self._ended(s) is not None for s in live if s.instance is not None):
+                return
+            time.sleep(self.store.poll_interval)
+        self.emit(
+            ev.JobWarning(
+                message=f"the surviving replicas did not checkpoint within {SURVIVOR_SAVE_WAIT:.0f} s "
+                "of the failure: a resume starts from the last checkpoint before it"
+            )
+        )
+
+    def _fail_job(self) -> None:
+        """End the job as failed, saying which instance ended it and how: a crash has no
+        error event of its own, so one is written (the instance, its exit code, its log)."""
+        n, outcome = getattr(self, "_failure", (0, _Outcome(Outcome.USER_ERROR)))
+        if outcome.reason == Outcome.CRASHED and self.job.state.error is None:
+            log_path = str(outcome.detail.get("log", ""))
+            self.emit(
+                ev.Error(
+                    message=f"incarnation {n} died without reporting an error (exit code "
+                    f"{outcome.code}), crash {self.crashes} where Config.max_crashes allows "
+                    f"{self.config.max_crashes}; its log: {log_path or 'none'}",
+                    exc_type="InstanceCrashed",
+                    traceback=log_path,
+                ),
+                n,
+            )
+        self.set_status(JobStatus.FAILED, reason=outcome.reason.value)
 
     def _dismiss_latecomers(self) -> None:
         """The job is done (a replica returned, so its result is in the store): replicas that

@@ -140,6 +140,17 @@ class JobDB:
         cols = ", ".join(f"{k}=?" for k in fields)
         self._exec(f"UPDATE jobs SET {cols} WHERE id=?", (*fields.values(), job_id))
 
+    def claim_job(self, job_id: str, expected: str | None, **fields: Any) -> bool:
+        """Update the job's row only if its status is still `expected` (what the caller read):
+        of two callers that read the same row, one wins. True if this one did."""
+        fields["updated"] = time.time()
+        cols = ", ".join(f"{k}=?" for k in fields)
+        with self._lock, self._connect() as con:
+            cur = con.execute(
+                f"UPDATE jobs SET {cols} WHERE id=? AND status IS ?", (*fields.values(), job_id, expected)
+            )
+            return cur.rowcount == 1
+
     def job(self, job_id: str) -> dict[str, Any] | None:
         """The job with this id, or the one job whose id starts with it; None if none does.
 

@@ -536,10 +536,17 @@ class Agent:
         from spotnb.runtime.notice import Notice
 
         path = self.store.job(self.job_id, "incarnations", f"{self.incarnation:04d}.move")
+        save = self.store.job(self.job_id, "incarnations", f"{self.incarnation:04d}.save")
+        saved = False
         while not self._stop.wait(poll):
             try:
                 self.store.invalidate()
                 asked = self.store.exists(path)
+                # `.save`: a job on several instances is ending on another replica's failure:
+                # checkpoint the step reached before this replica is ended (`FleetController`)
+                if not saved and self.store.exists(save):
+                    saved = True
+                    ctx._request_save()
             except OSError:  # the store is briefly unreachable: look again
                 continue
             if asked:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     # 3 CPU seconds): imported only by a job whose model holds DTensors (`_detect_sharded`)
     from spotnb.runtime.sharded import ShardedCheckpointer
 
-__all__ = ["Context", "Evacuate", "ctx"]
+__all__ = ["Context", "CheckpointMismatch", "Evacuate", "ctx"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,12 @@ _KIND_CODES = list(SaveKind)
 _RESERVED = frozenset({"step", "t", "incarnation", "replica"})  # row keys spotnb fills in
 #: the tracked entry holding a replicated job's sync mode, step and DiLoCo outer momentum
 SYNC_KEY = "_spotnb_sync"
+
+
+class CheckpointMismatch(RuntimeError):
+    """The checkpoint being restored lacks state for a name the function tracks."""
+
+
 #: seconds a replica keeps free before a notice's deadline when it finishes its window first
 NOTICE_MARGIN_S = 3.0
 
@@ -129,6 +135,7 @@ class Context:
         self.total: int | None = None
         self.state: dict[str, Any] = {}  # the user's own picklable extras, saved too
         self._tracked: dict[str, Any] = {}
+        self._new: set[str] = set()  # tracked names a resumed checkpoint may lack (`track_new`)
         self._ckpt = checkpointer
         self._policy = policy
         self._emit, self._flush = emit, flush
@@ -270,6 +277,14 @@ class Context:
                 )
             self._tracked[name] = obj
 
+    def track_new(self, **stateful: Any) -> None:
+        """`track`, for objects the checkpoint being resumed does not hold (an EMA model added
+        before `spot.resume`): they start fresh. Without this, a checkpoint that lacks a tracked
+        name refuses to restore: resuming a model under a new name would train it from scratch
+        while the job says "resumed"."""
+        self.track(**stateful)
+        self._new |= set(stateful)
+
     def restore(self) -> int | None:
         """Load the newest verified checkpoint into the tracked objects (done for you at the
         first step). Returns the restored step, or None on a fresh start."""
@@ -290,6 +305,7 @@ class Context:
             return None
         manifest, state = found
         objects = state.get("objects", {})
+        self._check_names(manifest, int(state["step"]), objects)
         for name, obj in self._tracked.items():
             if name in objects:
                 obj.load_state_dict(objects[name])
@@ -297,13 +313,37 @@ class Context:
                 self._emit(
                     ev.JobWarning(
                         message=f"checkpoint {manifest.seq} has no state for "
-                        f"tracked object {name!r}; it starts fresh"
+                        f"tracked object {name!r}; it starts fresh (ctx.track_new)"
                     )
                 )
         _set_rng_state(state["rng"])
         self.state.update(state.get("user", {}))
         self._ckpt.adopt(self._full_state(), frozen_tensors(self._tracked.values()))  # not rehashed
         return self._resumed(int(state["step"]), manifest, t0)
+
+    def _check_names(self, manifest: Any, step: int, objects: dict[str, Any]) -> None:
+        """Refuse to restore a checkpoint that lacks a name this function tracks (unless it was
+        tracked with `track_new`): the function was changed, and its model would start from
+        scratch under a job that says it resumed. Names only the checkpoint holds are left
+        behind with a warning."""
+        held = sorted(k for k in objects if k != SYNC_KEY)
+        tracked = sorted(k for k in self._tracked if k != SYNC_KEY)
+        missing = [k for k in tracked if k not in objects and k not in self._new]
+        if missing:
+            raise CheckpointMismatch(
+                f"checkpoint {manifest.seq} (step {step}) holds {held} but this function tracks "
+                f"{tracked}: {missing} would start from scratch while the job resumes at step "
+                f"{step}. Track the same names as the run that saved it (ctx.track(...)), or, "
+                f"to start {missing} fresh on purpose, register them with ctx.track_new(...)"
+            )
+        left = [k for k in held if k not in self._tracked]
+        if left:
+            self._emit(
+                ev.JobWarning(
+                    message=f"checkpoint {manifest.seq} also holds {left}, which this function "
+                    "does not track: that state is left behind"
+                )
+            )
 
     def _resumed(self, step: int, manifest: Any, t0: float) -> int:
         """The job goes on from `step` of `manifest` (restored since `t0`): say so."""

@@ -106,3 +106,117 @@ def test_a_running_job_cannot_be_resumed_and_a_stopped_one_finishes() -> None:
     mark = next(e for e in resumed.events if e["kind"] == "job_resumed")
     assert mark["from_status"] == "stopped"
     assert [e for e in resumed.events if e["kind"] == "allocated" and e["t"] > mark["t"]]
+
+
+def tracks(ctx: Any, names: tuple[str, ...], fail_at: int | None = None, new: tuple[str, ...] = ()) -> Any:
+    """A linear model per name (`new`: tracked with ctx.track_new); fails at `fail_at`."""
+    torch.manual_seed(0)
+    models = {n: torch.nn.Linear(4, 1) for n in names}
+    ctx.track(**{n: m for n, m in models.items() if n not in new})
+    if new:
+        ctx.track_new(**{n: m for n, m in models.items() if n in new})
+    for step in ctx.steps(60):
+        if step == fail_at:
+            raise ValueError(f"bad batch at step {step}")
+        with torch.no_grad():
+            for m in models.values():
+                m.weight.add_(1.0)
+    return {n: float(m.weight.detach().sum()) for n, m in models.items()}
+
+
+def test_a_resume_whose_function_tracks_other_names_refuses_to_start_and_says_which() -> None:
+    """The job saved `model`; the 'fixed' function tracks `net` and `other` instead. Restoring
+    would train them from zeros under a job that says it resumed at step 30: the resumed run
+    fails at once, naming the names on both sides and the fix. `ctx.track_new` says "start
+    these fresh" on purpose: then it resumes, and only they start from zero."""
+    job = spot.train(
+        functools.partial(tracks, names=("model",), fail_at=35), spot.Config(ship_modules=SHIP, save_every=10)
+    )
+    with pytest.raises(spot.JobFailed, match="bad batch at step 35"):
+        job.result(timeout=120)
+    renamed = spot.resume(job.id, functools.partial(tracks, names=("net", "other")))
+    refusal = r"holds \['model'\] but this function tracks \['net', 'other'\]"
+    with pytest.raises(spot.JobFailed, match=refusal):
+        renamed.result(timeout=120)
+    assert "ctx.track_new" in renamed.state.error.message
+    assert not [e for e in renamed.events if e["kind"] == "resumed"]
+    added = spot.resume(job.id, functools.partial(tracks, names=("model", "ema"), new=("ema",)))
+    result = added.result(timeout=120)
+    resumed = [e for e in added.events if e["kind"] == "resumed"][-1]
+    assert resumed["from_step"] == 30
+    fresh = _fresh_weight_sums(2)
+    assert result["model"] == pytest.approx(60 * 4 + fresh[0])  # every step applied once
+    assert result["ema"] == pytest.approx(30 * 4 + fresh[1])  # from step 30 on, from fresh weights
+
+
+def _fresh_weight_sums(n: int) -> list[float]:
+    torch.manual_seed(0)
+    return [float(torch.nn.Linear(4, 1).weight.detach().sum()) for _ in range(n)]
+
+
+def test_two_concurrent_resumes_of_one_job_let_one_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two `spot.resume` calls at once (two cells, two shells): one resumes the job, the other
+    is refused before it writes anything; one `job_resumed` event. Both are held after their
+    checks (the job is failed for both) until both got there: the race, every time."""
+    import threading
+
+    from spotnb import api
+
+    job = spot.train(jobfns.fails_at, spot.Config(ship_modules=SHIP))
+    with pytest.raises(spot.JobFailed):
+        job.result(timeout=120)
+    checked = threading.Barrier(2)
+    real_check = api._check_inputs
+
+    def check_then_meet(config: Any) -> None:
+        real_check(config)
+        checked.wait(60)
+
+    monkeypatch.setattr(api, "_check_inputs", check_then_meet)
+    go = threading.Barrier(2)
+    outcomes: list[Any] = []
+
+    def resume() -> None:
+        go.wait()
+        try:
+            outcomes.append(spot.resume(job.id))
+        except SpotnbError as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=resume) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    jobs = [o for o in outcomes if isinstance(o, spot.Job)]
+    refused = [o for o in outcomes if isinstance(o, SpotnbError)]
+    assert len(jobs) == 1 and len(refused) == 1, outcomes
+    assert "is being resumed" in str(refused[0])
+    with pytest.raises(spot.JobFailed):
+        jobs[0].result(timeout=120)
+    assert len([e for e in jobs[0].events if e["kind"] == "job_resumed"]) == 1
+
+
+def test_attach_after_a_resume_from_a_shell_follows_the_job_again() -> None:
+    """The notebook ran the job and saw it stop; `spotnb resume ID` in a shell continued it. The
+    notebook's `spot.attach(ID)` must not hand back the finished Job it still holds: it shows
+    the resume and waits for the result."""
+    import subprocess
+    import sys
+
+    job = spot.train(
+        functools.partial(jobfns.slow_steps, steps=200, step_time=0.01),
+        spot.Config(ship_modules=SHIP, checkpoint="static:50"),
+    )
+    deadline = __import__("time").monotonic() + 120
+    while job.status != "running" and __import__("time").monotonic() < deadline:
+        job.wait(0.05)
+    job.stop(timeout=120)
+    assert job.status == "stopped"
+    shell = subprocess.run(
+        [sys.executable, "-m", "spotnb.cli", "resume", job.id], capture_output=True, text=True, timeout=120
+    )
+    assert shell.returncode == 0, shell.stderr
+    again = spot.attach(job.id)
+    assert again.result(timeout=180) == 200
+    assert [e for e in again.events if e["kind"] == "job_resumed"]

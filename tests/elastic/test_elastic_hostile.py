@@ -110,3 +110,51 @@ def test_a_sigkilled_controller_is_replaced_and_the_fleet_starts_again(monkeypat
     kinds = [e["kind"] for e in again.events]
     assert "controller_restarted" in kinds and "resumed" in kinds
     wait_for(lambda: not _lighthouses(job.id), 30, "a lighthouse outlived its job")
+
+
+def _kill_a_replica(job: spot.Job, at_step: int) -> int:
+    """SIGKILL the newest replica's agent at `at_step`, as the kernel's OOM killer would: no
+    notice, no Python exception. Its incarnation."""
+    wait_progress(job, at_step)
+    launched = [e for e in job.events if e["kind"] == "launched"][-1]
+    os.kill(int(launched["info"]["pid"]), signal.SIGKILL)
+    return launched["incarnation"]
+
+
+def test_a_replica_killed_without_notice_is_replaced_and_the_job_ends_exact() -> None:
+    """One of three replicas dies (-9) mid-run: a lost replica, not a failed job. The two
+    others train on, a replacement heals from a peer, and every step is applied exactly once;
+    a warning says which incarnation died, how, and where its log is."""
+    steps = 120
+    job = spot.train(
+        functools.partial(jobfns.exact_dp, steps=steps, step_delay=0.05),
+        spot.Config(instances=3, ship_modules=SHIP, local_alloc_delay=0.1),
+    )
+    victim = _kill_a_replica(job, 30)
+    result = job.result(timeout=240)
+    assert result["weights"] == jobfns.exact_dp_expected(steps)
+    (crashed,) = [e for e in job.events if e["kind"] == "exited" and e["reason"] == "crashed"]
+    assert crashed["incarnation"] == victim
+    (warned,) = [e for e in job.events if e["kind"] == "warning" and "died without an error" in e["message"]]
+    assert f"incarnation {victim}" in warned["message"] and "exit code -9" in warned["message"]
+    assert ".log" in warned["message"]
+    healed = [e for e in job.events if e["kind"] == "quorum" and e["incarnation"] > victim and e["healed"]]
+    assert healed, "the replacement joined from a peer"
+
+
+def test_when_crashes_exceed_the_budget_the_survivors_checkpoint_and_the_job_says_why() -> None:
+    """max_crashes=0: the first replica that dies ends the job. Before the survivors are ended
+    they checkpoint the step they reached (nothing they computed is lost to a resume); the job
+    fails as "crashed" with an error that names the incarnation, its exit code and its log."""
+    job = spot.train(
+        functools.partial(jobfns.exact_dp, steps=100_000, step_delay=0.05),
+        spot.Config(instances=3, ship_modules=SHIP, local_alloc_delay=0.1, save_every=100_000, max_crashes=0),
+    )
+    victim = _kill_a_replica(job, 30)
+    with pytest.raises(spot.JobFailed, match=rf"incarnation {victim} died without reporting an error"):
+        job.result(timeout=240)
+    assert job.status == "failed" and job.state.status_reason == "crashed"
+    (error,) = [e for e in job.events if e["kind"] == "error"]
+    assert error["exc_type"] == "InstanceCrashed" and "exit code -9" in error["message"]
+    saves = [e for e in job.events if e["kind"] == "checkpoint" and e["incarnation"] != victim]
+    assert saves and saves[-1]["step"] >= 30, "the survivors checkpointed before they were ended"
