@@ -25,6 +25,7 @@ from spotnb.plan_view import Plan
 from spotnb.protocol import TERMINAL, JobStatus
 from spotnb.providers import get_provider_class, registry
 from spotnb.providers.base import LaunchSpec
+from spotnb.shipping import ship
 from spotnb.signing import key_path, load_key, new_key, save_key, seal
 from spotnb.spec import (
     JobSpec,
@@ -340,6 +341,7 @@ def _submit(
     save_key(job_id, key)
     upload(store, files)
     store.write_bytes(store.job(job_id, "fn.pkl"), seal(key, job_id, "fn.pkl", fn_payload))
+    ship(store, job_id, key, config, get_provider_class(config.provider).ships_code)  # the VMs' spotnb
     write_spec(store, _spec(job_id, config, files, script=script), key)
     db.add_job(
         job_id,

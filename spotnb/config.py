@@ -147,6 +147,12 @@ class _GenericConfig(BaseModel):
     heartbeat_timeout: Duration = Field(60.0, description="Silence after which an instance counts as dead.")
     notice_poll: Duration = Field(1.0, description="Seconds between polls of the preemption notice.")
     requirements: list[str] = Field(default_factory=list, description="pip specs the function needs.")
+    spotnb_source: str = Field(
+        "store",
+        description="Where a cloud VM gets spotnb: 'store' (this notebook's own spotnb, shipped as "
+        "a wheel through the store), 'index' (the release of this version on the package index) "
+        "or a pip spec of spotnb, e.g. 'spotnb @ git+https://github.com/you/spotnb@main'.",
+    )
     files: list[str] = Field(default_factory=list, description="Local files or folders to ship.")
     ship_modules: list[str] = Field(default_factory=list, description="Modules pickled by value.")
     price_spot: float | None = Field(None, ge=0, description="Override the spot $/h of the price table.")
@@ -355,6 +361,15 @@ class _GenericConfig(BaseModel):
                     "configured on the image, or a token from the instance's environment"
                 )
         return v
+
+    @field_validator("spotnb_source")
+    @classmethod
+    def _spotnb_source(cls, v: str) -> str:
+        problem = _source_problem(v)
+        if problem:
+            raise ValueError(f"{v!r} {problem}")
+        v = v.strip()
+        return v.lower() if v.lower() in ("store", "index") else v
 
     @field_validator("provider")
     @classmethod
@@ -578,6 +593,48 @@ def _check_store(url: str) -> None:
             f"folder); write an absolute path with three slashes: "
             f"file://{os.path.abspath(rest)}"
         )
+
+
+def _source_problem(value: str) -> str | None:
+    """Why `value` is no Config.spotnb_source ("store", "index" or a pip spec naming spotnb), or None."""
+    text = value.strip()
+    if text.lower() in ("store", "index"):
+        return None
+    fix = (
+        "give 'store' (this notebook's spotnb, through the store), 'index' (the published "
+        "release) or a pip spec of spotnb such as 'spotnb==0.1.0' or "
+        "'spotnb @ git+https://github.com/you/spotnb@main'"
+    )
+    if not text or "\n" in text or "\r" in text:
+        return f"is not a single pip requirement; {fix}"
+    if _has_userinfo(text):
+        return (
+            "carries credentials in its URL; they would be written to the job spec and every boot "
+            "script. Use spotnb_source='store', or a public URL"
+        )
+    if text.startswith(("/", "./", "../", "~", "file:")) or re.match(r"^[A-Za-z]:\\", text):
+        return f"is a path on this machine, which a cloud VM cannot see; {fix}"
+    if re.match(r"^[a-z][a-z0-9+.-]*://", text, re.I):  # a URL of a wheel or an archive
+        name = text.split("?", 1)[0].split("#", 1)[0].rsplit("/", 1)[-1]
+        if re.match(r"^spotnb-[^/]+\.(whl|tar\.gz|zip)$", name):
+            return None
+        if text.lower().startswith(("git+", "hg+", "svn+", "bzr+")):
+            return f"is a bare VCS URL; name the package: 'spotnb @ {text}'"
+        return f"is a URL, but not of a spotnb wheel or archive (spotnb-<version>….whl); {fix}"
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+    except ImportError:  # no packaging here: the name is all that can be checked
+        ok = re.match(r"^spotnb(\[[\w,\s-]*\])?\s*(@|[<>=!~]|$)", text)
+        return None if ok else f"is not a pip requirement of spotnb; {fix}"
+    try:
+        req = Requirement(text)
+    except InvalidRequirement as exc:
+        return f"is not a pip requirement ({str(exc).splitlines()[0]}); {fix}"
+    if req.name.lower() != "spotnb":
+        return f"names {req.name!r}, not spotnb; {fix} (the job's own packages go in requirements)"
+    if req.marker is not None:
+        return f"has an environment marker, which would leave some VMs without spotnb; {fix}"
+    return None
 
 
 def _has_userinfo(text: str) -> bool:

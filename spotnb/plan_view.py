@@ -25,7 +25,7 @@ __all__ = ["Plan", "summary_rows"]
 #: user does not have to read bash to know what runs on the VM.
 _BOOT_STEPS = (
     "finds a Python on the image",
-    "installs the same spotnb version and the job's requirements",
+    'installs spotnb (see "spotnb code") and the job\'s requirements',
     "reports a `bootstrap` event to the store",
     "runs the spotnb agent, which trains and checkpoints",
     "powers off when the agent exits (the instance terminates itself)",
@@ -103,6 +103,8 @@ def summary_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("max price", f"${float(cap):.3f}/h"))
     disk = _find(plan.get("requests"), ("VolumeSize", "diskSizeGb", "disk_size_gb", "disk_size_gi_b"))
     rows.append(("disk", f"{disk} GB" if disk is not None else "the image's default boot disk"))
+    if plan.get("code"):
+        rows.append(("spotnb code", str(plan["code"])))
     if plan.get("bootstrap"):
         rows.append(("boot script", "; ".join(_BOOT_STEPS)))
     calls = [

@@ -24,6 +24,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,6 +45,7 @@ __all__ = [
     "s3_store_url",
     "az_store_url",
     "gs_store_url",
+    "ship_fake",
 ]
 
 CANARIES = {
@@ -246,6 +248,24 @@ def gs_store_url(gcs_env: str) -> str:
     bucket = f"spotnb-{uuid.uuid4().hex[:10]}"
     gcsfs.GCSFileSystem(endpoint_url=gcs_env, token="anon").mkdir(bucket)
     return f"gs://{bucket}/store"
+
+
+# -- a shipped spotnb where no store is reachable ------------------------------------------------
+def ship_fake(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bytes | None]]:
+    """Stand in for the job's shipped spotnb (`spotnb.shipping.code_for_launch`) where the store
+    is not reachable (the fake SDK transports): a fixed wheel reference with the extras asked
+    for. Returns the (job, key) of every call."""
+    from spotnb import shipping
+
+    calls: list[tuple[str, bytes | None]] = []
+
+    def fake(config: Any, job_id: str, extras: Any = (), key: bytes | None = None) -> Any:
+        calls.append((job_id, key))
+        ref = shipping.CodeRef(f"{config.store_url()}/code/spotnb-0.1.0-{'a' * 64}.whl", "a" * 64, 1, "0.1.0")
+        return ref.with_extras(extras)
+
+    monkeypatch.setattr(shipping, "code_for_launch", fake)
+    return calls
 
 
 # -- fault injection in front of moto ------------------------------------------------------------

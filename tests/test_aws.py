@@ -92,7 +92,9 @@ def test_launch_describe_terminate(provider: AWSProvider, s3_store_url: str) -> 
     script = base64.b64decode(raw).decode()
     assert script == provider.plan_launch(spec)["bootstrap"]
     assert script.startswith("#!/bin/bash") and "spotnb.runtime.agent" in script
-    assert "'spotnb[aws]==0.1.0' 'einops>=0.7'" in script
+    # this notebook's spotnb from the store (spotnb.shipping), then the job's requirements
+    assert f"SPOTNB_WHEEL_URL={s3_store_url}/code/spotnb-0.1.0-" in script
+    assert "\"$SPOTNB_WHEEL_FILE$SPOTNB_WHEEL_EXTRAS\" 'einops>=0.7'" in script
     # the security group has no inbound rule
     sg = ec2.describe_security_groups(GroupIds=[g["GroupId"] for g in data["SecurityGroups"]])
     assert [g["GroupName"] for g in sg["SecurityGroups"]] == [SECURITY_GROUP]

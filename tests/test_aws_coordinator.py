@@ -274,7 +274,8 @@ def test_coordinator_user_data_holds_no_credential_and_no_job_key(provider: AWSP
     script = base64.b64decode(raw["UserData"]["Value"]).decode()
     assert script.startswith("#!/bin/bash") and "spotnb.runtime.lighthouse" in script
     assert "--min-replicas 2" in script and '--bind "[::]:29510"' in script
-    assert "'spotnb[elastic]==" in script
+    # no identity to read the store's wheel with: it carries the module and installs torchft
+    assert "<<'SPOTNB_MODULE'" in script and "pip install --quiet torchft-nightly==" in script
     assert not [name for name, value in CANARIES.items() if value in script]
     assert key.hex() not in script and KEY_ENV not in script
 
@@ -490,14 +491,16 @@ def _lighthouse_pids(job: str) -> list[int]:
 
 
 def test_coordinator_script_runs_the_lighthouse_and_restarts_it(tmp_path: Path) -> None:
-    """The real boot script on this machine: it finds this interpreter (spotnb and torchft
-    already there, so no install), serves the lighthouse on its port and starts it again when
-    it dies."""
+    """The real boot script on this machine: it finds this interpreter (torchft already there,
+    so no install), serves the lighthouse from the module the script carries on its port and
+    starts it again when it dies."""
     pytest.importorskip("torchft")
     port, job = free_port(), f"test-{uuid.uuid4().hex[:8]}"
     script = tmp_path / "coordinator.sh"
     script.write_text(
-        coordinator_script(job, min_replicas=1, cloud="aws", port=port, spotnb_version=spot.__version__)
+        coordinator_script(
+            job, min_replicas=1, cloud="aws", port=port, spotnb_version=spot.__version__, ship_lighthouse=True
+        )
     )
     env = {
         **os.environ,
@@ -546,7 +549,9 @@ def test_a_hosted_controller_runs_on_the_coordinator_with_its_instance_profile(
 
     script = base64.b64decode(raw["UserData"]["Value"]).decode()
     assert f"spotnb.cli controller {job} --store {s3_store_url}" in script
-    assert "'spotnb[aws,elastic]==" in script and "ef" * 32 in script
+    # this notebook's spotnb (shipped now: the job had no code.json) with the cloud's extras
+    assert f"SPOTNB_WHEEL_URL={s3_store_url}/code/spotnb-" in script and "ef" * 32 in script
+    assert "SPOTNB_WHEEL_EXTRAS='[aws,elastic]'" in script
     assert not [name for name, value in CANARIES.items() if value in script]
     again = AWSProvider(cfg)
     again.host_controller(job, s3_store_url, "ef" * 32)

@@ -49,6 +49,7 @@ from spotnb.providers.cleanup import JOB_TAG, gc
 from spotnb.providers.coordinator import COORDINATOR_ROLE, MAX_COORDINATOR_LAUNCHES, ROLE_TAG
 from spotnb.signing import KEY_ENV, new_key, save_key
 from tests.azure_transport import GenericResources, resource_client
+from tests.clouds_fixtures import ship_fake
 
 CANARIES = {
     "AZURE_CLIENT_SECRET": "spotnb-canary-azure-client-secret-4d3c",
@@ -235,7 +236,9 @@ def test_coordinator_is_regular_priority_on_a_static_address_in_the_job_groups(
     (nic,) = body["networkProfile"]["networkInterfaces"]
     assert nic["id"] == NET["nic"] and nic["properties"]["deleteOption"] == "Detach"
     script = base64.b64decode(vm.os_profile.custom_data).decode()
-    assert "spotnb.runtime.lighthouse --min-replicas 2" in script and '--bind "[::]:29510"' in script
+    # the lighthouse module travels in the script (it has no identity to read the store with)
+    assert '"$SPOTNB_LIGHTHOUSE" --min-replicas 2' in script and '--bind "[::]:29510"' in script
+    assert "spotnb.runtime.lighthouse.py" in script and "<<'SPOTNB_MODULE'" in script
     assert not [name for name, value in CANARIES.items() if value in script]
     assert key.hex() not in script and KEY_ENV not in script
     # the NIC was created with a dynamic IP, then pinned to the IP Azure gave it
@@ -545,6 +548,7 @@ def test_a_hosted_controller_runs_on_the_coordinator_with_its_identity(
         "Microsoft.ManagedIdentity/userAssignedIdentities/ctl"
     )
     vms, _ = fakes
+    shipped = ship_fake(monkeypatch)  # the store is not reachable here
     p = _provider(fakes, controller="cloud", controller_identity=identity)
     p.host_controller(JOB, "az://spotnb/jobs", "ab" * 32)
     p.close()
@@ -553,7 +557,8 @@ def test_a_hosted_controller_runs_on_the_coordinator_with_its_identity(
     script = base64.b64decode(vm.os_profile.custom_data).decode()
     assert f"spotnb.cli controller {JOB} --store az://spotnb/jobs" in script
     assert "spotnb.runtime.lighthouse --min-replicas 2" in script  # several instances: both
-    assert "'spotnb[azure,elastic]==" in script and "ab" * 32 in script
+    assert "SPOTNB_WHEEL_EXTRAS='[azure,elastic]'" in script and "ab" * 32 in script
+    assert shipped == [(JOB, bytes.fromhex("ab" * 32))]  # the job's wheel, verified with its key
     assert not [name for name, value in CANARIES.items() if value in script]
     assert not [c for c in vms.calls if c[0] == "delete"]  # the job now depends on it
     again = _provider(fakes, controller="cloud", controller_identity=identity)

@@ -37,6 +37,7 @@ from spotnb.providers.gcp_coordinator import (
     job_network_tag,
 )
 from spotnb.signing import KEY_ENV, new_key, save_key
+from tests.clouds_fixtures import ship_fake
 
 CANARIES = {
     "AZURE_CLIENT_SECRET": "spotnb-canary-azure-client-secret-4d3c",
@@ -222,7 +223,9 @@ def test_coordinator_is_standard_on_the_reserved_address_with_the_job_tag(
     assert dict(vm.labels) == {JOB_TAG: JOB, "spotnb-managed": "true", ROLE_TAG: COORDINATOR_ROLE}
     assert not vm.service_accounts  # it reads nothing of the job
     (script,) = [i.value for i in vm.metadata.items if i.key == "startup-script"]
-    assert "spotnb.runtime.lighthouse --min-replicas 2" in script and '--bind "[::]:29510"' in script
+    # the lighthouse module travels in the script (it has no identity to read the store with)
+    assert '"$SPOTNB_LIGHTHOUSE" --min-replicas 2' in script and '--bind "[::]:29510"' in script
+    assert "spotnb.runtime.lighthouse.py" in script and "<<'SPOTNB_MODULE'" in script
     assert not [name for name, value in CANARIES.items() if value in script]
     assert key.hex() not in script and KEY_ENV not in script
 
@@ -459,6 +462,7 @@ def test_a_hosted_controller_runs_on_the_coordinator_with_its_service_account(
         monkeypatch.setenv(name, value)
     instances, _, _ = fakes
     account = f"spotnb-ctl@{PROJECT}.iam.gserviceaccount.com"
+    shipped = ship_fake(monkeypatch)  # the store is not reachable here
     p = _provider(fakes, controller="cloud", controller_identity=account)
     p.host_controller(JOB, "gs://spotnb/jobs", "cd" * 32)
     p.close()
@@ -466,7 +470,8 @@ def test_a_hosted_controller_runs_on_the_coordinator_with_its_service_account(
     assert [a.email for a in vm.service_accounts] == [account]
     (script,) = [i.value for i in vm.metadata.items if i.key == "startup-script"]
     assert f"spotnb.cli controller {JOB} --store gs://spotnb/jobs" in script
-    assert "'spotnb[gcp,elastic]==" in script and "cd" * 32 in script
+    assert "SPOTNB_WHEEL_EXTRAS='[gcp,elastic]'" in script and "cd" * 32 in script
+    assert shipped == [(JOB, bytes.fromhex("cd" * 32))]  # the job's wheel, verified with its key
     assert not [name for name, value in CANARIES.items() if value in script]
     assert not [c for c in instances.calls if c[0] == "delete"]  # the job now depends on it
     again = _provider(fakes, controller="cloud", controller_identity=account)

@@ -1,9 +1,10 @@
 """Real-cloud smoke tests (a few cents each): a tiny job on a real spot VM, end to end.
 
 Each is skipped unless its cloud's credentials and a store are in the environment (the skip
-reason lists the variables); credentials come from each SDK's own chain. SPOTNB_REAL_INSTALL
-gives the pip spec the VM installs spotnb from while it is not on PyPI (e.g.
-'spotnb @ git+https://.../spotnb@main'). See notebooks/03-clouds.ipynb, "Smoke tests".
+reason lists the variables); credentials come from each SDK's own chain. The VM installs this
+checkout's spotnb, shipped through the store (Config.spotnb_source="store"); SPOTNB_REAL_INSTALL
+gives a pip spec to install instead (e.g. 'spotnb @ git+https://.../spotnb@main'). See
+notebooks/03-clouds.ipynb, "Smoke tests".
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def test_real_spot_job(provider: str) -> None:
     install = env("SPOTNB_REAL_INSTALL")
     cfg = spot.Config(
         provider=provider,
-        requirements=[install] if install else [],
+        spotnb_source=install or "store",
         ship_modules=["tests.core.jobfns"],
         max_cost=1.0,
         heartbeat_timeout="15m",

@@ -316,6 +316,7 @@ class AWSProvider(Provider):
     """EC2 spot instances; regions are AWS regions or availability zones."""
 
     name = "aws"
+    ships_code = True  # its VMs install the notebook's spotnb from the store
     # memory:// and file:// stores are refused by _validate (require_remote_store) with a hint
     # towards a bucket; the base class's MEMORY_STORE message suggests file://, wrong here.
     unsupported: ClassVar[dict[Feature, str]] = {

@@ -212,6 +212,7 @@ class AzureProvider(AzureCoordinator, Provider):
     instances also gets a coordinator (`spotnb.providers.azure_coordinator`)."""
 
     name = "azure"
+    ships_code = True  # its VMs install the notebook's spotnb from the store
     unsupported: ClassVar[dict[Feature, str]] = {
         Feature.REBALANCE_HINT: "Azure Scheduled Events give no early rebalance recommendation",
     }

@@ -77,6 +77,9 @@ class LaunchSpec:
     spotnb_version: str = ""
     slot: int = 0  # which of the job's `instances` this launch fills (0 for one-instance jobs)
     job_key: str | None = field(default=None, repr=False)  # hex; never logged, never in an event
+    #: the wheel of the notebook's spotnb the VM installs (`spotnb.shipping.CodeRef`), filled in
+    #: by `launch`/`plan_launch` for a provider that `ships_code`; None: pip-install by spec
+    code: Any = None
 
 
 @dataclass
@@ -113,6 +116,10 @@ class Provider(ABC):
     # cloud spot prices change every few minutes at most, and each look is an API call
     price_interval: ClassVar[float] = 300.0
     boot_timeout: ClassVar[float] = 1200.0  # VM boot + bootstrap install before the agent speaks
+
+    #: whether its VMs install spotnb with a boot script (the clouds): `launch` then fills in
+    #: `LaunchSpec.code`, the notebook's own spotnb shipped through the store (spotnb.shipping)
+    ships_code: ClassVar[bool] = False
 
     #: how to give this provider credentials, for the error of provider="any" without any
     credentials_hint: ClassVar[str] = ""
@@ -212,7 +219,22 @@ class Provider(ABC):
                     spec.job_id,
                     key_path(spec.job_id),
                 )
-        return self._launch(spec)
+        return self._launch(self._with_code(spec))
+
+    def _with_code(self, spec: LaunchSpec) -> LaunchSpec:
+        """`spec` with what its VM installs spotnb from (`Config.spotnb_source`): the store's
+        wheel (`spec.code`, for a provider that `ships_code`), or a pip spec of spotnb as the
+        first requirement; unchanged for "index" and for a spec that says already."""
+        from spotnb.shipping import code_for_launch, own_requirement, source_requirement, store_extra
+
+        if not self.ships_code or spec.code is not None or own_requirement(spec.requirements):
+            return spec
+        extra = source_requirement(self.config)
+        if extra:
+            return dataclasses.replace(spec, requirements=[*extra, *spec.requirements])
+        extras = [store_extra(spec.store_url), "elastic" if self.config.instances > 1 else None]
+        code = code_for_launch(self.config, spec.job_id, extras)
+        return dataclasses.replace(spec, code=code) if code is not None else spec
 
     def describe(self, instance: Instance) -> InstanceStatus:
         return self._describe(instance)
@@ -254,7 +276,11 @@ class Provider(ABC):
     def plan_launch(self, spec: LaunchSpec) -> dict[str, Any]:
         """The exact requests `launch` would send (API bodies, bootstrap script), sending nothing.
         Used by `spot.train(..., dry_run=True)`."""
-        return self._plan_launch(spec)
+        spec = self._with_code(spec)
+        plan = self._plan_launch(spec)
+        if isinstance(plan, dict) and self.ships_code and "code" not in plan:  # where spotnb comes from
+            plan["code"] = _code_text(spec)
+        return plan
 
     def wait_allocated(self, instance: Instance, timeout: float, stop: Any = None) -> InstanceStatus:
         """Poll until the instance leaves PENDING (clouds boot asynchronously)."""
@@ -316,3 +342,13 @@ class Provider(ABC):
     @abstractmethod
     def _prices(self, instance_type: str, regions: list[str] | None) -> dict[str, Price]:
         """Spot and on-demand $/h per region."""
+
+
+def _code_text(spec: LaunchSpec) -> str:
+    """Where a VM of `spec` gets spotnb, in words (a dry run's summary)."""
+    if spec.code is not None:
+        return str(spec.code.describe())
+    own = [r for r in spec.requirements if r.lstrip().startswith("spotnb")]
+    if own:
+        return f"pip install {' '.join(own)} (the job's spotnb_source or requirements)"
+    return f"the package index: spotnb=={spec.spotnb_version or 'this version'} (spotnb_source='index')"

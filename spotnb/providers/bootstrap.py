@@ -4,10 +4,13 @@ Why one generator: the three clouds differ only in how a boot script reaches the
 `UserData`, Azure cloud-init `custom_data`, GCE `startup-script` metadata); what the script
 does must be identical so a job behaves the same everywhere:
 
-1. find a Python (the Deep Learning images ship one with CUDA torch), and unless that Python
-   already has this exact spotnb version, make a venv on top of it (`--system-site-packages`,
-   so the image's torch is reused) and pip-install the same spotnb version plus the job's
-   requirements;
+1. find a Python (the Deep Learning images ship one with CUDA torch), make a venv on top of it
+   (`--system-site-packages`, so the image's torch is reused) and pip-install spotnb plus the
+   job's requirements. spotnb is the notebook's own (`Config.spotnb_source="store"`): the wheel
+   `spotnb.shipping` put in the store, read with the VM's identity by `code_fetch` (its text is
+   in the script) and refused unless its size and sha256 are the ones this script carries;
+   or, with "index" or a pip spec, what pip finds for it (skipped when the Python already has
+   this spotnb version; with a wheel, only when SPOTNB_PYTHON names that Python);
 2. report a `bootstrap` event (VM uptime at script start, install seconds) into the store;
 3. run `python -m spotnb.runtime.agent --store URL --job ID --incarnation N`;
 4. report the agent's exit and power the VM off, so a finished VM stops billing even when no
@@ -33,6 +36,7 @@ from typing import Any
 
 from spotnb.providers.base import LaunchSpec
 from spotnb.providers.info import COORDINATOR_IDLE_MINUTES, LIGHTHOUSE_PORT
+from spotnb.shipping import pinned, store_extra
 from spotnb.signing import KEY_ENV
 
 KEY_PLACEHOLDER = "<the job key, added at launch>"
@@ -61,17 +65,6 @@ __all__ = [
 # Where the clouds' deep-learning images keep their Python with CUDA torch, then the system one.
 PYTHON_CANDIDATES = ("/opt/pytorch/bin/python", "/opt/conda/bin/python", "/usr/bin/python3", "python3")
 
-_EXTRA_BY_PROTOCOL = {
-    "s3": "aws",
-    "s3a": "aws",
-    "gs": "gcp",
-    "gcs": "gcp",
-    "az": "azure",
-    "abfs": "azure",
-    "abfss": "azure",
-    "adl": "azure",
-}
-
 # Names that must never be shipped in a boot script (they would land in the cloud's instance
 # metadata, readable by anything on the VM and by whoever can describe the instance).
 _SECRET_NAME = re.compile(
@@ -83,12 +76,6 @@ _SECRET_NAME = re.compile(
 
 class SecretInBootstrap(ValueError):
     """An environment variable that looks like a credential was about to enter a boot script."""
-
-
-def store_extra(store_url: str) -> str | None:
-    """The spotnb extra that brings the store's fsspec driver (s3:// → aws, gs:// → gcp ...)."""
-    protocol = store_url.split("://", 1)[0].lower() if "://" in store_url else "file"
-    return _EXTRA_BY_PROTOCOL.get(protocol)
 
 
 def install_specs(spec: LaunchSpec) -> list[str]:
@@ -122,7 +109,7 @@ def _exports(pairs: Iterable[tuple[str, str]]) -> str:
 # Finds a Python and, unless it already has this spotnb version, installs it in a venv on top
 # (the image's torch is reused). Shared by the instance's and the coordinator's boot scripts, so
 # both install spotnb the same way. Needs SPOTNB_VERSION and SPOTNB_REQUIREMENTS (the job's own:
-# when there are any, the install always runs); {imports} are the modules the Python must have.
+# when there are any, the install always runs); {install} is the fragment `_install` makes.
 _INSTALL = r"""PY=${{SPOTNB_PYTHON:-}}
 if [ -z "$PY" ]; then
   for c in {pythons}; do
@@ -132,17 +119,54 @@ fi
 if [ -z "$PY" ]; then echo "spotnb bootstrap: no python found"; ${{SPOTNB_POWEROFF_CMD:-shutdown -h now}}; exit 1; fi
 
 SPOTNB_INSTALLED=0
-if [ -n "$SPOTNB_REQUIREMENTS" ] || ! "$PY" -c "import sys, {imports}; sys.exit(spotnb.__version__ != '$SPOTNB_VERSION')" 2>/dev/null; then
-  VENV=${{SPOTNB_VENV:-/opt/spotnb-venv}}
+{install}
+SPOTNB_T1=$(date +%s.%N)
+"""
+
+# The job's shipped wheel (`spotnb.shipping`): fetched with the VM's identity and checked against
+# SPOTNB_WHEEL_SIZE and _SHA256 before anything is installed (a refused wheel powers the VM off),
+# then installed with its dependencies pinned to the notebook's versions.
+_WHEEL_FETCH = r"""  SPOTNB_WHEEL_FILE=$(mktemp -d /tmp/spotnb-code-XXXXXX)/spotnb-$SPOTNB_VERSION-py3-none-any.whl
+  if ! "$PY" - "$SPOTNB_WHEEL_FILE" <<'SPOTNB_FETCH'
+{fetcher}
+SPOTNB_FETCH
+  then
+    echo "spotnb bootstrap: the job's spotnb wheel is refused or unreadable; powering off"
+    ${{SPOTNB_POWEROFF_CMD:-shutdown -h now}}; exit 1
+  fi
+"""
+_WHEEL_PIP = r"""  # the wheel first (it replaces a spotnb of the same version), then its pinned dependencies
+  "$PY" -m pip install --quiet --force-reinstall --no-deps "$SPOTNB_WHEEL_FILE" \
+    && "$PY" -m pip install --quiet "$SPOTNB_WHEEL_FILE$SPOTNB_WHEEL_EXTRAS" {specs} || SPOTNB_PIP_OK=0
+"""
+_PIP = r"""  "$PY" -m pip install --quiet {specs} || SPOTNB_PIP_OK=0
+"""
+_INSTALL_STEP = r"""if {needed}; then
+{fetch}  VENV=${{SPOTNB_VENV:-/opt/spotnb-venv}}
   "$PY" -m venv --system-site-packages "$VENV" && PY="$VENV/bin/python"
+  SPOTNB_PIP_OK=1
   # shellcheck disable=SC2086
-  if ! "$PY" -m pip install --quiet {install}; then
+{pip}  if [ "$SPOTNB_PIP_OK" -ne 1 ]; then
     echo "spotnb bootstrap: pip install failed"; ${{SPOTNB_POWEROFF_CMD:-shutdown -h now}}; exit 1
   fi
   SPOTNB_INSTALLED=1
-fi
-SPOTNB_T1=$(date +%s.%N)
-"""
+fi"""
+
+
+def _install(check: str, specs: Iterable[str], wheel: bool) -> str:
+    """The install step: pip `specs` unless `$PY` passes `check` (has this spotnb), or with
+    `wheel` the job's shipped wheel first, always, unless SPOTNB_PYTHON names a Python that
+    passes `check` (the test suite, a prepared image)."""
+    quoted = " ".join(shlex.quote(s) for s in specs)
+    has = f'"$PY" -c "{check}" 2>/dev/null'
+    if wheel:
+        needed = f'[ -n "$SPOTNB_REQUIREMENTS" ] || [ -z "${{SPOTNB_PYTHON:-}}" ] || ! {has}'
+        fetch, pip = _WHEEL_FETCH.format(fetcher=_fetcher()), _WHEEL_PIP.format(specs=quoted)
+    else:
+        needed = f'[ -n "$SPOTNB_REQUIREMENTS" ] || ! {has}'
+        fetch, pip = "", _PIP.format(specs=quoted)
+    return _INSTALL_STEP.format(needed=needed, fetch=fetch, pip=pip)
+
 
 _TEMPLATE = (
     r"""#!/bin/bash
@@ -200,14 +224,16 @@ def bootstrap_script(spec: LaunchSpec, cloud: str) -> str:
         spec = dataclasses.replace(spec, spotnb_version=__version__)
     if not spec.command or spec.command[0] != "python":
         raise ValueError(f"LaunchSpec.command must start with 'python', got {spec.command!r}")
-    specs = install_specs(spec)
+    code = spec.code
+    specs = list(spec.requirements) if code is not None else install_specs(spec)
     extra_reqs = list(spec.requirements)
     env = [
         ("SPOTNB_JOB", spec.job_id),
         ("SPOTNB_INCARNATION", str(spec.incarnation)),
         ("SPOTNB_STORE", spec.store_url),
-        ("SPOTNB_VERSION", spec.spotnb_version),
+        ("SPOTNB_VERSION", code.version if code is not None else spec.spotnb_version),
         ("SPOTNB_REQUIREMENTS", " ".join(extra_reqs)),
+        *_code_env(code),
         (KEY_ENV, spec.job_key or KEY_PLACEHOLDER),
         *sorted(spec.env.items()),
     ]
@@ -219,10 +245,47 @@ def bootstrap_script(spec: LaunchSpec, cloud: str) -> str:
         version=spec.spotnb_version or "unpinned",
         exports=_exports(env),
         pythons=" ".join(PYTHON_CANDIDATES),
-        imports="spotnb",
-        install=" ".join(shlex.quote(s) for s in specs),
+        install=_install(_version_check("spotnb"), specs, code is not None),
         command=command,
     )
+
+
+def _version_check(imports: str) -> str:
+    """The Python one-liner that says whether `$PY` already has this spotnb (and `imports`)."""
+    return f"import sys, {imports}; sys.exit(spotnb.__version__ != '$SPOTNB_VERSION')"
+
+
+def _code_env(code: Any) -> list[tuple[str, str]]:
+    """The boot script's variables of the job's shipped spotnb (`spotnb.shipping.CodeRef`): where
+    the wheel is in the store, its size and sha256 (what the VM checks), the extras to install."""
+    if code is None:
+        return []
+    return [
+        ("SPOTNB_WHEEL_URL", code.url),
+        ("SPOTNB_WHEEL_SHA256", code.sha256),
+        ("SPOTNB_WHEEL_SIZE", str(code.size)),
+        ("SPOTNB_WHEEL_EXTRAS", f"[{','.join(code.extras)}]" if code.extras else ""),
+    ]
+
+
+def _embedded(path: str, delimiter: str) -> str:
+    """A module of this package without its docstring, comment lines and blank lines (EC2's user
+    data holds 16 KB), as the body of a quoted here-document ending at `delimiter`. Plain text
+    work, not `ast` (whose C state is not thread-safe on 3.11: launches run in threads)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / path).read_text()
+    if text.startswith('"""'):
+        text = text[text.index('"""', 3) + 3 :]
+    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if any(line.strip() == delimiter for line in lines):
+        raise ValueError(f"{path} contains the line {delimiter!r}, which would end its here-document")
+    return "\n".join(lines)
+
+
+def _fetcher() -> str:
+    """spotnb.providers.code_fetch's text, which the boot script runs before spotnb is installed."""
+    return _embedded("providers/code_fetch.py", "SPOTNB_FETCH")
 
 
 def aws_user_data(spec: LaunchSpec) -> str:
@@ -287,11 +350,11 @@ spotnb_idle_watch() {{  # power off after {idle} min without a replica connected
 }}
 spotnb_idle_watch &
 
-# the lighthouse serves until its stdin closes: a FIFO this shell holds open never does
+{module}# the lighthouse serves until its stdin closes: a FIFO this shell holds open never does
 SPOTNB_HOLD=$(mktemp -u /tmp/spotnb-lighthouse-XXXXXX)
 mkfifo -m 600 "$SPOTNB_HOLD" && exec 3<>"$SPOTNB_HOLD"
 while true; do
-  "$PY" -m spotnb.runtime.lighthouse --min-replicas {min_replicas} --bind "[::]:{port}" \
+  "$PY" {lighthouse} --min-replicas {min_replicas} --bind "[::]:{port}" \
     --host "$(hostname -I 2>/dev/null | cut -d' ' -f1)" --job {job} <&3
   echo "spotnb coordinator: lighthouse exited with $?, starting it again in 2 s"
   sleep 2
@@ -381,12 +444,14 @@ def controller_script(
     port: int = LIGHTHOUSE_PORT,
     spotnb_version: str = "",
     requirements: Iterable[str] = (),
+    code: Any = None,
 ) -> str:
     """The boot script of a coordinator that hosts the job's controller (`Config.controller=
-    "cloud"`): install spotnb with the cloud's and the store's extras, put the job key where
-    `spotnb controller` finds it, run the lighthouse too when the job has several instances,
-    keep the controller running (started again if it crashes) until it ends the job, then
-    power off. `job_key` is the hex key, or `KEY_PLACEHOLDER` in a dry run."""
+    "cloud"`): install spotnb with the cloud's and the store's extras (from the job's shipped
+    wheel, `code`, when it has one), put the job key where `spotnb controller` finds it, run the
+    lighthouse too when the job has several instances, keep the controller running (started
+    again if it crashes) until it ends the job, then power off. `job_key` is the hex key, or
+    `KEY_PLACEHOLDER` in a dry run."""
     if not spotnb_version:
         from spotnb import __version__
 
@@ -399,10 +464,14 @@ def controller_script(
         extras.append("elastic")
     name = f"spotnb[{','.join(extras)}]"
     specs = own or [f"{name}=={spotnb_version}" if spotnb_version else name]
+    if code is not None and not own:
+        specs = []
+        spotnb_version = code.version
     env = [
         ("SPOTNB_JOB", job_id),
         ("SPOTNB_VERSION", spotnb_version),
         ("SPOTNB_REQUIREMENTS", " ".join(own)),
+        *(_code_env(code) if not own else []),
         (KEY_ENV, job_key),
     ]
     lighthouse = ""
@@ -417,8 +486,13 @@ def controller_script(
         lighthouse_note=f" and torchft's lighthouse on port {int(port)}" if instances > 1 else "",
         exports=_exports(env),
         pythons=" ".join(PYTHON_CANDIDATES),
-        imports=", ".join(["spotnb", *([sdk] if sdk else []), *(["torchft"] if instances > 1 else [])]),
-        install=" ".join(shlex.quote(x) for x in specs),
+        install=_install(
+            _version_check(
+                ", ".join(["spotnb", *([sdk] if sdk else []), *(["torchft"] if instances > 1 else [])])
+            ),
+            specs,
+            code is not None and not own,
+        ),
         lighthouse=lighthouse,
         store=shlex.quote(store_url),
     )
@@ -461,15 +535,39 @@ def coordinator_script(
     spotnb_version: str = "",
     requirements: Iterable[str] = (),
     idle_minutes: int = COORDINATOR_IDLE_MINUTES,
+    ship_lighthouse: bool = False,
 ) -> str:
     """The boot script of a job's coordinator VM: install spotnb as an instance's script does,
     then run torchft's lighthouse on `port` (started again if it dies) until the VM is ended.
-    It carries no credential and no job key, so there is nothing to check in it but the job id."""
+    It carries no credential and no job key, so there is nothing to check in it but the job id.
+
+    `ship_lighthouse` (`Config.spotnb_source="store"`): this coordinator has no identity to read
+    the store's wheel with (it reads nothing of the job), so the script carries the one module it
+    runs, this notebook's `spotnb/runtime/lighthouse.py` (standard library, torch and torchft),
+    and installs only torchft, pinned to this notebook's version."""
     if not spotnb_version:
         from spotnb import __version__
 
         spotnb_version = __version__
+    requirements = list(requirements)
+    own = [r for r in requirements if re.match(r"^\s*spotnb\b", r)]
+    ship_lighthouse = ship_lighthouse and not own
     specs = coordinator_install_specs(spotnb_version, requirements)
+    check, module, lighthouse = (
+        "import sys, spotnb, torchft; sys.exit(spotnb.__version__ != '$SPOTNB_VERSION')",
+        "",
+        "-m spotnb.runtime.lighthouse",
+    )
+    if ship_lighthouse:
+        specs = [pinned("torchft-nightly")]
+        check, lighthouse = "import torchft", '"$SPOTNB_LIGHTHOUSE"'
+        module = (
+            "# this notebook's spotnb/runtime/lighthouse.py: the one module this coordinator runs\n"
+            "SPOTNB_LIGHTHOUSE=$(mktemp -d /tmp/spotnb-XXXXXX)/spotnb.runtime.lighthouse.py\n"
+            "cat > \"$SPOTNB_LIGHTHOUSE\" <<'SPOTNB_MODULE'\n"
+            + _embedded("runtime/lighthouse.py", "SPOTNB_MODULE")
+            + "\nSPOTNB_MODULE\n"
+        )
     env = [
         ("SPOTNB_JOB", job_id),
         ("SPOTNB_VERSION", spotnb_version),
@@ -485,8 +583,9 @@ def coordinator_script(
         exports=_exports(env),
         pythons=" ".join(PYTHON_CANDIDATES),
         # an image with this spotnb but without torchft still gets the lighthouse's dependency
-        imports="spotnb, torchft",
-        install=" ".join(shlex.quote(s) for s in specs),
+        install=_install(check, specs, False),
+        module=module,
+        lighthouse=lighthouse,
     )
 
 

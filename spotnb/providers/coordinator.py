@@ -119,8 +119,14 @@ def coordinator_boot_script(
 ) -> str:
     """The coordinator's boot script for `cloud`: the lighthouse alone (no credential, no job
     key), or with `hosted` the job's controller too (and the lighthouse if the job has several
-    instances), which carries the job key."""
+    instances), which carries the job key. Its spotnb comes from where the instances' does
+    (`Config.spotnb_source`): a hosting coordinator installs the job's shipped wheel with the
+    cloud's and the store's extras; the lighthouse alone carries its one module instead."""
+    from spotnb.shipping import code_for_launch, needs_code, source_requirement, store_extra
+
+    requirements = [*source_requirement(config), *config.requirements]
     if hosted is not None:
+        extras = [cloud, store_extra(hosted.store_url), "elastic" if config.instances > 1 else None]
         return controller_script(
             job_id,
             store_url=hosted.store_url,
@@ -129,16 +135,26 @@ def coordinator_boot_script(
             instances=config.instances,
             min_replicas=config.min_instances if min_replicas is None else min_replicas,
             port=config.coordinator_port,
-            requirements=config.requirements,
+            requirements=requirements,
+            code=code_for_launch(config, job_id, extras, _key(hosted.job_key)),
         )
     return coordinator_script(
         job_id,
         min_replicas=config.min_instances if min_replicas is None else min_replicas,
         cloud=cloud,
         port=config.coordinator_port,
-        requirements=config.requirements,
+        requirements=requirements,
         idle_minutes=config.coordinator_idle_minutes,
+        ship_lighthouse=needs_code(config),
     )
+
+
+def _key(hex_key: str) -> bytes | None:
+    """The hosted job's key as bytes (None for a dry run's placeholder)."""
+    try:
+        return bytes.fromhex(hex_key)
+    except ValueError:
+        return None
 
 
 def failed_starts(known: KnownCoordinator | Any, where: str, hint: str) -> RuntimeError:

@@ -228,6 +228,7 @@ class GCPProvider(GCPCoordinator, Provider):
     coordinator (`spotnb.providers.gcp_coordinator`)."""
 
     name = "gcp"
+    ships_code = True  # its VMs install the notebook's spotnb from the store
     unsupported: ClassVar[dict[Feature, str]] = {
         Feature.NOTICE_ACK: "GCE has no way to acknowledge a preemption notice",
         Feature.REBALANCE_HINT: "GCE gives no early rebalance recommendation",

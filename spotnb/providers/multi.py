@@ -44,6 +44,7 @@ class AnyCloudProvider(Provider):
     """Spot instances on whichever cloud has the best zone: AWS, Azure or GCP."""
 
     name = "any"
+    ships_code = True  # its VMs install the notebook's spotnb from the store
     unsupported: ClassVar[dict[Feature, str]] = {
         Feature.ELASTIC: "the instances of a job on several instances share one network; pick one cloud",
         Feature.FAULT_INJECTION: "inject through the zone's cloud (its own provider)",
