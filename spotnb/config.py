@@ -24,6 +24,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
@@ -294,6 +295,25 @@ class _GenericConfig(BaseModel):
             "a notice gives 30 s to 2 min of warning, and a poll this "
             "rare would miss it (AWS suggests 5 s, Azure 1 s)",
         )
+
+    @field_validator("price_spot", "price_on_demand", "coordinator_price", mode="before")
+    @classmethod
+    def _price(cls, v: Any, info: ValidationInfo) -> Any:
+        """A price is a finite $/h: inf (or "1e400", which is inf) would bill every second of a
+        job at it and NaN make every cost NaN; a bool is a slip (True would mean $1/h)."""
+        if v is None:
+            return v
+        least = "> 0" if info.field_name == "coordinator_price" else ">= 0"
+        fix = f"give $/h, a finite number {least} (or None for spotnb's price)"
+        if isinstance(v, bool):
+            raise ValueError(f"got {v!r}; {fix}")
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"got {v!r}; {fix}") from None
+        if not math.isfinite(x) or x < 0 or (x == 0 and least == "> 0"):
+            raise ValueError(f"got {v!r}; {fix}")
+        return x
 
     @field_validator(
         "save_every",

@@ -74,18 +74,7 @@ def summary_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
     if plan.get("resource_group"):
         rows.append(("resource group", str(plan["resource_group"])))
     if itype:
-        price = lookup_price(itype, plan.get("provider"))
-        if price is not None and plan.get("placement"):
-            spot_by_zone = f"${price.on_demand:.3f}/h on demand ({price.source}); spot: by zone, below"
-            rows.append(("price", spot_by_zone))
-        elif price is not None:
-            rows.append(
-                (
-                    "price",
-                    f"~${price.spot:.3f}/h spot, ${price.on_demand:.3f}/h on demand "
-                    f"(approximate: {price.source}, {_age(table_date())}; spot prices move hourly)",
-                )
-            )
+        rows.extend(_price_rows(plan, itype))
     rows.extend(_fleet_rows(plan))
     across = plan.get("provider") == "any"  # zones of several clouds: the cloud column
     for i, zone in enumerate(plan.get("placement") or []):
@@ -116,6 +105,47 @@ def summary_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
     if plan.get("unsupported"):
         rows.append(("not on this cloud", "; ".join(plan["unsupported"])))
     return rows
+
+
+def _price_rows(plan: dict[str, Any], itype: str) -> list[tuple[str, str]]:
+    """The hourly prices: the Config's where it sets them (`price_fixed`: the market bills
+    those), the table's otherwise, said approximate with the table's age."""
+    table = lookup_price(itype, plan.get("provider"))
+    given = plan.get("price_fixed")
+    fixed: dict[str, Any] = given if isinstance(given, dict) else {}
+    spot, od = _dollars(fixed.get("spot")), _dollars(fixed.get("on_demand"))
+    if spot is not None and od is not None:  # one source for both
+        both = f"${spot:.3f}/h spot, ${od:.3f}/h on demand"
+        return [("price", f"{both} (Config.price_spot, Config.price_on_demand)")]
+    if spot is None and od is None:
+        if table is None:
+            return []
+        if plan.get("placement"):
+            return [("price", f"${table.on_demand:.3f}/h on demand ({table.source}); spot: by zone, below")]
+        both = f"~${table.spot:.3f}/h spot, ${table.on_demand:.3f}/h on demand"
+        return [
+            ("price", f"{both} (approximate: {table.source}, {_age(table_date())}; spot prices move hourly)")
+        ]
+    # one of them the Config's, the other the table's
+    approx = f"approximate: {table.source}, {_age(table_date())}" if table is not None else "not in the table"
+    if spot is not None:
+        other = f"~${table.on_demand:.3f}/h on demand" if table is not None else "on demand unknown"
+        return [("price", f"${spot:.3f}/h spot (Config.price_spot), {other} ({approx})")]
+    if od is not None:
+        mine = f"${od:.3f}/h on demand (Config.price_on_demand)"
+        if plan.get("placement"):
+            return [("price", f"{mine}; spot: by zone, below")]
+        other = f"~${table.spot:.3f}/h spot" if table is not None else "spot unknown"
+        return [("price", f"{other} ({approx}; spot prices move hourly), {mine}")]
+    return []
+
+
+def _dollars(value: Any) -> float | None:
+    """A $/h of the plan, or None when it is not a number."""
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _fleet_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:

@@ -149,24 +149,38 @@ class Piecewise(PreemptionProcess):
         if self._cycle_hazard <= 0:
             return math.inf
         need = rng.expovariate(1.0)
-        # Whole cycles first, then walk the phases.
-        cycles = math.floor(need / self._cycle_hazard) if need > self._cycle_hazard else 0
-        need -= cycles * self._cycle_hazard
+        # Whole cycles first, then walk the phases. (A cycle whose hazard overflows is never
+        # skipped whole: 0 cycles times inf would make `need` NaN and the walk endless.)
+        cycles = 0
+        if need > self._cycle_hazard:
+            whole = need / self._cycle_hazard
+            if not math.isfinite(whole * self._cycle):
+                return math.inf  # later than the clock can say
+            cycles = math.floor(whole)
+            # what is left is within one cycle's hazard (the float subtraction's rounding can
+            # leave more than a cycle of tiny hazard could ever use up)
+            need = min(max(need - cycles * self._cycle_hazard, 0.0), self._cycle_hazard)
         t = start + cycles * self._cycle
         n = len(self._rates)
         base = math.floor(t / self._cycle) * self._cycle
-        i = bisect.bisect_right(self._starts, t - base) - 1
+        # the walk keeps the time within the cycle apart from the cycle's start: far out on the
+        # clock a short phase would vanish from `base + offset` and the walk never end
+        offset = min(max(t - base, 0.0), self._cycle)
+        i = min(bisect.bisect_right(self._starts, offset) - 1, n - 1)
+        wrapped = math.nan  # `need` when the walk last began a cycle
         while True:
-            end = base + self._starts[i] + self.durations[i]
+            end = self._starts[i] + self.durations[i]
             rate = self._rates[i]
-            have = rate * (end - t)
+            have = rate * max(end - offset, 0.0)
             if rate > 0 and have >= need:
-                return t + need / rate
+                return base + offset + need / rate
             need -= have
-            t = end
+            offset = end
             i += 1
             if i == n:
-                i, base = 0, base + self._cycle
+                if need == wrapped:  # a whole cycle used none of it: phases too short to count
+                    return math.inf
+                i, base, offset, wrapped = 0, base + self._cycle, 0.0, need
 
     def __repr__(self) -> str:
         return f"Piecewise(mttps={self.mttps!r}, durations={self.durations!r})"

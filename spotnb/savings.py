@@ -65,6 +65,9 @@ def describe_savings(
     baseline = f"vs {_money(on_demand)} on demand for the same {minutes:.1f} {what}"
     if status in _NO_FIGURE:
         return Savings(None, f"no savings figure: the job {status}", "none", baseline, spot, on_demand)
+    if on_demand <= 0.0 and useful_s >= MIN_USEFUL_S:  # trained, but nothing to compare with
+        text = "no savings figure: no on-demand price to compare with"
+        return Savings(None, text, "none", baseline, spot, on_demand)
     if on_demand <= 0.0 or (status not in _FINAL and useful_s < MIN_USEFUL_S):
         return Savings(
             None,

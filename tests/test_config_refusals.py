@@ -38,6 +38,17 @@ REFUSED = [
     ({"store": "relative/dir"}, "store", "absolute"),
     ({"store": "./dir"}, "store", "absolute"),
     ({"store": "file://relative/dir"}, "store", "three slashes"),
+    # prices: an infinite price billed every second of a job (issue #29 item 5)
+    ({"price_spot": math.inf}, "price_spot", "finite"),
+    ({"price_spot": "inf"}, "price_spot", "finite"),
+    ({"price_spot": "1e400"}, "price_spot", "finite"),
+    ({"price_spot": math.nan}, "price_spot", "finite"),
+    ({"price_spot": -1}, "price_spot", ">= 0"),
+    ({"price_spot": True}, "price_spot", "$/h"),
+    ({"price_spot": "cheap"}, "price_spot", "$/h"),
+    ({"price_on_demand": math.inf}, "price_on_demand", "finite"),
+    ({"price_on_demand": math.nan}, "price_on_demand", "finite"),
+    ({"coordinator_price": math.inf}, "coordinator_price", "finite"),
     # names
     ({"name": "x" * 1000}, "name", "at most"),
     ({"name": "evil\nname"}, "name", "control characters"),
@@ -75,6 +86,7 @@ def test_refused_on_assignment_too(kwargs: dict, field: str, hint: str) -> None:
         {"heartbeat_timeout": "1h", "notice_poll": "30s"},
         {"name": "ünïcode name – fine " * 5},
         {"local_schedule": ["30d", {"after": 0}]},
+        {"price_spot": 0, "price_on_demand": "9.5"},
     ],
 )
 def test_sane_values_still_pass(kwargs: dict) -> None:

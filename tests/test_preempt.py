@@ -81,6 +81,24 @@ def test_piecewise_pairs_and_mean_rate() -> None:
     assert n / t == pytest.approx(1.75 / 4000.0, rel=0.03)
 
 
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "mttps, durations",
+    [
+        ([1e-300, 3600], [1e15, 3600]),  # a phase's hazard overflows: 0 cycles x inf made NaN
+        ([math.inf, 1e15], [1e15, 3600]),  # far out on the clock the 3600 s phase vanished
+        ([60, math.inf], [1e-300, 3600]),  # the rounding left more than a tiny cycle uses up
+    ],
+)
+def test_piecewise_draws_end_for_extreme_phases(mttps: list[float], durations: list[float]) -> None:
+    """Each of these looped for ever (found by feeding `spotnb plan` extreme scenarios)."""
+    p, rng = Piecewise(mttps, durations), random.Random(0)
+    for start in (0.0, 1.0, 1e15, 1e15 + 10):
+        for _ in range(20):
+            t = p.next_preemption(start, rng)
+            assert t >= start and not math.isnan(t)
+
+
 def test_trace_replay_certain_and_cycling() -> None:
     # one instance, removed at 100 s of a 1000 s trace: a VM is always killed at 100 mod 1000
     proc = TraceReplay([100.0], [1], [1], span=1000.0)

@@ -29,6 +29,10 @@ from tests.core.helpers import wait_for
         (0.3, 1.0, "running", MIN_USEFUL_S, 0.7, "70% less than on demand", "good"),
         (0.3, 1.0, "failed", 600, None, "no savings figure: the job failed", "none"),
         (0.0, 0.0, "succeeded", 0, None, "savings shown after 1 min of training", "none"),
+        # an on-demand price of 0 (Config.price_on_demand=0, a zone of a type the table lacks):
+        # it said "shown after 1 min" for ever, however long the job trained
+        (0.3, 0.0, "running", 600, None, "no savings figure: no on-demand price to compare with", "none"),
+        (0.3, 0.0, "succeeded", 600, None, "no savings figure: no on-demand price to compare with", "none"),
     ],
 )
 def test_the_definition(

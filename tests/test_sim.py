@@ -430,3 +430,110 @@ def test_hedged_insures_when_uploads_vary() -> None:
     h = simulate(sc, "hedged", runs=300, seed=4).mean
     assert a["insurance_saves"] == 0 and h["insurance_saves"] > 0
     assert h["recompute"] < a["recompute"] and h["total"] < a["total"]
+
+
+# -- scenario values refused up front, naming the key (issue #29 item 4) ------------------------
+BAD_SCENARIOS = [
+    ({"steps": 0}, "steps"),
+    ({"steps": -5}, "steps"),
+    ({"steps": 1.5}, "steps"),
+    ({"steps": math.nan}, "steps"),
+    ({"steps": math.inf}, "steps"),  # OverflowError, a traceback
+    ({"steps": 10**400}, "steps"),  # OverflowError too
+    ({"steps": 10**16}, "steps"),  # past a float's exact steps
+    ({"steps": True}, "steps"),
+    ({"steps": "many"}, "steps"),
+    ({"steps": None}, "steps"),
+    ({"step_time": "abc"}, "step_time"),
+    ({"step_time": 0}, "step_time"),
+    ({"step_time": math.nan}, "step_time"),
+    ({"step_time": [1]}, "step_time"),
+    ({"step_time": [1, 2, 3]}, "step_time"),
+    ({"step_time": True}, "step_time"),
+    ({"alloc_time": [0, math.inf]}, "alloc_time"),
+    ({"save_time": -1}, "save_time"),
+    ({"grace": math.inf}, "grace"),
+    ({"grace": math.nan}, "grace"),
+    ({"grace": "soon"}, "grace"),  # TypeError, a traceback
+    ({"spot_price": math.nan}, "spot_price"),
+    ({"spot_price": math.inf}, "spot_price"),
+    ({"spot_price": -1}, "spot_price"),
+    ({"on_demand_price": math.inf}, "on_demand_price"),
+    ({"on_demand_price": "free"}, "on_demand_price"),  # TypeError
+    ({"mttp": math.nan}, "mttp"),
+    ({"mttp": 0}, "mttp"),
+    ({"mttp": "often"}, "mttp"),  # TypeError
+    ({"mttp": True}, "mttp"),
+    ({"mttp": []}, "mttp"),
+    ({"mttp": [3600, math.nan]}, "mttp"),
+    ({"mttp": [[math.inf, 100]]}, "mttp"),  # a phase that never ends
+    ({"mttp": [[0, 100]]}, "mttp"),
+    ({"mttp": [[100]]}, "mttp"),
+    ({"mttp": [3600], "mttp_phase": math.inf}, "mttp_phase"),
+    ({"mttp_phase": 0}, "mttp_phase"),
+    # past ~31 years, or phases under a second, the float clock loses them (Piecewise hung)
+    ({"alloc_time": 1e10}, "alloc_time"),
+    ({"grace": 1e10}, "grace"),
+    ({"mttp": [[0.5, 100], [3600, math.inf]]}, "mttp"),
+    ({"mttp": [3600] * 100_001}, "mttp"),
+    ({"trace_offset": math.nan}, "trace_offset"),
+    ({"trace": ""}, "trace"),
+    ({"trace": 5}, "trace"),
+    ({"trace": "no/such-trace"}, "trace"),
+    ({"save_every": 0}, "save_every"),
+    ({"save_every": 2.5}, "save_every"),
+    ({"save_every": True}, "save_every"),
+    ({"step_time_per": "never"}, "step_time_per"),
+    ({"initial_start": "yes"}, "initial_start"),
+]
+
+
+@pytest.mark.parametrize(
+    "fields, key", BAD_SCENARIOS, ids=[f"{k}={list(f.values())[0]!r}"[:40] for f, k in BAD_SCENARIOS]
+)
+def test_a_bad_scenario_value_is_refused_naming_its_key(fields: dict, key: str) -> None:
+    from spotnb.sim.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError) as info:
+        Scenario.from_dict({"steps": 100, **fields})
+    assert f"scenario key {key!r}" in str(info.value), str(info.value)
+
+
+def test_scenario_values_that_mean_something_are_taken() -> None:
+    """inf MTTP is no preemptions; YAML 1.1 reads `1e5` as a string, so numeric strings count."""
+    never = Scenario(steps=10, mttp=math.inf)
+    assert never.mttp is None and never.process().mttp == math.inf
+    sc = Scenario.from_dict(
+        {"steps": "1e5", "step_time": ["0.5", 1.5], "spot_price": "2.3", "mttp": [3600, math.inf]}
+    )
+    assert sc.steps == 100_000 and sc.step_time == (0.5, 1.5) and sc.spot_price == 2.3
+    assert Scenario(steps=10, name=None).name == ""
+    assert Scenario(steps=10, step_time="55").step_time == 55.0  # was read as the range (5, 5)
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("", "empty"),
+        ("   \n# only a comment\n", "empty"),
+        ("[]", "mapping"),
+        ("steps: [\n", "not valid YAML or JSON"),
+        ("{}", "'steps' is missing"),
+        ("mttp: 100\n", "'steps' is missing"),
+        ("1: 2\nsteps: 3\n", "unknown scenario key"),  # sorted() of int and str keys: TypeError
+        ('{"steps": 100, "spot_price": NaN}', "spot_price"),
+        ('{"steps": 100, "mttp": -Infinity}', "mttp"),
+    ],
+)
+def test_a_bad_scenario_file_is_refused_naming_the_file(tmp_path, text: str, words: str) -> None:  # type: ignore[no-untyped-def]
+    from spotnb.sim.scenario import ScenarioError
+
+    f = tmp_path / "job.yaml"
+    f.write_text(text)
+    with pytest.raises(ScenarioError) as info:
+        Scenario.load(f)
+    assert str(f) in str(info.value) and words in str(info.value), str(info.value)
+    binary = tmp_path / "job.bin"
+    binary.write_bytes(b"\xff\xfe\x00steps")
+    with pytest.raises(ScenarioError, match="not a text file"):
+        Scenario.load(binary)

@@ -127,13 +127,21 @@ def run_plan(args: argparse.Namespace) -> int:
 
     try:
         scenario = Scenario.load(args.scenario)
-        counts = [int(x) for x in str(args.instances).split(",") if x.strip()]
+        try:
+            counts = [int(x) for x in str(args.instances).split(",") if x.strip()]
+        except ValueError:
+            counts = []
         if not counts or any(c < 1 or c > 64 for c in counts):
             raise ValueError(f"--instances: give counts between 1 and 64, e.g. 1,2,4; got {args.instances!r}")
         if args.runs < 1:
             raise ValueError("--runs must be positive")
-        if not args.coordinator_price >= 0:
-            raise ValueError("--coordinator-price: give $/h, 0 or more")
+        if not 0 <= args.coordinator_price < math.inf:
+            raise ValueError(
+                f"--coordinator-price: give $/h, a finite number >= 0; got {args.coordinator_price}"
+            )
+        for flag, value in (("--sync-time", args.sync_time), ("--join-time", args.join_time)):
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{flag}: give seconds, a finite number >= 0; got {value}")
         syncs = tuple(x.strip() for x in str(args.sync).split(",") if x.strip())
         for sync in syncs or ("",):
             try:
@@ -153,8 +161,8 @@ def run_plan(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"spotnb plan: error: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(rows, indent=2))
+    if args.json:  # JSON has no inf (free instances: steps per dollar): null
+        print(json.dumps([_finite(r) for r in rows], indent=2))
         return 0
     print(f"{scenario.name or args.scenario}: {scenario.steps} steps, {args.runs} runs per count; best first")
     heads = (
@@ -168,6 +176,9 @@ def run_plan(args: argparse.Namespace) -> int:
     )
     print(" ".join(f"{h:>{w}}" for h, w in heads) + f" {'losses':>7}")
     for r in rows:
+        if r.get("verdict"):  # this count cannot progress: why, instead of figures
+            print(f"{r['instances']:>9} {r['sync']:>13}   {r['verdict']}")
+            continue
         print(
             f"{r['instances']:>9} {r['sync']:>13} {r['wall_s'] / 3600:8.2f} {r['wall_sd'] / 3600:7.2f} "
             f"{r['cost']:9.2f} {r['steps_per_dollar']:10.0f} {r['recompute_s']:12.1f} "
@@ -181,9 +192,9 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _finite(d: dict[str, float]) -> dict[str, float | None]:
+def _finite(d: dict[str, Any]) -> dict[str, Any]:
     """JSON has no inf/nan: report them as null."""
-    return {k: (v if math.isfinite(v) else None) for k, v in d.items()}
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

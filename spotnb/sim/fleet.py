@@ -27,7 +27,13 @@ The model is what `spotnb.fleet` and `spotnb.runtime.elastic` do:
 
 Time is wall time; cost is instance-seconds at the spot price, plus, for several instances on
 a cloud, the on-demand coordinator for the whole run (`coordinator_price`). `liveput` samples
-the steps per second over time.
+the steps per second over time (at most `MAX_SAMPLES`: a long run samples less often).
+
+The work is bounded: a scenario that cannot progress (instances preempted before they start or
+finish a step) is a `NoProgress` verdict, up front where the MTTP says so and otherwise after
+`STALL_EVENTS` events without a new step; a run is stopped at `MAX_EVENTS` events and a plan at
+`PLAN_EVENTS` (`TooMuchWork`, naming what to lower), refused up front where an estimate says
+so. Both are ValueErrors: `spotnb plan` prints them and exits 2.
 """
 
 from __future__ import annotations
@@ -41,10 +47,43 @@ from typing import Any
 
 from spotnb.policy.group import group_mttp
 from spotnb.policy.intervals import daly_interval
+from spotnb.preempt import Exponential, Piecewise, PreemptionProcess
 from spotnb.sim.scenario import Scenario, mean_of
 from spotnb.sync import SAMPLES, choose_sync, parse_sync
 
-__all__ = ["FleetResult", "simulate_fleet", "plan_instances"]
+__all__ = [
+    "FleetResult",
+    "simulate_fleet",
+    "plan_instances",
+    "estimate_events",
+    "NoProgress",
+    "TooMuchWork",
+    "MAX_EVENTS",
+    "PLAN_EVENTS",
+    "STALL_EVENTS",
+    "MAX_SAMPLES",
+]
+
+#: Most events (kills, allocations, joins, cold starts, saves) one simulated run may take: about
+#: a few seconds of this machine's time.
+MAX_EVENTS = 1_000_000
+#: Most events a whole `plan_instances` may take, over every count, strategy and run.
+PLAN_EVENTS = 20_000_000
+#: Events in a row without a new high of the job's progress after which a run is stuck.
+STALL_EVENTS = 20_000
+#: Most liveput samples kept per run.
+MAX_SAMPLES = 1000
+#: An instance whose expected lifetime is this many times shorter than what it must live
+#: through to make progress (its start, one step) practically never makes any: e^-20 ≈ 2e-9.
+_HOPELESS = 20.0
+
+
+class NoProgress(ValueError):
+    """The simulated job can never finish: the verdict says why."""
+
+
+class TooMuchWork(ValueError):
+    """Simulating this would take too long: the message names the limit and what to lower."""
 
 
 @dataclass
@@ -56,6 +95,7 @@ class FleetResult:
     group_losses: int
     preemptions: int
     liveput: list[tuple[float, float]] = field(default_factory=list)  # (t, steps/s) samples
+    events: int = 0  # loop steps the run took (events and saves)
 
     @property
     def steps_per_dollar(self) -> float:
@@ -72,6 +112,104 @@ class FleetResult:
         }
 
 
+@dataclass
+class _Setup:
+    """What a run derives from the scenario before it starts (shared by the run and the
+    estimate of its work)."""
+
+    process: PreemptionProcess
+    window: Any  # live replicas -> steps between synchronisations
+    step1: float  # mean seconds of one step on one instance
+    replace: float  # allocation + preparation + join of a replacement
+    start: float  # preparation + join: an allocated instance's exposure before it trains
+    mttp: float  # the process's long-run MTTP (inf: never)
+    best_mttp: float  # the longest MTTP the process has in any phase (inf: unknown or never)
+    save: float
+    save_every_s: float
+    rate_full: float  # steps/s with every instance live
+
+
+def _setup(scenario: Scenario, instances: int, join_time: float, sync_time: float, sync: str) -> _Setup:
+    window = _windows(parse_sync(sync), scenario.mean_step_time, sync_time)
+    process = scenario.process()
+    step1 = scenario.mean_step_time
+    replace = mean_of(scenario.alloc_time) + mean_of(scenario.prep_time) + join_time
+    mttp = float(getattr(process, "mttp", None) or 3600.0)
+    gm = group_mttp(mttp, instances, replace) if math.isfinite(mttp) else math.inf
+    save = mean_of(scenario.save_time)
+    if scenario.save_every:
+        save_every_s = scenario.save_every * (step1 / instances + sync_time / window(instances))
+    elif math.isfinite(gm):
+        save_every_s = daly_interval(save, gm, replace)
+    else:
+        save_every_s = math.inf
+    # a save that costs nothing would be taken continuously (Daly's interval is 0): take it at
+    # most once per step of the full group, which is what the runtime can do
+    save_every_s = max(save_every_s, step1 / instances + sync_time / window(instances))
+    if isinstance(process, Exponential):
+        best = process.mttp
+    elif isinstance(process, Piecewise):
+        best = max(process.mttps)
+    else:
+        best = math.inf  # a trace's quiet spells: only the run can tell
+    return _Setup(
+        process=process,
+        window=window,
+        step1=step1,
+        replace=replace,
+        start=mean_of(scenario.prep_time) + join_time,
+        mttp=mttp,
+        best_mttp=best,
+        save=save,
+        save_every_s=save_every_s,
+        rate_full=instances / (step1 + instances * sync_time / window(instances)),
+    )
+
+
+def _check_progress(scenario: Scenario, setup: _Setup, instances: int, join_time: float) -> None:
+    """The verdict, before anything runs, on a scenario whose instances die long before they
+    could progress (Poisson preemptions; even the best phase of a piecewise one)."""
+    m = setup.best_mttp
+    if not math.isfinite(m) or scenario.steps / setup.rate_full < m:
+        return  # no preemptions, or the first instances may well finish the job
+    if setup.start > _HOPELESS * m:
+        raise NoProgress(
+            f"no progress: every instance is preempted before it is ready to train (MTTP {m:g} s "
+            f"< the {setup.start:g} s an allocated instance needs to start: prep_time "
+            f"{mean_of(scenario.prep_time):g} s + join {join_time:g} s); raise mttp or shorten prep_time"
+        )
+    if setup.step1 > _HOPELESS * m:
+        raise NoProgress(
+            f"no progress: every instance is preempted before it finishes a step (MTTP {m:g} s "
+            f"< a step of {setup.step1:g} s, and a kill undoes the step in flight); raise mttp or "
+            "shorten step_time"
+        )
+
+
+def estimate_events(
+    scenario: Scenario, instances: int, *, join_time: float = 0.1, sync_time: float = 0.0, sync: str = "ddp"
+) -> float:
+    """About how many events one run of `simulate_fleet` takes (saves, and per preemption a
+    kill, an allocation and a join): a lower bound, since recompute is left out."""
+    return _estimate(scenario, _setup(scenario, instances, join_time, sync_time, sync), instances)
+
+
+def _estimate(scenario: Scenario, setup: _Setup, instances: int) -> float:
+    wall = scenario.steps / setup.rate_full
+    saves = wall / setup.save_every_s if math.isfinite(setup.save_every_s) else 0.0
+    kills = instances * wall / setup.mttp if math.isfinite(setup.mttp) else 0.0
+    if setup.save == 0:  # free saves are taken once between two events (simulate_fleet)
+        saves = min(saves, 3.0 * kills + 1.0)
+    return 1.0 + saves + 3.0 * kills
+
+
+def _fitting_steps(scenario: Scenario, estimate: float, limit: float) -> str:
+    """The step count whose simulation would fit `limit` events, rounded down, for a message."""
+    fit = max(1, int(scenario.steps * limit / max(estimate, 1.0)))
+    digits = len(str(fit)) - 2
+    return f"{(fit // 10**digits) * 10**digits if digits > 0 else fit:,}"
+
+
 def simulate_fleet(
     scenario: Scenario,
     instances: int,
@@ -85,28 +223,36 @@ def simulate_fleet(
     cold_wait: float = 5.0,
     sample_every: float | None = None,
     coordinator_price: float = 0.0,
+    max_events: int = MAX_EVENTS,
 ) -> FleetResult:
     """One run of `scenario` on `instances` instances (see the module docstring).
     `coordinator_price`: $/h of the on-demand coordinator that a job on several instances pays
-    for the whole run on a cloud (0: the local market's lighthouse, free)."""
+    for the whole run on a cloud (0: the local market's lighthouse, free). Raises `NoProgress`
+    for a job that cannot finish and `TooMuchWork` past `max_events` events."""
     if instances < 1 or min_instances < 1 or min_instances > instances:
         raise ValueError(f"need 1 <= min_instances <= instances, got {min_instances}, {instances}")
-    window = _windows(parse_sync(sync), scenario.mean_step_time, sync_time)
-    process = scenario.process()
-    step1 = scenario.mean_step_time
-    replace = mean_of(scenario.alloc_time) + mean_of(scenario.prep_time) + join_time
-    mttp = getattr(process, "mttp", None) or 3600.0
-    gm = group_mttp(float(mttp), instances, replace) if math.isfinite(mttp) else math.inf
-    save = mean_of(scenario.save_time)
-    if scenario.save_every:
-        save_every_s = scenario.save_every * (step1 / instances + sync_time / window(instances))
-    elif math.isfinite(gm):
-        save_every_s = daly_interval(save, gm, replace)
-    else:
-        save_every_s = math.inf
-    # a save that costs nothing would be taken continuously (Daly's interval is 0): take it at
-    # most once per step of the full group, which is what the runtime can do
-    save_every_s = max(save_every_s, step1 / instances + sync_time / window(instances))
+    for name, value in (
+        ("join_time", join_time),
+        ("sync_time", sync_time),
+        ("pause", pause),
+        ("cold_wait", cold_wait),
+    ):
+        if not 0 <= value < math.inf:
+            raise ValueError(f"{name}: give seconds, a finite number >= 0; got {value!r}")
+    if not 0 <= coordinator_price < math.inf:
+        raise ValueError(f"coordinator_price: give $/h, a finite number >= 0; got {coordinator_price!r}")
+    setup = _setup(scenario, instances, join_time, sync_time, sync)
+    _check_progress(scenario, setup, instances, join_time)
+    estimate = _estimate(scenario, setup, instances)
+    if estimate > max_events:
+        raise TooMuchWork(
+            f"steps: simulating {scenario.steps:,} steps on {instances} instance(s) takes about "
+            f"{estimate:.2g} events per run (saves and preemptions), past the limit of {max_events:,}; "
+            f"lower steps to about {_fitting_steps(scenario, estimate, max_events)} (a shorter job has "
+            "the same rates)"
+        )
+    window, step1, replace, save = setup.window, setup.step1, setup.replace, setup.save
+    save_every_s, process = setup.save_every_s, setup.process
     # each slot its own copy of the process (a trace replays the same waves in every slot:
     # real markets reclaim capacity from all instances of a zone at once) and its own draws
     procs = [process.fresh() for _ in range(instances)]
@@ -131,6 +277,8 @@ def simulate_fleet(
     price = scenario.spot_price / 3600.0
     alloc = mean_of(scenario.alloc_time)
     waiting: set[int] = set()  # cold-starting instances waiting for their peers (runtime.elastic)
+    steps_taken = 0  # events and saves: bounded by max_events
+    best, quiet = 0.0, 0  # the job's furthest progress, and the events since it was passed
 
     def release() -> None:
         nonlocal last_ckpt_t
@@ -141,6 +289,19 @@ def simulate_fleet(
             last_ckpt_t = t
 
     while done < total:
+        steps_taken += 1
+        if done > best:
+            best, quiet = done, 0
+        else:
+            quiet += 1
+            if quiet > STALL_EVENTS:
+                raise NoProgress(_stalled(scenario, setup, instances, t, best, quiet))
+        if steps_taken > max_events:
+            raise TooMuchWork(
+                f"steps: one run of {scenario.steps:,} steps on {instances} instance(s) took more than "
+                f"{max_events:,} events (at step {done:,.0f}, {t / 3600:.3g} h simulated) and was "
+                f"stopped; lower steps (a shorter job has the same rates)"
+            )
         live = sum(up)
         every = window(live)
         rate = live / (step1 + live * sync_time / every) if live >= min_instances else 0.0
@@ -148,13 +309,25 @@ def simulate_fleet(
         # time to finish, and the next store checkpoint while training
         t_finish = t + (total - done) / rate if rate > 0 else math.inf
         t_ckpt = max(t, last_ckpt_t + save_every_s) if rate > 0 else math.inf
+        if save == 0 and t < t_ckpt < math.inf:
+            # free saves: only the last before the next event (or the end) matters, so jump to
+            # it instead of taking each (one per step with Daly's interval of 0)
+            whole = math.floor((min(t_next, t_finish) - last_ckpt_t) / save_every_s)
+            if whole > 1:
+                t_ckpt = max(t, last_ckpt_t + whole * save_every_s)
         # an event due during a save or a pause happens when it ends
         t_step = max(t, min(t_next, t_finish, t_ckpt))
         if not math.isfinite(t_step):
-            raise RuntimeError("the simulated job can never finish (no live instance, none coming)")
+            raise NoProgress(
+                "no progress: the simulated job can never finish (no live instance, none coming)"
+            )
         while next_sample <= t_step:
             liveput.append((next_sample, rate))
             next_sample += sample
+            if len(liveput) >= 2 * MAX_SAMPLES:  # a long run: every other sample, half as often
+                del liveput[1::2]
+                sample *= 2
+                next_sample = liveput[-1][0] + sample
         done += rate * (t_step - t)
         t = t_step
         if t == t_finish:
@@ -209,7 +382,17 @@ def simulate_fleet(
             cost += (t - billed[k]) * price
     if instances > 1:
         cost += t * coordinator_price / 3600.0
-    return FleetResult(instances, t, cost, recompute, losses, preemptions, liveput)
+    return FleetResult(instances, t, cost, recompute, losses, preemptions, liveput, steps_taken)
+
+
+def _stalled(scenario: Scenario, setup: _Setup, instances: int, t: float, best: float, quiet: int) -> str:
+    return (
+        f"no progress: after {quiet:,} events ({t / 3600:.3g} h simulated) the job on {instances} "
+        f"instance(s) has got no further than step {best:,.0f} of {scenario.steps:,}: its instances "
+        f"are preempted (MTTP {setup.mttp:g} s) before they start (allocation + start "
+        f"{setup.replace:g} s) or finish work that counts (a step: {setup.step1:g} s; a save: "
+        f"{setup.save:g} s); raise mttp, or shorten alloc_time, prep_time, step_time or save_time"
+    )
 
 
 def _windows(spec: Any, step_time: float, sync_time: float) -> Any:
@@ -232,22 +415,77 @@ def plan_instances(
     runs: int = 20,
     seed: int = 0,
     syncs: tuple[str, ...] = ("ddp",),
+    *,
+    max_events: int = PLAN_EVENTS,
     **kw: Any,
 ) -> list[dict[str, Any]]:
     """Mean wall time, cost and progress per dollar for each instance count and sync strategy,
     best first (by steps per dollar, then time). Parcae's question: how many instances to
-    rent; SPOTNIK's: how often to synchronise them. The same seeds for every combination."""
+    rent; SPOTNIK's: how often to synchronise them. The same seeds for every combination.
+    The whole plan takes at most `max_events` events (`TooMuchWork`), refused up front when
+    the estimate is past it. A count that cannot progress is a row with its `verdict` (no
+    figures; last); when none can, `NoProgress` says why."""
+    if runs < 1:
+        raise ValueError(f"runs: give 1 or more, got {runs!r}")
+    combos = [(n, sync) for n in counts for sync in dict.fromkeys(syncs if n > 1 else ("ddp",))]
+    join_time, sync_time = kw.get("join_time", 0.1), kw.get("sync_time", 0.0)
+    estimate, verdicts = 0.0, {}
+    for n, sync in combos:
+        setup = _setup(scenario, n, join_time, sync_time, sync)
+        try:
+            _check_progress(scenario, setup, n, join_time)
+        except NoProgress as exc:
+            verdicts[n, sync] = str(exc)
+            continue
+        estimate += runs * _estimate(scenario, setup, n)
+    if estimate > max_events:
+        raise TooMuchWork(
+            f"simulating {len(combos)} count(s) and strategies x {runs} run(s) of {scenario.steps:,} "
+            f"steps takes about {estimate:.2g} events, past the plan's limit of {max_events:,}; "
+            f"lower steps to about {_fitting_steps(scenario, estimate, max_events)} (a shorter job has "
+            "the same rates), or the runs, or the counts"
+        )
+    budget = {"left": max_events, "limit": max_events}  # the plan's events, spent run by run
     rows = []
-    for n in counts:
-        for sync in dict.fromkeys(syncs if n > 1 else ("ddp",)):  # one instance: nothing to sync
-            rows.append(_plan_row(scenario, n, sync, runs, seed, **kw))
+    for n, sync in combos:
+        try:
+            if (n, sync) in verdicts:
+                raise NoProgress(verdicts[n, sync])
+            rows.append(_plan_row(scenario, n, sync, runs, seed, budget, **kw))
+        except NoProgress as exc:
+            verdicts[n, sync] = str(exc)
+            rows.append(_verdict_row(n, sync, str(exc)))
+    if len(verdicts) == len(combos):  # nothing can progress: one verdict (the first) says why
+        raise NoProgress(next(iter(verdicts.values())))
     return sorted(rows, key=lambda r: (-r["steps_per_dollar"], r["wall_s"]))
 
 
-def _plan_row(scenario: Scenario, n: int, sync: str, runs: int, seed: int, **kw: Any) -> dict[str, Any]:
-    results = [
-        simulate_fleet(scenario, n, random.Random(seed * 1000 + i), sync=sync, **kw) for i in range(runs)
-    ]
+def _verdict_row(n: int, sync: str, verdict: str) -> dict[str, Any]:
+    """A count that cannot progress: no figures, ranked last, and why."""
+    nothing = {
+        k: math.inf for k in ("wall_s", "wall_sd", "cost", "recompute_s", "group_losses", "preemptions")
+    }
+    return {"instances": n, "sync": sync, **nothing, "steps_per_dollar": 0.0, "verdict": verdict}
+
+
+def _plan_row(
+    scenario: Scenario, n: int, sync: str, runs: int, seed: int, budget: dict[str, int], **kw: Any
+) -> dict[str, Any]:
+    results = []
+    for i in range(runs):
+        cap = min(MAX_EVENTS, budget["left"])
+        try:
+            r = simulate_fleet(scenario, n, random.Random(seed * 1000 + i), sync=sync, max_events=cap, **kw)
+        except TooMuchWork:
+            if cap == MAX_EVENTS:
+                raise
+            raise TooMuchWork(
+                f"the plan took more than its limit of {budget['limit']:,} events and "
+                f"was stopped at {n} instance(s), {sync}, run {i + 1} of {runs}; lower steps, the runs "
+                "or the counts"
+            ) from None
+        budget["left"] -= r.events
+        results.append(r)
     wall = statistics.mean(r.wall for r in results)
     cost = statistics.mean(r.cost for r in results)
     return {

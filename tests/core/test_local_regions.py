@@ -110,3 +110,32 @@ def test_the_timeline_names_the_zone_of_each_instance_once_the_job_moved() -> No
             e["region"] = "zone-a" if e["incarnation"] == 1 else "zone-b"
     st = JobState.from_events([from_json(e) if isinstance(e, dict) else e for e in events])
     assert lanes(st) == ["#1 zone-a", "#2 zone-b"]
+
+
+def test_the_configs_prices_price_the_local_market_and_its_dry_run() -> None:
+    """Config.price_spot / price_on_demand were ignored by the local market: its prices (the
+    widget's price lines, the placement) and the dry run showed the table's $0.158/$0.526 for
+    g4dn.xlarge. Nothing is launched here."""
+    from spotnb.providers.local import LocalProvider
+
+    config = spot.Config(price_spot=5.0, price_on_demand=9.0, ship_modules=SHIP)
+    prices = LocalProvider(config).prices(config.instance_type_name())
+    assert (prices["local"].spot, prices["local"].on_demand) == (5.0, 9.0), prices
+    assert "Config.price_spot" in prices["local"].source
+    text = spot.train(jobfns.slow_steps, config, dry_run=True).text()
+    assert "$5.000/h spot, $9.000/h on demand (Config.price_spot, Config.price_on_demand)" in text, text
+    assert "0.158" not in text and "0.526" not in text
+    # one of them: the other is the table's, and said so
+    half = spot.Config(price_on_demand=9.0, ship_modules=SHIP)
+    local = LocalProvider(half).prices(half.instance_type_name())["local"]
+    assert (local.spot, local.on_demand) == (pytest.approx(0.158, abs=0.05), 9.0)
+    text = spot.train(jobfns.slow_steps, half, dry_run=True).text()
+    assert "$9.000/h on demand (Config.price_on_demand)" in text and "built-in table" in text, text
+    # a type the table does not know, priced by the Config alone
+    own = spot.Config(instance_type="my-box", price_spot=0.5, price_on_demand=2.0, ship_modules=SHIP)
+    assert LocalProvider(own).prices("my-box")["local"].spot == 0.5
+    assert "$0.500/h spot, $2.000/h on demand" in spot.train(jobfns.slow_steps, own, dry_run=True).text()
+    # emulated zones keep their own spot prices; the on-demand price is the Config's
+    zoned = spot.Config(local_regions={"zone-a": {"price": 0.1}}, price_on_demand=9.0, ship_modules=SHIP)
+    zone = LocalProvider(zoned).prices(zoned.instance_type_name())["zone-a"]
+    assert (zone.spot, zone.on_demand) == (0.1, 9.0)

@@ -454,26 +454,42 @@ class LocalProvider(Provider):
             return None
         return [[self.t0 + float(at), float(p)] for at, p in schedule]
 
+    def _plan_launch(self, spec: LaunchSpec) -> dict[str, Any]:
+        """The instance's command, and the Config's prices where given: the market bills them
+        instead of the table's, and the dry run shows them (`spotnb.plan_view`)."""
+        plan = super()._plan_launch(spec)
+        fixed = {"spot": self.config.price_spot, "on_demand": self.config.price_on_demand}
+        if any(v is not None for v in fixed.values()):
+            plan["price_fixed"] = fixed
+        return plan
+
     def _prices(self, instance_type: str, regions: list[str] | None) -> dict[str, Price]:
         """The table's price, or each zone's (`local_regions`) at this moment of the market
-        (seconds since its first launch: a zone's price schedule runs from submission)."""
-        price = lookup_price(instance_type)
+        (seconds since its first launch: a zone's price schedule runs from submission);
+        `Config.price_spot` / `price_on_demand` replace the table's where given."""
+        table = lookup_price(instance_type)
+        fixed_spot, fixed_od = self.config.price_spot, self.config.price_on_demand
+        od = fixed_od if fixed_od is not None else (table.on_demand if table is not None else None)
         zones = self.config.local_regions
         if not zones:
-            if price is None:
+            spot = fixed_spot if fixed_spot is not None else (table.spot if table is not None else None)
+            if spot is None or od is None:
                 return {}
-            return {"local": Price(price.spot, price.on_demand, price.source + ", local market")}
+            return {"local": Price(spot, od, _source(table, fixed_spot, fixed_od) + ", local market")}
         t = self._market_time()
         out: dict[str, Price] = {}
-        for zone in zones:
+        for zone in zones:  # Config.price_spot and zones are not given together (check_config)
             if regions and zone not in regions:
                 continue
             spot = self.config.local_zone_price(zone, t)
             if spot is not None:
-                od = price.on_demand if price is not None else 0.0
-                out[zone] = Price(spot, od, f"local market zone {zone}, its price at {t:.0f} s")
-            elif price is not None:
-                out[zone] = Price(price.spot, price.on_demand, f"{price.source}, local market zone {zone}")
+                said = f"local market zone {zone}, its price at {t:.0f} s"
+                if fixed_od is not None:
+                    said += "; on demand: Config.price_on_demand"
+                out[zone] = Price(spot, od if od is not None else 0.0, said)
+            elif table is not None and od is not None:
+                source = _source(table, None, fixed_od)
+                out[zone] = Price(table.spot, od, f"{source}, local market zone {zone}")
         return out
 
     def close(self) -> None:
@@ -513,6 +529,18 @@ class LocalProvider(Provider):
 _TMP_PREFIX = "spotnb-local-"
 #: the command of an instance the zygote can fork (the controller's LaunchSpec.command)
 _AGENT = ["python", "-m", "spotnb.runtime.agent"]
+
+
+def _source(table: Price | None, fixed_spot: float | None, fixed_od: float | None) -> str:
+    """Where a local price comes from: the Config's fields that set it, then the table."""
+    said = [
+        f"Config.{name}"
+        for name, v in (("price_spot", fixed_spot), ("price_on_demand", fixed_od))
+        if v is not None
+    ]
+    if table is not None and (fixed_spot is None or fixed_od is None):
+        said.append(table.source)
+    return "; ".join(said) if said else "unpriced"
 
 
 def _is_agent_of(pid: int, record: dict[str, Any]) -> bool:
