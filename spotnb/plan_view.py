@@ -92,6 +92,11 @@ def summary_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("max price", f"${float(cap):.3f}/h"))
     disk = _find(plan.get("requests"), ("VolumeSize", "diskSizeGb", "disk_size_gb", "disk_size_gi_b"))
     rows.append(("disk", f"{disk} GB" if disk is not None else "the image's default boot disk"))
+    image = _image(plan.get("requests"))
+    if image:
+        rows.append(("image", image))
+    if plan.get("bootstrap"):
+        rows.append(("Python / torch", _python_row()))
     if plan.get("code"):
         rows.append(("spotnb code", str(plan["code"])))
     if plan.get("bootstrap"):
@@ -105,6 +110,44 @@ def summary_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
     if plan.get("unsupported"):
         rows.append(("not on this cloud", "; ".join(plan["unsupported"])))
     return rows
+
+
+def _image(requests: Any) -> str | None:
+    """The VM image the requests launch (AMI / GCE image / Azure publisher:offer:sku:version)."""
+    found = _find(requests, ("ImageId", "sourceImage", "source_image"))
+    if found:
+        return str(found)
+    ref = _find_dict(requests, ("image_reference", "imageReference"))
+    if ref:
+        parts = [ref.get(k) for k in ("publisher", "offer", "sku", "version")]
+        return ":".join(str(p) for p in parts if p) or None
+    return None
+
+
+def _find_dict(obj: Any, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k in keys and isinstance(v, dict):
+                return v
+            found = _find_dict(v, keys)
+            if found:
+                return found
+    elif isinstance(obj, list):
+        for v in obj:
+            found = _find_dict(v, keys)
+            if found:
+                return found
+    return None
+
+
+def _python_row() -> str:
+    """What the boot script runs the job with (spotnb.providers.bootstrap), in words."""
+    from spotnb.providers.bootstrap import PYTHON_CANDIDATES, TORCH_SPEC
+
+    return (
+        f"the first of {', '.join(PYTHON_CANDIDATES)} that imports torch: the image's torch is "
+        f"used when it is within {TORCH_SPEC}, else that is installed at each boot"
+    )
 
 
 def _price_rows(plan: dict[str, Any], itype: str) -> list[tuple[str, str]]:

@@ -31,7 +31,7 @@ from spotnb import shipping
 from spotnb.errors import ConfigError
 from spotnb.providers import code_fetch, get_provider_class
 from spotnb.providers.base import LaunchSpec
-from spotnb.providers.bootstrap import bootstrap_script, coordinator_script
+from spotnb.providers.bootstrap import TORCH_SPEC, bootstrap_script, coordinator_script
 from spotnb.shipping import CodeError, CodeRef
 from spotnb.signing import new_key, save_key
 from spotnb.store import Store
@@ -318,6 +318,8 @@ def test_dry_run_says_where_the_code_comes_from() -> None:
     rows = dict(summary_rows(plan))
     assert wheel.store_name in rows["spotnb code"] and "checks its sha256" in rows["spotnb code"]
     assert "spotnb code" in Plan(plan).text()
+    assert "deeplearning" in rows["image"]  # the Deep Learning AMI: CUDA and torch
+    assert "/opt/pytorch/bin/python" in rows["Python / torch"] and TORCH_SPEC in rows["Python / torch"]
     index = AWSProvider(cfg.model_copy(update={"spotnb_source": "index"})).plan_launch(spec)
     assert "SPOTNB_WHEEL_URL=" not in index["bootstrap"] and "'spotnb[aws]==" in index["bootstrap"]
     assert "package index" in index["code"]
@@ -618,3 +620,76 @@ def test_the_fetcher_reads_s3_through_the_s3_api(s3_store_url: str) -> None:
     )
     assert proc.returncode == 1 and "could not read" in proc.stderr
     assert not any(v in proc.stderr for v in CANARIES.values())
+
+
+# -- the image's torch (issue #25 item 2) ----------------------------------------------------------------
+def _image_venv_with_torch(where: Path, version: str = "2.13.0+image") -> Path:
+    """A Python like the Deep Learning AMI's /opt/pytorch: a venv (no system site-packages) whose
+    own site-packages holds the image's torch (a stand-in module that says which it is)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=60)
+    python = where / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
+    (Path(site) / "torch").mkdir()
+    (Path(site) / "torch" / "__init__.py").write_text(
+        f"__version__ = '{version}'\nclass version:\n    cuda = '12.8'\n"
+    )
+    return python
+
+
+def test_boot_script_uses_the_images_torch_when_the_images_python_is_a_venv(
+    tmp_path: Path, store_url: str, key: bytes
+) -> None:
+    """The AMI keeps torch in a venv: a venv made from that Python with --system-site-packages
+    sees the base interpreter's packages, not the image venv's, so its torch was invisible and
+    every boot would download GBs of another. The boot script's venv sees the image's torch,
+    and installs none."""
+    image = _image_venv_with_torch(tmp_path / "image")
+    store = Store(store_url)
+    ref = shipping.ship(store, JOB, key, _config(store_url))
+    assert ref is not None
+    spec = _launch_spec(store_url, ref, job_key=key.hex())
+    probe = "import torch, spotnb; print('AGENT', torch.__version__, spotnb.__file__)"
+    spec = dataclasses.replace(spec, command=["python", "-c", probe])
+    code, log = _boot(tmp_path, bootstrap_script(spec, "aws"), _vm_env(tmp_path, image))
+    assert code == 0, log
+    assert "the image's torch 2.13.0+image CUDA 12.8" in log
+    agent = next(line for line in log.splitlines() if line.startswith("AGENT "))
+    assert agent.split()[1] == "2.13.0+image", agent  # the image's, not another one
+    assert agent.split()[2].startswith(str(tmp_path / "vm-venv")), agent  # spotnb from the wheel
+    assert "installing torch" not in log
+
+
+def _stub_torch_wheel(where: Path) -> Path:
+    """A wheel named torch (the index's, which the VM would download, stands in for it)."""
+    path = where / "torch-2.13.0+index-py3-none-any.whl"
+    info = "torch-2.13.0+index.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("torch/__init__.py", "__version__ = '2.13.0+index'\nclass version:\n    cuda = None\n")
+        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+index\n")
+        wheel = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        z.writestr(f"{info}/WHEEL", wheel)
+        z.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def test_boot_script_installs_torch_only_when_the_images_is_outside_spotnbs_bound(
+    tmp_path: Path, store_url: str, key: bytes
+) -> None:
+    """An image whose torch spotnb does not accept (1.13 here; Azure's HPC image has none): the
+    boot script says so and installs spotnb's torch bound (the stand-in wheel SPOTNB_TORCH_SPEC
+    names) before the job's code runs."""
+    image = _image_venv_with_torch(tmp_path / "image", version="1.13.1")
+    store = Store(store_url)
+    ref = shipping.ship(store, JOB, key, _config(store_url))
+    assert ref is not None
+    spec = _launch_spec(store_url, ref, job_key=key.hex())
+    probe = "import torch; print('AGENT', torch.__version__)"
+    spec = dataclasses.replace(spec, command=["python", "-c", probe])
+    env = _vm_env(tmp_path, image, SPOTNB_TORCH_SPEC=str(_stub_torch_wheel(tmp_path)))
+    code, log = _boot(tmp_path, bootstrap_script(spec, "aws"), env)
+    assert code == 0, log
+    assert f"no torch spotnb accepts on this image: installing {TORCH_SPEC}" in log
+    assert "AGENT 2.13.0+index" in log

@@ -4,9 +4,11 @@ Why one generator: the three clouds differ only in how a boot script reaches the
 `UserData`, Azure cloud-init `custom_data`, GCE `startup-script` metadata); what the script
 does must be identical so a job behaves the same everywhere:
 
-1. find a Python (the Deep Learning images ship one with CUDA torch), make a venv on top of it
-   (`--system-site-packages`, so the image's torch is reused) and pip-install spotnb plus the
-   job's requirements. spotnb is the notebook's own (`Config.spotnb_source="store"`): the wheel
+1. find a Python: the first of `PYTHON_CANDIDATES` that imports torch (the Deep Learning
+   images ship one with CUDA torch), make a venv on top of it that sees the image's packages
+   (`--system-site-packages`, plus a .pth to the image's own venv where it is one, as on the
+   Deep Learning AMI) and pip-install spotnb plus the job's requirements; torch only when the
+   image has none within `TORCH_SPEC`. spotnb is the notebook's own (`Config.spotnb_source="store"`): the wheel
    `spotnb.shipping` put in the store, read with the VM's identity by `code_fetch` (its text is
    in the script) and refused unless its size and sha256 are the ones this script carries;
    or, with "index" or a pip spec, what pip finds for it (skipped when the Python already has
@@ -62,8 +64,23 @@ __all__ = [
     "require_remote_store",
 ]
 
-# Where the clouds' deep-learning images keep their Python with CUDA torch, then the system one.
-PYTHON_CANDIDATES = ("/opt/pytorch/bin/python", "/opt/conda/bin/python", "/usr/bin/python3", "python3")
+# Where the clouds' deep-learning images keep their Python with CUDA torch (AWS's Deep Learning
+# AMI: the venv /opt/pytorch; GCP's Deep Learning VM: /opt/conda; Azure's Data Science VM:
+# /anaconda), then the system one. The first that imports torch is used (`_INSTALL`).
+PYTHON_CANDIDATES = (
+    "/opt/pytorch/bin/python",
+    "/opt/conda/bin/python",
+    "/anaconda/envs/py310_default/bin/python",
+    "/anaconda/bin/python",
+    "/usr/bin/python3",
+    "python3",
+)
+#: what a boot script installs when no Python of the image has a torch within it (spotnb's bound)
+TORCH_SPEC = "torch>=2.1,<=2.14.1"
+_TORCH_OK = (  # whether the torch `$PY` imports is within TORCH_SPEC (major.minor: local builds pass)
+    "import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); "
+    "sys.exit(not (2, 1) <= v <= (2, 14))"
+)
 
 # Names that must never be shipped in a boot script (they would land in the cloud's instance
 # metadata, readable by anything on the VM and by whoever can describe the instance).
@@ -111,12 +128,24 @@ def _exports(pairs: Iterable[tuple[str, str]]) -> str:
 # both install spotnb the same way. Needs SPOTNB_VERSION and SPOTNB_REQUIREMENTS (the job's own:
 # when there are any, the install always runs); {install} is the fragment `_install` makes.
 _INSTALL = r"""PY=${{SPOTNB_PYTHON:-}}
+SPOTNB_HAS_TORCH=0
 if [ -z "$PY" ]; then
+  # the first Python of the image that has torch (its CUDA build); else the first Python found
   for c in {pythons}; do
-    if command -v "$c" >/dev/null 2>&1; then PY=$(command -v "$c"); break; fi
+    if command -v "$c" >/dev/null 2>&1; then
+      [ -n "$PY" ] || PY=$(command -v "$c")
+      if "$c" -c "import torch" >/dev/null 2>&1; then PY=$(command -v "$c"); SPOTNB_HAS_TORCH=1; break; fi
+    fi
   done
+elif "$PY" -c "import torch" >/dev/null 2>&1; then
+  SPOTNB_HAS_TORCH=1
 fi
 if [ -z "$PY" ]; then echo "spotnb bootstrap: no python found"; ${{SPOTNB_POWEROFF_CMD:-shutdown -h now}}; exit 1; fi
+if [ "$SPOTNB_HAS_TORCH" = 1 ]; then
+  echo "spotnb bootstrap: $PY, the image's torch $("$PY" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null)"
+else
+  echo "spotnb bootstrap: $PY (no Python of the image imports torch)"
+fi
 
 SPOTNB_INSTALLED=0
 {install}
@@ -143,8 +172,26 @@ _PIP = r"""  "$PY" -m pip install --quiet {specs} || SPOTNB_PIP_OK=0
 """
 _INSTALL_STEP = r"""if {needed}; then
 {fetch}  VENV=${{SPOTNB_VENV:-/opt/spotnb-venv}}
-  "$PY" -m venv --system-site-packages "$VENV" && PY="$VENV/bin/python"
+  if "$PY" -m venv --system-site-packages "$VENV"; then
+    # The image's Python may itself be a venv (the Deep Learning AMI's /opt/pytorch): a venv
+    # made from it sees its base interpreter's packages, not the image venv's, so its torch
+    # would be missing and pip would download another. A .pth file adds the image venv's
+    # site-packages after the new venv's own (spotnb's pins still win).
+    SPOTNB_PTH=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/spotnb-image.pth
+    "$PY" -c 'import site, sys; sys.prefix != sys.base_prefix and print(*site.getsitepackages(), sep=chr(10))' >"$SPOTNB_PTH"
+    PY="$VENV/bin/python"
+  else
+    # no venv module (Ubuntu without python3-venv): a folder of its own on PYTHONPATH instead
+    echo "spotnb bootstrap: $PY cannot make a venv; installing into $VENV/site"
+    export PIP_TARGET="$VENV/site" PYTHONPATH="$VENV/site${{PYTHONPATH:+:$PYTHONPATH}}"
+    mkdir -p "$PIP_TARGET"
+  fi
   SPOTNB_PIP_OK=1
+  # the torch this Python now sees (the image's, through the venv): kept when spotnb accepts it
+  if ! "$PY" -c "{torch_ok}" >/dev/null 2>&1; then
+    echo "spotnb bootstrap: no torch spotnb accepts on this image: installing {torch}"
+    "$PY" -m pip install --quiet "${{SPOTNB_TORCH_SPEC:-{torch}}}" || SPOTNB_PIP_OK=0
+  fi
   # shellcheck disable=SC2086
 {pip}  if [ "$SPOTNB_PIP_OK" -ne 1 ]; then
     echo "spotnb bootstrap: pip install failed"; ${{SPOTNB_POWEROFF_CMD:-shutdown -h now}}; exit 1
@@ -165,7 +212,7 @@ def _install(check: str, specs: Iterable[str], wheel: bool) -> str:
     else:
         needed = f'[ -n "$SPOTNB_REQUIREMENTS" ] || ! {has}'
         fetch, pip = "", _PIP.format(specs=quoted)
-    return _INSTALL_STEP.format(needed=needed, fetch=fetch, pip=pip)
+    return _INSTALL_STEP.format(needed=needed, fetch=fetch, pip=pip, torch=TORCH_SPEC, torch_ok=_TORCH_OK)
 
 
 _TEMPLATE = (
@@ -173,7 +220,8 @@ _TEMPLATE = (
 # spotnb bootstrap for job {job} incarnation {inc} on {cloud} (spotnb {version}).
 # Generated by spotnb.providers.bootstrap. It holds no credential: the VM reaches the store
 # with its own identity; SPOTNB_JOB_KEY only lets the agent verify the job (never echo it).
-# Override SPOTNB_PYTHON / SPOTNB_VENV / SPOTNB_LOG / SPOTNB_POWEROFF_CMD / SPOTNB_WORKDIR
+# Override SPOTNB_PYTHON / SPOTNB_VENV / SPOTNB_LOG / SPOTNB_POWEROFF_CMD / SPOTNB_WORKDIR /
+# SPOTNB_TORCH_SPEC (the torch installed when no Python of the image has one)
 # in the environment to run it elsewhere (the test suite runs it on the CI machine).
 set -uo pipefail
 SPOTNB_T0=$(date +%s.%N)
@@ -245,6 +293,7 @@ def bootstrap_script(spec: LaunchSpec, cloud: str) -> str:
         version=spec.spotnb_version or "unpinned",
         exports=_exports(env),
         pythons=" ".join(PYTHON_CANDIDATES),
+        torch=TORCH_SPEC,
         install=_install(_version_check("spotnb"), specs, code is not None),
         command=command,
     )
@@ -486,6 +535,7 @@ def controller_script(
         lighthouse_note=f" and torchft's lighthouse on port {int(port)}" if instances > 1 else "",
         exports=_exports(env),
         pythons=" ".join(PYTHON_CANDIDATES),
+        torch=TORCH_SPEC,
         install=_install(
             _version_check(
                 ", ".join(["spotnb", *([sdk] if sdk else []), *(["torchft"] if instances > 1 else [])])
@@ -582,6 +632,7 @@ def coordinator_script(
         min_replicas=int(min_replicas),
         exports=_exports(env),
         pythons=" ".join(PYTHON_CANDIDATES),
+        torch=TORCH_SPEC,
         # an image with this spotnb but without torchft still gets the lighthouse's dependency
         install=_install(check, specs, False),
         module=module,
