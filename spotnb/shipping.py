@@ -59,6 +59,7 @@ from typing import Any
 from spotnb.errors import ConfigError, SpotnbError
 from spotnb.signing import BadSignature, load_key, sign_doc, verify_doc
 from spotnb.store import Store
+from spotnb.transfer import store_cloud
 
 __all__ = [
     "CODE_DIR",
@@ -97,17 +98,6 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "azure": ("adlfs", "azure-identity", "azure-mgmt-compute", "azure-mgmt-resource", "azure-storage-blob"),
     "gcp": ("gcsfs", "google-cloud-compute"),
     "elastic": ("torchft-nightly",),
-}
-#: The extra that brings a store's fsspec driver, by the store URL's scheme.
-_EXTRA_BY_PROTOCOL = {
-    "s3": "aws",
-    "s3a": "aws",
-    "gs": "gcp",
-    "gcs": "gcp",
-    "az": "azure",
-    "abfs": "azure",
-    "abfss": "azure",
-    "adl": "azure",
 }
 #: Folders of the package a VM never needs (relative to `spotnb/`).
 _SKIP_DIRS = {"labextension"}
@@ -319,9 +309,9 @@ def build_wheel() -> Wheel:
 
 # -- what a job installs -------------------------------------------------------------------------
 def store_extra(store_url: str) -> str | None:
-    """The spotnb extra that brings the store's fsspec driver (s3:// → aws, gs:// → gcp ...)."""
-    protocol = store_url.split("://", 1)[0].lower() if "://" in store_url else "file"
-    return _EXTRA_BY_PROTOCOL.get(protocol)
+    """The spotnb extra that brings the store's fsspec driver (s3:// → aws, gs:// → gcp ...):
+    each cloud's extra is named after the cloud its store lives on."""
+    return store_cloud(store_url)
 
 
 def own_requirement(requirements: Any) -> bool:
