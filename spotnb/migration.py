@@ -24,6 +24,29 @@ for its payback time — the time the saving takes to pay for the move (`Move.pa
 that has lasted that long is taken to last as long again, and a gap shorter than a move's
 payback could not have paid for it anyway.
 
+The payback alone still chases prices that flip slower than it but faster than a move is worth:
+two replicas, zone prices swapping $0.02/$0.30 every 6 s, a payback of ~1 s: 8 moves in 46 s,
+back and forth. So the gate also keeps the history of its looks — which zone it paid to be in,
+and from when (the move's target, or the zone the job is in when no move is worth making): a
+*spell* of a zone lasts from one flip to the next, counted in looked-at seconds (an interval
+between looks longer than `GAP_LOOKS` usual ones, plus the lead of a move admitted at its
+start, counts as that much: what happened in a gap, prices unknown, is not taken as a spell
+going on). Once both zones of a move
+have `FLAP_SPELLS` spells in the last `FLAP_WINDOW_S` (a zone that flipped once is judged by
+the payback alone), their usual (median) lengths, weighed by the saving a move to each made
+(`Move.rate`, $/s), say what a move is worth per cycle of the two: staying here loses the
+target's spells (its length × its saving); moving there for good loses the other zone's;
+chasing loses, at each flip, the wait (a payback and a look), the move's time (`Move.lead_s`:
+the job is still in the dear zone) and the move itself (another payback). The move is made if
+staying here loses more than the better of the other two by `FLAP_MARGIN` (the costs a move
+does not price: the hand-over's pause, the wall time, a start that fails). Otherwise only once
+the target's current spell has outlasted `FLAP_OUTLAST` × its usual one (the pattern broke: a
+zone that became cheaper for good is moved to, that much later). The
+wait says why (`MoveGate.waiting`, logged once a spell: "waiting: zone-b flipped 10 times in
+the last 60 s ...; it must stay cheaper for 12 s (so far 5 s)") and the admitted move's reason
+says what it outlasted. Measured: `python benchmarks/bench_migration.py --flapping`
+(`benchmarks/MIGRATION.md`).
+
 A job on several instances (`Config.instances > 1`) moves one replica at a time
 (`best_replica_move`): the new instance joins the live group and receives the state from a
 peer, so nothing is saved to the store and nobody pauses; the old replica trains on until the
@@ -55,18 +78,50 @@ nothing to time: the relaunch goes to the best zone at once, as with on-interrup
 
 from __future__ import annotations
 
+import logging
+import math
+import statistics
+from collections import deque
 from dataclasses import dataclass, replace
 
 from spotnb.billing import Billing
 from spotnb.placement import NOMINAL_SAVE, ZoneEstimate
 
-__all__ = ["MIN_GAIN", "MOVING_POLICIES", "Move", "MoveGate", "best_move", "best_replica_move", "move_start"]
+__all__ = [
+    "FLAP_MARGIN",
+    "FLAP_OUTLAST",
+    "FLAP_SPELLS",
+    "FLAP_WINDOW_S",
+    "MIN_GAIN",
+    "MOVING_POLICIES",
+    "Move",
+    "MoveGate",
+    "best_move",
+    "best_replica_move",
+    "move_start",
+]
+
+log = logging.getLogger("spotnb.migration")
 
 #: the `Config.migrate` values that move a running job
 MOVING_POLICIES = ("best-price", "billing-aware")
 
 #: the share of staying's expected cost a move must save, after paying for itself
 MIN_GAIN = 0.05
+
+#: how far back (s) the gate judges a zone's flips, and how many of its last spells it keeps
+FLAP_WINDOW_S = 3600.0
+FLAP_MEMORY = 8
+#: spells of each zone (in the window) before their lengths are judged; fewer: the payback alone
+FLAP_SPELLS = 1
+#: a flapping target's usual spell must beat what chasing it loses, or the other zone's usual
+#: spell (moving there for good), by this factor: the costs a move does not price (the pause
+#: while it hands over, the wall time, a start that fails) and spells measured to a look
+FLAP_MARGIN = 1.1
+#: ... or its current spell must outlast its usual one this many times (the flapping stopped)
+FLAP_OUTLAST = 2.0
+#: an interval between looks counts as at most this many usual intervals (a gap is unknown)
+GAP_LOOKS = 3.0
 
 
 @dataclass(frozen=True)
@@ -80,9 +135,13 @@ class Move:
     saving: float  # $ expected to be saved by moving, the move paid
     payback_s: float = 0.0  # seconds the saving, at its rate, takes to pay for the move
     replica: bool = False  # one replica of several: it joins from a peer, nothing is saved
+    lead_s: float = 0.0  # seconds from the move's start to the job running there
+    rate: float = 0.0  # $/s the move saves while the gap lasts (what pays it back)
+    note: str = ""  # what the gate weighed beyond the payback (flapping prices), for the feed
 
     def reason(self) -> str:
         """The two zones' terms in words, for the event feed."""
+        note = f"; {self.note}" if self.note else ""
         if self.replica:
             return (
                 f"{self.there.zone} at ${self.there.spot:.3f}/h against ${self.here.spot:.3f}/h here: "
@@ -91,6 +150,7 @@ class Move:
                 "(the new instance's start and its join from a peer, the old one's last step"
                 + (", the state's transfer" if self.there.restore_cost else "")
                 + "; nothing is saved)"
+                + note
             )
         return (
             f"{self.there.zone} at ${self.there.spot:.3f}/h against ${self.here.spot:.3f}/h here: "
@@ -99,13 +159,22 @@ class Move:
             "(a save here, a start there"
             + (f", the checkpoint moved ${self.there.restore_cost:.4f}" if self.there.restore_cost else "")
             + ")"
+            + note
         )
+
+
+def _known(ranked: list[ZoneEstimate]) -> list[ZoneEstimate]:
+    """The zones whose expected cost is a number (a price that is NaN or infinite is unknown:
+    such a zone is neither a move's target nor a reason to stay)."""
+    return [z for z in ranked if math.isfinite(z.cost)]
 
 
 def best_move(ranked: list[ZoneEstimate], here: str | None, save_s: float | None) -> Move | None:
     """The move to make now, if any. `ranked`: `rank_zones` over the candidate zones with the
     job's remaining work; `here`: the zone the job runs in; `save_s`: the time of one save
-    (snapshot + upload; None: not measured yet)."""
+    (snapshot + upload; None: not measured yet). A zone whose price is not a number is left
+    out; one here is no move (nothing to weigh)."""
+    ranked = _known(ranked)
     current = next((z for z in ranked if z.zone == here), None)
     if current is None or not ranked or ranked[0].zone == here:
         return None
@@ -117,12 +186,12 @@ def best_move(ranked: list[ZoneEstimate], here: str | None, save_s: float | None
     work_there = there.cost - start_there
     cost = current.spot * delta / 3600.0 + start_there
     saving = stay - work_there - cost
-    if saving <= MIN_GAIN * stay:
+    if not saving > MIN_GAIN * stay:  # NaN-safe
         return None
     # the gross saving accrues over the work's wall time here: its rate pays the move back
     wall_here = max(1.0, current.hours * 3600.0 - current.restart)
     rate = (stay - work_there) / wall_here
-    return Move(current, there, stay, cost, saving, cost / rate)
+    return Move(current, there, stay, cost, saving, cost / rate, lead_s=there.restart + delta, rate=rate)
 
 
 def best_replica_move(
@@ -138,6 +207,7 @@ def best_replica_move(
     after the new one committed its first step (it finishes its step and leaves);
     `peer_bytes_cost` / `peer_s`: the state's copy from a peer's zone to the new one ($, s),
     which replaces the store restore that `ranked` priced."""
+    ranked = _known(ranked)
     current = next((z for z in ranked if z.zone == here), None)
     if current is None or not ranked or ranked[0].zone == here:
         return None
@@ -150,29 +220,48 @@ def best_replica_move(
     overlap_here = current.spot * (start_s + max(0.0, leave_s)) / 3600.0
     moving = work_there + overlap_here + peer_bytes_cost
     saving = stay - moving
-    if saving <= MIN_GAIN * stay:
+    if not saving > MIN_GAIN * stay:  # NaN-safe
         return None
     cost = there.spot * start_s / 3600.0 + current.spot * max(0.0, leave_s) / 3600.0 + peer_bytes_cost
     wall_here = max(1.0, current.hours * 3600.0 - current.restart)
     rate = (stay - work_there) / wall_here
     estimate = replace(there, restore_cost=peer_bytes_cost)
-    return Move(current, estimate, stay, cost, saving, cost / rate, replica=True)
+    lead = start_s + max(0.0, leave_s)
+    return Move(current, estimate, stay, cost, saving, cost / rate, replica=True, lead_s=lead, rate=rate)
 
 
 class MoveGate:
     """Hysteresis for `best_move`: a move is made only when every look for its payback time
     (`Move.payback_s`) found it worth making, to the same zone from the same zone; a look that
-    finds no move, or another one, starts the wait over. See the module's docstring for why."""
+    finds no move, or another one, starts the wait over. And, once the zones' prices flap, only
+    when their spells say that moving pays (see the module's docstring); `waiting` says why a
+    move that paid back still waits. `hysteresis=False`: the payback rule alone (the rule before
+    the history; `benchmarks/bench_migration.py --flapping` compares them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hysteresis: bool = True) -> None:
+        self.hysteresis = hysteresis
         self._wanted: tuple[str, str, float] | None = None  # (here, there, since)
+        self._home: str | None = None  # the zone the job is in, as far as the looks tell
+        self._spell: list | None = None  # [zone it pays to be in, since, looked-at seconds]
+        self._spells: dict[str, deque[tuple[float, float]]] = {}  # zone → (ended, seconds)
+        self._rates: dict[str, deque[tuple[float, float]]] = {}  # zone → (t, $/s a move there saves)
+        self._flips: deque[float] = deque()  # when the zone it pays to be in changed
+        self._last: float | None = None  # the last look
+        self._gaps: deque[float] = deque(maxlen=16)  # the intervals between looks
+        self._moving = 0.0  # the lead of the move admitted at the last look: no look meanwhile
+        self._said: tuple[str, float] | None = None  # the spell whose wait was logged
+        #: why the move this look found still waits beyond its payback (None: it does not)
+        self.waiting: str | None = None
 
     def admit(self, move: Move | None, now: float, keep: bool = False) -> Move | None:
-        """`move`: this look's `best_move`; returns it once it has held for its payback.
+        """`move`: this look's `best_move`; returns it once it has held for its payback (and,
+        on flapping prices, once the spells say it pays).
         `keep`: the wait is not started over once a move is admitted, for the replicas of a
         job on several instances, which move one at a time between the same two zones: the gap
         that held for the first one's payback admits the next at the next look that still
         finds it (a look that does not, or the next move's longer payback, still waits)."""
+        self._look(move, now)
+        self.waiting = None
         if move is None:
             self._wanted = None
             return None
@@ -181,14 +270,109 @@ class MoveGate:
             self._wanted = (*key, now)
         if now - self._wanted[2] < move.payback_s:
             return None
+        held = self._flapping(move, now)
+        if held is not None:
+            wait, _ = held
+            self.waiting = wait
+            spell = (move.there.zone, self._spell[1]) if self._spell else None
+            if wait:
+                if spell != self._said:  # once a spell
+                    self._said = spell
+                    log.info("%s", wait)
+                return None
+            move = replace(move, note=held[1])
         if not keep:
             self._wanted = None
+        self._home = move.there.zone
+        self._moving = max(0.0, move.lead_s)
         return move
 
     def reset(self) -> None:
         """Start the wait over: a move admitted with `keep` (a billing-aware one, waiting for
         its increment's end) was started, so the next one waits its own payback."""
         self._wanted = None
+
+    # -- the history of the looks ---------------------------------------------------------
+    def _look(self, move: Move | None, now: float) -> None:
+        """One look: which zone it pays to be in now (the move's target, else the job's zone),
+        its spell's looked-at time, and a flip if that zone changed."""
+        best = move.there.zone if move is not None else self._home
+        if move is not None:
+            self._home = move.here.zone
+            rates = self._rates.setdefault(move.there.zone, deque(maxlen=4 * FLAP_MEMORY))
+            rates.append((now, move.rate))
+        counted = 0.0
+        if self._last is not None:
+            dt = max(0.0, now - self._last)
+            counted = dt
+            if len(self._gaps) >= 3:  # a move just admitted explains its own time without looks
+                counted = min(dt, GAP_LOOKS * statistics.median(self._gaps) + self._moving)
+            self._gaps.append(dt)
+        self._moving = 0.0
+        self._last = max(now, self._last) if self._last is not None else now
+        if self._spell is not None:
+            self._spell[2] += counted
+        if best is None:
+            return
+        if self._spell is None:
+            self._spell = [best, now, 0.0]
+            return
+        if best != self._spell[0]:
+            zone, _, seconds = self._spell
+            self._spells.setdefault(zone, deque(maxlen=FLAP_MEMORY)).append((now, seconds))
+            self._flips.append(now)
+            self._spell = [best, now, 0.0]
+        while self._flips and self._flips[0] < now - FLAP_WINDOW_S:
+            self._flips.popleft()
+
+    def _usual(self, zone: str, now: float) -> float | None:
+        """The median length of `zone`'s spells in the window; None: too few to judge."""
+        spells = [s for end, s in self._spells.get(zone, ()) if end >= now - FLAP_WINDOW_S]
+        return statistics.median(spells) if len(spells) >= FLAP_SPELLS else None
+
+    def _gap(self, zone: str, now: float) -> float | None:
+        """The median $/s that moves to `zone` saved while it was the cheaper one (None: no
+        move to it seen in the window: the job sat there through its spells)."""
+        rates = [r for t, r in self._rates.get(zone, ()) if t >= now - FLAP_WINDOW_S and r > 0]
+        return statistics.median(rates) if rates else None
+
+    def _flapping(self, move: Move, now: float) -> tuple[str, str] | None:
+        """None: the spells have nothing to say (too few, or the look is not in the target's
+        spell). Else (wait, note): `wait` says why the move waits (empty: it is made), `note`
+        what the admitted move outlasted."""
+        if not self.hysteresis or self._spell is None or self._spell[0] != move.there.zone:
+            return None
+        there, here = move.there.zone, move.here.zone
+        usual, other = self._usual(there, now), self._usual(here, now)
+        if usual is None or other is None:
+            return None
+        # $ lost per cycle of the two zones' spells: staying here loses the target's spells'
+        # gap; staying there the other's; chasing, at each spell's start, the wait (a payback
+        # and the look that sees it), the move's time and the move itself (another payback)
+        gap_there = self._gap(there, now) or move.rate or 1.0  # unknown: the spells' lengths alone
+        gap_here = self._gap(here, now) or gap_there
+        look = statistics.median(self._gaps) if self._gaps else 0.0
+        per_move = 2.0 * move.payback_s + look + max(0.0, move.lead_s)
+        stay_here, stay_there = usual * gap_there, other * gap_here
+        chase = per_move * (gap_there + gap_here)
+        if stay_here > FLAP_MARGIN * min(stay_there, chase):
+            return None  # its spells are long (or deep) enough to pay for chasing, or staying there
+        need = FLAP_OUTLAST * usual
+        seconds = self._spell[2]
+        flips = len(self._flips)
+        span = now - self._flips[0] if self._flips else 0.0
+        history = (
+            f"{there} flipped {flips} times in the last {span:.0f} s (cheaper ~{usual:.0f} s at a "
+            f"time, {here} ~{other:.0f} s)"
+        )
+        if seconds >= need:
+            return "", f"{history}; it has stayed cheaper {seconds:.0f} s, over {need:.0f} s"
+        return (
+            f"waiting: {history}: neither chasing it (a move takes {move.lead_s:.1f} s and pays "
+            f"back in {move.payback_s:.1f} s) nor staying there pays; it must stay cheaper for "
+            f"{need:.0f} s (so far {seconds:.0f} s)",
+            "",
+        )
 
 
 def move_start(

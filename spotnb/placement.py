@@ -145,7 +145,8 @@ def rank_zones(
     """`prices`: zone → spot $/h; `markets`: zone → (MTTP, restart) seconds; `trouble`: zone →
     times of this job's recent preemptions and capacity failures there; `transfer`: zone →
     moving the checkpoint there (none: beside the store); `clouds`: zone → its cloud (shown).
-    Cheapest expected cost first; ties keep the order of `prices` (the user's order)."""
+    Cheapest expected cost first; ties keep the order of `prices` (the user's order); a zone whose
+    price is NaN (unknown) last."""
     work = work_s if work_s and work_s > 0 else NOMINAL_WORK
     delta = save_s if save_s is not None and save_s >= 0 else NOMINAL_SAVE
     out: list[ZoneEstimate] = []
@@ -188,7 +189,10 @@ def rank_zones(
             )
         )
     order = {zone: i for i, zone in enumerate(prices)}
-    return sorted(out, key=lambda z: (z.cost, order[z.zone]))
+    # a NaN cost (the price unknown) compares as neither less nor more: sorted among the others
+    # it would stop a cheaper zone from coming first; it goes last
+    unknown = math.isnan
+    return sorted(out, key=lambda z: (unknown(z.cost), 0.0 if unknown(z.cost) else z.cost, order[z.zone]))
 
 
 def _duration(seconds: float) -> str:

@@ -53,12 +53,13 @@ def test_prices_that_flap_every_second_do_not_make_the_job_move_back_and_forth()
     moves = _looks(lambda t: {"zone-a": 0.30, "zone-b": 0.10}, 600)
     assert len(moves) == 1 and moves[0][1:] == ("zone-a", "zone-b")
     assert move.payback_s <= moves[0][0] <= move.payback_s + 1
-    # prices that flip slower than a move's payback are followed, each move paying for itself
+    # prices that flip much slower than a move's payback are followed, each move paying for
+    # itself many times over (every 10 minutes here; a move's ~40 s payback and its 65 s start)
     slow = _looks(
         lambda t: (
-            {"zone-a": 0.30, "zone-b": 0.10} if (t // 300) % 2 == 0 else {"zone-a": 0.10, "zone-b": 0.30}
+            {"zone-a": 0.30, "zone-b": 0.10} if (t // 600) % 2 == 0 else {"zone-a": 0.10, "zone-b": 0.30}
         ),
-        1200,
+        2400,
     )
     assert [m[1:] for m in slow] == [
         ("zone-a", "zone-b"),
@@ -66,6 +67,17 @@ def test_prices_that_flap_every_second_do_not_make_the_job_move_back_and_forth()
         ("zone-a", "zone-b"),
         ("zone-b", "zone-a"),
     ]
+    # every 4 minutes, chasing loses more than staying put (each flip: ~40 s of wait, a 65 s
+    # start, ~40 s of the move's cost, against half a 240 s spell): the first two flips are
+    # followed, before there is a history (tests/core/test_migration_flapping.py); then the
+    # job stays
+    middling = _looks(
+        lambda t: (
+            {"zone-a": 0.30, "zone-b": 0.10} if (t // 240) % 2 == 0 else {"zone-a": 0.10, "zone-b": 0.30}
+        ),
+        1200,
+    )
+    assert [m[1:] for m in middling] == [("zone-a", "zone-b"), ("zone-b", "zone-a")]
 
 
 # -- the move's save fails ----------------------------------------------------------------------

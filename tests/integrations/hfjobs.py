@@ -7,12 +7,18 @@ from typing import Any
 
 
 def tiny_gpt2(
-    ctx: Any, out: str = "hf-out", steps: int = 40, step_delay: float = 0.0, plain: bool = False
+    ctx: Any,
+    out: str = "hf-out",
+    steps: int = 40,
+    step_delay: float = 0.0,
+    plain: bool = False,
+    accum: int = 1,
 ) -> dict[str, Any]:
     """A 2-layer GPT-2 built from a config (no download), synthetic token ids, dropout on, a
     shuffled sampler over 2.5 epochs, AdamW with a linear schedule: every piece of state the
     Trainer's resume must restore exactly. One intra-op thread (see tests/core/jobfns.py).
-    `plain`: call `trainer.train()` as code written without spotnb does."""
+    `plain`: call `trainer.train()` as code written without spotnb does; `accum`: micro-batches
+    per optimizer step (gradient accumulation)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
@@ -36,6 +42,7 @@ def tiny_gpt2(
         output_dir=out,
         max_steps=steps,
         per_device_train_batch_size=4,
+        gradient_accumulation_steps=accum,
         learning_rate=1e-3,
         lr_scheduler_type="linear",
         warmup_steps=5,

@@ -41,6 +41,7 @@ def test_a_plain_trainer_train_is_preempted_and_resumes_exactly(tmp_path: Path) 
     assert resumed["from_step"] == 10
     for name, w in ref["weights"].items():
         assert torch.equal(w, got["weights"][name]), name
+    assert got["loss"] == ref["loss"]  # trainer.train().training_loss: the whole run's mean
     said = [e["message"] for e in job.events if e["kind"] == "warning"]
     assert any("runs under spotnb" in m for m in said), said
 
