@@ -67,6 +67,10 @@ def provider_prefixes() -> tuple[str, ...]:
     return tuple(f"{name}_" for name in registry())
 
 
+#: `Config.instance_type` when none is given, by provider: one small GPU of that cloud
+DEFAULT_INSTANCE_TYPES = {"gcp": "g2-standard-4", "azure": "Standard_NC4as_T4_v3"}
+
+
 class _GenericConfig(BaseModel):
     """What to run where. Durations take seconds or strings such as "90s", "2m", "3h"."""
 
@@ -83,8 +87,10 @@ class _GenericConfig(BaseModel):
     )
     instance_type: str | dict[str, str] = Field(
         "g4dn.xlarge",
-        description="Cloud instance type; also prices the ledger. With provider='any', one per "
-        "cloud: {'aws': 'g5.xlarge', 'azure': 'Standard_NC4as_T4_v3', 'gcp': 'g2-standard-4'}.",
+        description="Cloud instance type; also prices the ledger. Default: one NVIDIA T4 or L4 on "
+        "the provider's cloud (g4dn.xlarge; gcp: g2-standard-4; azure: Standard_NC4as_T4_v3). "
+        "With provider='any', one per cloud: {'aws': 'g5.xlarge', 'azure': "
+        "'Standard_NC4as_T4_v3', 'gcp': 'g2-standard-4'}.",
     )
     region: str | None = Field(None, description="One region (or zone) to launch in.")
     regions: list[str] | Literal["cheapest"] | None = Field(
@@ -440,6 +446,11 @@ class _GenericConfig(BaseModel):
 
     @model_validator(mode="after")
     def _provider_fields(self) -> Any:
+        if "instance_type" not in self.model_fields_set and self.provider in DEFAULT_INSTANCE_TYPES:
+            # each cloud's own one-GPU type: AWS's name would pass validate() on GCP and Azure and
+            # fail only at the first insert, in every zone. Set in place (validate_assignment
+            # would run this validator again) and still not in model_fields_set: a default
+            self.__dict__["instance_type"] = DEFAULT_INSTANCE_TYPES[self.provider]
         own = f"{self.provider}_"
         if isinstance(self.instance_type, dict) and self.provider != "any":
             raise ValueError(

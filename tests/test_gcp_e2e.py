@@ -337,11 +337,6 @@ def test_job_on_fake_gce_survives_preemption_and_leaks_no_credential(
     assert leaks == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="provider defect: Config's default instance_type is AWS's 'g4dn.xlarge' for "
-    "provider='gcp' too; it passes validate() and fails only after an insert per zone",
-)
 def test_the_default_instance_type_is_a_gce_machine_type_or_refused_before_any_insert() -> None:
     """A GCP job that names no instance_type must get a GCE machine type, or be refused by
     validate() naming instance_type, before anything is sent to Compute Engine."""
