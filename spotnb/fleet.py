@@ -9,7 +9,11 @@ survivor:
   the others; the replacement *joins* (it receives the live state from a peer, never from the
   store) when another slot is live, and restores from the store (a cold start) when none is;
 - the job succeeds when a replica returns; it fails when a replica's function raises and no
-  retry is left (the others would raise too);
+  retry is left (the others would raise too). A replica whose process dies without an error
+  (the OOM killer, a segfault) is a lost replica: replaced and healed from a peer, as after a
+  preemption, up to `Config.max_crashes`; when the job must fail, the replicas still training
+  checkpoint first (`_survivors_save`), and the error names the incarnation, its exit code
+  and its log;
 - the policy is told the *group* loss rate (`spotnb.policy.group`), in the incarnation
   document's market, so a job of N instances saves far less often than a job of one;
 - with `Config.migrate="best-price"` a replica in a zone dearer than the best one by enough
