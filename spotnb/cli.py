@@ -1,4 +1,4 @@
-"""The `spotnb` command: run, jobs, logs, show, stop, resume, export, demo, simulate, plan, gc."""
+"""The `spotnb` command: run, jobs, logs, show, stop, resume, export, demo, simulate, plan, gc, doctor."""
 
 from __future__ import annotations
 
@@ -338,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("providers", help="the providers spotnb knows, their fields and capabilities")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_providers)
+    from spotnb.doctor import add_parser as add_doctor
+
+    add_doctor(sub)
     try:
         from spotnb.sim.cli import add_parser as add_simulate
         from spotnb.sim.cli import add_plan_parser
