@@ -142,7 +142,11 @@ class _GenericConfig(BaseModel):
         "on-demand coordinator of a job on several instances on a cloud.",
     )
     max_wait: Duration | None = Field(
-        None, gt=0, description="Stop when no spot capacity was found for this long (None: keep asking)."
+        3600.0,
+        gt=0,
+        description="Stop when no spot capacity was found for this long (default 1 h; the error names "
+        "each region tried and what it said; None: keep asking). A quota is not waited out: the job "
+        "fails at once, naming it.",
     )
     max_stalled_relaunches: int | None = Field(
         8,
@@ -583,7 +587,14 @@ class _GenericConfig(BaseModel):
         return self.instance_type
 
     def store_url(self) -> str:
-        return self.store or (spotnb_home() / "store").as_uri()
+        """The store's URL; an az:// store carries azure_storage_account in it (adlfs reads the
+        account from `az://container@account.blob.core.windows.net/…`), so every process that
+        opens it by URL alone (the notebook's own store, a detached controller, the VM) finds
+        the account."""
+        from spotnb.store import with_azure_account
+
+        url = self.store or (spotnb_home() / "store").as_uri()
+        return with_azure_account(url, getattr(self, "azure_storage_account", None))
 
     def candidate_regions(self) -> list[str] | Literal["cheapest"]:
         if self.regions is not None:

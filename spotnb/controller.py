@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import random
 import socket
 import sqlite3
 import threading
@@ -23,7 +24,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from spotnb import protocol as ev
-from spotnb.errors import CapacityError
+from spotnb.errors import CapacityError, QuotaError
 from spotnb.events import EventReader, EventWriter
 from spotnb.job import Job
 from spotnb.jobdb import JobDB
@@ -41,6 +42,19 @@ from spotnb.transfer import checkpoint_bytes, store_cloud, transfer_to
 __all__ = ["Controller"]
 
 
+def _backoff(attempt: int) -> float:
+    """Seconds to wait before the next round of launches after `attempt` refusals: BACKOFF's
+    step for it (exponential, capped at 30 s), drawn at 50-100 % so that controllers refused
+    together (an Azure allocation failure, a zone's stockout) do not ask again in lock step."""
+    return BACKOFF[min(attempt, len(BACKOFF) - 1)] * random.uniform(0.5, 1.0)
+
+
+def _said(reason: str, limit: int = 160) -> str:
+    """A refusal's first line, short enough to list one per region."""
+    line = reason.strip().splitlines()[0] if reason.strip() else "no reason given"
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 def _version() -> str:
     from spotnb import __version__
 
@@ -51,6 +65,8 @@ EXIT_GRACE = 30.0  # seconds an instance may linger after its agent reported the
 STOP_CHECK = 1.0  # seconds between looks for a STOP marker in the store
 # a controller silent this long is presumed dead and may be replaced (env: for tests and ops)
 LEASE_TTL = float(os.environ.get("SPOTNB_LEASE_TTL", "10"))
+# seconds between rounds of refused launches (no capacity, an allocation that failed after the
+# request, Azure throttling): exponential, capped, each drawn at 50-100 % (jitter, `_backoff`)
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 # a store that refuses writes for a while (full disk): retry a flush this often, events kept
 FLUSH_BACKOFF: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
@@ -106,6 +122,8 @@ class Controller:
         self.writer = EventWriter(store, job.id, 0, "ctl")
         self._stop = threading.Event()
         self._stop_reason = "stop requested"
+        # the quotas that refused every candidate region (`_allocate`): the job fails with them
+        self._quota_failed: list[QuotaError] | None = None
         self._stop_checked = 0.0
         # the job's spec, if it had one when this controller started: its disappearance while
         # the job runs means the job directory was deleted (the agent's writes would recreate
@@ -410,7 +428,10 @@ class Controller:
                     instance = pre.result() if pre is not None else self._allocate(n)
                     pre = None
                     if instance is None:
-                        self._end_stopped()
+                        if self._quota_failed:
+                            self._end_for_quota(n)
+                        else:
+                            self._end_stopped()
                         return
                 self._place_checkpoint(n, instance)
                 outcome, pre = self._watch(n, instance)
@@ -642,6 +663,29 @@ class Controller:
         self.emit(ev.Stopped(reason=self._stop_reason))
         self.set_status(JobStatus.STOPPED, reason=self._stop_reason)
 
+    def _end_for_quota(self, n: int) -> None:
+        """Every candidate region refused incarnation `n` for the account's quota: the job
+        fails, before anything more is billed, with an error that names each quota and how to
+        raise it (and, after a checkpoint, how to go on from it once raised)."""
+        quotas = self._quota_failed or []
+        texts: list[str] = []
+        for q in quotas:
+            if str(q) not in texts:
+                texts.append(str(q))
+        message = (
+            texts[0]
+            if len(texts) == 1
+            else "every candidate region refused the instance for a quota: " + " | ".join(texts)
+        )
+        saved = self.job.state.checkpoints
+        if saved:
+            message += (
+                f". The job's checkpoint of step {saved[-1].step} is kept: once the quota is "
+                f"raised, spot.resume({self.job.id!r}) goes on from it"
+            )
+        self.emit(ev.Error(message=message, exc_type="QuotaError"), n)
+        self.set_status(JobStatus.FAILED, reason="quota")
+
     def _cancel_pre(self, pre: Future | None) -> None:
         if pre is None:
             return
@@ -706,6 +750,8 @@ class Controller:
         attempt = 0
         requested = time.time()
         tried: list[str] = []
+        said: dict[str, str] = {}  # what each region tried last said
+        quotas: list[QuotaError] = []  # the quotas that took regions out of `regions`
         self.db.record_incarnation(
             self.job.id,
             n,
@@ -716,12 +762,16 @@ class Controller:
         while not self._stop_requested() and not (cancel is not None and cancel.is_set()):
             waited = time.time() - requested
             if self.config.max_wait is not None and attempt and waited >= self.config.max_wait:
+                answers = "; ".join(f"{r} ({said[r]})" if r in said else r for r in tried)
                 self._stop_reason = (
                     f"max_wait={self.config.max_wait:g}s reached: no spot capacity for "
                     f"{self.config.instance_type_name()} in {waited:.0f} s and {attempt} attempt(s), "
-                    f"regions tried: {', '.join(tried)}. Add regions (Config.regions), choose "
+                    f"regions tried: {answers}. Add regions (Config.regions), choose "
                     "another instance_type, or raise max_wait"
                 )
+                return None
+            if not regions:  # a quota refused every candidate: no retry can help
+                self._quota_failed = quotas
                 return None
             region = regions[attempt % len(regions)]
             if (region or self.provider.name) not in tried:
@@ -732,13 +782,26 @@ class Controller:
                 inc_doc["market"] = {**market, "grace": notice["grace"]}
                 self.store.write_bytes(inc_path, json.dumps(inc_doc).encode())
             self.emit(ev.Allocating(region=region, attempt=attempt + 1, slot=slot), n)
+            label = region or self.provider.name
             try:
                 instance = self.provider.launch(LaunchSpec(region=region, **spec_base))
+            except QuotaError as exc:
+                # the account's quota, not a shortage: this region (or, with a project-wide
+                # quota, every region of its cloud) is asked no more for this incarnation
+                said[label] = _said(str(exc))
+                self.emit(ev.AllocFailed(region=region, reason=str(exc), retry_in=0.0), n)
+                if only:
+                    return None
+                quotas.append(exc)
+                regions = [r for r in regions if not exc.covers(r)]
+                attempt += 1
+                continue
             except CapacityError as exc:
+                said[label] = _said(str(exc))
                 if only:
                     self.emit(ev.AllocFailed(region=region, reason=str(exc), retry_in=0.0), n)
                     return None
-                wait = BACKOFF[min(attempt, len(BACKOFF) - 1)] if (attempt + 1) % len(regions) == 0 else 0.0
+                wait = _backoff(attempt) if (attempt + 1) % len(regions) == 0 else 0.0
                 self.emit(ev.AllocFailed(region=region, reason=str(exc), retry_in=wait), n)
                 attempt += 1
                 if self.config.max_wait is not None:  # never sleep past the limit
@@ -759,13 +822,31 @@ class Controller:
             )
             status = self.provider.wait_allocated(instance, timeout=900, stop=self._stop)
             if status.state != InstanceState.RUNNING:
-                self.emit(
-                    ev.AllocFailed(region=region, reason=f"instance {status.state.value}", retry_in=0.0), n
-                )
+                # it failed after the request (Azure's asynchronous AllocationFailed, a quota):
+                # deleted, then asked again only after a backoff, never in a tight
+                # create/delete loop against the cloud's API
+                refusal = self.provider.allocation_refusal(instance)
+                reason = str(refusal) if refusal is not None else f"instance {status.state.value}"
+                said[label] = _said(reason)
                 self.provider.terminate(instance)
-                if only:
-                    return None
+                if only or self._stop.is_set():
+                    self.emit(ev.AllocFailed(region=region, reason=reason, retry_in=0.0), n)
+                    if only:
+                        return None
+                    continue
+                if isinstance(refusal, QuotaError):
+                    self.emit(ev.AllocFailed(region=region, reason=reason, retry_in=0.0), n)
+                    quotas.append(refusal)
+                    regions = [r for r in regions if not refusal.covers(r)]
+                    attempt += 1
+                    continue
+                wait = _backoff(attempt) if (attempt + 1) % len(regions) == 0 else 0.0
+                self.emit(ev.AllocFailed(region=region, reason=reason, retry_in=wait), n)
                 attempt += 1
+                if self.config.max_wait is not None:
+                    wait = max(0.0, min(wait, requested + self.config.max_wait - time.time()))
+                if self._stop.wait(wait) or (cancel is not None and cancel.is_set()):
+                    break
                 continue
             price = self.provider.prices(self.config.instance_type_name(), [region] if region else None)
             p = price.get(instance.region or "") or next(iter(price.values()), None)
@@ -1207,6 +1288,16 @@ class Controller:
     def _classify(self, n: int, instance: Instance, status: Any) -> _Outcome:
         inc = self.job.state.incs.get(n)
         kinds = inc.kinds if inc is not None else set()
+        if status.state == InstanceState.PREEMPTED:
+            from spotnb.runtime.agent import EXIT_EVACUATED
+
+            exited = self._agent_exit_code(n)
+            if exited is not None and exited != EXIT_EVACUATED and exited < 128:
+                # its boot script said the agent exited by itself, then the VM ended itself (an
+                # Azure VM deallocates itself: a Stopped one is still billed), which its cloud
+                # cannot tell from an eviction: how the agent ended decides, as for an exit. (An
+                # agent that left after a notice, or that a signal ended, was evicted.)
+                status = InstanceStatus(InstanceState.EXITED, exited, status.detail)
         # saved and left because it was asked to move (a notice first makes it a preemption)
         if "done" not in kinds and {"moving", "evacuated"} <= kinds and "notice" not in kinds:
             return _Outcome(Outcome.MOVED, status.exit_code)
@@ -1237,6 +1328,14 @@ class Controller:
         if status.state == InstanceState.TERMINATED:
             return _Outcome(Outcome.STOPPED if self._stop.is_set() else Outcome.LOST, status.exit_code)
         return _Outcome(Outcome.CRASHED, status.exit_code, {"log": str(instance.info.get("log", ""))})
+
+    def _agent_exit_code(self, n: int) -> int | None:
+        """The exit code incarnation `n`'s boot script reported for its agent (`bootstrap`
+        event, phase agent_exited), or None when it reported none (it was killed first)."""
+        for e in reversed(self.job.events):
+            if isinstance(e, ev.Bootstrap) and e.incarnation == n and e.phase == "agent_exited":
+                return int(e.code) if e.code is not None else 0
+        return None
 
     def _left_at(self, n: int, detail: dict[str, Any]) -> dict[str, Any]:
         """What the `preempted` event of an instance that left by itself after a notice says:

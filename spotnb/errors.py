@@ -10,6 +10,7 @@ __all__ = [
     "SpotnbWarning",
     "ProviderUnavailable",
     "CapacityError",
+    "QuotaError",
     "CheckpointError",
 ]
 
@@ -46,6 +47,47 @@ class ProviderUnavailable(SpotnbError, ImportError):
 
 class CapacityError(SpotnbError):
     """The provider has no capacity for the request right now (retry later or elsewhere)."""
+
+
+class QuotaError(SpotnbError):
+    """The account's quota refuses the request (a new account's zero GPU spot quota, most
+    often): unlike a `CapacityError` no retry can succeed until the quota is raised, so the
+    controller stops asking where it applies and ends the job (failed) when it applies
+    everywhere. The message names the quota, its current value where known, and how to raise it.
+
+    `region`: where the quota applies (a cloud region; None with `scope="global"`: every region
+    of the cloud); `limit`: its current value (None: unknown); `fix`: how to raise it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        cloud: str,
+        quota: str,
+        region: str | None = None,
+        limit: float | None = None,
+        scope: str = "region",
+        fix: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.cloud, self.quota, self.region, self.limit = cloud, quota, region, limit
+        self.scope, self.fix = scope, fix
+
+    def covers(self, candidate: str | None) -> bool:
+        """Whether this quota refuses `candidate` too (a region or zone as Config.regions names
+        it: "us-east-1b", "us-central1-a", "eastus", "aws/us-east-1b"): the same region, or any
+        of this cloud's with a global quota."""
+        if candidate is None:
+            return True
+        cloud, _, place = candidate.rpartition("/")
+        if cloud and cloud != self.cloud:
+            return False
+        if self.scope == "global" or self.region is None:
+            return True
+        if place == self.region:
+            return True
+        rest = place[len(self.region) :] if place.startswith(self.region) else None
+        return rest is not None and len(rest.lstrip("-")) == 1 and rest.lstrip("-").isalpha()
 
 
 class CheckpointError(SpotnbError):

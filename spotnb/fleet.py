@@ -225,8 +225,10 @@ class FleetController(Controller):
                     return None
             instance = slot.pending.result()  # a controller bug here ends the job visibly
             slot.pending = None
-            if instance is None:  # stopped, or max_wait without capacity
-                return JobStatus.STOPPED if not self._succeeded else None
+            if instance is None:  # stopped, max_wait without capacity, or a quota everywhere
+                if self._succeeded:
+                    return None
+                return JobStatus.FAILED if self._quota_failed else JobStatus.STOPPED
             slot.instance, slot.last_seen = instance, time.time()
             if self._succeeded:  # too late: the job is done
                 self._finish_incarnation(slot.n, instance, _Outcome(Outcome.NOT_NEEDED))
@@ -372,6 +374,9 @@ class FleetController(Controller):
     def _fail_job(self) -> None:
         """End the job as failed, saying which instance ended it and how: a crash has no
         error event of its own, so one is written (the instance, its exit code, its log)."""
+        if self._quota_failed:  # a slot's instance was refused by a quota in every region
+            self._end_for_quota(max((s.n for s in self.slots), default=0))
+            return
         n, outcome = getattr(self, "_failure", (0, _Outcome(Outcome.USER_ERROR)))
         if outcome.reason == Outcome.CRASHED and self.job.state.error is None:
             log_path = str(outcome.detail.get("log", ""))

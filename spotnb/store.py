@@ -171,5 +171,22 @@ class Store:
             invalidate()
 
 
+_AZURE_SCHEMES = {"az": "blob", "abfs": "dfs", "abfss": "dfs"}
+
+
+def with_azure_account(url: str, account: str | None) -> str:
+    """`url` with the storage account in it when it is an Azure store that names none
+    (`az://container/path` → `az://container@account.blob.core.windows.net/path`): adlfs then
+    opens it without $AZURE_STORAGE_ACCOUNT_NAME. Any other URL is returned as it is."""
+    scheme, sep, rest = url.partition("://")
+    endpoint = _AZURE_SCHEMES.get(scheme.lower()) if sep else None
+    if not account or endpoint is None:
+        return url
+    container, slash, path = rest.partition("/")
+    if not container or "@" in container:
+        return url
+    return f"{scheme}://{container}@{account}.{endpoint}.core.windows.net{slash}{path}"
+
+
 def open_store(url: str) -> Store:
     return Store(url)

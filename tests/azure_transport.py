@@ -16,6 +16,10 @@ JSON body), its error mapping (404 → `ResourceNotFoundError`, an ARM error doc
   it (204 when absent, as ARM answers). `refuse[resource_id] = code` answers the next PUT of
   that id with an ARM error document.
 - `resource_client(handler)`: a real ResourceManagementClient wired to an `ArmTransport`.
+- `ArmCompute`: Microsoft.Compute's virtual machines (create as a long-running operation that
+  succeeds, is refused at once, or fails later as Azure's asynchronous AllocationFailed does;
+  instance view; delete; deallocate) and usages, over a `GenericResources` for the rest.
+  `compute_client(handler)`: a real ComputeManagementClient wired to an `ArmTransport`.
 
 No request leaves the process: the transport never opens a socket.
 """
@@ -37,8 +41,10 @@ from azure.core.pipeline.transport import HttpTransport
 from azure.core.rest._requests_basic import RestRequestsTransportResponse
 
 __all__ = [
+    "ArmCompute",
     "ArmRequest",
     "ArmTransport",
+    "compute_client",
     "FakeCredential",
     "GenericResources",
     "SUBSCRIPTION",
@@ -117,15 +123,25 @@ class ArmTransport(HttpTransport):  # type: ignore[type-arg]
             headers=dict(request.headers),
         )
         self.requests.append(recorded)
-        status, payload = self.handler(recorded)
+        answer = self.handler(recorded)
+        status, payload = answer[0], answer[1]
+        extra_headers: dict[str, str] = dict(answer[2]) if len(answer) > 2 else {}
         response = requests.Response()
         response.status_code = status
         response.url = request.url
         response.request = requests.Request(request.method, request.url).prepare()
         response.headers["x-ms-request-id"] = "spotnb-test"
-        content = json.dumps(payload).encode() if payload is not None else b""
+        # bytes go out as they are (a body that is no ARM document); anything else as JSON
+        content = (
+            payload
+            if isinstance(payload, bytes)
+            else json.dumps(payload).encode()
+            if payload is not None
+            else b""
+        )
         if payload is not None:
             response.headers["Content-Type"] = "application/json; charset=utf-8"
+        response.headers.update(extra_headers)
         response.headers["Content-Length"] = str(len(content))
         response.raw = urllib3.HTTPResponse(
             body=io.BytesIO(content), status=status, headers=dict(response.headers), preload_content=False
@@ -147,6 +163,8 @@ class GenericResources:
 
     def __call__(self, request: ArmRequest) -> tuple[int, Any]:
         rid = request.path
+        if request.method == "GET" and rid.rstrip("/").endswith("/resources") and rid.count("/") <= 4:
+            return 200, {"value": self._listed(request)}  # the subscription's resources, filtered
         if request.method == "PUT":
             self.log.append(("put", rid))
             if rid in self.refuse:
@@ -170,6 +188,24 @@ class GenericResources:
             return (200 if self.store.pop(rid, None) is not None else 204), None
         return 405, arm_error("MethodNotAllowed")
 
+    def _listed(self, request: ArmRequest) -> list[dict[str, Any]]:
+        """`resources.list(filter="tagName eq 'k' and tagValue eq 'v'")`: the stored resources
+        with that tag (the one filter spotnb sends)."""
+        import re
+
+        wanted = re.search(
+            r"tagName eq '([^']*)'(?: and tagValue eq '([^']*)')?", (request.query.get("$filter") or [""])[0]
+        )
+        out = []
+        for rid in self.store:
+            tags = self.store[rid].get("tags") or {}
+            if wanted and (
+                wanted.group(1) not in tags or (wanted.group(2) and tags[wanted.group(1)] != wanted.group(2))
+            ):
+                continue
+            out.append(self._view(rid))
+        return out
+
     def _view(self, rid: str) -> dict[str, Any]:
         """The resource as ARM answers it: the stored body, its id and name, provisioned."""
         body = json.loads(json.dumps(self.store[rid]))
@@ -186,5 +222,117 @@ def resource_client(handler: Handler, subscription: str = SUBSCRIPTION) -> Any:
 
     transport = ArmTransport(handler)
     client = ResourceManagementClient(FakeCredential(), subscription, transport=transport)
+    client.transport = transport  # type: ignore[attr-defined]
+    return client
+
+
+class ArmCompute:
+    """Microsoft.Compute as ARM answers it, for a real `ComputeManagementClient`; any other
+    path goes to `generic` (the network, by id). Per VM name:
+
+    - `refuse[name] = (status, code, message)`: the create PUT is answered with that ARM error
+      (a quota, a throttle); `refuse_all` the same for every VM;
+    - `fail_later[name] = (code, message)`: the PUT is accepted (201, Creating) and its
+      operation, polled through `Azure-AsyncOperation`, fails with that error (Azure's
+      asynchronous AllocationFailed); `fail_all_later` the same for every VM;
+    - `power[name]`: the PowerState code its instance view shows ("running" once created).
+
+    `usages[location]` answers `usage.list` (name → (current, limit)). `log`: (method, VM name or
+    path) of every compute request, in order."""
+
+    def __init__(self, generic: GenericResources | None = None) -> None:
+        self.generic = generic or GenericResources()
+        self.vms: dict[str, dict[str, Any]] = {}
+        self.power: dict[str, str] = {}
+        self.refuse: dict[str, tuple[int, str, str]] = {}
+        self.refuse_all: tuple[int, str, str] | None = None
+        self.fail_later: dict[str, tuple[str, str]] = {}
+        self.fail_all_later: tuple[str, str] | None = None
+        self.usages: dict[str, dict[str, tuple[float, float]]] = {}
+        self.log: list[tuple[str, str]] = []
+        self._operations: dict[str, tuple[str, str]] = {}
+
+    def __call__(self, request: ArmRequest) -> tuple[Any, ...]:
+        path = request.path
+        if "/operations/" in path and path.rsplit("/", 1)[-1] in self._operations:
+            code, message = self._operations[path.rsplit("/", 1)[-1]]
+            return 200, {"status": "Failed", "error": {"code": code, "message": message}}
+        if path.endswith("/usages"):
+            location = path.split("/locations/")[1].split("/")[0]
+            value = [
+                {"name": {"value": k, "localizedValue": k}, "currentValue": c, "limit": lim, "unit": "Count"}
+                for k, (c, lim) in self.usages.get(location, {}).items()
+            ]
+            return 200, {"value": value}
+        if path.endswith("/virtualMachines") and request.method == "GET":  # list, list_all
+            group = (
+                path.split("/resourceGroups/")[1].split("/")[0].lower()
+                if "/resourceGroups/" in path
+                else None
+            )
+            return 200, {
+                "value": [
+                    vm
+                    for vm in self.vms.values()
+                    if group is None or f"/resourcegroups/{group}/" in vm["id"].lower()
+                ]
+            }
+        if "/virtualMachines/" not in path:
+            return self.generic(request)
+        rest = path.split("/virtualMachines/")[1].split("/")
+        name, action = rest[0], (rest[1] if len(rest) > 1 else "")
+        self.log.append((request.method if not action else f"{request.method} {action}", name))
+        vm_id = path.split("/virtualMachines/")[0] + "/virtualMachines/" + name
+        if request.method == "PUT":
+            refused = self.refuse.pop(name, None) or self.refuse_all
+            if refused is not None:
+                status, code, message = refused
+                return status, arm_error(code, message)
+            body = json.loads(json.dumps(request.body or {}))
+            body.update(id=vm_id, name=name, type="Microsoft.Compute/virtualMachines")
+            later = self.fail_later.pop(name, None) or self.fail_all_later
+            if later is not None:
+                op = f"op-{len(self._operations) + 1}"
+                self._operations[op] = later
+                body.setdefault("properties", {})["provisioningState"] = "Creating"
+                self.vms[name] = body
+                self.power[name] = "starting"
+                url = f"https://management.azure.com/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Compute/locations/x/operations/{op}?api-version=2024-07-01"
+                return 201, body, {"Azure-AsyncOperation": url}
+            body.setdefault("properties", {})["provisioningState"] = "Succeeded"
+            self.vms[name] = body
+            self.power[name] = "running"
+            return 200, body
+        if request.method == "GET" and action == "instanceView":
+            if name not in self.vms:
+                return 404, arm_error("ResourceNotFound", f"The Resource '{vm_id}' was not found.")
+            state = self.vms[name].get("properties", {}).get("provisioningState", "Succeeded")
+            return 200, {
+                "statuses": [
+                    {"code": f"ProvisioningState/{state.lower()}"},
+                    {"code": f"PowerState/{self.power.get(name, 'running')}"},
+                ]
+            }
+        if request.method == "GET":
+            if name not in self.vms:
+                return 404, arm_error("ResourceNotFound", f"The Resource '{vm_id}' was not found.")
+            return 200, self.vms[name]
+        if request.method == "DELETE":
+            existed = self.vms.pop(name, None) is not None
+            self.power.pop(name, None)
+            return (200 if existed else 204), None
+        if request.method == "POST" and action == "deallocate":
+            self.power[name] = "deallocated"
+            return 200, None
+        return 405, arm_error("MethodNotAllowed")
+
+
+def compute_client(handler: Handler, subscription: str = SUBSCRIPTION) -> Any:
+    """A real `ComputeManagementClient` whose requests `handler` answers (`.transport`: the
+    `ArmTransport`, its `.requests` what the SDK sent)."""
+    from azure.mgmt.compute import ComputeManagementClient
+
+    transport = ArmTransport(handler)
+    client = ComputeManagementClient(FakeCredential(), subscription, transport=transport)
     client.transport = transport  # type: ignore[attr-defined]
     return client

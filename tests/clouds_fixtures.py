@@ -14,6 +14,7 @@ Test files use `pytest_plugins = ["tests.clouds_fixtures"]`-free direct imports:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -283,6 +284,10 @@ class FaultProxy:
 
         self.upstream = urlsplit(upstream)
         self.rules: dict[tuple[str, str], tuple[int, str, str | None]] = {}
+        self.messages: dict[tuple[str, str], str] = {}  # (action, region) → its error's message
+        self.raw: dict[tuple[str, str], tuple[int, bytes]] = {}  # (action, region) → a raw answer
+        # (X-Amz-Target, region) → (status, JSON document): JSON-protocol services (Service Quotas)
+        self.json_answers: dict[tuple[str, str], tuple[int, Any]] = {}
         self.hits: list[tuple[str, str]] = []
         proxy = self
 
@@ -297,14 +302,36 @@ class FaultProxy:
                 scope = re.search(r"Credential=[^/]+/\d+/([^/]+)/", self.headers.get("Authorization", ""))
                 region = scope.group(1) if scope else ""
                 action = parse_qs(body.decode(errors="replace")).get("Action", [""])[0]
+                target = self.headers.get("X-Amz-Target", "")
+                if target and (target, region) in proxy.json_answers:
+                    proxy.hits.append((target, region))
+                    status, document = proxy.json_answers[(target, region)]
+                    data = json.dumps(document).encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/x-amz-json-1.1")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                if (action, region) in proxy.raw:
+                    proxy.hits.append((action, region))
+                    status, data = proxy.raw[(action, region)]
+                    self.send_response(status)
+                    self.send_header("Content-Type", "text/xml")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 rule = proxy.rules.get((action, region))
                 if rule is not None and (rule[2] is None or rule[2] in body.decode(errors="replace")):
                     proxy.hits.append((action, region))
                     status, code, _ = rule
+                    message = proxy.messages.get(
+                        (action, region), f"injected by the test: no capacity for this request in {region}"
+                    )
                     doc = (
                         f'<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error>'
-                        f"<Code>{code}</Code><Message>injected by the test: no capacity for "
-                        f"this request in {region}</Message></Error></Errors>"
+                        f"<Code>{code}</Code><Message>{message}</Message></Error></Errors>"
                         f"<RequestID>{uuid.uuid4()}</RequestID></Response>"
                     ).encode()
                     self.send_response(status)
@@ -341,10 +368,24 @@ class FaultProxy:
         code: str = "InsufficientInstanceCapacity",
         status: int = 500,
         when: str | None = None,
+        message: str | None = None,
     ) -> None:
-        """Answer `action` in `region` with `code`; with `when`, only requests whose body holds
-        that text (e.g. "InstanceMarketOptions": the spot launches, not an on-demand one)."""
+        """Answer `action` in `region` with `code` (and `message`, EC2's words); with `when`, only
+        requests whose body holds that text (e.g. "InstanceMarketOptions": the spot launches,
+        not an on-demand one)."""
         self.rules[(action, region)] = (status, code, when)
+        if message is not None:
+            self.messages[(action, region)] = message
+
+    def answer_raw(self, action: str, region: str, status: int, body: bytes) -> None:
+        """Answer `action` in `region` with `body` as it is (a body that is no EC2 document)."""
+        self.raw[(action, region)] = (status, body)
+
+    def answer_json(self, target: str, region: str, status: int, document: Any) -> None:
+        """Answer the JSON-protocol call `target` (its X-Amz-Target, e.g.
+        "ServiceQuotasV20190624.GetServiceQuota") in `region` with `document` (moto's Service
+        Quotas knows no EC2 quota)."""
+        self.json_answers[(target, region)] = (status, document)
 
     def close(self) -> None:
         self.server.shutdown()

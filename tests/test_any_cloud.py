@@ -346,5 +346,5 @@ def test_a_cloud_without_credentials_is_left_out_and_said_and_a_cloud_s_own_chec
     monkeypatch.setenv("AZURE_CLIENT_ID", "c")
     monkeypatch.setenv("AZURE_TENANT_ID", "t")
     monkeypatch.setenv("AZURE_CLIENT_SECRET", "s")
-    with pytest.raises(ConfigError, match="provider='any', on azure: Config.azure_subnet_id: required"):
-        spot.train(jobfns.slow_steps, _config(store=s3_store_url, azure_subnet_id=None), dry_run=True)
+    with pytest.raises(ConfigError, match="provider='any', on azure: Config.azure_identity_id: give"):
+        spot.train(jobfns.slow_steps, _config(store=s3_store_url, azure_identity_id=None), dry_run=True)

@@ -231,7 +231,8 @@ def test_coordinator_is_regular_priority_on_a_static_address_in_the_job_groups(
     assert body["priority"] == "Regular"  # on demand: never evicted
     assert "evictionPolicy" not in body and "billingProfile" not in body
     assert body["hardwareProfile"]["vmSize"] == "Standard_B1ms"
-    assert vm.identity is None  # it reads nothing of the job
+    # azure_identity_id: its idle guard deallocates the VM with it (the lighthouse reads nothing)
+    assert list(vm.identity.user_assigned_identities) == [_config().azure_identity_id]
     assert vm.tags == {JOB_TAG: JOB, "spotnb-managed": "true", ROLE_TAG: COORDINATOR_ROLE}
     (nic,) = body["networkProfile"]["networkInterfaces"]
     assert nic["id"] == NET["nic"] and nic["properties"]["deleteOption"] == "Detach"

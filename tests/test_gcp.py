@@ -17,7 +17,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 
 import spotnb as spot
-from spotnb.errors import CapacityError, ConfigError
+from spotnb.errors import CapacityError, ConfigError, QuotaError
 from spotnb.providers import get_provider_class
 from spotnb.providers.base import InstanceState, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG
@@ -238,7 +238,7 @@ def test_capacity_errors_move_on(provider: GCPProvider, fake: FakeInstances) -> 
     with pytest.raises(CapacityError, match="us-central1-a"):
         provider.launch(_spec())
     fake.insert_error = gexc.Forbidden("QUOTA_EXCEEDED: Quota 'PREEMPTIBLE_NVIDIA_L4_GPUS' exceeded")
-    with pytest.raises(CapacityError):
+    with pytest.raises(QuotaError, match="PREEMPTIBLE_NVIDIA_L4_GPUS"):  # a quota is no shortage
         provider.launch(_spec())
     fake.insert_error = gexc.BadRequest("Invalid value for field 'resource.machineType'")
     with pytest.raises(gexc.BadRequest):

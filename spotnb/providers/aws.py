@@ -60,6 +60,7 @@ from spotnb.providers.coordinator import (
     planned_hosting,
 )
 from spotnb.providers.coordinator import coordinator_price as _coordinator_price
+from spotnb.providers.quotas import aws_quota_error, aws_spot_quota
 
 __all__ = [
     "AWSProvider",
@@ -90,7 +91,9 @@ SECURITY_GROUP = "spotnb-no-inbound"
 #: how long fetched spot prices / the regions offering a type are reused (spotnb.price_cache)
 PRICE_TTL = 600.0
 OFFERING_TTL = 86400.0
-# Errors that mean "not here, not now": the controller moves on to the next candidate.
+# Errors that mean "not here, not now": the controller moves on to the next candidate. (A spot
+# instance's launch tells the account's quotas apart first, `quotas.AWS_QUOTA_CODES`: those are
+# final; the coordinator's on-demand launch still retries them.)
 CAPACITY_CODES = frozenset(
     {
         "InsufficientInstanceCapacity",
@@ -644,10 +647,19 @@ class AWSProvider(Provider):
                 resp = ec2.run_instances(**req)
                 break
             except ClientError as exc:
-                code = exc.response["Error"]["Code"]
-                message = exc.response["Error"].get("Message", "")
+                error = exc.response.get("Error") or {}
+                code, message = str(error.get("Code") or ""), str(error.get("Message") or "")
+                quota = self._quota_error(code, message, spec.instance_type, region, zone or region)
+                if quota is not None:
+                    raise quota from None
                 if code in CAPACITY_CODES:
                     raise CapacityError(f"{code} in {zone or region}: {message}") from None
+                status = int((exc.response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 0)
+                if status >= 500:  # EC2 unavailable after botocore's retry (any body, or none)
+                    raise CapacityError(
+                        f"EC2 answered HTTP {status} ({code or 'no error code'}) in {zone or region}: "
+                        f"{message or 'no message'}; asking again later"
+                    ) from None
                 if code == "InvalidParameterValue" and "iamInstanceProfile" in message and attempt < 7:
                     time.sleep(5)  # a new instance profile takes seconds to propagate
                     continue
@@ -668,6 +680,29 @@ class AWSProvider(Provider):
         )
         self._launched[instance.id] = instance
         return instance
+
+    def _quota_error(self, code: str, message: str, instance_type: str, region: str, where: str) -> Any:
+        """The QuotaError of a refused launch (None: not a quota), with the quota's value from
+        Service Quotas and the type's vCPUs from EC2 where those answer (each best effort)."""
+        if not aws_quota_error(code, message, instance_type=instance_type, region=region, where=where):
+            return None
+        limit: float | None = None
+        vcpus: int | None = None
+        try:
+            got = self.client("service-quotas", region).get_service_quota(
+                ServiceCode="ec2", QuotaCode=aws_spot_quota(instance_type)[1]
+            )
+            limit = float(got["Quota"]["Value"])
+        except (ClientError, BotoCoreError, KeyError, TypeError, ValueError):
+            pass  # no permission to read quotas, or no answer: the error's own words say less
+        try:
+            types = self.client("ec2", region).describe_instance_types(InstanceTypes=[instance_type])
+            vcpus = int(types["InstanceTypes"][0]["VCpuInfo"]["DefaultVCpus"])
+        except (ClientError, BotoCoreError, KeyError, IndexError, TypeError, ValueError):
+            pass
+        return aws_quota_error(
+            code, message, instance_type=instance_type, region=region, where=where, limit=limit, vcpus=vcpus
+        )
 
     def _coordinator_info(self, job_id: str) -> dict[str, Any]:
         """What an instance's `info` (and so its `launched`/`allocated` events) records of the

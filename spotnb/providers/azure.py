@@ -9,7 +9,19 @@ deletes its disk, NIC and IP too. Besides the compute SDK only azure-mgmt-resour
 azure-mgmt-network): without `azure_resource_group`, the VMs go into a group spotnb creates on
 first use, `spotnb-<location>` (one per location, tagged spotnb-managed, never deleted by spotnb:
 it is empty between jobs and costs nothing), with `resource_groups.create_or_update`, which is
-idempotent. A configured group is used as it is and never created.
+idempotent. A configured group is used as it is and never created. Azure has no default
+network: without `azure_subnet_id`, the NICs use the subnet of a virtual network spotnb creates
+in that group on first use, `spotnb-<location>` (tagged spotnb-managed, created only if missing:
+a PUT of a network replaces its subnets), which `spotnb gc` deletes once no VM uses it.
+
+A refused create is told apart (`_refusal`): the subscription's quota (QuotaError, final:
+`quotas.azure_quota_error`), no capacity or throttling (HTTP 429, any 5xx: CapacityError, asked
+again after a backoff), or anything else (Azure's error, as it is). Azure creates VMs
+asynchronously: an operation that fails later (AllocationFailed) is read the same way by
+`allocation_refusal`, so the controller backs off instead of creating and deleting in a loop.
+A VM whose guest powers off is Stopped, still allocated and billed: the controller deletes every
+VM it watches when it ends, and the boot scripts end their VM by deallocating it through
+Resource Manager with its managed identity (`bootstrap.azure_end_vm`).
 
 Credentials come from azure-identity's DefaultAzureCredential chain (env, CLI, managed
 identity) and never enter a request body or the boot script. Fault injection:
@@ -39,6 +51,8 @@ from spotnb.providers.azure_coordinator import (
     NETWORK_API_VERSION,
     AzureCoordinator,
     JobNetwork,
+    default_network_body,
+    default_network_ids,
     job_network_ids,
 )
 from spotnb.providers.base import (
@@ -53,6 +67,7 @@ from spotnb.providers.base import (
 from spotnb.providers.bootstrap import azure_custom_data, require_remote_store
 from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG, job_tags
 from spotnb.providers.coordinator import ROLE_TAG, planned_hosting
+from spotnb.providers.quotas import azure_quota_error
 
 __all__ = [
     "AzureProvider",
@@ -66,6 +81,10 @@ __all__ = [
 ]
 
 DEFAULT_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"  # Ubuntu HPC: NVIDIA drivers, CUDA
+#: ARM codes of "no capacity here now": the controller backs off and moves on. A quota
+#: (`quotas.AZURE_QUOTA_CODES`, `OperationNotAllowed` with a quota message) is told apart first and
+#: is final; an `OperationNotAllowed` that is neither is Azure's answer as it is (a disabled
+#: subscription, a policy), and throttling (HTTP 429) is retried after a backoff.
 CAPACITY_CODES = frozenset(
     {
         "SkuNotAvailable",
@@ -73,10 +92,6 @@ CAPACITY_CODES = frozenset(
         "ZonalAllocationFailed",
         "OverconstrainedAllocationRequest",
         "OverconstrainedZonalAllocationRequest",
-        "QuotaExceeded",
-        "OperationNotAllowed",
-        "SpotQuotaExceeded",
-        "LowPriorityQuotaExceeded",
         "AllocationFailedSpotCapacity",
     }
 )
@@ -138,11 +153,17 @@ def _image(ref: str) -> m.ImageReference:
 
 
 def build_vm(
-    spec: LaunchSpec, config: Any, location: str, ssh_key: str, job_network: JobNetwork | None = None
+    spec: LaunchSpec,
+    config: Any,
+    location: str,
+    ssh_key: str,
+    job_network: JobNetwork | None = None,
+    subnet_id: str | None = None,
 ) -> m.VirtualMachine:
-    """The exact VirtualMachine model sent to `begin_create_or_update` for one incarnation. With
-    `job_network` (a job on several instances) its NIC joins the job's application security
-    group and carries the job's network security group (TCP open between members only)."""
+    """The exact VirtualMachine model sent to `begin_create_or_update` for one incarnation, its
+    NIC in `subnet_id` (default: Config.azure_subnet_id). With `job_network` (a job on several
+    instances) its NIC joins the job's application security group and carries the job's network
+    security group (TCP open between members only)."""
     name = vm_name(spec)
     nic = m.VirtualMachineNetworkInterfaceConfiguration(
         name=f"{name}-nic",
@@ -152,7 +173,7 @@ def build_vm(
             m.VirtualMachineNetworkInterfaceIPConfiguration(
                 name=f"{name}-ip",
                 primary=True,
-                subnet=m.SubResource(id=config.azure_subnet_id),
+                subnet=m.SubResource(id=subnet_id or config.azure_subnet_id),
                 public_ip_address_configuration=m.VirtualMachinePublicIPAddressConfiguration(
                     name=f"{name}-pip",
                     sku=m.PublicIPAddressSku(name="Standard", tier="Regional"),
@@ -261,6 +282,7 @@ class AzureProvider(AzureCoordinator, Provider):
         self._launched: dict[str, Instance] = {}
         self._terminated: set[str] = set()
         self._pollers: dict[str, Any] = {}
+        self._refusals: dict[str, Exception] = {}  # VM name → why its creation failed later
         self._init_coordinators()
 
     # -- clients and settings --------------------------------------------------------------
@@ -307,7 +329,14 @@ class AzureProvider(AzureCoordinator, Provider):
         return sub
 
     def storage_account(self) -> str | None:
-        return self.config.azure_storage_account or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+        """azure_storage_account, $AZURE_STORAGE_ACCOUNT_NAME, or the account an
+        `az://container@account.blob.core.windows.net/…` store names."""
+        found = re.match(r"^[a-z]+://[^/@]+@([^./]+)\.", self.config.store_url())
+        return (
+            self.config.azure_storage_account
+            or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+            or (found.group(1) if found else None)
+        )
 
     def ssh_key(self) -> str:
         if self._ssh_key is None:
@@ -336,11 +365,6 @@ class AzureProvider(AzureCoordinator, Provider):
         require_remote_store(self.config, self.name)
         cfg = self.config
         self.subscription()
-        if not cfg.azure_subnet_id:
-            raise ConfigError(
-                "Config.azure_subnet_id: required for provider='azure' (see "
-                "notebooks/03-clouds.ipynb for the one-time setup)"
-            )
         if not (cfg.region or (isinstance(cfg.regions, list) and cfg.regions) or cfg.regions == "cheapest"):
             raise ConfigError("Config.region: give an Azure location such as 'eastus' (or regions=[...])")
         store = cfg.store_url()
@@ -378,6 +402,7 @@ class AzureProvider(AzureCoordinator, Provider):
             location,
             "<throwaway ssh-ed25519 public key>" if self._ssh_key is None else self._ssh_key,
             network,
+            self._planned_subnet(location, rg),
         )
         body = vm.as_dict()
         body["properties"]["osProfile"]["customData"] = "<base64 of the cloud-config below>"
@@ -394,6 +419,21 @@ class AzureProvider(AzureCoordinator, Provider):
                     "first use (idempotent; set azure_resource_group to use your own)",
                 }
             )
+        if not self.config.azure_subnet_id:
+            vnet, subnet = default_network_ids(
+                self.config.azure_subscription_id or "<subscription>", rg, location
+            )
+            requests.append(
+                {
+                    "api": "resources.resources.begin_create_or_update_by_id",
+                    "when": "on first use, if missing (found by id: an existing one is never sent again)",
+                    "args": {"resource_id": vnet},
+                    "body": default_network_body(location),
+                    "note": f"Config.azure_subnet_id is not set: spotnb creates this virtual network, "
+                    f"tagged spotnb-managed, and the VMs' NICs use its subnet {subnet}; `spotnb gc` "
+                    "deletes it once no VM uses it (set azure_subnet_id to use your own)",
+                }
+            )
         with planned_hosting(self, spec.job_id) as planned:
             coordinator = self.plan_coordinator(spec.job_id, location, requests) if planned else None
         requests.append(
@@ -408,6 +448,7 @@ class AzureProvider(AzureCoordinator, Provider):
             "instances": self.config.instances,
             "location": location,
             "resource_group": rg,
+            "subnet": self._planned_subnet(location, rg),
             "requests": requests,
             "cloud_config": cloud_config,
             "terminate": {
@@ -424,21 +465,25 @@ class AzureProvider(AzureCoordinator, Provider):
             plan["coordinator"] = coordinator
         return plan
 
+    def _planned_subnet(self, location: str, rg: str) -> str:
+        """The subnet a dry run shows: the configured one, or spotnb's (placeholders offline)."""
+        if self.config.azure_subnet_id:
+            return str(self.config.azure_subnet_id)
+        return default_network_ids(self.config.azure_subscription_id or "<subscription>", rg, location)[1]
+
     # -- backend hooks ---------------------------------------------------------------------
     def _launch(self, spec: LaunchSpec) -> Instance:
         spec = self._vm_spec(spec)
         location = self._location(spec)
         name = vm_name(spec)
         rg = self._ensure_group(location)
+        subnet = self.ensure_subnet(location)
         network = self.ensure_job_network(spec.job_id, location) if self.config.instances > 1 else None
-        vm = build_vm(spec, self.config, location, self.ssh_key(), network)
+        vm = build_vm(spec, self.config, location, self.ssh_key(), network, subnet)
         try:
             poller = self.compute.virtual_machines.begin_create_or_update(rg, name, vm)
         except HttpResponseError as exc:
-            code = getattr(exc.error, "code", None) or ""
-            if code in CAPACITY_CODES:
-                raise CapacityError(f"{code} in {location}: {exc.message}") from None
-            raise
+            raise self._refusal(exc, location) from None
         instance = Instance(
             id=name,
             provider="azure",
@@ -462,7 +507,10 @@ class AzureProvider(AzureCoordinator, Provider):
             try:
                 poller.result()
             except HttpResponseError as exc:  # the allocation failed after the request
-                code = getattr(exc.error, "code", None) or "failed"
+                code = _error_code(exc) or "failed"
+                # what the controller does about it (`allocation_refusal`): a quota ends the
+                # job, anything else (AllocationFailed: no capacity) is retried after a backoff
+                self._refusals[instance.id] = self._refusal(exc, instance.region or "")
                 return InstanceStatus(
                     InstanceState.TERMINATED, detail={"error": code, "message": exc.message}
                 )
@@ -487,6 +535,56 @@ class AzureProvider(AzureCoordinator, Provider):
         if power in ("deallocated", "deallocating"):  # evicted with policy Deallocate
             return InstanceStatus(InstanceState.PREEMPTED, detail=detail)
         return InstanceStatus(InstanceState.EXITED, detail=detail)  # stopped: the guest shut down
+
+    def _refusal(self, exc: HttpResponseError, location: str) -> Exception:
+        """What a refused create means: a QuotaError (the subscription's quota: final), a
+        CapacityError (no capacity now, or Azure throttling the API: retried after a backoff),
+        or the error itself (anything else: the job fails with Azure's words)."""
+        code = _error_code(exc)
+        message = str(getattr(exc.error, "message", None) or exc.message or "")
+        status = getattr(exc, "status_code", None)
+        if status == 429 or code in ("TooManyRequests", "RetryableError"):
+            return CapacityError(
+                f"Azure throttled the request in {location} (HTTP {status}, {code or 'no code'}): "
+                "too many API calls for the subscription, not a quota; asking again later"
+            )
+        quota = azure_quota_error(
+            code, message, status=status, location=location, subscription=self.subscription()
+        )
+        if quota is not None and quota.limit is None:
+            quota = azure_quota_error(
+                code,
+                message,
+                status=status,
+                location=location,
+                subscription=self.subscription(),
+                usage=self._spot_usage(location),
+            )
+        if quota is not None:
+            return quota
+        if code in CAPACITY_CODES:
+            return CapacityError(f"{code} in {location}: {message}")
+        if status is not None and status >= 500:  # ARM unavailable after azure-core's retries
+            return CapacityError(
+                f"Azure answered HTTP {status} ({code or 'no error code'}) in {location}: "
+                f"{_first_line(message)}; asking again later"
+            )
+        return exc
+
+    def _spot_usage(self, location: str) -> tuple[float, float] | None:
+        """(in use, limit) of the location's spot vCPUs from the Usage API; None if unread."""
+        try:
+            for usage in self.compute.usage.list(location):
+                if str(getattr(usage.name, "value", "")).lower() == "lowprioritycores":
+                    return float(usage.current_value), float(usage.limit)
+        except (HttpResponseError, AttributeError, TypeError, ValueError):
+            pass
+        return None
+
+    def allocation_refusal(self, instance: Instance) -> Exception | None:
+        """Why the VM's creation failed after Azure accepted it (an asynchronous
+        AllocationFailed, a quota), once `describe` said TERMINATED; None if it did not fail."""
+        return self._refusals.pop(instance.id, None)
 
     def _terminate(self, instance: Instance) -> None:
         """Delete the VM (its disk, NIC and IP go with it); the deletion finishes in Azure."""
@@ -566,6 +664,16 @@ class AzureProvider(AzureCoordinator, Provider):
                 except HttpResponseError:
                     pass
         self.close_coordinators()
+
+
+def _first_line(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else "no message"
+    return line if len(line) <= 300 else line[:300] + "…"
+
+
+def _error_code(exc: HttpResponseError) -> str:
+    """The ARM error code of `exc` ("" when the body named none, or was no ARM error)."""
+    return str(getattr(getattr(exc, "error", None), "code", None) or "")
 
 
 def _retail_price(instance_type: str, location: str, timeout: float = 5.0) -> Price:

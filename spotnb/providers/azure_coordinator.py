@@ -16,6 +16,10 @@ job, created once and tagged with the job id (so `spotnb gc` and a later control
 The network resources are created with azure-mgmt-resource's generic `resources` operations
 (PUT by resource id, `NETWORK_API_VERSION`), so the SDK dependencies stay azure-mgmt-compute and
 azure-mgmt-resource. `close` and `spotnb gc` delete the VM, then the NIC, the IP and the groups.
+The same operations create spotnb's own virtual network when `azure_subnet_id` is not given
+(`ensure_subnet`) and let `spotnb gc` delete it (`gc_networks`). The coordinator carries
+`azure_identity_id`: its idle guard deallocates the VM with it (a VM powered off from inside is
+still billed on Azure); the lighthouse reads nothing with it.
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ from spotnb.providers.coordinator import (
 
 __all__ = [
     "AzureCoordinator",
+    "DEFAULT_ADDRESS_SPACE",
+    "DEFAULT_SUBNET",
+    "default_network_ids",
+    "default_network_body",
     "COORDINATOR_SIZE",
     "COORDINATOR_PRICES",
     "JobNetwork",
@@ -104,6 +112,36 @@ _GONE_STATES = (
     "PowerState/stopping",
 )
 _IN_USE = ("InUse", "CannotBeDeleted", "Conflict", "AnotherOperationInProgress")
+
+
+#: The address space and the subnet of the virtual network spotnb creates on first use when
+#: Config.azure_subnet_id is not set (Azure has no default network): its own network, so any
+#: private range does; Azure's own portal default.
+DEFAULT_ADDRESS_SPACE = "10.0.0.0/16"
+DEFAULT_SUBNET = "10.0.0.0/20"
+_DEFAULT_SUBNET_NAME = "spotnb"
+
+
+def default_network_ids(subscription: str, resource_group: str, location: str) -> tuple[str, str]:
+    """(virtual network id, subnet id) of the network spotnb creates in `location`."""
+    vnet = (
+        f"/subscriptions/{subscription}/resourceGroups/{resource_group}/providers/Microsoft.Network/"
+        f"virtualNetworks/spotnb-{location}"
+    )
+    return vnet, f"{vnet}/subnets/{_DEFAULT_SUBNET_NAME}"
+
+
+def default_network_body(location: str) -> dict[str, Any]:
+    """The virtual network (with its one subnet) spotnb creates on first use, tagged as spotnb's
+    so that `spotnb gc` may delete it, and only it."""
+    return {
+        "location": location,
+        "tags": {MANAGED_TAG: "true"},
+        "properties": {
+            "addressSpace": {"addressPrefixes": [DEFAULT_ADDRESS_SPACE]},
+            "subnets": [{"name": _DEFAULT_SUBNET_NAME, "properties": {"addressPrefix": DEFAULT_SUBNET}}],
+        },
+    }
 
 
 def _job_slug(job_id: str) -> str:
@@ -237,9 +275,10 @@ def build_coordinator_vm(
 ) -> m.VirtualMachine:
     """The VirtualMachine sent to `begin_create_or_update` for the job's coordinator: regular
     priority (on demand: no eviction), on the job's NIC (detached, not deleted, with the VM),
-    its OS disk deleted with it, and no managed identity (the lighthouse reads nothing of the
-    job) unless it hosts the job's controller (`identity`: Config.controller_identity, a
-    user-assigned identity that launches the job's VMs and reads the store)."""
+    its OS disk deleted with it, and `identity`: azure_identity_id, which its idle guard
+    deallocates the VM with (the lighthouse reads nothing of the job; a VM powered off from
+    inside is still billed on Azure), or, when it hosts the job's controller,
+    Config.controller_identity (launches the job's VMs and reads the store)."""
     vm = m.VirtualMachine(
         location=location,
         tags=_tags(job_id, COORDINATOR_ROLE),
@@ -302,6 +341,72 @@ class AzureCoordinator:
         def resource_group(self, location: str) -> str: ...
         def coordinator_image(self) -> m.ImageReference: ...
 
+    # -- the subnet: configured, or spotnb's own network ------------------------------------
+    def subnet_id(self, location: str) -> str:
+        """Config.azure_subnet_id, else the subnet of spotnb's network in `location` (its id;
+        `ensure_subnet` creates it)."""
+        if self.config.azure_subnet_id:
+            return str(self.config.azure_subnet_id)
+        return default_network_ids(self.subscription(), self.resource_group(location), location)[1]
+
+    def ensure_subnet(self, location: str) -> str:
+        """The subnet the job's NICs use: Config.azure_subnet_id as it is, or spotnb's network
+        in `location`, created on first use (found by id, created only if missing: a PUT of a
+        virtual network replaces its subnets, so one that exists is never sent again)."""
+        if self.config.azure_subnet_id:
+            return str(self.config.azure_subnet_id)
+        with self._subnet_lock:
+            rg = self._ensure_group(location)
+            vnet, subnet = default_network_ids(self.subscription(), rg, location)
+            if location not in self._subnets_ready:
+                if self._get(vnet) is None:
+                    self._put(vnet, default_network_body(location))
+                    log.info("created the virtual network %s (Config.azure_subnet_id not set)", vnet)
+                elif self._get(subnet) is None:  # someone removed the subnet: put it back alone
+                    self._put(subnet, {"properties": {"addressPrefix": DEFAULT_SUBNET}})
+                self._subnets_ready.add(location)
+            return subnet
+
+    def gc_networks(self, timeout: float | None = None) -> list[str]:
+        """`spotnb gc`: delete the virtual networks spotnb created (tagged spotnb-managed, named
+        `spotnb-<location>`) once no VM uses them, after the deletions gc asked for finished;
+        a user's network is never touched. Azure refuses a network still in use: it is kept,
+        and a later gc tries again. Returns the ids deleted."""
+        deadline = time.time() + (self.network_cleanup_timeout if timeout is None else timeout)
+        for name, poller in list(self._deletions.items()):
+            try:
+                poller.result(timeout=max(0.0, deadline - time.time()))
+            except (HttpResponseError, ResourceNotFoundError):
+                pass
+            self._deletions.pop(name, None)
+        deleted: list[str] = []
+        try:
+            listed = list(
+                self.resources.resources.list(filter=f"tagName eq '{MANAGED_TAG}' and tagValue eq 'true'")
+            )
+        except HttpResponseError as exc:  # no right to list the subscription: nothing to say
+            log.warning("spotnb gc: could not list spotnb's virtual networks: %s", exc.message)
+            return deleted
+        for res in listed:
+            rid = str(getattr(res, "id", "") or "")
+            kind = str(getattr(res, "type", "") or "").lower()
+            if kind != "microsoft.network/virtualnetworks" or not rid.rsplit("/", 1)[-1].startswith(
+                "spotnb-"
+            ):
+                continue
+            if (getattr(res, "tags", None) or {}).get(MANAGED_TAG) != "true":
+                continue  # the list's filter is the server's: check again here
+            try:
+                self.resources.resources.begin_delete_by_id(rid, api_version=NETWORK_API_VERSION).result()
+            except ResourceNotFoundError:
+                pass
+            except HttpResponseError as exc:
+                log.info("kept the virtual network %s: %s", rid, exc.message)
+                continue
+            deleted.append(rid)
+            self._subnets_ready.clear()
+        return deleted
+
     def _init_coordinators(self) -> None:
         self._coordinators: dict[str, KnownCoordinator] = {}
         self._job_networks: set[tuple[str, str]] = set()  # (job id, location) set up or found
@@ -310,6 +415,8 @@ class AzureCoordinator:
         self._coordinator_lock = threading.Lock()
         self._network_lock = threading.Lock()
         self._networks_ready: set[tuple[str, str]] = set()
+        self._subnet_lock = threading.Lock()
+        self._subnets_ready: set[str] = set()  # locations whose spotnb network exists
 
     # -- settings --------------------------------------------------------------------------
     def coordinator_size(self) -> str:
@@ -350,8 +457,8 @@ class AzureCoordinator:
         if len(names) > 1:
             raise ConfigError(
                 f"Config.regions: {sorted(names)} are several Azure locations; the VMs of a job on "
-                "several instances reach each other by private address in azure_subnet_id's "
-                "virtual network, so they must share its location"
+                "several instances reach each other by private address in one virtual network "
+                "(azure_subnet_id's, or spotnb's), so they must share its location"
             )
 
     def network_of(self, job_id: str, location: str) -> JobNetwork:
@@ -398,12 +505,12 @@ class AzureCoordinator:
         else:
             self._put(net["ip"], coordinator_ip_body(job_id, location))
             found = self._put(
-                net["nic"], coordinator_nic_body(job_id, location, self.config.azure_subnet_id, net)
+                net["nic"], coordinator_nic_body(job_id, location, self.ensure_subnet(location), net)
             )
             ip = _private_ip(found)
         if not ip:
             raise RuntimeError(f"job {job_id}: Azure gave the coordinator's NIC no private IP")
-        self._put(net["nic"], coordinator_nic_body(job_id, location, self.config.azure_subnet_id, net, ip))
+        self._put(net["nic"], coordinator_nic_body(job_id, location, self.ensure_subnet(location), net, ip))
         log.info("job %s: coordinator address %s (%s)", job_id, ip, net["nic"])
         return ip
 
@@ -497,7 +604,7 @@ class AzureCoordinator:
             ssh_key=self.ssh_key(),
             custom_data=self.coordinator_custom_data(known.job_id, min_replicas),
             name=name,
-            identity=self.config.controller_identity if known.job_id in self._hosted else None,
+            identity=self._coordinator_identity(known.job_id),
         )
         try:
             self.compute.virtual_machines.begin_create_or_update(rg, name, vm)
@@ -519,6 +626,14 @@ class AzureCoordinator:
             f"${price.on_demand:.4f}/h" if price else "price unknown",
             self._coordinator_address(known),
         )
+
+    def _coordinator_identity(self, job_id: str) -> str | None:
+        """The coordinator's managed identity: Config.controller_identity when it hosts the
+        job's controller, else azure_identity_id, which its idle guard deallocates it with (a
+        powered-off Azure VM is still billed); the lighthouse itself reads nothing with it."""
+        if job_id in self._hosted:
+            return self.config.controller_identity
+        return self.config.azure_identity_id or None
 
     def _coordinator_info(self, job_id: str) -> dict[str, Any]:
         return coordinator_record(self._coordinators.get(job_id), self.coordinator_price())
@@ -617,9 +732,9 @@ class AzureCoordinator:
             ssh_key="<throwaway ssh-ed25519 public key>",
             custom_data="<base64 cloud-config of the coordinator script>",
             name=name,
-            identity=self.config.controller_identity if job_id in self._hosted else None,
+            identity=self._coordinator_identity(job_id),
         ).as_dict()
-        subnet = self.config.azure_subnet_id or "<azure_subnet_id>"
+        subnet = self.subnet_id(location)
         put = "resources.resources.begin_create_or_update_by_id"
         requests.extend(
             [

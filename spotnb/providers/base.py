@@ -294,6 +294,13 @@ class Provider(ABC):
             elif stop is None:
                 time.sleep(1.0)
 
+    def allocation_refusal(self, instance: Instance) -> Exception | None:
+        """Why `instance`'s allocation failed after the launch call returned (a cloud that
+        creates asynchronously: Azure's AllocationFailed or a quota, read once `wait_allocated`
+        said it is not running): a QuotaError ends the job, anything else is retried after a
+        backoff. None: nothing known (the default)."""
+        return None
+
     def close(self) -> None:
         """Release what the provider holds (servers, clients)."""
 

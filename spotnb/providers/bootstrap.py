@@ -53,6 +53,7 @@ __all__ = [
     "gcp_startup_script",
     "coordinator_script",
     "azure_cloud_config",
+    "azure_end_vm",
     "controller_script",
     "coordinator_install_specs",
     "elastic_requirements",
@@ -350,9 +351,46 @@ def azure_custom_data(spec: LaunchSpec) -> str:
     return azure_cloud_config(bootstrap_script(spec, "azure"))
 
 
+# An Azure VM powered off from inside is Stopped but still allocated: billed for its compute
+# until something deallocates or deletes it. On Azure the scripts therefore end the VM through
+# Resource Manager with its managed identity (deallocate: no compute billed; the controller or
+# `spotnb gc` deletes it), and power it off only when that is refused (the identity lacks
+# Microsoft.Compute/virtualMachines/deallocate/action: README's Azure set-up). Scheduled Events
+# answers its first call only once it is on (up to two minutes), so the script asks at once, in
+# the background: by the time the agent's notice watcher looks, it answers.
+_AZURE_END = r"""spotnb_azure_end() {  # deallocate this VM with its managed identity; else power off
+  local imds=http://169.254.169.254/metadata id token
+  id=$(curl -sf -m 10 -H Metadata:true "$imds/instance/compute/resourceId?api-version=2021-02-01&format=text")
+  token=$(curl -sf -m 10 -H Metadata:true "$imds/identity/oauth2/token?api-version=2018-02-01&resource=https%3A%2F%2Fmanagement.azure.com%2F" \
+    | sed -n 's/.*"access_token" *: *"\([^"]*\)".*/\1/p')
+  if [ -n "$id" ] && [ -n "$token" ] && curl -sf -m 30 -X POST -H "Authorization: Bearer $token" \
+    -H "Content-Length: 0" "https://management.azure.com$id/deallocate?api-version=2023-03-01" >/dev/null; then
+    echo "spotnb: Azure deallocates this VM (a Stopped VM is still billed)"; sleep 300
+  else
+    echo "spotnb: this VM's identity may not deallocate it (see README, Azure); powering off"
+  fi
+  shutdown -h now
+}
+SPOTNB_POWEROFF_CMD=${SPOTNB_POWEROFF_CMD:-spotnb_azure_end}
+( curl -s -m 180 -H Metadata:true \
+    "${SPOTNB_METADATA_URL:-http://169.254.169.254}/metadata/scheduledevents?api-version=2020-07-01" \
+    >/dev/null 2>&1 & )"""
+
+
+def azure_end_vm(script: str) -> str:
+    """`script` (bash, with `set -uo pipefail` near its top) ending its VM the Azure way:
+    `SPOTNB_POWEROFF_CMD` defaults to deallocating it through Resource Manager (`_AZURE_END`)."""
+    head, marker, rest = script.partition("set -uo pipefail\n")
+    if not marker:
+        raise ValueError("an Azure boot script must start with `set -uo pipefail`")
+    return head + marker + _AZURE_END + "\n" + rest
+
+
 def azure_cloud_config(script: str) -> str:
     """A boot script as Azure `custom_data`: a base64 cloud-config that writes it and runs it
-    (the instances' bootstrap and the coordinator's script alike)."""
+    (the instances' bootstrap and the coordinator's script alike), the VM ending itself by
+    deallocation rather than a power-off that leaves it billed (`azure_end_vm`)."""
+    script = azure_end_vm(script)
     indented = "\n".join("      " + line for line in script.splitlines())
     cloud_config = (
         "#cloud-config\n"

@@ -4,7 +4,9 @@ Why: the controller terminates each incarnation's VM when it ends, and a VM powe
 after its agent exits, but a notebook kernel can die between a launch and its bookkeeping.
 `spotnb gc --provider aws` (the CLI calls `gc`) lists the VMs tagged with a spotnb job id and
 terminates those whose job is not running any more (or that no job DB here knows, with
-`all_unknown=True`). Tag keys are the same on all clouds and valid GCP label keys.
+`all_unknown=True`). Tag keys are the same on all clouds and valid GCP label keys. On Azure it
+also deletes the virtual network spotnb created on first use (`spotnb-<location>`, tagged
+spotnb-managed), once no VM uses it and no job here is live; a user's network is never touched.
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ def _job_is_live(job_id: str, db: Any, now: float) -> bool | None:
             beat = row.get("heartbeat") or row.get("updated") or 0
             return now - float(beat) < _STALE_S
     return None
+
+
+def _live_jobs(db: Any, provider_name: str, now: float | None = None) -> bool:
+    """Whether this machine's job DB has a live job that may use `provider_name`."""
+    now = time.time() if now is None else now
+    for row in db.jobs():
+        if row.get("provider") in (provider_name, "any") and _job_is_live(str(row["id"]), db, now):
+            return True
+    return False
 
 
 def orphans(
@@ -84,10 +95,16 @@ def gc(
             return []
         tagged = list(lister())  # (instance, job id) pairs
         ids = {inst.id: inst for inst, _ in tagged}
-        doomed = orphans(((inst.id, job) for inst, job in tagged), JobDB(), all_unknown)
+        db = JobDB()
+        doomed = orphans(((inst.id, job) for inst, job in tagged), db, all_unknown)
         if not dry_run:
             for instance_id in doomed:
                 provider.terminate(ids[instance_id])
+            # the shared network spotnb created on first use (Azure's virtual network), only
+            # while no job of this machine may still launch into it; the cloud refuses one in use
+            sweep = getattr(provider, "gc_networks", None)
+            if sweep is not None and not _live_jobs(db, provider_name):
+                sweep()
         return doomed
     finally:
         provider.close()

@@ -9,9 +9,11 @@ metadata item.
 
 Where: `region` / `regions` take zones ("us-central1-a") or regions ("us-central1"). A region is
 tried zone by zone, in the order `ZonesClient.list` gives for it (zones that are UP, sorted by
-name); a capacity error (ZONE_RESOURCE_POOL_EXHAUSTED, stockout, quota) or a zone that does not
+name); a capacity error (ZONE_RESOURCE_POOL_EXHAUSTED, stockout) or a zone that does not
 offer the machine type moves on to the next zone, and only when every zone refused does the
-launch raise CapacityError (the controller then backs off and tries again). When the credentials
+launch raise CapacityError (the controller then backs off and tries again). A quota
+(QUOTA_EXCEEDED: the region's GPUs or CPUs, the project's GPUS_ALL_REGIONS) is no shortage:
+the launch raises QuotaError at once, naming the quota and how to raise it (`quotas`). When the credentials
 may not list zones (compute.zones.list denied, offline), or there are no Google credentials at
 all (then the API is not asked: a dry run offline takes no metadata-server probe), the zones
 come from the built-in table (`gcp_zones.REGION_ZONES`); for a region it lacks, the fallback is
@@ -55,8 +57,9 @@ from spotnb.providers.bootstrap import gcp_startup_script, require_remote_store
 from spotnb.providers.cleanup import JOB_TAG, job_tags
 from spotnb.providers.coordinator import COORDINATOR_ROLE, ROLE_TAG, planned_hosting
 from spotnb.providers.gcp_coordinator import GCPCoordinator, job_network_tag
-from spotnb.providers.gcp_errors import missing_resource, missing_resource_error, zone_lacks
+from spotnb.providers.gcp_errors import _texts, missing_resource, missing_resource_error, zone_lacks
 from spotnb.providers.gcp_zones import ZONES_AS_OF, table_zones
+from spotnb.providers.quotas import gcp_quota_error
 
 __all__ = [
     "GCPProvider",
@@ -80,7 +83,6 @@ DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/pyt
 CAPACITY_MARKERS = (
     "ZONE_RESOURCE_POOL_EXHAUSTED",
     "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
-    "QUOTA_EXCEEDED",
     "RESOURCE_EXHAUSTED",
     "UNSUPPORTED_OPERATION",
     "does not have enough resources available",
@@ -213,9 +215,26 @@ def zones_request(project: str, region: str) -> compute_v1.ListZonesRequest:
     return compute_v1.ListZonesRequest(project=project, filter=f"region eq .*/regions/{region}")
 
 
+def _region_of(zone: str) -> str:
+    """The region of a zone ("us-central1-a" → "us-central1"); a region stays itself."""
+    return zone.rsplit("-", 1)[0] if _ZONE.match(zone) else zone
+
+
+def _codes(exc: Exception) -> tuple[str, ...]:
+    """The codes and reasons of a GCE error's items (an operation's `code`, a REST `reason`)."""
+    out: list[str] = []
+    for item in getattr(exc, "errors", None) or []:
+        for key in ("code", "reason"):
+            value = getattr(item, key, None) or (item.get(key) if isinstance(item, dict) else None)
+            if isinstance(value, str) and value:
+                out.append(value)
+    return tuple(out)
+
+
 def _is_capacity(exc: Exception) -> bool:
+    """No capacity now, or the API throttled or unavailable (any 5xx): worth asking again."""
     return any(marker in str(exc) for marker in CAPACITY_MARKERS) or isinstance(
-        exc, (gexc.ResourceExhausted, gexc.TooManyRequests)
+        exc, (gexc.ResourceExhausted, gexc.TooManyRequests, gexc.ServerError)
     )
 
 
@@ -474,6 +493,13 @@ class GCPProvider(GCPCoordinator, Provider):
                 missing = missing_resource(exc)
                 if missing is not None:  # missing in every zone: trying the next one cannot help
                     raise missing_resource_error(missing, exc, zone) from exc
+                # a quota (the region's GPUs or CPUs, or the project's GPUS_ALL_REGIONS) refuses
+                # every zone of the region alike: final, not a shortage to wait out
+                quota = gcp_quota_error(
+                    _texts(exc), project=project, region=_region_of(zone), codes=_codes(exc)
+                )
+                if quota is not None:
+                    raise quota from exc
                 if _is_capacity(exc):
                     capacity = True
                 elif not (len(zones) > 1 and _not_in_zone(exc)):

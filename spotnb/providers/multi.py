@@ -304,6 +304,10 @@ class AnyCloudProvider(Provider):
         sub, theirs = self._unwrap(instance)
         sub.terminate(theirs)
 
+    def allocation_refusal(self, instance: Instance) -> Exception | None:
+        sub, theirs = self._unwrap(instance)
+        return sub.allocation_refusal(theirs)
+
     def reclaim(self, record: dict[str, Any]) -> Instance | None:
         info = dict(record.get("info") or {})
         cloud = str(info.pop("cloud", "") or split_zone(record.get("region"))[0] or "")

@@ -184,15 +184,24 @@ class AwsWatcher(NoticeWatcher):
 
 
 class AzureWatcher(NoticeWatcher):
-    """Azure Scheduled Events: Preempt/Terminate for this VM; acknowledged after the save."""
+    """Azure Scheduled Events: Preempt/Terminate for this VM; acknowledged after the save.
+
+    Scheduled Events is switched on by the first call to it, which can take up to two minutes
+    to answer; a call given up on earlier may never switch it on, and a notice would then never
+    be seen. So until it has answered once, each call waits `first_timeout` (in the watcher's own
+    thread: the training never waits for it); after that, `timeout`. (The Azure boot script also
+    asks it once at boot, in the background.)"""
 
     source = "azure"
     url_suffix = "/metadata/scheduledevents?api-version=2020-07-01"
+    first_timeout = 180.0  # Azure: "the first call may take up to two minutes"
+    timeout = 2.0
 
     def __init__(self, *args: Any, vm_name: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.vm_name = vm_name
         self.document_incarnation: int | None = None
+        self.answered = False  # Scheduled Events answered once: it is on
 
     name_suffix = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
 
@@ -210,8 +219,15 @@ class AzureWatcher(NoticeWatcher):
     def check(self) -> Notice | None:
         if self.vm_name is None and not getattr(self, "_name_resolved", False):
             self._resolve_vm_name()
-        _, body, _ = _request(self.base_url + self.url_suffix, headers={"Metadata": "true"})
+        _, body, _ = _request(
+            self.base_url + self.url_suffix,
+            headers={"Metadata": "true"},
+            timeout=self.timeout if self.answered else self.first_timeout,
+        )
+        self.answered = True
         doc = json.loads(body)
+        if not isinstance(doc, dict):
+            raise ValueError("Scheduled Events answered something other than a JSON object")
         incarnation = doc.get("DocumentIncarnation")
         if incarnation == self.document_incarnation:
             return None  # nothing changed since the last look

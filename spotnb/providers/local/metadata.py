@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import select
+import socket
 import threading
 import time
 import uuid
@@ -46,6 +48,11 @@ class MetadataEmulator:
         self.requests = 0
         self.paths: list[str] = []  # test hook: every request path, in order
         self.gcp_unavailable = 0  # test hook: answer this many GCP requests with 503
+        # test hook: Azure Scheduled Events is off until a call has waited this long for its
+        # answer (Azure: "the first call may take up to two minutes"); a call given up on
+        # before is never answered and switches nothing on. inf: it never answers
+        self.azure_first_call_s = 0.0
+        self.azure_on = False
         self.cond = threading.Condition()
         handler = type("Handler", (_Handler,), {"emulator": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -209,6 +216,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(404, "Not Found")
 
     # -- Azure Scheduled Events -------------------------------------------------------------
+    def _client_gone(self) -> bool:
+        """Whether the client closed its end (it gave up waiting for the answer)."""
+        readable, _, _ = select.select([self.connection], [], [], 0)
+        if not readable:
+            return False
+        try:
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
     def _azure_get(self, meta: InstanceMetadata) -> None:
         if self.headers.get("Metadata") != "true":
             return self._send(
@@ -216,6 +233,14 @@ class _Handler(BaseHTTPRequestHandler):
                 json.dumps({"error": "Bad request. Required metadata header not specified"}),
                 "application/json",
             )
+        em = self.emulator
+        if not em.azure_on and em.azure_first_call_s > 0:  # the first call: switching it on
+            deadline = time.monotonic() + em.azure_first_call_s
+            while time.monotonic() < deadline:
+                if self._client_gone():
+                    return  # given up on: not answered, nothing switched on
+                time.sleep(0.02)
+            em.azure_on = True
         events = []
         if meta.notice_deadline is not None:
             events.append(
