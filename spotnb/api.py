@@ -118,10 +118,17 @@ def _pickle_payload(fn: Callable[..., Any] | None, config: Config) -> bytes:
 
 def _check_inputs(config: Config) -> None:
     for i, path in enumerate(config.files):
+        if os.path.islink(path) and not os.path.exists(path):
+            raise ConfigError(
+                f"Config.files[{i}]: {path!r} is a symbolic link to {os.readlink(path)!r}, which "
+                "does not exist (or leads back to itself); point it at a file, or remove it from "
+                "Config.files"
+            )
         if not os.path.exists(path):
             raise ConfigError(
                 f"Config.files[{i}]: {path!r} does not exist (relative paths are taken from {os.getcwd()!r})"
             )
+    _check_local_procs(config)
     from packaging.requirements import InvalidRequirement, Requirement
 
     for i, spec in enumerate(config.requirements):
@@ -129,6 +136,24 @@ def _check_inputs(config: Config) -> None:
             Requirement(spec)
         except InvalidRequirement as exc:
             raise ConfigError(f"Config.requirements[{i}]: {spec!r} is not a pip requirement: {exc}") from None
+
+
+def _check_local_procs(config: Config) -> None:
+    """On the local market every process of an instance runs on this machine: refuse more of
+    them than it can run (its GPUs with CUDA, else its cores). Checked at submit, not when the
+    Config is made: a saved spec read back on another machine stays valid."""
+    procs = config.procs_per_instance
+    if config.provider != "local" or procs is None or procs <= 1:
+        return
+    from spotnb.gpus import local_capacity
+
+    most, what = local_capacity()
+    if procs > most:
+        raise ConfigError(
+            f"Config.procs_per_instance: {procs} processes per instance on the local market is "
+            f"more than {what} (each local-market instance runs on it); give at most "
+            f"procs_per_instance={most}, or leave it None (the GPU count, 1 on CPU)"
+        )
 
 
 def _new_job_id() -> str:

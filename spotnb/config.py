@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
 import os
 import re
 import unicodedata
 import warnings
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
 from pydantic import (
     BaseModel,
@@ -50,6 +51,28 @@ MAX_NAME = 200
 MIN_SNAPSHOT_MEMORY = 1_000_000
 #: Most instances one job may train on (a typo such as 1000 would launch a fleet).
 MAX_INSTANCES = 64
+#: Most processes on one instance where its GPUs are unknown (a cloud type not in
+#: `spotnb.gpus`); the local market's limit is the machine's (`spotnb.gpus.local_capacity`).
+MAX_PROCS = 256
+#: Largest count a field takes: past 2**53 a number is not exact in JSON (the job spec) for most
+#: readers, and no job needs that many of anything.
+MAX_COUNT = 2**53
+#: The whole-number fields: strict (an int or a numpy integer; not True, 3.0 or "3").
+COUNTS = (
+    "save_every",
+    "keep_last",
+    "max_preemptions",
+    "max_retries",
+    "max_crashes",
+    "max_stalled_relaunches",
+    "instances",
+    "min_instances",
+    "procs_per_instance",
+    "coordinator_port",
+    "coordinator_idle_minutes",
+)
+#: Longest region or zone name taken (the clouds' are under 30 characters).
+MAX_REGION = 100
 #: Fields renamed when the coordinator came to every cloud (old name → new one): the old names
 #: are still accepted, with a DeprecationWarning, so existing notebooks and saved specs go on.
 RENAMED = {
@@ -203,8 +226,10 @@ class _GenericConfig(BaseModel):
     coordinator_idle_minutes: int = Field(
         COORDINATOR_IDLE_MINUTES,
         ge=10,
+        le=7 * 24 * 60,
         description="The coordinator powers itself off after this long without any replica "
-        "connected (a guard against a leak if no controller is left to end it).",
+        "connected (a guard against a leak if no controller is left to end it; 10 minutes to a "
+        "week).",
     )
     controller: Literal["notebook", "cloud"] = Field(
         "notebook",
@@ -323,45 +348,108 @@ class _GenericConfig(BaseModel):
             raise ValueError(f"got {v!r}; {fix}") from None
         if not math.isfinite(x) or x < 0 or (x == 0 and least == "> 0"):
             raise ValueError(f"got {v!r}; {fix}")
-        return x
+        return x + 0.0  # -0.0 is 0: a price shown as "$-0.00/h" is a puzzle
 
-    @field_validator(
-        "save_every",
-        "keep_last",
-        "max_preemptions",
-        "max_retries",
-        "max_crashes",
-        "max_stalled_relaunches",
-        mode="before",
-    )
+    @field_validator(*COUNTS, mode="before")
     @classmethod
-    def _no_bool(cls, v: Any) -> Any:
-        """A bool where a count belongs is a slip (True would silently mean 1): refuse it."""
+    def _whole(cls, v: Any, info: ValidationInfo) -> Any:
+        """A count is a whole number, strictly (pydantic's lax mode took "3" and 3.0): True
+        would silently mean 1, and a float or a string where a count belongs is a slip whose
+        fix is one keystroke away, so the error writes it. numpy's integers are counts too."""
+        name = str(info.field_name)
+        if v is None:
+            field = cls.model_fields[name]
+            if type(None) in get_args(field.annotation):
+                return v
+            raise ValueError(f"got None; give a whole number (the default is {name}={field.default})")
         if isinstance(v, bool):
-            raise ValueError(f"got {v!r}; give a whole number")
-        return v
+            raise ValueError(f"got {v!r}; give a whole number, e.g. {name}=2")
+        if isinstance(v, numbers.Integral):
+            v = int(v)
+            if abs(v) > MAX_COUNT:
+                raise ValueError(
+                    f"got a number of {v.bit_length()} bits, past 2**53, which the job spec (JSON) "
+                    "cannot carry exactly and no job needs; give a smaller whole number"
+                )
+            return v
+        if isinstance(v, float) and v.is_integer() and abs(v) <= MAX_COUNT:
+            raise ValueError(f"got {v!r}, a float; give a whole number: {name}={int(v)}")
+        if isinstance(v, str):
+            try:
+                n = int(v.strip())
+            except ValueError:
+                raise ValueError(f"got the text {v!r}; give a whole number, e.g. {name}=2") from None
+            raise ValueError(f"got the text {v!r}; give the number itself: {name}={n}")
+        raise ValueError(f"got {v!r} ({type(v).__name__}); give a whole number, e.g. {name}=2")
 
-    @field_validator(
-        "instances",
-        "min_instances",
-        "procs_per_instance",
-        "coordinator_port",
-        "coordinator_idle_minutes",
-        mode="before",
-    )
+    @field_validator("procs_per_instance")
     @classmethod
-    def _count(cls, v: Any) -> Any:
-        if isinstance(v, bool):
-            raise ValueError(f"got {v!r}; give a whole number")
+    def _procs(cls, v: int | None) -> int | None:
+        if v is not None and v > MAX_PROCS:
+            raise ValueError(
+                f"{v} is more than {MAX_PROCS}, more processes than any instance runs (one per "
+                "GPU, or per core on CPU); give its GPU count, or leave it None (the GPU count, "
+                "1 on CPU)"
+            )
         return v
 
     @field_validator("sync")
     @classmethod
     def _sync(cls, v: str) -> str:
+        """One spelling per strategy, spotnb's own: the value is compared and shown as given,
+        so " ddp" or "DDP" would be a strategy that is not ddp everywhere else."""
         from spotnb.sync import parse_sync
 
-        parse_sync(v)  # raises ValueError naming the valid forms
+        try:
+            canonical = str(parse_sync(v))
+        except ValueError:
+            try:
+                canonical = str(parse_sync(v.strip().lower()))
+            except ValueError:
+                pass  # no spelling of a strategy: parse_sync's own words
+            else:
+                raise ValueError(f"got {v!r}; write it sync={canonical!r}") from None
+            raise
+        if v != canonical:
+            raise ValueError(f"got {v!r}; write it sync={canonical!r}")
         return v
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str | None) -> str | None:
+        problem = None if v is None else _region_problem(v)
+        if problem:
+            raise ValueError(f"{problem}, or None for the provider's default")
+        return v
+
+    @field_validator("regions", mode="before")
+    @classmethod
+    def _regions(cls, v: Any) -> Any:
+        """A list of names, each once, or 'cheapest'; an empty list names nowhere to run."""
+        if v is None or v == "cheapest":
+            return v
+        if isinstance(v, str):
+            if v.strip().lower() == "cheapest":
+                raise ValueError(f"got {v!r}; write it regions='cheapest'")
+            raise ValueError(
+                f"got the text {v!r}; give a list, regions=[{v!r}] (or one region as region={v!r}), "
+                "or 'cheapest'"
+            )
+        if not isinstance(v, (list, tuple)):
+            raise ValueError(f"got {v!r}; give a list of regions, e.g. regions=['us-east-1', 'us-west-2']")
+        if not v:
+            raise ValueError(
+                "the list is empty, so the job would have nowhere to run; give at least one region "
+                "(e.g. regions=['us-east-1']), 'cheapest', or None for the provider's default"
+            )
+        for i, name in enumerate(v):
+            problem = _region_problem(name)
+            if problem:
+                raise ValueError(f"[{i}]: {problem}")
+        twice = next((r for i, r in enumerate(v) if r in v[:i]), None)
+        if twice is not None:
+            raise ValueError(f"names {twice!r} twice; give each region once, in the order to try them")
+        return list(v)
 
     @field_validator("name")
     @classmethod
@@ -517,7 +605,7 @@ class _GenericConfig(BaseModel):
                 "set sync='ddp' or procs_per_instance=1"
             )
         if self.provider == "local":
-            return  # the local market runs CPU processes; its instance_type only prices them
+            return  # CPU processes (or this machine's GPUs): checked against it at submit
         from spotnb.gpus import gpu_count
 
         types = self.instance_type.values() if isinstance(self.instance_type, dict) else [self.instance_type]
@@ -600,6 +688,22 @@ class _GenericConfig(BaseModel):
         if self.regions is not None:
             return self.regions
         return [self.region] if self.region else []
+
+
+def _region_problem(name: Any) -> str | None:
+    """Why `name` cannot be a region's or zone's name, with the fix (None: it can)."""
+    if not isinstance(name, str):
+        return f"got {name!r}; give a region's name such as 'us-east-1'"
+    if not name.strip():
+        return f"got {name!r}, an empty name; give a region's name such as 'us-east-1'"
+    if name != name.strip():
+        return f"got {name!r}, with spaces around it; write {name.strip()!r}"
+    if len(name) > MAX_REGION or any(c.isspace() or not c.isprintable() for c in name):
+        shown = f"{name[:40]!r}…" if len(name) > 40 else repr(name)
+        return (
+            f"got {shown}, which is no region's name (letters, digits, '-', '_' or '.', up to {MAX_REGION})"
+        )
+    return None
 
 
 def _check_store(url: str) -> None:

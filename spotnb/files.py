@@ -11,12 +11,24 @@ one outside it (an absolute path elsewhere, `../x`) goes to the top by its name;
 recurses. On the local market the working directory is the notebook's own: identical files
 are skipped and a different existing file is never overwritten (a clear error instead).
 
+What is shipped is what the function would read: symbolic links are followed (`cp -rL`, `tar
+-h`), wherever they point, within the size and count limits. Whatever cannot be shipped that
+way is refused at submit, naming the path and the fix (`FilesError`, a `ConfigError` at
+`spot.train`), rather than skipped: a link to a missing target, a loop of links or a link to a
+folder that holds it, a file or folder that cannot be read. Skipped with a warning, the file
+would be missing on the instance and the function fail there, minutes and dollars later, far
+from the cause, and a notebook's warning is easy to miss. Two things are left out: pipes,
+sockets and devices inside a folder (no content; a warning lists them; named directly, they
+are refused) and editors' lock links (`.#name`, Emacs), which are always dangling.
+
 Shared by the notebook side (`collect`, `upload`) and the runtime (`lay_out`): imports neither.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import logging
 import os
 import posixpath
 import shutil
@@ -27,10 +39,24 @@ from typing import Any
 
 from spotnb.store import Store
 
-__all__ = ["FILES_MAX_BYTES", "FilesError", "collect", "upload", "lay_out", "blob_path", "remove_orphaned"]
+__all__ = [
+    "FILES_MAX_BYTES",
+    "FILES_MAX_COUNT",
+    "FilesError",
+    "collect",
+    "upload",
+    "lay_out",
+    "blob_path",
+    "remove_orphaned",
+]
 
 FILES_MAX_BYTES = 1 << 30  # 1 GiB: more belongs in a bucket the function reads itself
+#: Most files one job ships: each is a store object, a line of the signed spec and a write on
+#: every instance (100,000 small files made a 13 MB spec and as many uploads); a tree that big
+#: travels better as one archive.
+FILES_MAX_COUNT = 10_000
 _CHUNK = 4 * 1024 * 1024
+log = logging.getLogger(__name__)
 
 
 class FilesError(ValueError):
@@ -41,43 +67,157 @@ def blob_path(store: Store, sha256: str) -> str:
     return store.path("files", sha256)
 
 
-def _sha256(path: str) -> str:
+class _Grew(Exception):
+    """A file held more bytes than its size said (it grows, or has no fixed size)."""
+
+
+def _sha256(path: str, most: int | None = None) -> str:
+    """The file's hash; `_Grew` past `most` bytes (a file that never ends, /proc's, is never
+    read to its end)."""
     digest = hashlib.sha256()
+    read = 0
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
+        while chunk := f.read(_CHUNK if most is None else min(_CHUNK, most - read + 1)):
+            read += len(chunk)
+            if most is not None and read > most:
+                raise _Grew(path)
             digest.update(chunk)
     return digest.hexdigest()
 
 
-def _sources(paths: Iterable[str], cwd: str) -> Iterable[tuple[str, str, str]]:
-    """(given path, local file, destination relative to the working directory) per file."""
+def _sources(paths: Iterable[str], cwd: str, skipped: list[str]) -> Iterable[tuple[str, str, str]]:
+    """(given path, local file, destination relative to the working directory) per file; what
+    is left out (`_walk`) is appended to `skipped`."""
     cwd = os.path.realpath(cwd)
-    for given in paths:
-        full = os.path.realpath(os.path.join(cwd, given))
+    for i, given in enumerate(paths):
+        joined = os.path.join(cwd, given)
+        _check_link(joined, f"Config.files[{i}]: {given!r}")
+        full = os.path.realpath(joined)
         inside = full == cwd or full.startswith(cwd + os.sep)
         base = os.path.relpath(full, cwd) if inside else os.path.basename(full)
-        if os.path.isdir(full):
-            for root, dirs, names in os.walk(full):
-                dirs.sort()
-                for name in sorted(names):
-                    local = os.path.join(root, name)
-                    rel = os.path.relpath(local, full)
-                    dest = rel if base == "." else os.path.join(base, rel)
-                    yield given, local, dest.replace(os.sep, "/")
-        else:
+        try:
+            st = os.stat(full)
+        except OSError as exc:
+            raise FilesError(
+                f"Config.files[{i}]: {given!r} cannot be read ({_why(exc)}); {_FIX_READ}"
+            ) from None
+        if stat.S_ISDIR(st.st_mode):
+            for local, rel in _walk(given, full, (st.st_dev, st.st_ino), skipped):
+                dest = rel if base == "." else posixpath.join(base.replace(os.sep, "/"), rel)
+                yield given, local, dest
+        elif stat.S_ISREG(st.st_mode):
             yield given, full, base.replace(os.sep, "/")
+        else:
+            raise FilesError(
+                f"Config.files[{i}]: {given!r} is {_kind(st.st_mode)}, not a file or folder: there are "
+                "no bytes to ship (a pipe or a socket means something only on this machine); "
+                "remove it from Config.files"
+            )
+
+
+#: What to do about a file that cannot be read.
+_FIX_READ = "make it readable (chmod u+r), or move it out of what Config.files ships"
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _check_link(path: str, what: str) -> None:
+    """Refuse a symbolic link that leads nowhere (its target is missing, or links lead back to
+    themselves), naming the link, its target and the fix."""
+    if not os.path.islink(path):
+        return
+    try:
+        os.stat(path)
+        return
+    except OSError as exc:
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        if exc.errno == errno.ELOOP:
+            raise FilesError(
+                f"{what}: the symbolic link {path} -> {target} leads back to itself (a loop of links); "
+                "point it at a file or folder, or remove it"
+            ) from None
+        raise FilesError(
+            f"{what}: the symbolic link {path} points to {target}, which does not exist "
+            f"({_why(exc)}); create the target, point the link at an existing file, or remove the "
+            "link (or ship the folder's other files by name)"
+        ) from None
+
+
+def _walk(given: str, top: str, top_id: tuple[int, int], skipped: list[str]) -> Iterable[tuple[str, str]]:
+    """(local file, path relative to `top`, '/'-separated) for each file under `top`, depth
+    first in name order, following links (see the module docstring for what is refused and
+    what is left out; left out entries are appended to `skipped`). Iterative: a deep tree
+    cannot exhaust the stack; a loop is a folder whose (device, inode) is one of its ancestors'."""
+    what = f"Config.files: {given!r}"
+    stack: list[tuple[str, str, tuple[tuple[int, int], ...]]] = [(top, "", (top_id,))]
+    while stack:
+        folder, rel, ancestors = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            raise FilesError(
+                f"{what}: the folder {folder} cannot be listed ({_why(exc)}); {_FIX_READ}"
+            ) from None
+        folders = []
+        for entry in entries:
+            path = entry.path
+            sub = f"{rel}/{entry.name}" if rel else entry.name
+            link = entry.is_symlink()
+            if link:
+                if entry.name.startswith(".#") and not os.path.exists(path):
+                    continue  # an editor's lock (Emacs: .#name -> user@host.pid), never content
+                _check_link(path, what)
+            try:
+                st = os.stat(path)  # through links
+            except OSError as exc:  # removed since the folder was listed, or not searchable
+                raise FilesError(f"{what}: {path} cannot be read ({_why(exc)}); {_FIX_READ}") from None
+            if stat.S_ISDIR(st.st_mode):
+                node = (st.st_dev, st.st_ino)
+                if node in ancestors:
+                    how = f"the symbolic link {path} -> {os.readlink(path)}" if link else f"{path}"
+                    raise FilesError(
+                        f"{what}: {how} leads to a folder that contains it, so the folder would "
+                        "hold itself for ever (a loop); remove the link, or point it elsewhere"
+                    )
+                folders.append((path, sub, (*ancestors, node)))
+            elif stat.S_ISREG(st.st_mode):
+                yield path, sub
+            else:
+                skipped.append(f"{path} ({_kind(st.st_mode)})")
+        stack.extend(reversed(folders))  # depth first, in name order
 
 
 def collect(paths: Iterable[str], cwd: str, limit: int | None = None) -> list[dict[str, Any]]:
-    """Hash every file (folders recurse), checking the total against `limit` (default
-    FILES_MAX_BYTES) before anything is uploaded. Entries: path, sha256, size, mode, source."""
+    """Hash every file (folders recurse, links are followed: `_walk`), checking the total
+    against `limit` (default FILES_MAX_BYTES) and the count against FILES_MAX_COUNT before
+    anything is uploaded. Entries: path, sha256, size, mode, source. Anything that cannot be
+    shipped as the function would see it is a `FilesError` naming the file and the fix."""
     limit = FILES_MAX_BYTES if limit is None else limit
+    most = FILES_MAX_COUNT
     out: dict[str, dict[str, Any]] = {}
     total = 0
-    for given, local, dest in _sources(paths, cwd):
-        st = os.stat(local)
-        if not stat.S_ISREG(st.st_mode):
-            continue  # sockets, fifos: nothing to ship
+    skipped: list[str] = []
+    for count, (given, local, dest) in enumerate(_sources(paths, cwd, skipped), 1):
+        try:
+            st = os.stat(local)
+        except OSError as exc:
+            raise FilesError(f"Config.files: {local} cannot be read ({_why(exc)}); {_FIX_READ}") from None
         total += st.st_size
         if total > limit:
             raise FilesError(
@@ -85,9 +225,26 @@ def collect(paths: Iterable[str], cwd: str, limit: int | None = None) -> list[di
                 f"to {_human(total)}, over the {_human(limit)} limit; put large data in "
                 "a bucket and read it from the function"
             )
+        if count > most:
+            raise FilesError(
+                f"Config.files: {given!r} brings the files shipped with the job to more than "
+                f"{most:,}, spotnb's limit (each is a store object, listed in the job spec and "
+                "written by every instance); pack them (tar or zip, unpacked by the function) or "
+                "put them in a bucket and read it from the function"
+            )
+        try:
+            digest = _sha256(local, most=st.st_size)
+        except OSError as exc:
+            raise FilesError(f"Config.files: {local} cannot be read ({_why(exc)}); {_FIX_READ}") from None
+        except _Grew:
+            raise FilesError(
+                f"Config.files: {local} grew while it was read ({_human(st.st_size)} when listed): "
+                "a file being written (a log?) or one with no fixed size (/proc), whose shipped "
+                "copy would not match its hash; ship a finished copy, or leave it out"
+            ) from None
         entry = {
             "path": dest,
-            "sha256": _sha256(local),
+            "sha256": digest,
             "size": st.st_size,
             "mode": stat.S_IMODE(st.st_mode) & 0o755 | 0o600,
             "source": local,
@@ -99,6 +256,13 @@ def collect(paths: Iterable[str], cwd: str, limit: int | None = None) -> list[di
                 "on the instance; rename one or ship their folders instead"
             )
         out[dest] = entry
+    if skipped:
+        log.warning(
+            "Config.files: %d entr%s left out, with no content to ship: %s",
+            len(skipped),
+            "y" if len(skipped) == 1 else "ies",
+            ", ".join(skipped[:5]) + (", …" if len(skipped) > 5 else ""),
+        )
     return list(out.values())
 
 

@@ -9,9 +9,11 @@ A small dated table of the clouds' common GPU types (AWS, Azure, GCP documentati
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 
-__all__ = ["gpu_count"]
+__all__ = ["gpu_count", "local_gpus", "local_capacity"]
 
 _TABLE: dict[str, int] = {
     # AWS
@@ -76,3 +78,44 @@ def gpu_count(instance_type: str) -> int | None:
         return _TABLE[name]
     match = _GCP_ACCEL.match(name)
     return int(match.group(1)) if match else None
+
+
+def local_gpus() -> int:
+    """The CUDA devices of this machine, as the local market's instances would see them:
+    torch's count if torch is imported already (a CPU build sees none), else the NVIDIA
+    driver's GPUs (`/proc/driver/nvidia/gpus`) narrowed by CUDA_VISIBLE_DEVICES, without the
+    2-3 s of importing torch to validate a Config."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+        except Exception:  # noqa: BLE001 - a broken CUDA install runs on CPU, as the instance would
+            return 0
+    try:
+        found = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return found
+    count = 0
+    for entry in visible.split(","):  # CUDA stops at the first invalid entry ("-1" hides all)
+        entry = entry.strip()
+        if not entry or entry.startswith("-"):
+            break
+        count += 1
+    return min(count, found)
+
+
+def local_capacity() -> tuple[int, str]:
+    """The most processes one local-market instance can run here, and what sets it: the GPUs
+    when CUDA has any (each local rank drives its own: `runtime.local_group`), else the cores
+    this process may run on (its affinity, as a container's or `taskset`'s limit)."""
+    gpus = local_gpus()
+    if gpus:
+        return gpus, f"the {gpus} GPU{'s' if gpus > 1 else ''} CUDA sees on this machine"
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS has no affinity
+        cores = os.cpu_count() or 1
+    return cores, f"the {cores} CPU core{'s' if cores > 1 else ''} this machine gives spotnb"

@@ -53,6 +53,44 @@ REFUSED = [
     ({"name": "x" * 1000}, "name", "at most"),
     ({"name": "evil\nname"}, "name", "control characters"),
     ({"name": "bell\x07"}, "name", "control characters"),
+    # counts are whole numbers, strictly (issue #29 item 9: "3", 2.0 and "2" were taken)
+    ({"instances": "3"}, "instances", "give the number itself: instances=3"),
+    ({"instances": 3.0}, "instances", "a float; give a whole number: instances=3"),
+    ({"procs_per_instance": 2.0}, "procs_per_instance", "procs_per_instance=2"),
+    ({"procs_per_instance": "2"}, "procs_per_instance", "procs_per_instance=2"),
+    ({"max_retries": " 2 "}, "max_retries", "max_retries=2"),
+    ({"keep_last": "two"}, "keep_last", "whole number"),
+    ({"save_every": 2.5}, "save_every", "whole number"),
+    ({"save_every": math.nan}, "save_every", "whole number"),
+    ({"min_instances": True}, "min_instances", "whole number"),
+    ({"instances": -0.0}, "instances", "a float"),
+    ({"instances": 10**400}, "instances", "past 2**53"),  # formatting it raised OverflowError
+    ({"keep_last": 2**60}, "keep_last", "past 2**53"),
+    ({"max_crashes": [3]}, "max_crashes", "whole number"),
+    ({"keep_last": None}, "keep_last", "the default is keep_last=2"),
+    ({"coordinator_idle_minutes": 10**6}, "coordinator_idle_minutes", "10080"),
+    # one spelling per sync strategy (" ddp" was a strategy that was not ddp everywhere else)
+    ({"instances": 2, "sync": " ddp"}, "sync", "sync='ddp'"),
+    ({"instances": 2, "sync": "DDP"}, "sync", "sync='ddp'"),
+    ({"instances": 2, "sync": "local_sgd: 8"}, "sync", "sync='local_sgd:8'"),
+    ({"sync": " ddp"}, "sync", "sync='ddp'"),
+    # regions: somewhere to run, each named once
+    ({"regions": []}, "regions", "nowhere to run"),
+    ({"regions": [""]}, "regions", "empty name"),
+    ({"regions": ["us-east-1", " us-west-2"]}, "regions", "write 'us-west-2'"),
+    ({"regions": ["a", "b", "a"]}, "regions", "names 'a' twice"),
+    ({"regions": "us-east-1"}, "regions", "regions=['us-east-1']"),
+    ({"regions": "Cheapest"}, "regions", "regions='cheapest'"),
+    ({"regions": [None]}, "regions", "region's name"),
+    ({"regions": ["x" * 10_000]}, "regions", "no region's name"),
+    ({"region": ""}, "region", "empty name"),
+    ({"region": "eu-west-1\n"}, "region", "write 'eu-west-1'"),
+    ({"region": "eu\x00west"}, "region", "no region's name"),
+    # a zone priced from the table next to zones with their own prices
+    ({"local_regions": {"zone-a": {"price": 0.1}, "zone-b": {}}}, "local_regions", "'zone-b' has no price"),
+    ({"local_regions": {"zone-a": {"price": 0.1}, "zone-b": {"price": None}}}, "local_regions", "no price"),
+    # more processes than any instance runs (the local market's limit is checked at submit)
+    ({"procs_per_instance": 9999}, "procs_per_instance", "more than 256"),
 ]
 
 
@@ -87,10 +125,60 @@ def test_refused_on_assignment_too(kwargs: dict, field: str, hint: str) -> None:
         {"name": "ünïcode name – fine " * 5},
         {"local_schedule": ["30d", {"after": 0}]},
         {"price_spot": 0, "price_on_demand": "9.5"},
+        {"instances": 2, "sync": "local_sgd:8", "min_instances": 1, "keep_last": 3, "max_retries": 0},
+        {"instances": 2, "sync": "auto"},
+        {"save_every": None, "max_preemptions": None, "max_stalled_relaunches": None},
+        {"regions": ["us-east-1", "us-west-2"], "provider": "aws"},
+        {"regions": "cheapest", "region": None},
+        {"local_regions": {"zone-a": {}, "zone-b": {}}},  # every zone on the table's price
+        {"procs_per_instance": 16, "provider": "aws", "instance_type": "x9.huge"},
+        {"heartbeat_timeout": "90s", "max_wait": "1h"},  # durations as text are durations
     ],
 )
 def test_sane_values_still_pass(kwargs: dict) -> None:
     spot.Config(**kwargs)
+
+
+def test_numpy_integers_are_counts_and_negative_zero_is_no_price() -> None:
+    np = pytest.importorskip("numpy")
+    config = spot.Config(instances=np.int64(1), keep_last=np.int32(3), price_spot=-0.0)
+    assert config.instances == 1 and type(config.instances) is int and type(config.keep_last) is int
+    assert str(config.price_spot) == "0.0"  # it was -0.0: "$-0.00/h"
+
+
+def test_more_processes_than_the_local_machine_runs_are_refused_at_submit(monkeypatch, tmp_path) -> None:
+    """procs_per_instance=9999 passed on the local market: every process of a local instance
+    runs here, so the limit is this machine's (its cores; its GPUs where CUDA has some)."""
+    import spotnb.gpus
+
+    monkeypatch.chdir(tmp_path)
+    config = spot.Config(procs_per_instance=3)  # a Config read back on a bigger machine stays valid
+    monkeypatch.setattr(spotnb.gpus, "local_gpus", lambda: 0)
+    monkeypatch.setattr(spotnb.gpus.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    with pytest.raises(
+        ConfigError,
+        match=r"Config.procs_per_instance: 3 .* more than the 2 CPU cores .* procs_per_instance=2",
+    ):
+        spot.train(lambda ctx: None, config, dry_run=True)
+    monkeypatch.setattr(spotnb.gpus, "local_gpus", lambda: 1)
+    with pytest.raises(ConfigError, match=r"the 1 GPU CUDA sees on this machine .* procs_per_instance=1"):
+        spot.train(lambda ctx: None, spot.Config(procs_per_instance=2), dry_run=True)
+    assert spot.jobs() == []
+
+
+def test_the_gpus_cuda_sees_without_importing_torch(monkeypatch) -> None:
+    import sys
+
+    import spotnb.gpus
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.setattr(spotnb.gpus.os, "listdir", lambda path: ["0000:01:00.0", "0000:02:00.0"])
+    for visible, seen in ((None, 2), ("0", 1), ("1,0", 2), ("", 0), ("-1", 0), ("0,-1,1", 1), ("0,1,2,3", 2)):
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        assert spotnb.gpus.local_gpus() == seen, visible
 
 
 def test_refused_before_anything_is_launched(tmp_path, monkeypatch) -> None:

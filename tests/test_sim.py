@@ -537,3 +537,128 @@ def test_a_bad_scenario_file_is_refused_naming_the_file(tmp_path, text: str, wor
     binary.write_bytes(b"\xff\xfe\x00steps")
     with pytest.raises(ScenarioError, match="not a text file"):
         Scenario.load(binary)
+
+
+# -- `spotnb simulate` is bounded as `spotnb plan` is (spotnb.sim.bounds) ------------------------
+def _simulate_cli(tmp_path, text: str, *args: str) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
+    import contextlib
+    import io
+
+    from spotnb.sim.cli import main
+
+    f = tmp_path / "job.yaml"
+    f.write_text(text)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["--scenario", str(f), *args])
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("engine", ["auto", "event"])
+def test_ten_trillion_steps_are_refused_at_once_naming_the_steps_that_fit(engine: str) -> None:
+    """It never finished (either engine); now refused before a run starts."""
+    import time
+
+    from spotnb.sim.bounds import TooMuchWork
+
+    sc = Scenario(steps=10**13, step_time=1, save_time=5, mttp=3600, alloc_time=60, prep_time=30)
+    begun = time.monotonic()
+    for policy in ("static:1000", "hedged", "young"):
+        with pytest.raises(
+            TooMuchWork, match=r"steps: .* past the limit of 1,000,000 a run; lower steps to about [\d,]+"
+        ):
+            simulate(sc, policy, runs=2, engine=engine)
+    calm = Scenario(steps=10**7, step_time=1, save_time=5, mttp=None)  # no preemption, many saves
+    with pytest.raises(TooMuchWork, match="lower steps to about"):
+        simulate(calm, "static:1", runs=1, engine=engine)
+    many = Scenario(steps=100_000, step_time=1, save_time=5, mttp=3600)
+    with pytest.raises(TooMuchWork, match=r"past the simulation's limit of 20,000,000; .* or the runs"):
+        simulate(many, "static:10", runs=10**6, engine=engine)
+    assert time.monotonic() - begun < 2
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"mttp": 0.001, "alloc_time": 60, "prep_time": 30}, "before it is ready to train"),
+        ({"mttp": 0.001, "alloc_time": 60}, "before it finishes a step"),
+        (
+            {"mttp": [0.001, 0.002], "mttp_phase": 60},
+            "before it finishes a step",
+        ),  # piecewise: its best phase
+    ],
+)
+def test_a_vm_that_dies_before_it_can_progress_is_a_verdict_up_front(fields: dict, words: str) -> None:
+    """MTTP 0.001 s hung `spotnb simulate` (the VM preempted in its preparation, for ever)."""
+    from spotnb.sim.bounds import NoProgress
+
+    sc = Scenario(steps=1000, step_time=1, save_time=5, **fields)
+    for engine in ("auto", "event"):
+        with pytest.raises(NoProgress, match=f"no progress: every VM is preempted {words}"):
+            simulate(sc, "hedged", runs=2, engine=engine)
+    # a job shorter than the MTTP may well end on its first VM: no verdict
+    assert simulate(Scenario(steps=10, step_time=0.0001, mttp=0.01), "hedged", runs=2).mean["total"] > 0
+
+
+@pytest.mark.parametrize("engine", ["auto", "event"])
+def test_a_policy_that_never_commits_is_a_verdict_after_a_stall_and_its_row_says_so(engine: str) -> None:
+    """Saves 5,000 steps apart on VMs that live a minute: nothing is ever checkpointed and no
+    VM lives long enough for the whole job; each engine stops after STALL_EVENTS events."""
+    from spotnb.sim.bounds import NoProgress
+    from spotnb.sim.compare import run_policies
+
+    sc = Scenario(steps=20_000, step_time=1, save_time=1, mttp=60, alloc_time=10)
+    with pytest.raises(
+        NoProgress, match=r"no progress: after 20,00\d .* no further than step [\d,]+ of 20,000"
+    ):
+        simulate(sc, "static:5000", runs=3, engine=engine)
+    if engine == "auto":
+        stuck, young, od = run_policies(sc, ["static:5000", "young", "on-demand"], runs=3)
+        assert stuck.verdict and "no progress" in stuck.verdict and math.isnan(stuck.mean["total"])
+        assert young.verdict is None and young.mean["total"] > 0 and od.verdict is None
+        with pytest.raises(NoProgress):  # no policy can: the command says why
+            run_policies(sc, ["static:5000", "static:9000", "on-demand"], runs=3)
+
+
+def test_simulate_run_stops_at_its_event_limit() -> None:
+    from spotnb.sim.bounds import TooMuchWork
+
+    sc = Scenario(steps=10**6, step_time=1, save_time=1, mttp=3600)
+    with pytest.raises(TooMuchWork, match=r"one run of 1,000,000 steps took more than 100 events"):
+        simulate_run(sc, Static(10), sc.process(), random.Random(1), random.Random(2), max_events=100)
+
+
+def test_one_calm_vms_many_saves_run_on_the_event_engine() -> None:
+    """The vectorised engine walks one VM's saves column by column: 900,000 saves of a VM that
+    is never preempted took it 17 s; "auto" leaves such a run to the event engine (0.5 s)."""
+    import time
+
+    sc = Scenario(steps=300_000, step_time=1, save_time=1, mttp=None)
+    begun = time.monotonic()
+    result = simulate(sc, "static:1", runs=1)
+    assert result.engine == "event" and result.mean["saves"] == 299_999
+    assert time.monotonic() - begun < 3
+    assert simulate(sc.replace(steps=3000), "static:1", runs=1).engine == "batch"
+
+
+def test_the_simulate_command_ends_with_a_verdict_or_the_fix(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = _simulate_cli(tmp_path, "steps: 10000000000000\nmttp: 3600\nsave_time: 5\n")
+    assert code == 2 and "spotnb simulate: error: steps:" in err and "lower steps to about" in err
+    code, out, err = _simulate_cli(tmp_path, "steps: 1000\nmttp: 0.001\nalloc_time: 60\nprep_time: 30\n")
+    assert code == 2 and "no progress: every VM is preempted before it is ready" in err
+    text = "steps: 20000\nmttp: 60\nsave_time: 1\nalloc_time: 10\n"
+    code, out, err = _simulate_cli(
+        tmp_path, text, "--policy", "static:5000", "--policy", "young", "--runs", "3"
+    )
+    assert code == 0 and err == ""
+    row = next(line for line in out.splitlines() if line.startswith("static:5000"))
+    assert "no progress" in row
+    code, out, _ = _simulate_cli(
+        tmp_path, text, "--policy", "static:5000", "--policy", "young", "--runs", "3", "--json"
+    )
+    import json
+
+    rows = json.loads(out)  # NaN figures are null: valid JSON
+    assert (
+        "no progress" in rows[0]["verdict"] and rows[0]["mean"]["total"] is None and "verdict" not in rows[1]
+    )

@@ -228,6 +228,15 @@ class LocalSettings(ProviderSettings):
                 out[name]["billing"] = zone["billing"]
             if egress is not None:
                 out[name]["egress"] = float(egress)
+        unpriced = [name for name, zone in out.items() if zone["price"] is None]
+        if unpriced and len(unpriced) < len(out):
+            priced = next(name for name, zone in out.items() if zone["price"] is not None)
+            raise ValueError(
+                f"zone {unpriced[0]!r} has no price while zone {priced!r} has one: it would cost the "
+                "price table's figure for the instance type, a price from elsewhere, in every "
+                f"comparison between zones; give every zone a price (e.g. {unpriced[0]!r}: "
+                "{'price': 0.1}), or none"
+            )
         return out
 
     def local_zone_billing(self, zone: str | None) -> Billing:

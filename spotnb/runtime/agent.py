@@ -23,6 +23,7 @@ import traceback
 from typing import Any
 
 from spotnb import protocol as ev
+from spotnb.runtime import logcap
 from spotnb.signing import BadSignature, key_from_env, seal, unseal
 from spotnb.spec import JobSpec, RuntimeSettings, SpecError, load_spec
 
@@ -609,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job", required=True)
     parser.add_argument("--incarnation", type=int, required=True)
     args = parser.parse_args(argv)
+    logcap.install()  # the market's instance log, capped (SPOTNB_INSTANCE_LOG)
     agent = Agent(args.store, args.job, args.incarnation)
     code = agent.run()
     sys.stdout.flush()

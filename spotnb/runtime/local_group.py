@@ -39,6 +39,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from spotnb.runtime import logcap
+
 __all__ = ["EXIT_GROUP_LOST", "Group", "LocalGroup", "resolve_procs"]
 
 log = logging.getLogger("spotnb.local_group")
@@ -221,15 +223,21 @@ class LocalGroup:
             read, write = os.pipe()
             env[ENV] = str(write)
             try:
+                # its output through this agent, which caps the instance log (`runtime.logcap`)
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "spotnb.runtime.local_rank", *self.argv],
                     stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
                     env=env,
                     cwd=os.getcwd(),
                     pass_fds=(write,),
                 )
             finally:
                 os.close(write)
+            assert proc.stdout is not None and proc.stderr is not None
+            logcap.forward(proc.stdout, "stdout", f"spotnb-rank{rank}-stdout")
+            logcap.forward(proc.stderr, "stderr", f"spotnb-rank{rank}-stderr")
             os.set_blocking(read, False)
             self._reports[rank] = read
             assert proc.stdin is not None

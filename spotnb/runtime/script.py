@@ -72,6 +72,7 @@ from typing import Any
 from spotnb import protocol as ev
 from spotnb.files import remove_orphaned
 from spotnb.policy.base import SaveKind
+from spotnb.runtime import logcap
 from spotnb.runtime.context import Context, Evacuate
 from spotnb.runtime.script_client import NOTICE_ENV, RESULT_ENV, SOCKET_ENV, WORKDIR_ENV, encode
 from spotnb.runtime.torchrun_group import FAILED_FILE_ENV, NoticeBoard, Rounds, TorchrunGroup
@@ -400,8 +401,13 @@ class ScriptRunner:
         ctx = self.ctx
         _become_subreaper()  # what the script leaves behind is reparented here, to be ended
         before = _children(os.getpid())
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # both streams through the agent, which caps the instance log (`runtime.logcap`)
+        proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         begun = time.monotonic()
+        assert proc.stdout is not None
+        out = logcap.forward(proc.stdout, "stdout", "spotnb-script-stdout")
         pump = threading.Thread(target=self._pump, args=(proc,), name="spotnb-script-stderr", daemon=True)
         pump.start()
         try:
@@ -435,6 +441,7 @@ class ScriptRunner:
             _end_leftovers(before | {proc.pid})
             _become_subreaper(False)  # nothing of the script is left to adopt
         pump.join(timeout=5)
+        out.join(timeout=5)
         return code
 
     def _end_frozen(self, root: int) -> None:
@@ -531,6 +538,7 @@ class ScriptRunner:
                     out.flush()
                 except (OSError, ValueError):
                     out = None
+            logcap.wrote(len(chunk))
             self._tail.append(chunk)
             self._tail_size += len(chunk)
             while self._tail_size - len(self._tail[0]) >= STDERR_TAIL:

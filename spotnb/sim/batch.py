@@ -31,6 +31,7 @@ import numpy as np
 from spotnb.policy.base import BatchPlan, Observation, Policy, SaveKind
 from spotnb.preempt import Exponential, Never, PreemptionProcess
 from spotnb.sim import streams
+from spotnb.sim.bounds import PLAN_EVENTS, STALL_EVENTS, Budget, NoProgress
 from spotnb.sim.lifetime import Consts, Lives, lifetimes
 from spotnb.sim.scenario import Scenario, as_range
 
@@ -139,9 +140,20 @@ class _Runs:
 
 
 def simulate_batch(
-    sc: Scenario, plan: BatchPlan, process: PreemptionProcess, runs: int, seed: int
-) -> np.ndarray:
-    """Figures in `engine.METRICS` order, one row per run (runs × len(METRICS))."""
+    sc: Scenario,
+    plan: BatchPlan,
+    process: PreemptionProcess,
+    runs: int,
+    seed: int,
+    *,
+    budget: Budget | None = None,
+    name: str = "",
+) -> tuple[np.ndarray, int]:
+    """Figures in `engine.METRICS` order, one row per run (runs × len(METRICS)), and the
+    events it took (VM attempts and planned saves evaluated). A pass that would take `budget`
+    past its limit is `TooMuchWork` before it runs; a run whose checkpointed progress has not
+    moved in `STALL_EVENTS` VM attempts is `NoProgress` (`spotnb.sim.bounds`)."""
+    budget = Budget(PLAN_EVENTS, "the simulation") if budget is None else budget
     c = consts_for(sc, plan, process)
     keys = streams.run_keys(seed, np.arange(runs))
     state = _Runs(runs)
@@ -153,14 +165,35 @@ def simulate_batch(
     if c.stride and math.isfinite(c.mttp):
         saves_per_slot += min(c.mttp, c.steps * c.st) / (c.stride * c.st)
     per_chunk = max(1, min(_SLOT_BUDGET // first_pass, int(_SAVE_BUDGET // (first_pass * saves_per_slot))))
+    events = 0
+    stalled = np.zeros(runs, dtype=np.int64)  # VM attempts since the run's last progress
+    # what a VM attempt costs: itself and its planned saves (all of the job's, without preemptions)
+    per_slot = 1.0 + (min(c.mttp, c.steps * c.st) / (c.stride * c.st) if c.stride else 0.0)
     for lo in range(0, runs, per_chunk):
         rows = np.arange(lo, min(runs, lo + per_chunk))
         width = first_pass
         while rows.size:
+            cost = int(rows.size * width * per_slot)
+            if cost > budget.left:
+                raise budget.exceeded(f"{name or 'a policy'}, {rows.size} run(s) still going")
+            before = state.committed[rows].copy()
             _pass(c, state, rows, keys[rows], width)
+            budget.spend(cost)
+            events += cost
+            moved = (state.committed[rows] > before) | state.done[rows]
+            stalled[rows] = np.where(moved, 0, stalled[rows] + width)
+            if stalled[rows].max() > STALL_EVENTS:
+                raise NoProgress(
+                    f"no progress: after {STALL_EVENTS:,} VM attempts in a row a run of "
+                    f"{name or 'the policy'} has got no further than step "
+                    f"{int(state.committed[rows].min()):,} of {sc.steps:,}: "
+                    f"its VMs are preempted (MTTP {c.mttp:g} s) before they are ready, finish a "
+                    "step or a save that counts; raise mttp, or shorten prep_time, step_time or "
+                    "save_time, or save less often"
+                )
             rows = rows[~state.done[rows]]
             width = later
-    return _figures(c, sc, state)
+    return _figures(c, sc, state), events
 
 
 def _pass(c: Consts, r: _Runs, rows: np.ndarray, keys: np.ndarray, width: int) -> None:

@@ -56,13 +56,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         scenario = Scenario.load(args.scenario)
         if args.runs < 1:
-            raise ValueError("--runs must be positive")
+            raise ValueError(f"--runs: give 1 or more, got {args.runs}")
         results = run_policies(scenario, list(args.policies or DEFAULT_POLICIES), args.runs, args.seed)
     except (OSError, ValueError) as exc:
         print(f"spotnb simulate: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        out = [{"policy": r.policy, "mean": _finite(r.mean), "std": _finite(r.std)} for r in results]
+        out = [
+            {"policy": r.policy, "mean": _finite(r.mean), "std": _finite(r.std)}
+            | ({"verdict": r.verdict} if r.verdict else {})
+            for r in results
+        ]
         print(json.dumps(out, indent=2))
         return 0
     print(
@@ -73,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
     width = max(8, *(len(r.policy) for r in results))
     print(f"{'policy':<{width}} " + " ".join(f"{c:>11}" for c in cols))
     for r in results:
+        if r.verdict:  # this policy's job cannot finish: why, instead of figures
+            print(f"{r.policy:<{width}}   {r.verdict}")
+            continue
         cells = []
         for c in cols:
             v = r.mean[c]

@@ -6,10 +6,12 @@ Every policy is simulated with the same seed, so each run faces the same preempt
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from spotnb.sim.engine import METRICS, SimResult, simulate
+from spotnb.sim.bounds import PLAN_EVENTS, Budget, NoProgress, TooMuchWork, fitting_steps
+from spotnb.sim.engine import METRICS, SimResult, check_progress, estimate_events, simulate
 from spotnb.sim.scenario import Scenario
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,15 +39,46 @@ def on_demand_result(scenario: Scenario) -> SimResult:
 
 
 def run_policies(
-    scenario: Scenario, policies: Sequence[Any], runs: int = 100, seed: int = 0
+    scenario: Scenario,
+    policies: Sequence[Any],
+    runs: int = 100,
+    seed: int = 0,
+    *,
+    max_events: int = PLAN_EVENTS,
 ) -> list[SimResult]:
-    """A result per policy (a name, "on-demand", or a Policy), in order."""
-    results = []
+    """A result per policy (a name, "on-demand", or a Policy), in order. Bounded as `spotnb
+    plan` is (`spotnb.sim.bounds`): all of them take at most `max_events` events, refused up
+    front (`TooMuchWork`) where the estimate is past it; a policy whose job cannot finish is a
+    result with its `verdict` (NaN figures); when none can, `NoProgress` says why."""
+    from spotnb.policy import resolve_policy
+
+    spot = [p for p in policies if not (isinstance(p, str) and p.strip().lower() == ON_DEMAND)]
+    if spot:
+        check_progress(scenario)  # the scenario's own verdict, once
+        estimate = runs * sum(estimate_events(scenario, resolve_policy(p)) for p in spot)
+        if estimate > max_events:
+            raise TooMuchWork(
+                f"steps: simulating {len(spot)} polic{'y' if len(spot) == 1 else 'ies'} x {runs} run(s) "
+                f"of {scenario.steps:,} steps takes about {estimate:.2g} events (saves and "
+                f"preemptions), past the limit of {max_events:,}; lower steps to about "
+                f"{fitting_steps(scenario.steps, estimate, max_events)} (a shorter job has the same "
+                "rates), or the runs, or the policies"
+            )
+    budget = Budget(max_events, "the simulation")
+    results, stuck = [], []
     for pol in policies:
         if isinstance(pol, str) and pol.strip().lower() == ON_DEMAND:
             results.append(on_demand_result(scenario))
-        else:
-            results.append(simulate(scenario, pol, runs=runs, seed=seed))
+            continue
+        try:
+            results.append(simulate(scenario, pol, runs=runs, seed=seed, max_events=budget))
+        except NoProgress as exc:
+            name = pol if isinstance(pol, str) else repr(resolve_policy(pol))
+            nan = {k: math.nan for k in METRICS}
+            results.append(SimResult(name, runs, seed, nan, dict(nan), verdict=str(exc)))
+            stuck.append(str(exc))
+    if spot and len(stuck) == len(spot):
+        raise NoProgress(stuck[0])
     return results
 
 
@@ -87,7 +120,7 @@ def compare(
             x=list(table.index),
             y=list(table["total"] / 3600.0),
             mode="text",
-            text=[f"${c:,.0f}" for c in table["cost"]],
+            text=[f"${c:,.0f}" if math.isfinite(c) else "no progress" for c in table["cost"]],
             textposition="top center",
             showlegend=False,
             hoverinfo="skip",

@@ -25,20 +25,47 @@ Semantics (the runtime's, see ARCHITECTURE.md, "The checkpoint model"):
 * Time is put in exactly one bucket: compute (a step's first completion), recompute (steps
   redone and partial steps cut by a kill), save (snapshots, emergency upload waits, saves cut
   by a kill), alloc, prep; so total = the sum of the five.
+
+The work is bounded as `spotnb plan`'s is (`spotnb.sim.bounds`): a scenario whose VM dies
+before it can start or finish a step is a `NoProgress` verdict up front, a run without
+progress for `STALL_EVENTS` events is one too, a run stops at `MAX_EVENTS` events and a
+`simulate` call at `max_events` (every run together), refused up front where the estimate
+(`estimate_events`) is past it (`TooMuchWork`).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from spotnb.policy.base import Observation, Policy, SaveKind
 from spotnb.preempt import PreemptionProcess
-from spotnb.sim.scenario import Scenario, as_range
+from spotnb.sim.bounds import (
+    MAX_EVENTS,
+    PLAN_EVENTS,
+    STALL_EVENTS,
+    Budget,
+    NoProgress,
+    TooMuchWork,
+    best_mttp,
+    check_hopeless,
+    fitting_steps,
+)
+from spotnb.sim.scenario import Scenario, as_range, mean_of
 
-__all__ = ["SimResult", "simulate", "simulate_run", "METRICS", "run_seeds", "ENGINES"]
+__all__ = [
+    "SimResult",
+    "simulate",
+    "simulate_run",
+    "METRICS",
+    "run_seeds",
+    "ENGINES",
+    "estimate_events",
+    "check_progress",
+]
 
 #: Per-run figures, in the order tables show them.
 METRICS = (
@@ -72,6 +99,10 @@ class SimResult:
     samples: list[dict[str, float]] | None = field(default=None, repr=False)
     #: Which engine ran: "batch" (vectorised, `spotnb.sim.batch`) or "event" (run by run).
     engine: str = "event"
+    #: Why this policy's job can never finish (`NoProgress`; its figures are then NaN), or None.
+    verdict: str | None = None
+    #: Events the runs took (`spotnb.sim.bounds`).
+    events: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +112,7 @@ class SimResult:
             "mean": dict(self.mean),
             "std": dict(self.std),
             "engine": self.engine,
+            **({"verdict": self.verdict} if self.verdict else {}),
         }
 
     def __getitem__(self, key: str) -> float:
@@ -95,6 +127,19 @@ def run_seeds(seed: int, run: int) -> tuple[int, int]:
 
 
 ENGINES = ("auto", "batch", "event")
+#: Most planned saves in one VM's life for which "auto" picks the vectorised engine: it walks
+#: them column by column, about 18 µs each whatever the runs (900,000 saves of one VM that is
+#: never preempted took 17 s there and 0.5 s here).
+BATCH_COLUMNS = 20_000
+
+
+def _batch_columns(scenario: Scenario, plan: Any, process: PreemptionProcess) -> float:
+    """About the most planned saves one VM of a run lives through (the batch engine's columns)."""
+    if not plan.stride:
+        return 0.0
+    mttp = float(getattr(process, "mttp", math.inf) or math.inf)
+    life = min(scenario.work, 10.0 * mttp)  # the longest of many exponential lives, about
+    return life / (plan.stride * scenario.mean_step_time)
 
 
 def simulate(
@@ -105,6 +150,7 @@ def simulate(
     keep_samples: bool = False,
     *,
     engine: str = "auto",
+    max_events: int | Budget = PLAN_EVENTS,
 ) -> SimResult:
     """Simulate `runs` independent executions of `scenario` under `policy`.
 
@@ -113,23 +159,48 @@ def simulate(
     engine otherwise; `result.engine` says which ran. Both follow the same model; they use
     different random numbers, so one seed gives different (equally distributed) runs on each.
     "batch" raises if the vectorised engine does not apply; "event" forces the reference.
+    The runs take at most `max_events` events together (a number, or the `Budget` of a whole
+    command): `TooMuchWork`, up front where the estimate says so; a job that cannot finish is
+    `NoProgress`.
     """
     from spotnb.policy import resolve_policy
 
     pol = resolve_policy(policy)
-    if runs < 1:
-        raise ValueError(f"runs must be positive, got {runs}")
+    if isinstance(runs, bool) or not isinstance(runs, numbers.Integral) or runs < 1:
+        raise ValueError(f"runs must be a whole number >= 1, got {runs!r}")
     if engine not in ENGINES:
         raise ValueError(f"engine is one of {ENGINES}, got {engine!r}")
     process = scenario.process()
     name = policy if isinstance(policy, str) else repr(pol)
+    budget = max_events if isinstance(max_events, Budget) else Budget(max_events, "the simulation")
+    check_progress(scenario, process)
+    per_run = estimate_events(scenario, pol, process)
+    if per_run > MAX_EVENTS:
+        raise TooMuchWork(
+            f"steps: one run of {scenario.steps:,} steps under {name} takes about {per_run:.2g} "
+            f"events (saves and preemptions), past the limit of {MAX_EVENTS:,} a run; lower steps "
+            f"to about {fitting_steps(scenario.steps, per_run, MAX_EVENTS)} (a shorter job has the "
+            "same rates)"
+        )
+    estimate = runs * per_run
+    if estimate > budget.left:
+        raise TooMuchWork(
+            f"steps: simulating {runs} run(s) of {scenario.steps:,} steps under {name} takes about "
+            f"{estimate:.2g} events (saves and preemptions), past {budget.what}'s limit of "
+            f"{budget.limit:,}; lower steps to about {fitting_steps(scenario.steps, estimate, budget.left)} "
+            "(a shorter job has the same rates), or the runs"
+        )
     if engine != "event":
         from spotnb.sim.batch import plan_for, simulate_batch
 
         plan = plan_for(scenario, pol, process)
+        if plan is not None and engine == "auto" and _batch_columns(scenario, plan, process) > BATCH_COLUMNS:
+            plan = None  # one VM's many saves are a column loop there: the reference is faster
         if plan is not None:
-            table = simulate_batch(scenario, plan, process, runs, seed)
-            return _summarise(name, runs, seed, table, keep_samples)
+            table, events = simulate_batch(scenario, plan, process, runs, seed, budget=budget, name=name)
+            result = _summarise(name, runs, seed, table, keep_samples)
+            result.events = events
+            return result
         if engine == "batch":
             raise ValueError(
                 f"the vectorised engine does not cover {pol!r} on this scenario "
@@ -139,9 +210,26 @@ def simulate(
     sums = [0.0] * _N
     sq = [0.0] * _N
     samples: list[dict[str, float]] | None = [] if keep_samples else None
+    events = 0
     for r in range(runs):
         pre_seed, dur_seed = run_seeds(seed, r)
-        row = simulate_run(scenario, pol, process.fresh(), random.Random(pre_seed), random.Random(dur_seed))
+        cap, spent = budget.cap(), [0]
+        try:
+            row = simulate_run(
+                scenario,
+                pol,
+                process.fresh(),
+                random.Random(pre_seed),
+                random.Random(dur_seed),
+                max_events=cap,
+                spent=spent,
+            )
+        except TooMuchWork:
+            if cap >= MAX_EVENTS:
+                raise
+            raise budget.exceeded(f"{name}, run {r + 1} of {runs}") from None
+        budget.spend(spent[0])
+        events += spent[0]
         for i, v in enumerate(row):
             sums[i] += v
             sq[i] += v * v
@@ -155,7 +243,50 @@ def simulate(
             std[k] = math.sqrt(var) if var > 0 else 0.0
         else:
             std[k] = 0.0
-    return SimResult(name, runs, seed, mean, std, samples)
+    return SimResult(name, runs, seed, mean, std, samples, events=events)
+
+
+def check_progress(scenario: Scenario, process: PreemptionProcess | None = None) -> None:
+    """`NoProgress` up front for a scenario whose VM dies long before it could start (a
+    replacement's preparation) or finish a step: `spotnb plan`'s rule for one instance."""
+    process = scenario.process() if process is None else process
+    check_hopeless(
+        steps=scenario.steps,
+        rate=1.0 / scenario.mean_step_time,
+        mttp=best_mttp(process),
+        start=mean_of(scenario.prep_time),
+        start_words=f"prep_time {mean_of(scenario.prep_time):g} s",
+        step=scenario.mean_step_time,
+        who="VM",
+    )
+
+
+def estimate_events(
+    scenario: Scenario, policy: Policy | str, process: PreemptionProcess | None = None
+) -> float:
+    """About how many events one run takes: the planned saves (the policy's first stride over
+    the job) and, per preemption, a kill and an allocation; a lower bound (recompute is left
+    out), as `spotnb plan`'s."""
+    from spotnb.policy import resolve_policy
+    from spotnb.sim.batch import _mean_obs
+
+    pol = resolve_policy(policy)
+    process = scenario.process() if process is None else process
+    mttp = float(getattr(process, "mttp", math.inf) or math.inf)
+    kills = scenario.work / mttp if math.isfinite(mttp) else 0.0
+    plan = pol.next_save(_mean_obs(scenario, process), 0)
+    saves = scenario.steps / plan.step if plan is not None and plan.step > 0 else 0.0
+    return 1.0 + min(saves, float(scenario.steps)) + 2.0 * kills
+
+
+def _stalled(sc: Scenario, mttp: float, t: float, high: int, quiet: int) -> NoProgress:
+    return NoProgress(
+        f"no progress: after {quiet:,} events ({t / 3600:.3g} h simulated) the job has got no "
+        f"further than step {high:,} of {sc.steps:,}: its VM is preempted (MTTP {mttp:g} s) before "
+        f"it is ready (prep_time {mean_of(sc.prep_time):g} s), finishes a step ({sc.mean_step_time:g} s) "
+        f"or a save that counts (save_time {mean_of(sc.save_time):g} s + backup_time "
+        f"{mean_of(sc.backup_time):g} s); raise mttp, or shorten those, or save less often"
+    )
 
 
 def _summarise(name: str, runs: int, seed: int, table: Any, keep_samples: bool) -> SimResult:
@@ -171,9 +302,20 @@ def _summarise(name: str, runs: int, seed: int, table: Any, keep_samples: bool) 
 
 
 def simulate_run(
-    sc: Scenario, policy: Policy, process: PreemptionProcess, rng_pre: random.Random, rng_dur: random.Random
+    sc: Scenario,
+    policy: Policy,
+    process: PreemptionProcess,
+    rng_pre: random.Random,
+    rng_dur: random.Random,
+    *,
+    max_events: int = MAX_EVENTS,
+    spent: list[int] | None = None,
 ) -> tuple[float, ...]:
-    """One execution; returns the figures in `METRICS` order."""
+    """One execution; returns the figures in `METRICS` order. Past `max_events` events (VM
+    attempts and planned saves) it raises `TooMuchWork`, after `STALL_EVENTS` of them without
+    a new step or checkpoint `NoProgress`; `spent[0]` gets the events it took."""
+    events = quiet = 0
+    mark = -1
     total_steps = sc.steps
     st_lo, st_hi = as_range(sc.step_time)
     d_lo, d_hi = as_range(sc.save_time)
@@ -209,6 +351,12 @@ def simulate_run(
             kill = next_kill(0.0, rng_pre)
         else:
             while True:
+                events += 1
+                quiet += 1
+                if quiet > STALL_EVENTS:
+                    raise _stalled(sc, mttp, t, high, quiet)
+                if events > max_events:
+                    raise _too_much(sc, max_events, committed, t)
                 ta = alloc_from + (a_lo + a_var * rand() if a_var else a_lo)
                 kill = next_kill(ta, rng_pre)
                 start = ta if ta > stop else stop  # the new VM cannot restore before the old left
@@ -257,6 +405,15 @@ def simulate_run(
         horizon = policy.stationary_until(obs) if plan is not None and stride > 0 else 0
         plan_ins = plan is not None and plan.kind is _INSURANCE
         while True:
+            events += 1
+            if high + committed > mark:
+                mark, quiet = high + committed, 0
+            else:
+                quiet += 1
+                if quiet > STALL_EVENTS:
+                    raise _stalled(sc, mttp, t, high, quiet)
+            if events > max_events:
+                raise _too_much(sc, max_events, committed, t)
             target = plan_step if plan_step < total_steps else total_steps
             # target == step only right after a notice handled exactly at a planned save's
             # step without leaving: that save is due now (it used to slip by one step)
@@ -394,6 +551,8 @@ def simulate_run(
         if alloc_from > stop:
             alloc_from = stop
 
+    if spent is not None:
+        spent[0] = events
     total = t
     cost = billed * sc.spot_price / 3600.0
     od_cost = compute * sc.on_demand_price / 3600.0
@@ -411,4 +570,12 @@ def simulate_run(
         float(saves),
         float(insurance),
         float(emergency),
+    )
+
+
+def _too_much(sc: Scenario, limit: int, committed: int, t: float) -> TooMuchWork:
+    return TooMuchWork(
+        f"steps: one run of {sc.steps:,} steps took more than {limit:,} events (at step "
+        f"{committed:,}, {t / 3600:.3g} h simulated) and was stopped; lower steps (a shorter job "
+        "has the same rates)"
     )

@@ -47,11 +47,21 @@ from typing import Any
 
 from spotnb.policy.group import group_mttp
 from spotnb.policy.intervals import daly_interval
-from spotnb.preempt import Exponential, Piecewise, PreemptionProcess
+from spotnb.preempt import PreemptionProcess
+from spotnb.sim.bounds import (
+    MAX_EVENTS,
+    PLAN_EVENTS,
+    STALL_EVENTS,
+    NoProgress,
+    TooMuchWork,
+    best_mttp,
+    check_hopeless,
+    fitting_steps,
+)
 from spotnb.sim.scenario import Scenario, mean_of
 from spotnb.sync import SAMPLES, choose_sync, parse_sync
 
-__all__ = [
+__all__ = [  # the bounds are `sim.bounds`'s, shared with `spotnb simulate`
     "FleetResult",
     "simulate_fleet",
     "plan_instances",
@@ -64,26 +74,8 @@ __all__ = [
     "MAX_SAMPLES",
 ]
 
-#: Most events (kills, allocations, joins, cold starts, saves) one simulated run may take: about
-#: a few seconds of this machine's time.
-MAX_EVENTS = 1_000_000
-#: Most events a whole `plan_instances` may take, over every count, strategy and run.
-PLAN_EVENTS = 20_000_000
-#: Events in a row without a new high of the job's progress after which a run is stuck.
-STALL_EVENTS = 20_000
 #: Most liveput samples kept per run.
 MAX_SAMPLES = 1000
-#: An instance whose expected lifetime is this many times shorter than what it must live
-#: through to make progress (its start, one step) practically never makes any: e^-20 ≈ 2e-9.
-_HOPELESS = 20.0
-
-
-class NoProgress(ValueError):
-    """The simulated job can never finish: the verdict says why."""
-
-
-class TooMuchWork(ValueError):
-    """Simulating this would take too long: the message names the limit and what to lower."""
 
 
 @dataclass
@@ -146,12 +138,6 @@ def _setup(scenario: Scenario, instances: int, join_time: float, sync_time: floa
     # a save that costs nothing would be taken continuously (Daly's interval is 0): take it at
     # most once per step of the full group, which is what the runtime can do
     save_every_s = max(save_every_s, step1 / instances + sync_time / window(instances))
-    if isinstance(process, Exponential):
-        best = process.mttp
-    elif isinstance(process, Piecewise):
-        best = max(process.mttps)
-    else:
-        best = math.inf  # a trace's quiet spells: only the run can tell
     return _Setup(
         process=process,
         window=window,
@@ -159,7 +145,7 @@ def _setup(scenario: Scenario, instances: int, join_time: float, sync_time: floa
         replace=replace,
         start=mean_of(scenario.prep_time) + join_time,
         mttp=mttp,
-        best_mttp=best,
+        best_mttp=best_mttp(process),
         save=save,
         save_every_s=save_every_s,
         rate_full=instances / (step1 + instances * sync_time / window(instances)),
@@ -169,21 +155,15 @@ def _setup(scenario: Scenario, instances: int, join_time: float, sync_time: floa
 def _check_progress(scenario: Scenario, setup: _Setup, instances: int, join_time: float) -> None:
     """The verdict, before anything runs, on a scenario whose instances die long before they
     could progress (Poisson preemptions; even the best phase of a piecewise one)."""
-    m = setup.best_mttp
-    if not math.isfinite(m) or scenario.steps / setup.rate_full < m:
-        return  # no preemptions, or the first instances may well finish the job
-    if setup.start > _HOPELESS * m:
-        raise NoProgress(
-            f"no progress: every instance is preempted before it is ready to train (MTTP {m:g} s "
-            f"< the {setup.start:g} s an allocated instance needs to start: prep_time "
-            f"{mean_of(scenario.prep_time):g} s + join {join_time:g} s); raise mttp or shorten prep_time"
-        )
-    if setup.step1 > _HOPELESS * m:
-        raise NoProgress(
-            f"no progress: every instance is preempted before it finishes a step (MTTP {m:g} s "
-            f"< a step of {setup.step1:g} s, and a kill undoes the step in flight); raise mttp or "
-            "shorten step_time"
-        )
+    check_hopeless(
+        steps=scenario.steps,
+        rate=setup.rate_full,
+        mttp=setup.best_mttp,
+        start=setup.start,
+        start_words=f"prep_time {mean_of(scenario.prep_time):g} s + join {join_time:g} s",
+        step=setup.step1,
+        who="instance",
+    )
 
 
 def estimate_events(
@@ -204,10 +184,7 @@ def _estimate(scenario: Scenario, setup: _Setup, instances: int) -> float:
 
 
 def _fitting_steps(scenario: Scenario, estimate: float, limit: float) -> str:
-    """The step count whose simulation would fit `limit` events, rounded down, for a message."""
-    fit = max(1, int(scenario.steps * limit / max(estimate, 1.0)))
-    digits = len(str(fit)) - 2
-    return f"{(fit // 10**digits) * 10**digits if digits > 0 else fit:,}"
+    return fitting_steps(scenario.steps, estimate, limit)
 
 
 def simulate_fleet(

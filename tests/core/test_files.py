@@ -174,3 +174,181 @@ def test_the_boot_script_lays_the_files_out_in_its_workdir(
     assert os.path.realpath(seen.pop("cwd")) == os.path.realpath(vm)
     assert seen == FILES
     assert key.hex() not in log.read_text()  # the boot log never shows the key
+
+
+# -- what a shipped folder may hold (issue #29 item 7): links, loops, unreadable and special
+# files, huge trees; refused at submit naming the path and the fix, or left out with a warning
+def _tree(root: Path) -> Path:
+    data = root / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / "a.txt").write_bytes(b"alpha\n")
+    (data / "sub" / "b.txt").write_bytes(b"beta\n")
+    return data
+
+
+def _collect(paths: list[str], cwd: Path) -> dict[str, bytes]:
+    from spotnb.files import collect
+
+    return {e["path"]: Path(e["source"]).read_bytes() for e in collect(paths, str(cwd))}
+
+
+def test_a_dangling_link_in_a_folder_is_refused_naming_the_link_its_target_and_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = _tree(tmp_path)
+    (data / "sub" / "ghost.bin").symlink_to(tmp_path / "gone" / "weights.bin")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:  # it was a raw FileNotFoundError
+        spot.train(read_back, spot.Config(ship_modules=SHIP, files=["data"]))
+    message = str(info.value)
+    assert message.startswith("Config.files: 'data'") and "ghost.bin" in message, message
+    assert "gone/weights.bin" in message and "remove the" in message, message
+    assert spot.jobs() == []
+    # named directly: the same, before the function is pickled
+    with pytest.raises(
+        ConfigError, match=r"Config.files\[0\]: .*ghost.bin.* is a symbolic link to .*weights.bin"
+    ):
+        spot.train(read_back, spot.Config(ship_modules=SHIP, files=["data/sub/ghost.bin"]))
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda d: (d / "self").symlink_to(d / "self"), "leads back to itself"),
+        (lambda d: ((d / "x").symlink_to(d / "y"), (d / "y").symlink_to(d / "x")), "leads back to itself"),
+        (lambda d: (d / "sub" / "up").symlink_to(d), "contains it"),
+        (lambda d: (d / "sub" / "here").symlink_to("."), "contains it"),
+    ],
+    ids=["self", "pair", "to-ancestor", "to-dot"],
+)
+def test_a_loop_of_links_is_refused(tmp_path: Path, make: Any, words: str) -> None:
+    from spotnb.files import FilesError, collect
+
+    data = _tree(tmp_path)
+    make(data)
+    with pytest.raises(FilesError, match=words):
+        collect(["data"], str(tmp_path))
+
+
+def test_links_are_followed_wherever_they_point(tmp_path: Path) -> None:
+    """The instance gets what the function would read through the link (cp -rL): a file or a
+    folder outside the shipped one, a link to a sibling folder; an Emacs lock is left out."""
+    data = _tree(tmp_path)
+    outside = tmp_path / "elsewhere"
+    (outside / "deep").mkdir(parents=True)
+    (outside / "deep" / "c.txt").write_bytes(b"gamma\n")
+    (outside / "w.bin").write_bytes(b"\x00\x01")
+    (data / "weights.bin").symlink_to(outside / "w.bin")
+    (data / "ext").symlink_to(outside)
+    (data / "twin").symlink_to("sub")  # a sibling, not an ancestor: no loop
+    (data / ".#a.txt").symlink_to("me@host.1234:1700000000")  # Emacs's lock: dangling, left out
+    got = _collect(["data"], tmp_path)
+    assert got == {
+        "data/a.txt": b"alpha\n",
+        "data/weights.bin": b"\x00\x01",
+        "data/ext/w.bin": b"\x00\x01",
+        "data/ext/deep/c.txt": b"gamma\n",
+        "data/sub/b.txt": b"beta\n",
+        "data/twin/b.txt": b"beta\n",
+    }
+
+
+def test_an_unreadable_file_or_folder_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """chmod 0 does not stop root (the test may run as root): the refusals are made to happen."""
+    import spotnb.files
+    from spotnb.files import FilesError, collect
+
+    data = _tree(tmp_path)
+    (data / "sub" / "secret.key").write_bytes(b"k")
+    (data / "locked").mkdir()
+    real_hash, real_scandir = spotnb.files._sha256, os.scandir
+
+    def hash_(path: str, most: int | None = None) -> str:
+        if path.endswith("secret.key"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_hash(path, most)
+
+    monkeypatch.setattr(spotnb.files, "_sha256", hash_)
+    with pytest.raises(
+        FilesError, match=r"secret.key cannot be read \(Permission denied\); make it readable"
+    ):
+        collect(["data"], str(tmp_path))
+    (data / "sub" / "secret.key").unlink()
+
+    def scandir(path: Any) -> Any:
+        if str(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_scandir(path)
+
+    monkeypatch.setattr(spotnb.files.os, "scandir", scandir)
+    # os.walk skipped such a folder silently: the job ran without its files
+    with pytest.raises(FilesError, match=r"the folder .*locked cannot be listed \(Permission denied\)"):
+        collect(["data"], str(tmp_path))
+
+
+def test_pipes_and_sockets_are_left_out_with_a_warning_and_refused_when_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import socket
+
+    from spotnb.files import FilesError, collect
+
+    data = _tree(tmp_path)
+    os.mkfifo(data / "fifo")  # opening it to hash it would block for ever
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(data / "sub" / "s.sock"))
+    try:
+        with caplog.at_level("WARNING", logger="spotnb.files"):
+            got = _collect(["data"], tmp_path)
+        assert set(got) == {"data/a.txt", "data/sub/b.txt"}
+        assert "2 entries left out" in caplog.text and "named pipe" in caplog.text and "socket" in caplog.text
+        with pytest.raises(FilesError, match=r"Config.files\[1\]: 'data/fifo' is a named pipe .* remove it"):
+            collect(["data/a.txt", "data/fifo"], str(tmp_path))
+        with pytest.raises(FilesError, match="is a device"):
+            collect(["/dev/null"], str(tmp_path))
+    finally:
+        sock.close()
+
+
+def test_too_many_files_are_refused_before_any_is_hashed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """100,000 small files made a 13 MB signed spec and 100,000 uploads: refused, naming the
+    fix (the count is checked as the tree is walked, not after hashing it all)."""
+    import spotnb.files
+    from spotnb.files import FilesError, collect
+
+    data = tmp_path / "many"
+    data.mkdir()
+    for i in range(60):
+        (data / f"f{i:03d}.txt").write_bytes(b"%d" % i)
+    monkeypatch.setattr(spotnb.files, "FILES_MAX_COUNT", 50)
+    hashed = []
+    real = spotnb.files._sha256
+    monkeypatch.setattr(spotnb.files, "_sha256", lambda p, most=None: hashed.append(p) or real(p, most))
+    with pytest.raises(FilesError, match=r"more than 50, spotnb's limit .* pack them \(tar or zip"):
+        collect(["many"], str(tmp_path))
+    assert len(hashed) == 50
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="no /proc here")
+def test_a_file_that_grows_while_it_is_read_is_refused(tmp_path: Path) -> None:
+    """A /proc file says 0 bytes and holds more (/proc/self/pagemap holds terabytes): reading
+    it to its end hashed for ever; a log being written would ship other bytes than it hashed."""
+    from spotnb.files import FilesError, collect
+
+    data = _tree(tmp_path)
+    (data / "status").symlink_to("/proc/self/status")
+    with pytest.raises(FilesError, match=r"status grew while it was read \(0 bytes when listed\)"):
+        collect(["data"], str(tmp_path))
+
+
+def test_unicode_and_odd_names_keep_their_path(tmp_path: Path) -> None:
+    data = tmp_path / "données"
+    data.mkdir()
+    for name in ("résumé.txt", "日本語.bin", "with space", "-dash", "new\nline", "back\\slash", "x" * 200):
+        (data / name).write_bytes(name.encode())
+    got = _collect(["données"], tmp_path)
+    assert got == {f"données/{n}": n.encode() for n in os.listdir(data)}

@@ -320,3 +320,22 @@ def test_a_handler_installed_after_the_notice_still_gets_its_sigterm(runner, tmp
     seen = json.loads((tmp_path / "out" / "notice.json").read_text())
     assert seen["deadline"] == deadline and seen["source"] == "azure" and 0 < seen["time_left"] <= 30
     assert [f["save_kind"] for k, f in events if k == "checkpoint"] == ["emergency"]
+
+
+def test_a_chatty_scripts_instance_log_is_capped_and_ends_with_its_last_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spotnb_home: Path
+) -> None:
+    """300 MB of a script's stdout made a 310 MB instance log (issue #29 item 9): its stdout
+    now reaches the log through the agent, which rotates it past half of SPOTNB_LOG_MAX (here
+    1 MB; 50 MB by default) into `<log>.1`. The log's path, the one events name, ends with the
+    script's last lines, from both streams."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPOTNB_LOG_MAX", "1000000")
+    job = spot.run(str(SCRIPTS / "chatty.py"), ["5"], spot.Config(local_alloc_delay=0))
+    job.result(timeout=120)
+    (log,) = (spotnb_home / "logs" / job.id).glob("0001-*.log")
+    older = log.with_name(log.name + ".1")
+    newest = log.read_text()
+    assert log.stat().st_size + older.stat().st_size < 1_000_000 + 2 * 256 * 1024  # 5 MB printed
+    assert newest.startswith("[spotnb ") and f"{log.name}.1" in newest.splitlines()[0]
+    assert "the last line: " in newest and "stderr's last line" in newest

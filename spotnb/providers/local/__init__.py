@@ -196,6 +196,7 @@ class LocalProvider(Provider):
             "SPOTNB_METADATA_URL": self.emulator.base_url(instance_id),
             "SPOTNB_BEACON": beacon,
             "SPOTNB_INSTANCE_ID": instance_id,
+            "SPOTNB_INSTANCE_LOG": log_path,  # the agent caps it (spotnb.runtime.logcap)
             "PYTHONUNBUFFERED": "1",
         }
         if spec.job_key:  # the key hand-off: only in the agent's environment (owner-readable)
