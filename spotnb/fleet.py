@@ -93,6 +93,7 @@ class FleetController(Controller):
         self._succeeded = False
         self._succeeded_at: float | None = None
         self.crashes = 0  # replicas that died without an error (Config.max_crashes)
+        self._failure: tuple[int, _Outcome] | None = None  # the last (incarnation, failure)
         self._looked = time.time()  # the last look at the prices for a move
         self._status(JobStatus.PENDING if self._next_n == 1 else JobStatus.RESTORING)
         for slot in self.slots:
@@ -110,7 +111,13 @@ class FleetController(Controller):
             for slot in list(self.slots):  # (a slot that ended for good leaves the list)
                 verdict = self._tend(slot)
                 if verdict is not None:
-                    if verdict == JobStatus.FAILED:
+                    if (
+                        verdict == JobStatus.FAILED
+                        and self._failure
+                        and self._failure[1].reason == Outcome.CRASHED
+                    ):
+                        # lost replicas ended the job: the others are healthy, so they save first
+                        # (after a user error they would raise too: the job ends at once)
                         self._survivors_save()
                     self._end_all(Outcome.NOT_NEEDED if verdict == JobStatus.SUCCEEDED else Outcome.STOPPED)
                     if verdict == JobStatus.STOPPED:
@@ -377,7 +384,7 @@ class FleetController(Controller):
         if self._quota_failed:  # a slot's instance was refused by a quota in every region
             self._end_for_quota(max((s.n for s in self.slots), default=0))
             return
-        n, outcome = getattr(self, "_failure", (0, _Outcome(Outcome.USER_ERROR)))
+        n, outcome = self._failure or (0, _Outcome(Outcome.USER_ERROR))
         if outcome.reason == Outcome.CRASHED and self.job.state.error is None:
             log_path = str(outcome.detail.get("log", ""))
             self.emit(
