@@ -11,12 +11,14 @@ The object is read with the VM's own identity, as the agent reads the store late
 store with the instance profile's credentials from IMDSv2 (or AWS_* in the environment) and a
 SigV4-signed GET; gs:// with the service account's token from the metadata server; az:// with
 the managed identity's token from IMDS; a path or file:// from the disk (the tests). A custom
-endpoint (AWS_ENDPOINT_URL[_S3], STORAGE_EMULATOR_HOST) is honoured as the SDKs honour it.
+endpoint (AWS_ENDPOINT_URL[_S3], STORAGE_EMULATOR_HOST, the BlobEndpoint and AccountKey of
+AZURE_STORAGE_CONNECTION_STRING: Azurite) is honoured as the SDKs honour it.
 
 Notes are comments, not docstrings: the boot script carries this text without its comments
 (EC2's user data holds 16 KB), and without annotations it runs on any Python 3 of an image.
 """
 
+import base64
 import datetime
 import hashlib
 import hmac
@@ -114,8 +116,24 @@ def gcs_request(bucket, name, env):
     )
 
 
+def azure_shared_key(conn, container, blob):
+    # (url, headers) of a SharedKey-signed GET from the BlobEndpoint of a connection string (an
+    # emulator such as Azurite, which adlfs and the SDKs reach through the same variable).
+    c = dict(p.split("=", 1) for p in conn.split(";") if "=" in p)
+    url = c["BlobEndpoint"].rstrip("/") + f"/{container}/" + urllib.parse.quote(blob, safe="/-_.~")
+    h = {"x-ms-date": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime()), "x-ms-version": "2020-04-08"}
+    s = "GET" + "\n" * 12 + "".join(f"{k}:{v}\n" for k, v in sorted(h.items()))
+    s += "/" + c["AccountName"] + urllib.parse.urlsplit(url).path
+    mac = hmac.new(base64.b64decode(c["AccountKey"]), s.encode(), hashlib.sha256).digest()
+    h["Authorization"] = f"SharedKey {c['AccountName']}:" + base64.b64encode(mac).decode()
+    return url, h
+
+
 def azure_request(netloc, blob, env):
     container, _, host = netloc.partition("@")  # az://container/... or abfs://container@account.dfs...
+    conn = env.get("AZURE_STORAGE_CONNECTION_STRING", "")
+    if "BlobEndpoint=" in conn and "AccountKey=" in conn:
+        return azure_shared_key(conn, container, blob)
     account = host.split(".")[0] if host else env.get("AZURE_STORAGE_ACCOUNT_NAME", "")
     if not account:
         raise OSError("no storage account (AZURE_STORAGE_ACCOUNT_NAME) to read an az:// store")
