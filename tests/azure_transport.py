@@ -18,7 +18,8 @@ JSON body), its error mapping (404 → `ResourceNotFoundError`, an ARM error doc
 - `resource_client(handler)`: a real ResourceManagementClient wired to an `ArmTransport`.
 - `ArmCompute`: Microsoft.Compute's virtual machines (create as a long-running operation that
   succeeds, is refused at once, or fails later as Azure's asynchronous AllocationFailed does;
-  instance view; delete; deallocate) and usages, over a `GenericResources` for the rest.
+  get; list and list_all; instance view, or given status codes; delete; deallocate;
+  simulate_eviction) and usages, over a `GenericResources` for the rest.
   `compute_client(handler)`: a real ComputeManagementClient wired to an `ArmTransport`.
 
 No request leaves the process: the transport never opens a socket.
@@ -235,7 +236,10 @@ class ArmCompute:
     - `fail_later[name] = (code, message)`: the PUT is accepted (201, Creating) and its
       operation, polled through `Azure-AsyncOperation`, fails with that error (Azure's
       asynchronous AllocationFailed); `fail_all_later` the same for every VM;
-    - `power[name]`: the PowerState code its instance view shows ("running" once created).
+    - `power[name]`: the PowerState code its instance view shows ("running" once created);
+    - `views[name]`: when set, the exact status codes its instance view shows instead (e.g.
+      `["ProvisioningState/creating"]`, no PowerState yet);
+    - `simulate_eviction` (POST simulateEviction) is accepted (204) and logged, nothing more.
 
     `usages[location]` answers `usage.list` (name → (current, limit)). `log`: (method, VM name or
     path) of every compute request, in order."""
@@ -244,6 +248,7 @@ class ArmCompute:
         self.generic = generic or GenericResources()
         self.vms: dict[str, dict[str, Any]] = {}
         self.power: dict[str, str] = {}
+        self.views: dict[str, list[str]] = {}
         self.refuse: dict[str, tuple[int, str, str]] = {}
         self.refuse_all: tuple[int, str, str] | None = None
         self.fail_later: dict[str, tuple[str, str]] = {}
@@ -306,6 +311,8 @@ class ArmCompute:
         if request.method == "GET" and action == "instanceView":
             if name not in self.vms:
                 return 404, arm_error("ResourceNotFound", f"The Resource '{vm_id}' was not found.")
+            if name in self.views:
+                return 200, {"statuses": [{"code": code} for code in self.views[name]]}
             state = self.vms[name].get("properties", {}).get("provisioningState", "Succeeded")
             return 200, {
                 "statuses": [
@@ -320,7 +327,10 @@ class ArmCompute:
         if request.method == "DELETE":
             existed = self.vms.pop(name, None) is not None
             self.power.pop(name, None)
+            self.views.pop(name, None)
             return (200 if existed else 204), None
+        if request.method == "POST" and action == "simulateEviction":
+            return 204, None
         if request.method == "POST" and action == "deallocate":
             self.power[name] = "deallocated"
             return 200, None

@@ -1,21 +1,23 @@
-"""Azure provider. The compute control plane cannot run here (no emulator exists), so it is the
-one thing mocked: recording stand-ins for `ComputeManagementClient.virtual_machines` and
-`ResourceManagementClient.resource_groups`. The VirtualMachine built for create, the
-ResourceGroup created on first use, and the delete / simulate_eviction calls, are asserted field
-by field against azure-mgmt-compute's and azure-mgmt-resource's own models and their REST
-serialisation (`as_dict`), with no network. The Blob store itself runs against Azurite in
-test_store_conformance.py."""
+"""Azure provider. Azure Resource Manager has no emulator, so it is the one thing faked, and at
+the HTTP layer: AzureProvider drives the REAL `azure.mgmt.compute.ComputeManagementClient` and
+`azure.mgmt.resource.ResourceManagementClient` (the installed versions: their signatures,
+request serialisation, pollers and error mapping all run), whose pipeline transport is
+`tests.azure_transport.ArmTransport`, answered in-process by `ArmCompute` (VMs, instance views,
+list / list_all, simulate_eviction, delete) over `GenericResources` (the resource group). What is
+asserted is what the SDK sent: each request's method, URL and JSON body (`priority: Spot`,
+`evictionPolicy`, `billingProfile.maxPrice`, tags, identity, image, `osProfile.customData`, the
+ResourceGroup created on first use), so a wrong keyword or field fails here as in production.
+`build_vm`'s model is also checked field by field. No request leaves the process. The Blob
+store itself runs against Azurite in test_store_conformance.py."""
 
 from __future__ import annotations
 
 import base64
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError
 from azure.mgmt.compute import models as m
-from azure.mgmt.resource.resources.models import ResourceGroup
 
 import spotnb as spot
 from spotnb.errors import CapacityError, ConfigError
@@ -23,6 +25,7 @@ from spotnb.providers import get_provider_class
 from spotnb.providers.azure import DEFAULT_IMAGE, AzureProvider, build_vm, throwaway_ssh_key, vm_name
 from spotnb.providers.base import InstanceState, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG
+from tests.azure_transport import ArmCompute, ArmRequest, compute_client, resource_client
 
 SUB = "00000000-0000-0000-0000-000000000000"
 RG = "spotnb-rg"
@@ -71,88 +74,58 @@ def _spec(region: str = "eastus") -> LaunchSpec:
     )
 
 
-class _Poller:
-    def __init__(self, error: Exception | None = None) -> None:
-        self.error = error
-
-    def done(self) -> bool:
-        return True
-
-    def result(self) -> None:
-        if self.error:
-            raise self.error
+VMS = "/providers/Microsoft.Compute/virtualMachines"
 
 
-class FakeVirtualMachines:
-    """Records calls; `view` is the instance view the next describe sees."""
+def _vm_path(rg: str, name: str, action: str = "") -> str:
+    return f"/subscriptions/{SUB}/resourceGroups/{rg}{VMS}/{name}" + (f"/{action}" if action else "")
+
+
+def _seed_vm(arm: ArmCompute, rg: str, name: str, location: str, tags: dict[str, str]) -> None:
+    """A VM that exists in the subscription (what list / list_all answer)."""
+    arm.vms[name] = {
+        "id": _vm_path(rg, name),
+        "name": name,
+        "type": "Microsoft.Compute/virtualMachines",
+        "location": location,
+        "tags": tags,
+        "properties": {"provisioningState": "Succeeded"},
+    }
+
+
+class Arm:
+    """Azure Resource Manager (`ArmCompute`, over its `GenericResources`) behind both real
+    clients; `sent` is every request either client's SDK serialised, in order."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple, dict]] = []
-        self.fail_create: Exception | None = None
-        self.view: Any = None
+        self.compute = ArmCompute()
+        self.sent: list[ArmRequest] = []
 
-    def begin_create_or_update(self, rg: str, name: str, vm: m.VirtualMachine) -> _Poller:
-        self.calls.append(("create", (rg, name, vm), {}))
-        if self.fail_create:
-            raise self.fail_create
-        return _Poller()
+    def __call__(self, request: ArmRequest) -> tuple[Any, ...]:
+        self.sent.append(request)
+        return self.compute(request)
 
-    def instance_view(self, rg: str, name: str) -> Any:
-        self.calls.append(("instance_view", (rg, name), {}))
-        if self.view is None:
-            raise ResourceNotFoundError("not found")
-        return self.view
-
-    def begin_delete(self, rg: str, name: str) -> _Poller:
-        self.calls.append(("delete", (rg, name), {}))
-        return _Poller()
-
-    def simulate_eviction(self, rg: str, name: str) -> None:
-        self.calls.append(("simulate_eviction", (rg, name), {}))
-
-    def list(self, rg: str) -> list[Any]:
-        return [
-            SimpleNamespace(name="spotnb-x-1", location="eastus", tags={JOB_TAG: "x"}),
-            SimpleNamespace(name="other", location="eastus", tags={}),
-        ]
-
-    def list_all(self) -> list[Any]:
-        vm_id = (
-            f"/subscriptions/{SUB}/resourceGroups/spotnb-westeurope/providers/"
-            "Microsoft.Compute/virtualMachines/spotnb-y-2"
+    def provider(self, **kw: Any) -> AzureProvider:
+        p = AzureProvider(
+            _config(**kw), compute=compute_client(self, SUB), resources=resource_client(self, SUB)
         )
-        return [
-            SimpleNamespace(name="spotnb-y-2", location="westeurope", tags={JOB_TAG: "y"}, id=vm_id),
-            SimpleNamespace(name="other", location="eastus", tags={}, id="/x"),
-        ]
+        p.validate()
+        return p
 
-
-class FakeResourceGroups:
-    """Records `resource_groups.create_or_update(name, ResourceGroup)` calls into `log`, a list
-    shared with the VMs' fake so the order of the two is visible."""
-
-    def __init__(self, log: list) -> None:
-        self.log = log
-
-    def create_or_update(self, name: str, group: ResourceGroup) -> ResourceGroup:
-        self.log.append(("create_group", (name, group), {}))
-        return group
-
-
-def _view(*codes: str) -> m.VirtualMachineInstanceView:
-    return m.VirtualMachineInstanceView(statuses=[m.InstanceViewStatus(code=c) for c in codes])
+    def calls(self) -> list[tuple[str, str]]:
+        """(method, path) of every request, api-version checked on each."""
+        assert all(r.api_version for r in self.sent)
+        return [(r.method, r.path) for r in self.sent]
 
 
 @pytest.fixture
-def fake() -> FakeVirtualMachines:
-    return FakeVirtualMachines()
+def arm() -> Arm:
+    return Arm()
 
 
 @pytest.fixture
-def provider(fake: FakeVirtualMachines) -> AzureProvider:
-    p = AzureProvider(_config(), compute=SimpleNamespace(virtual_machines=fake))
-    p.validate()
-    return p
+def provider(arm: Arm) -> AzureProvider:
+    return arm.provider()
 
 
 def test_registry() -> None:
@@ -197,46 +170,75 @@ def test_vm_model_field_by_field() -> None:
     assert props["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
 
 
-def test_launch_describe_terminate_inject(provider: AzureProvider, fake: FakeVirtualMachines) -> None:
+def test_launch_describe_terminate_inject(provider: AzureProvider, arm: Arm) -> None:
     inst = provider.launch(_spec())
-    kind, (rg, name, vm), _ = fake.calls[0]
-    assert (kind, rg, name) == ("create", RG, vm_name(_spec())) and inst.id == name
-    script = base64.b64decode(vm.os_profile.custom_data).decode()
+    name = vm_name(_spec())
+    assert inst.id == name
+    (put,) = arm.sent  # the VM, and nothing else (group and subnet are configured)
+    assert (put.method, put.path) == ("PUT", _vm_path(RG, name)) and put.api_version
+    # the body azure-mgmt-compute serialised
+    assert put.body["location"] == "eastus"
+    assert put.body["tags"] == {
+        JOB_TAG: "20261121-000000-abc123",
+        "spotnb-incarnation": "2",
+        "spotnb-managed": "true",
+    }
+    assert put.body["identity"]["type"] == "UserAssigned"
+    assert list(put.body["identity"]["userAssignedIdentities"]) == [IDENTITY]
+    props = put.body["properties"]
+    assert props["priority"] == "Spot" and props["evictionPolicy"] == "Delete"
+    assert props["billingProfile"] == {"maxPrice": 0.9}
+    assert props["hardwareProfile"] == {"vmSize": "Standard_NC4as_T4_v3"}
+    img = props["storageProfile"]["imageReference"]
+    assert (img["publisher"], img["offer"], img["sku"], img["version"]) == tuple(DEFAULT_IMAGE.split(":"))
+    assert props["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
+    nic = props["networkProfile"]["networkInterfaceConfigurations"][0]["properties"]
+    assert nic["ipConfigurations"][0]["properties"]["subnet"] == {"id": SUBNET}
+    linux = props["osProfile"]["linuxConfiguration"]
+    assert linux["disablePasswordAuthentication"] is True
+    assert linux["ssh"]["publicKeys"][0]["keyData"].startswith("ssh-ed25519 ")
+    script = base64.b64decode(props["osProfile"]["customData"]).decode()
+    assert script.startswith("#cloud-config\n")
     assert "export AZURE_STORAGE_ACCOUNT_NAME=spotnbstore" in script
-    fake.view = _view("ProvisioningState/creating")
+    assert '"$PY" -m spotnb.runtime.agent --store az://spotnb/jobs' in script
+    arm.compute.views[name] = ["ProvisioningState/creating"]
     assert provider.describe(inst).state == InstanceState.PENDING
-    fake.view = _view("ProvisioningState/succeeded", "PowerState/running")
+    arm.compute.views[name] = ["ProvisioningState/succeeded", "PowerState/running"]
     assert provider.describe(inst).state == InstanceState.RUNNING
-    fake.view = _view("ProvisioningState/succeeded", "PowerState/stopped")
+    arm.compute.views[name] = ["ProvisioningState/succeeded", "PowerState/stopped"]
     assert provider.describe(inst).state == InstanceState.EXITED  # the guest powered off
-    fake.view = _view("ProvisioningState/succeeded", "PowerState/deallocated")
+    arm.compute.views[name] = ["ProvisioningState/succeeded", "PowerState/deallocated"]
     assert provider.describe(inst).state == InstanceState.PREEMPTED  # evicted (Deallocate)
-    fake.view = None
-    assert provider.describe(inst).state == InstanceState.PREEMPTED  # evicted (Delete)
+    assert arm.calls()[-1] == ("GET", _vm_path(RG, name, "instanceView"))
+    del arm.compute.vms[name]
+    assert provider.describe(inst).state == InstanceState.PREEMPTED  # evicted (Delete): 404
     provider.inject(inst)
-    assert fake.calls[-1] == ("simulate_eviction", (RG, name), {})
+    assert arm.calls()[-1] == ("POST", _vm_path(RG, name, "simulateEviction"))
     provider.terminate(inst)
-    assert fake.calls[-1] == ("delete", (RG, name), {})
+    assert arm.calls()[-1] == ("DELETE", _vm_path(RG, name))
     assert provider.describe(inst).state == InstanceState.TERMINATED
 
 
-def test_capacity_errors_move_on(provider: AzureProvider, fake: FakeVirtualMachines) -> None:
-    err = HttpResponseError(message="The requested size is not available in location 'eastus'")
-    err.error = SimpleNamespace(code="SkuNotAvailable")
-    fake.fail_create = err
+def test_capacity_errors_move_on(provider: AzureProvider, arm: Arm) -> None:
+    arm.compute.refuse_all = (
+        409,
+        "SkuNotAvailable",
+        "The requested size is not available in location 'eastus'",
+    )
     with pytest.raises(CapacityError, match="SkuNotAvailable in eastus"):
         provider.launch(_spec())
-    other = HttpResponseError(message="bad request")
-    other.error = SimpleNamespace(code="InvalidParameter")
-    fake.fail_create = other
-    with pytest.raises(HttpResponseError):
+    arm.compute.refuse_all = (400, "InvalidParameter", "bad request")
+    with pytest.raises(HttpResponseError, match="InvalidParameter") as raised:
         provider.launch(_spec())
+    assert raised.value.error.code == "InvalidParameter"
+    assert arm.compute.vms == {}
 
 
-def test_close_deletes_what_it_launched(provider: AzureProvider, fake: FakeVirtualMachines) -> None:
-    provider.launch(_spec())
+def test_close_deletes_what_it_launched(provider: AzureProvider, arm: Arm) -> None:
+    inst = provider.launch(_spec())
     provider.close()
-    assert fake.calls[-1][0] == "delete"
+    assert arm.calls()[-1] == ("DELETE", _vm_path(RG, inst.id))
+    assert arm.compute.vms == {}
 
 
 def test_validate() -> None:
@@ -249,47 +251,39 @@ def test_validate() -> None:
         AzureProvider(_config(azure_image="not-an-image")).validate()
 
 
-def _default_group_provider(fake: FakeVirtualMachines) -> AzureProvider:
-    p = AzureProvider(
-        _config(azure_resource_group=None),
-        compute=SimpleNamespace(virtual_machines=fake),
-        resources=SimpleNamespace(resource_groups=FakeResourceGroups(fake.calls)),
-    )
-    p.validate()  # no azure_resource_group is fine
-    return p
-
-
-def test_default_resource_group_is_created_on_first_use(fake: FakeVirtualMachines) -> None:
-    provider = _default_group_provider(fake)
+def test_default_resource_group_is_created_on_first_use(arm: Arm) -> None:
+    provider = arm.provider(azure_resource_group=None)  # no azure_resource_group is fine
     inst = provider.launch(_spec())
-    (kind, (name, group), _), create = fake.calls[0], fake.calls[1]
-    assert (kind, name) == ("create_group", "spotnb-eastus")  # before the VM
-    assert isinstance(group, ResourceGroup)
-    assert group.location == "eastus" and group.tags == {MANAGED_TAG: "true"}
-    assert dict(group) == {"location": "eastus", "tags": {MANAGED_TAG: "true"}}  # the REST body
-    assert create[0] == "create" and create[1][0] == "spotnb-eastus"
+    (group, create) = arm.sent
+    # the group first, as azure-mgmt-resource serialised `create_or_update`, then the VM in it
+    assert (group.method, group.path) == ("PUT", f"/subscriptions/{SUB}/resourcegroups/spotnb-eastus")
+    assert group.body == {"location": "eastus", "tags": {MANAGED_TAG: "true"}}
+    assert (create.method, create.path) == ("PUT", _vm_path("spotnb-eastus", inst.id))
     assert inst.info["resource_group"] == "spotnb-eastus"
     # once per location: a second incarnation reuses it; another location gets its own
     provider.launch(_spec())
     provider.launch(_spec(region="westeurope"))
-    groups = [c[1][0] for c in fake.calls if c[0] == "create_group"]
+    groups = [r.path.rsplit("/", 1)[-1] for r in arm.sent if "/resourcegroups/" in r.path]
     assert groups == ["spotnb-eastus", "spotnb-westeurope"]
+    assert arm.sent[-1].path == _vm_path("spotnb-westeurope", inst.id)
     # the VM is watched, evicted and deleted in the group it was created in
     provider.inject(inst)
-    assert fake.calls[-1] == ("simulate_eviction", ("spotnb-eastus", inst.id), {})
+    assert arm.calls()[-1] == ("POST", _vm_path("spotnb-eastus", inst.id, "simulateEviction"))
     provider.terminate(inst)
-    assert fake.calls[-1] == ("delete", ("spotnb-eastus", inst.id), {})
+    assert arm.calls()[-1] == ("DELETE", _vm_path("spotnb-eastus", inst.id))
     # gc without a configured group looks through the subscription
+    arm.compute.vms.clear()
+    _seed_vm(arm.compute, "spotnb-westeurope", "spotnb-y-2", "westeurope", {JOB_TAG: "y"})
+    _seed_vm(arm.compute, "elsewhere", "other", "eastus", {})
     assert [(i.id, i.info["resource_group"], job) for i, job in provider.list_tagged()] == [
         ("spotnb-y-2", "spotnb-westeurope", "y")
     ]
+    assert arm.calls()[-1] == ("GET", f"/subscriptions/{SUB}{VMS}")  # list_all
 
 
-def test_configured_resource_group_is_never_created(
-    provider: AzureProvider, fake: FakeVirtualMachines
-) -> None:
-    provider.launch(_spec())
-    assert [c[0] for c in fake.calls] == ["create"] and fake.calls[0][1][0] == RG
+def test_configured_resource_group_is_never_created(provider: AzureProvider, arm: Arm) -> None:
+    inst = provider.launch(_spec())
+    assert arm.calls() == [("PUT", _vm_path(RG, inst.id))]
 
 
 def test_dry_run_names_the_default_resource_group() -> None:
@@ -322,8 +316,12 @@ def test_dry_run() -> None:
     assert "begin_create_or_update" in str(plan)
 
 
-def test_list_tagged(provider: AzureProvider) -> None:
+def test_list_tagged(provider: AzureProvider, arm: Arm) -> None:
+    _seed_vm(arm.compute, RG, "spotnb-x-1", "eastus", {JOB_TAG: "x"})
+    _seed_vm(arm.compute, RG, "other", "eastus", {})
+    _seed_vm(arm.compute, "another-group", "spotnb-z-3", "eastus", {JOB_TAG: "z"})
     assert [(i.id, job) for i, job in provider.list_tagged()] == [("spotnb-x-1", "x")]
+    assert arm.calls() == [("GET", f"/subscriptions/{SUB}/resourceGroups/{RG}{VMS}")]  # list(RG)
 
 
 def test_retail_prices_over_http_every_page_linux_meters_cached(monkeypatch: pytest.MonkeyPatch) -> None:
