@@ -236,6 +236,7 @@ class ArmCompute:
     - `fail_later[name] = (code, message)`: the PUT is accepted (201, Creating) and its
       operation, polled through `Azure-AsyncOperation`, fails with that error (Azure's
       asynchronous AllocationFailed); `fail_all_later` the same for every VM;
+    - a created VM carries `properties.timeCreated` (kept across updates), as Azure sets it;
     - `power[name]`: the PowerState code its instance view shows ("running" once created);
     - `views[name]`: when set, the exact status codes its instance view shows instead (e.g.
       `["ProvisioningState/creating"]`, no PowerState yet);
@@ -295,6 +296,8 @@ class ArmCompute:
                 return status, arm_error(code, message)
             body = json.loads(json.dumps(request.body or {}))
             body.update(id=vm_id, name=name, type="Microsoft.Compute/virtualMachines")
+            created = self.vms.get(name, {}).get("properties", {}).get("timeCreated")
+            body.setdefault("properties", {})["timeCreated"] = created or _now()
             later = self.fail_later.pop(name, None) or self.fail_all_later
             if later is not None:
                 op = f"op-{len(self._operations) + 1}"
@@ -335,6 +338,13 @@ class ArmCompute:
             self.power[name] = "deallocated"
             return 200, None
         return 405, arm_error("MethodNotAllowed")
+
+
+def _now() -> str:
+    """A VM's `timeCreated`, as Azure sets it on creation."""
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).isoformat()
 
 
 def compute_client(handler: Handler, subscription: str = SUBSCRIPTION) -> Any:

@@ -1,36 +1,31 @@
 """The coordinator of a job on several instances on Azure.
 
-Azure's compute and network control planes cannot run here (no emulator exists), so they are
-the one thing mocked:
+Azure Resource Manager has no emulator, so it is the one thing faked, and at the HTTP layer:
+AzureProvider drives the REAL `azure.mgmt.compute.ComputeManagementClient` and
+`azure.mgmt.resource.ResourceManagementClient` (the installed versions), whose pipeline
+transport is `tests.azure_transport.ArmTransport`. The SDKs' own signatures (a keyword-only
+`api_version` given positionally is a TypeError, as in production), request serialisation
+(`?api-version=`, JSON bodies), error mapping and pollers all run; only ARM behind the wire is
+answered in-process (`Arm` here): `ArmCompute` for the virtual machines (created, listed, their
+instance views, deleted; a coordinator that powers off, a refused create, a list that lags) over
+`GenericResources` for the network (NIC, public IP, security groups: resources by id, a dynamic
+private IP assigned as Azure does).
 
-- the network (NIC, public IP, security groups) goes through the REAL
-  `azure.mgmt.resource.ResourceManagementClient` (the installed azure-mgmt-resource), whose
-  pipeline transport is `tests.azure_transport.ArmTransport`: the SDK's own signatures (a
-  keyword-only `api_version` given positionally is a TypeError, as in production), request
-  serialisation (`?api-version=`, JSON bodies), error mapping and pollers all run; only Azure
-  Resource Manager behind the wire is `GenericResources` (resources by id, a dynamic private IP
-  assigned as Azure does);
-- `ComputeManagementClient.virtual_machines` is still a stateful stand-in (`FakeVMs`: VMs that
-  exist, their instance views, deletions), as in tests/test_azure.py.
-
-What is asserted is what spotnb sends (azure-mgmt-compute's own models, the REST bodies and
-URLs of the network), how it reacts to a coordinator that died, and what it deletes. The real
-fleet controller runs against those in
-`test_a_coordinator_that_never_stays_up_fails_the_job_and_leaves_nothing`. No packet crosses a
-network security group here, and no VM boots.
+What is asserted is what the SDKs sent (the VMs' and the network's JSON bodies and URLs), how
+spotnb reacts to a coordinator that died, and what it deletes. The real fleet controller runs
+against those in `test_a_coordinator_that_never_stays_up_fails_the_job_and_leaves_nothing`. No
+packet crosses a network security group here, and no VM boots.
 """
 
 from __future__ import annotations
 
 import base64
-from datetime import datetime, timezone
+import threading
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
-from azure.mgmt.compute import models as m
+from azure.core.exceptions import HttpResponseError
 
 import spotnb as spot
 from spotnb.errors import ConfigError
@@ -48,7 +43,7 @@ from spotnb.providers.base import Feature, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, gc
 from spotnb.providers.coordinator import COORDINATOR_ROLE, MAX_COORDINATOR_LAUNCHES, ROLE_TAG
 from spotnb.signing import KEY_ENV, new_key, save_key
-from tests.azure_transport import GenericResources, resource_client
+from tests.azure_transport import ArmCompute, ArmRequest, arm_error, compute_client, resource_client
 from tests.clouds_fixtures import ship_fake
 
 CANARIES = {
@@ -99,104 +94,94 @@ def _spec(n: int = 1, job: str = JOB) -> LaunchSpec:
     )
 
 
-def _error(code: str) -> HttpResponseError:
-    err = HttpResponseError(message=code)
-    err.error = SimpleNamespace(code=code)
-    return err
+class Arm:
+    """Azure Resource Manager for the jobs here: `ArmCompute` (virtual machines) over its
+    `GenericResources` (`res`: the network, by id), behind both real SDK clients, answered under
+    one lock (the fleet controller's threads call at once). `sent`: every request either SDK
+    serialised, in order; `created`: the JSON bodies of the VMs it accepted.
 
-
-class _Done:
-    def __init__(self, value: Any = None) -> None:
-        self.value = value
-
-    def done(self) -> bool:
-        return True
-
-    def result(self, timeout: float | None = None) -> Any:
-        return self.value
-
-
-class FakeVMs:
-    """VMs that exist (by name), with an instance view each. `coordinators_die`: a new
-    coordinator VM's view says it powered off (its boot script failed)."""
+    - `coordinators_die`: a new coordinator VM's instance view says it powered off at once (its
+      boot script failed);
+    - `refuse_next`: error codes the next VM creates are refused with (an ARM error document);
+    - `lagging_list`: `virtual_machines.list` answers no VM (Azure's list is eventually
+      consistent)."""
 
     def __init__(self) -> None:
-        self.vms: dict[str, Any] = {}
-        self.codes: dict[str, list[str]] = {}
-        self.calls: list[tuple[str, str]] = []
-        self.created: list[m.VirtualMachine] = []
+        self.compute = ArmCompute()
+        self.res = self.compute.generic
+        self.lock = threading.RLock()
+        self.sent: list[ArmRequest] = []
+        self.created: list[dict[str, Any]] = []
         self.coordinators_die = False
-        self.refuse: list[str] = []  # error codes the next creates raise
+        self.refuse_next: list[str] = []
+        self.lagging_list = False
 
-    def begin_create_or_update(self, rg: str, name: str, vm: m.VirtualMachine) -> _Done:
-        self.calls.append(("create", name))
-        if self.refuse:
-            raise _error(self.refuse.pop(0))
-        self.created.append(vm)
-        self.vms[name] = SimpleNamespace(
-            name=name,
-            location=vm.location,
-            tags=dict(vm.tags or {}),
-            id=f"/subscriptions/{SUB}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachines/{name}",
-            time_created=datetime.now(timezone.utc),
-            hardware_profile=vm.hardware_profile,
-            model=vm,
-        )
-        dies = self.coordinators_die and (vm.tags or {}).get(ROLE_TAG) == COORDINATOR_ROLE
-        self.codes[name] = [
-            "ProvisioningState/succeeded",
-            "PowerState/stopped" if dies else "PowerState/running",
+    def __call__(self, request: ArmRequest) -> tuple[Any, ...]:
+        with self.lock:
+            self.sent.append(request)
+            vm_put = request.method == "PUT" and _vm_name(request.path) is not None
+            if vm_put and self.refuse_next:
+                return 400, arm_error(self.refuse_next.pop(0))
+            if self.lagging_list and request.method == "GET" and request.path.endswith("/virtualMachines"):
+                return 200, {"value": []}
+            answer = self.compute(request)
+            if vm_put and answer[0] < 300:
+                self.created.append(request.body)
+                role = (request.body.get("tags") or {}).get(ROLE_TAG)
+                if self.coordinators_die and role == COORDINATOR_ROLE:
+                    self.compute.power[str(_vm_name(request.path))] = "stopped"
+            return answer
+
+    def clients(self) -> dict[str, Any]:
+        """AzureProvider's `compute` and `resources`: the real clients, answered by this ARM."""
+        return {"compute": compute_client(self, SUB), "resources": resource_client(self, SUB)}
+
+    def calls(self) -> list[tuple[str, str]]:
+        """("create" | "delete", VM name) of every VM PUT / DELETE the SDK sent, in order."""
+        kinds = {"PUT": "create", "DELETE": "delete"}
+        return [
+            (kinds[r.method], str(_vm_name(r.path)))
+            for r in self.sent
+            if r.method in kinds and _vm_name(r.path) is not None
         ]
-        return _Done()
 
-    def instance_view(self, rg: str, name: str) -> m.VirtualMachineInstanceView:
-        if name not in self.vms:
-            raise ResourceNotFoundError("not found")
-        return m.VirtualMachineInstanceView(statuses=[m.InstanceViewStatus(code=c) for c in self.codes[name]])
+    def coordinators(self) -> list[dict[str, Any]]:
+        """The coordinator VMs that exist, as ARM holds them."""
+        with self.lock:
+            vms = list(self.compute.vms.values())
+        return [vm for vm in vms if (vm.get("tags") or {}).get(ROLE_TAG) == COORDINATOR_ROLE]
 
-    def begin_delete(self, rg: str, name: str) -> _Done:
-        self.calls.append(("delete", name))
-        if self.vms.pop(name, None) is None:
-            raise ResourceNotFoundError("not found")
-        return _Done()
 
-    def list(self, rg: str) -> list[Any]:
-        return list(self.vms.values())
-
-    def list_all(self) -> list[Any]:
-        return list(self.vms.values())
-
-    def coordinators(self) -> list[Any]:
-        return [vm for vm in self.vms.values() if vm.tags.get(ROLE_TAG) == COORDINATOR_ROLE]
+def _vm_name(path: str) -> str | None:
+    """The VM a request's path names (not an action on it), or None."""
+    if "/virtualMachines/" not in path:
+        return None
+    rest = path.split("/virtualMachines/")[1].split("/")
+    return rest[0] if len(rest) == 1 else None
 
 
 @pytest.fixture
-def fakes() -> tuple[FakeVMs, GenericResources]:
-    return FakeVMs(), GenericResources()
+def arm() -> Arm:
+    return Arm()
 
 
-def _provider(fakes: tuple[FakeVMs, GenericResources], **kw: Any) -> AzureProvider:
-    vms, res = fakes
-    p = AzureProvider(
-        _config(**kw),
-        compute=SimpleNamespace(virtual_machines=vms),
-        resources=resource_client(res, SUB),
-    )
+def _provider(arm: Arm, **kw: Any) -> AzureProvider:
+    p = AzureProvider(_config(**kw), **arm.clients())
     p.validate()
     p.describe_interval = 0.0  # describe at every call
     return p
 
 
 def test_the_network_goes_through_the_real_resource_sdk_with_api_version_as_a_keyword(
-    fakes: tuple[FakeVMs, GenericResources],
+    arm: Arm,
 ) -> None:
     """azure-mgmt-resource >= 26 makes `api_version` of `get_by_id`, `begin_create_or_update_by_id`
     and `begin_delete_by_id` keyword-only: given positionally it is a TypeError before any
     request. Through the real ResourceManagementClient (only Azure Resource Manager behind the
     transport is mocked) the job's network is looked up, created and deleted, each request
     naming the network API version in its URL."""
-    vms, res = fakes
-    p = _provider(fakes)
+    res = arm.res
+    p = _provider(arm)
     assert p.coordinator(JOB, 2) == "http://10.0.0.7:29510"
     p.close()
     sent = p.resources.transport.requests
@@ -210,12 +195,12 @@ def test_the_network_goes_through_the_real_resource_sdk_with_api_version_as_a_ke
     assert res.store == {}
 
 
-def test_azure_supports_several_instances(fakes: tuple[FakeVMs, GenericResources]) -> None:
-    assert _provider(fakes).supports(Feature.ELASTIC)
+def test_azure_supports_several_instances(arm: Arm) -> None:
+    assert _provider(arm).supports(Feature.ELASTIC)
 
 
 def test_coordinator_is_regular_priority_on_a_static_address_in_the_job_groups(
-    fakes: tuple[FakeVMs, GenericResources],
+    arm: Arm,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The canary secrets of the environment and the job's HMAC key never reach the boot script."""
@@ -223,20 +208,21 @@ def test_coordinator_is_regular_priority_on_a_static_address_in_the_job_groups(
         monkeypatch.setenv(name, value)
     key = new_key()
     save_key(JOB, key)
-    vms, res = fakes
-    address = _provider(fakes).coordinator(JOB, 2)
+    res = arm.res
+    address = _provider(arm).coordinator(JOB, 2)
     assert address == "http://10.0.0.7:29510"
-    (vm,) = vms.created
-    body = vm.as_dict()["properties"]
+    (vm,) = arm.created  # the JSON body azure-mgmt-compute serialised
+    body = vm["properties"]
     assert body["priority"] == "Regular"  # on demand: never evicted
     assert "evictionPolicy" not in body and "billingProfile" not in body
     assert body["hardwareProfile"]["vmSize"] == "Standard_B1ms"
     # azure_identity_id: its idle guard deallocates the VM with it (the lighthouse reads nothing)
-    assert list(vm.identity.user_assigned_identities) == [_config().azure_identity_id]
-    assert vm.tags == {JOB_TAG: JOB, "spotnb-managed": "true", ROLE_TAG: COORDINATOR_ROLE}
+    assert vm["identity"]["type"] == "UserAssigned"
+    assert list(vm["identity"]["userAssignedIdentities"]) == [_config().azure_identity_id]
+    assert vm["tags"] == {JOB_TAG: JOB, "spotnb-managed": "true", ROLE_TAG: COORDINATOR_ROLE}
     (nic,) = body["networkProfile"]["networkInterfaces"]
     assert nic["id"] == NET["nic"] and nic["properties"]["deleteOption"] == "Detach"
-    script = base64.b64decode(vm.os_profile.custom_data).decode()
+    script = base64.b64decode(body["osProfile"]["customData"]).decode()
     # the lighthouse module travels in the script (it has no identity to read the store with)
     assert '"$SPOTNB_LIGHTHOUSE" --min-replicas 2' in script and '--bind "[::]:29510"' in script
     assert "spotnb.runtime.lighthouse.py" in script and "<<'SPOTNB_MODULE'" in script
@@ -258,9 +244,9 @@ def test_coordinator_is_regular_priority_on_a_static_address_in_the_job_groups(
     assert all(res.store[k]["tags"][JOB_TAG] == JOB for k in res.store)
 
 
-def test_security_group_opens_tcp_to_the_members_only(fakes: tuple[FakeVMs, GenericResources]) -> None:
-    vms, res = fakes
-    p = _provider(fakes)
+def test_security_group_opens_tcp_to_the_members_only(arm: Arm) -> None:
+    res = arm.res
+    p = _provider(arm)
     p.coordinator(JOB, 2)
     allow, deny = sorted(
         res.store[NET["nsg"]]["properties"]["securityRules"], key=lambda r: r["properties"]["priority"]
@@ -278,101 +264,93 @@ def test_security_group_opens_tcp_to_the_members_only(fakes: tuple[FakeVMs, Gene
     assert d["destinationApplicationSecurityGroups"] == [{"id": NET["asg"]}]
     # the Spot VMs of the job join the member group and carry the same security group
     instance = p.launch(_spec())
-    spot_vm = vms.created[-1]
-    assert spot_vm.priority == "Spot"
-    nic = spot_vm.network_profile.network_interface_configurations[0]
-    assert nic.network_security_group.id == NET["nsg"]
-    assert [g.id for g in nic.ip_configurations[0].application_security_groups] == [NET["asg"]]
+    spot_vm = arm.created[-1]["properties"]
+    assert spot_vm["priority"] == "Spot"
+    nic = spot_vm["networkProfile"]["networkInterfaceConfigurations"][0]["properties"]
+    assert nic["networkSecurityGroup"] == {"id": NET["nsg"]}
+    ip_config = nic["ipConfigurations"][0]["properties"]
+    assert [g["id"] for g in ip_config["applicationSecurityGroups"]] == [NET["asg"]]
     # and record the coordinator they train with, for the cost ledger
-    assert instance.info["coordinator"]["id"] == vms.coordinators()[0].name
+    assert instance.info["coordinator"]["id"] == arm.coordinators()[0]["name"]
     assert instance.info["coordinator"]["price"] == pytest.approx(COORDINATOR_PRICES["Standard_B1ms"])
 
 
-def test_a_second_controller_finds_the_same_coordinator(fakes: tuple[FakeVMs, GenericResources]) -> None:
-    vms, res = fakes
-    first = _provider(fakes).coordinator(JOB, 2)
+def test_a_second_controller_finds_the_same_coordinator(arm: Arm) -> None:
+    res = arm.res
+    first = _provider(arm).coordinator(JOB, 2)
     puts = len(res.puts)
-    assert _provider(fakes).coordinator(JOB, 2) == first
-    assert len(vms.coordinators()) == 1 and len(res.puts) == puts  # nothing created again
+    assert _provider(arm).coordinator(JOB, 2) == first
+    assert len(arm.coordinators()) == 1 and len(res.puts) == puts  # nothing created again
 
 
 @pytest.mark.parametrize("death", ["deleted", "powered_off"])
-def test_a_dead_coordinator_is_replaced_on_the_same_nic(
-    fakes: tuple[FakeVMs, GenericResources], death: str
-) -> None:
-    vms, _ = fakes
-    p = _provider(fakes)
+def test_a_dead_coordinator_is_replaced_on_the_same_nic(arm: Arm, death: str) -> None:
+    p = _provider(arm)
     address = p.coordinator(JOB, 2)
-    (dead,) = vms.coordinators()
+    (dead,) = arm.coordinators()
     if death == "deleted":
-        vms.vms.pop(dead.name)
+        arm.compute.vms.pop(dead["name"])
     else:  # its idle guard or a failed install powered it off: a stopped VM still bills
-        vms.codes[dead.name] = ["ProvisioningState/succeeded", "PowerState/stopped"]
+        arm.compute.power[dead["name"]] = "stopped"
     assert p.coordinator(JOB, 2) == address
-    (replacement,) = vms.coordinators()
-    assert replacement.name != dead.name
-    assert replacement.model.network_profile.network_interfaces[0].id == NET["nic"]
-    assert (("delete", dead.name) in vms.calls) == (death == "powered_off")
+    (replacement,) = arm.coordinators()
+    assert replacement["name"] != dead["name"]
+    assert replacement["properties"]["networkProfile"]["networkInterfaces"][0]["id"] == NET["nic"]
+    assert (("delete", dead["name"]) in arm.calls()) == (death == "powered_off")
 
 
-def test_a_nic_still_held_by_the_dead_vm_is_tried_again(fakes: tuple[FakeVMs, GenericResources]) -> None:
-    vms, _ = fakes
-    p = _provider(fakes)
+def test_a_nic_still_held_by_the_dead_vm_is_tried_again(arm: Arm) -> None:
+    p = _provider(arm)
     address = p.coordinator(JOB, 2)
-    vms.vms.clear()
-    vms.refuse = ["NicReservedForAnotherVm"]  # Azure keeps the NIC for the deleted VM a while
-    assert p.coordinator(JOB, 2) == address and vms.coordinators() == []
-    assert p.coordinator(JOB, 2) == address and len(vms.coordinators()) == 1
+    arm.compute.vms.clear()
+    arm.refuse_next = ["NicReservedForAnotherVm"]  # Azure keeps the NIC for the deleted VM a while
+    assert p.coordinator(JOB, 2) == address and arm.coordinators() == []
+    assert p.coordinator(JOB, 2) == address and len(arm.coordinators()) == 1
 
 
-def test_close_deletes_the_coordinator_then_its_network(fakes: tuple[FakeVMs, GenericResources]) -> None:
-    vms, res = fakes
-    p = _provider(fakes)
+def test_close_deletes_the_coordinator_then_its_network(arm: Arm) -> None:
+    res = arm.res
+    p = _provider(arm)
     p.coordinator(JOB, 2)
     p.launch(_spec())
-    (coordinator,) = vms.coordinators()
+    (coordinator,) = arm.coordinators()
     p.close()
-    assert vms.vms == {} and ("delete", coordinator.name) in vms.calls
+    assert arm.compute.vms == {} and ("delete", coordinator["name"]) in arm.calls()
     assert res.store == {}
     deleted = [rid for kind, rid in res.log if kind == "delete"]
     assert deleted == [NET["nic"], NET["ip"], NET["nsg"], NET["asg"]]  # the NIC before what it uses
 
 
 def test_gc_reaps_the_coordinator_and_network_of_an_ended_job(
-    fakes: tuple[FakeVMs, GenericResources], monkeypatch: pytest.MonkeyPatch
+    arm: Arm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A controller died without `close`: `spotnb gc` deletes the coordinator and the network."""
     from spotnb.jobdb import JobDB
 
-    vms, res = fakes
+    res = arm.res
     db = JobDB()
     db.add_job(JOB, name=None, provider="azure", region="eastus", instance_type="x", store="az://spotnb/jobs")
     db.update_job(JOB, status="succeeded")
-    _provider(fakes).coordinator(JOB, 2)  # never closed
-    (coordinator,) = vms.coordinators()
+    _provider(arm).coordinator(JOB, 2)  # never closed
+    (coordinator,) = arm.coordinators()
 
     class Wired(AzureProvider):
         def __init__(self, config: Any) -> None:
-            super().__init__(
-                config,
-                compute=SimpleNamespace(virtual_machines=vms),
-                resources=resource_client(res, SUB),
-            )
+            super().__init__(config, **arm.clients())
 
     monkeypatch.setattr("spotnb.providers.get_provider_class", lambda name: Wired)
-    assert gc("azure", _config(instances=1, min_instances=1)) == [coordinator.name]
-    assert vms.vms == {} and res.store == {}
+    assert gc("azure", _config(instances=1, min_instances=1)) == [coordinator["name"]]
+    assert arm.compute.vms == {} and res.store == {}
 
 
-def test_a_coordinator_that_never_stays_up_ends_the_job(fakes: tuple[FakeVMs, GenericResources]) -> None:
-    vms, _ = fakes
-    vms.coordinators_die = True
-    p = _provider(fakes)
+def test_a_coordinator_that_never_stays_up_ends_the_job(arm: Arm) -> None:
+    arm.coordinators_die = True
+    p = _provider(arm)
     for _ in range(MAX_COORDINATOR_LAUNCHES):
         p.coordinator(JOB, 2)
     with pytest.raises(RuntimeError, match=f"started {MAX_COORDINATOR_LAUNCHES} times and did not stay up"):
         p.coordinator(JOB, 2)
-    assert vms.coordinators() == []  # the last powered-off one was deleted too
+    assert arm.coordinators() == []  # the last powered-off one was deleted too
 
 
 def _fit(ctx: Any) -> int:
@@ -380,23 +358,19 @@ def _fit(ctx: Any) -> int:
 
 
 def test_a_coordinator_that_never_stays_up_fails_the_job_and_leaves_nothing(
-    fakes: tuple[FakeVMs, GenericResources], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    arm: Arm, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The real fleet controller and a file store (the boot check of a remote store is lifted:
     no VM reads it here): every coordinator powers off at once; the job fails with the reason,
     and its way out deletes the Spot VMs, the coordinator and the job's network."""
-    vms, res = fakes
-    vms.coordinators_die = True
+    res = arm.res
+    arm.coordinators_die = True
 
     class Wired(AzureProvider):
         describe_interval = 0.0
 
         def __init__(self, config: Any) -> None:
-            super().__init__(
-                config,
-                compute=SimpleNamespace(virtual_machines=vms),
-                resources=resource_client(res, SUB),
-            )
+            super().__init__(config, **arm.clients())
 
     monkeypatch.setattr("spotnb.api.get_provider_class", lambda name: Wired)
     monkeypatch.setattr(azure_module, "require_remote_store", lambda config, name: None)
@@ -406,12 +380,12 @@ def test_a_coordinator_that_never_stays_up_fails_the_job_and_leaves_nothing(
     assert "did not stay up" in (job.state.error.message if job.state.error else "")
     job.driver._thread.join(timeout=120)
     assert not job.driver._thread.is_alive()
-    assert len([c for c in vms.calls if c[0] == "create" and "-coord-" in c[1]]) == MAX_COORDINATOR_LAUNCHES
-    assert vms.vms == {}  # Spot VMs and coordinators alike
+    assert len([c for c in arm.calls() if c[0] == "create" and "-coord-" in c[1]]) == MAX_COORDINATOR_LAUNCHES
+    assert arm.compute.vms == {}  # Spot VMs and coordinators alike
     assert res.store == {}
 
 
-def test_several_instances_need_one_location(fakes: tuple[FakeVMs, GenericResources]) -> None:
+def test_several_instances_need_one_location(arm: Arm) -> None:
     with pytest.raises(ConfigError, match="share its location"):
         AzureProvider(_config(region=None, regions=["eastus", "westus2"])).validate()
     with pytest.raises(ConfigError, match="instead of 'cheapest'"):
@@ -433,8 +407,8 @@ def test_dry_run_lists_the_coordinator_and_its_price() -> None:
     assert "3 spot instances" in text
 
 
-def test_ledger_bills_the_coordinator_on_its_own_line(fakes: tuple[FakeVMs, GenericResources]) -> None:
-    p = _provider(fakes)
+def test_ledger_bills_the_coordinator_on_its_own_line(arm: Arm) -> None:
+    p = _provider(arm)
     p.coordinator(JOB, 2)
     instance = p.launch(_spec())
     started = instance.info["coordinator"]["started"]
@@ -459,40 +433,41 @@ def test_ledger_bills_the_coordinator_on_its_own_line(fakes: tuple[FakeVMs, Gene
 
 
 def test_a_list_that_lags_behind_never_starts_a_second_coordinator(
-    fakes: tuple[FakeVMs, GenericResources],
+    arm: Arm,
 ) -> None:
     """Azure's list is eventually consistent: a VM created a moment ago may be missing from it.
     The provider asks the VM it started directly before starting another one on demand."""
-    vms, _ = fakes
-    p = _provider(fakes)
+    p = _provider(arm)
     p.coordinator(JOB, 2)
-    real_list = vms.list
-    vms.list = lambda rg: []  # type: ignore[method-assign]
+    arm.lagging_list = True
+    asked = len(arm.sent)
     p.coordinator(JOB, 2)
-    vms.list = real_list  # type: ignore[method-assign]
-    assert len(vms.coordinators()) == 1
+    arm.lagging_list = False
+    assert len(arm.coordinators()) == 1
+    listed = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachines"
+    assert ("GET", listed) in [(r.method, r.path) for r in arm.sent[asked:]]  # answered without it
 
 
-def test_a_coordinator_that_fails_half_way_leaves_no_network(fakes: tuple[FakeVMs, GenericResources]) -> None:
+def test_a_coordinator_that_fails_half_way_leaves_no_network(arm: Arm) -> None:
     """The security groups were made, then the NIC was refused: `close` still deletes them."""
-    vms, res = fakes
+    res = arm.res
     res.refuse[NET["nic"]] = "AuthorizationFailed"
-    p = _provider(fakes)
+    p = _provider(arm)
     with pytest.raises(HttpResponseError, match="AuthorizationFailed"):
         p.coordinator(JOB, 2)
     assert NET["nsg"] in res.store
     p.close()
-    assert res.store == {} and vms.vms == {}
+    assert res.store == {} and arm.compute.vms == {}
 
 
-def test_a_nic_left_unpinned_by_a_dead_controller_is_pinned(fakes: tuple[FakeVMs, GenericResources]) -> None:
+def test_a_nic_left_unpinned_by_a_dead_controller_is_pinned(arm: Arm) -> None:
     """A controller died between creating the NIC (dynamic IP) and pinning it: the next one
     pins the IP the NIC already has rather than making another NIC."""
-    vms, res = fakes
-    p = _provider(fakes)
+    res = arm.res
+    p = _provider(arm)
     net = p.ensure_job_network(JOB, "eastus")
     p._put(NET["nic"], coordinator_nic_body(JOB, "eastus", SUBNET, net))
-    assert _provider(fakes).coordinator(JOB, 2) == "http://10.0.0.7:29510"
+    assert _provider(arm).coordinator(JOB, 2) == "http://10.0.0.7:29510"
     ip_config = res.store[NET["nic"]]["properties"]["ipConfigurations"][0]["properties"]
     assert ip_config["privateIPAllocationMethod"] == "Static" and ip_config["privateIPAddress"] == "10.0.0.7"
 
@@ -537,7 +512,7 @@ def test_a_spec_written_with_the_old_names_resumes_silently() -> None:
 
 
 def test_a_hosted_controller_runs_on_the_coordinator_with_its_identity(
-    fakes: tuple[FakeVMs, GenericResources], monkeypatch: pytest.MonkeyPatch
+    arm: Arm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`Config.controller="cloud"`: the coordinator carries the controller (and the job key it
     verifies the spec with), runs as Config.controller_identity, never a credential; the
@@ -548,20 +523,19 @@ def test_a_hosted_controller_runs_on_the_coordinator_with_its_identity(
         f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/"
         "Microsoft.ManagedIdentity/userAssignedIdentities/ctl"
     )
-    vms, _ = fakes
     shipped = ship_fake(monkeypatch)  # the store is not reachable here
-    p = _provider(fakes, controller="cloud", controller_identity=identity)
+    p = _provider(arm, controller="cloud", controller_identity=identity)
     p.host_controller(JOB, "az://spotnb/jobs", "ab" * 32)
     p.close()
-    (vm,) = vms.created
-    assert vm.identity is not None and list(vm.identity.user_assigned_identities) == [identity]
-    script = base64.b64decode(vm.os_profile.custom_data).decode()
+    (vm,) = arm.created  # the JSON body azure-mgmt-compute serialised
+    assert list(vm["identity"]["userAssignedIdentities"]) == [identity]
+    script = base64.b64decode(vm["properties"]["osProfile"]["customData"]).decode()
     assert f"spotnb.cli controller {JOB} --store az://spotnb/jobs" in script
     assert "spotnb.runtime.lighthouse --min-replicas 2" in script  # several instances: both
     assert "SPOTNB_WHEEL_EXTRAS='[azure,elastic]'" in script and "ab" * 32 in script
     assert shipped == [(JOB, bytes.fromhex("ab" * 32))]  # the job's wheel, verified with its key
     assert not [name for name, value in CANARIES.items() if value in script]
-    assert not [c for c in vms.calls if c[0] == "delete"]  # the job now depends on it
-    again = _provider(fakes, controller="cloud", controller_identity=identity)
+    assert not [c for c in arm.calls() if c[0] == "delete"]  # the job now depends on it
+    again = _provider(arm, controller="cloud", controller_identity=identity)
     again.host_controller(JOB, "az://spotnb/jobs", "ab" * 32)
-    assert len(vms.created) == 1
+    assert len(arm.created) == 1
