@@ -23,17 +23,15 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import boto3
-import pytest
 
 import spotnb as spot
 from spotnb.providers.cleanup import JOB_TAG
 from spotnb.providers.local.metadata import MetadataEmulator
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
-from tests.clouds_fixtures import CANARIES
-from tests.vm_image import torch_only_python
+from tests.fake_cloud import *  # noqa: F401,F403 - fixtures: image, emulator
+from tests.fake_cloud import assert_no_canary, assert_survived_like_cloud_images, fit, survive_a_preemption
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,54 +102,11 @@ class VMRunner:
                 proc.wait()
 
 
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return torch_only_python(tmp_path_factory.mktemp("image") / "pytorch")
-
-
-@pytest.fixture
-def emulator() -> Any:
-    em = MetadataEmulator()
-    yield em
-    em.close()
-
-
 def test_job_on_moto_survives_preemption_and_leaks_no_credential(
     s3_store_url: str, emulator: MetadataEmulator, tmp_path: Path, spotnb_home: Path, image: Path
 ) -> None:
     ami = boto3.client("ec2", region_name="us-east-1").describe_images()["Images"][0]["ImageId"]
     runner = VMRunner(tmp_path, emulator, image)
-
-    def fit(ctx: Any) -> dict[str, Any]:
-        import time as _time
-
-        import torch
-
-        model = torch.nn.Linear(8, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        ctx.track(model=model, optimizer=opt)
-        for step in ctx.steps(30):
-            loss = model(torch.ones(4, 8)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            ctx.log(loss=loss.item())
-            if ctx.incarnation == 1 and step == 10:
-                # hand-shake, not a timing guess: block until the notice has arrived
-                t0 = _time.monotonic()
-                while ctx.notice is None and _time.monotonic() - t0 < 60:
-                    _time.sleep(0.02)
-        return {"steps": ctx.step_index, "incarnation": ctx.incarnation}
 
     cfg = spot.Config(
         provider="aws",
@@ -160,58 +115,16 @@ def test_job_on_moto_survives_preemption_and_leaks_no_credential(
         aws_image_id=ami,
         notice_poll="0.1s",
         heartbeat_timeout="60s",
+        ship_modules=["tests.fake_cloud"],
     )
     job = spot.train(fit, cfg)
-    try:
-        first = _wait(
-            lambda: next(
-                (
-                    e
-                    for e in job.events
-                    if e["kind"] == "progress" and e["incarnation"] == 1 and e["step"] >= 10
-                ),
-                None,
-            ),
-            90,
-            "incarnation 1 to reach step 10",
-        )
-        inst1 = next(
-            e["instance_id"] for e in job.events if e["kind"] == "allocated" and e["incarnation"] == 1
-        )
-        assert first
-        emulator.notify(inst1, time.time() + 120)  # the IMDSv2 instance-action notice
-        result = job.result(timeout=150)
-    except BaseException:
-        for e in job.events:
-            print({k: v for k, v in e.items() if k not in ("config", "rows", "traceback")})
-        for log in tmp_path.glob("*.log"):
-            print(log, log.read_text()[-3000:])
-        raise
+    try:  # the IMDSv2 instance-action notice
+        result = survive_a_preemption(job, lambda vm: emulator.notify(vm, time.time() + 120), tmp_path)
     finally:
         job.stop(wait=True, timeout=30) if not job.done else None
         runner.close()
-    assert result == {"steps": 30, "incarnation": 2}
-    kinds = [(e["incarnation"], e["kind"]) for e in job.events]
-    for expected in [
-        (1, "bootstrap"),
-        (1, "ready"),
-        (1, "notice"),
-        (1, "evacuated"),
-        (2, "allocated"),
-        (2, "bootstrap"),
-        (2, "resumed"),
-        (2, "done"),
-    ]:
-        assert expected in kinds, expected
-    resumed = next(e for e in job.events if e["kind"] == "resumed")
-    assert resumed["from_step"] >= 11 and resumed["save_kind"] == "emergency"
-    boots = [e for e in job.events if e["kind"] == "bootstrap" and e.get("phase") == "installed"]
-    assert [(b["cloud"], b["installed"]) for b in boots] == [("aws", 1), ("aws", 1)]  # each VM installed
-    for log in (tmp_path / f"{i}.log" for i in runner.scripts):
-        text = log.read_text()
-        assert "spotnb code: " in text and "checked (sha256" in text  # the store's wheel, checked
-        assert f"{image}, the image's torch" in text and "installing torch" not in text
-    print("install seconds per VM:", [round(b["install_s"], 1) for b in boots])
+    boot_logs = [tmp_path / f"{i}.log" for i in runner.scripts]
+    assert_survived_like_cloud_images(job, result, "aws", boot_logs, image)
     # no VM left running
     ec2 = boto3.client("ec2", region_name="us-east-1")
     left = ec2.describe_instances(
@@ -223,22 +136,12 @@ def test_job_on_moto_survives_preemption_and_leaks_no_credential(
     assert left["Reservations"] == []
 
     # -- credentials: nothing spotnb wrote or sent holds the canaries ------------------------
-    secrets = [v.encode() for v in CANARIES.values()]
     blobs: dict[str, bytes] = {}
     s3 = boto3.client("s3", region_name="us-east-1")
     bucket = s3_store_url.split("/")[2]
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         for obj in page.get("Contents", []):
             blobs[f"s3://{bucket}/{obj['Key']}"] = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
-    assert any(k.endswith("spec.json") for k in blobs) and any("MANIFEST" in k for k in blobs)
-    for path in spotnb_home.rglob("*"):  # job DB, logs
-        if path.is_file():
-            blobs[str(path)] = path.read_bytes()
     for instance_id, script in runner.scripts.items():  # what the VM was given
         blobs[f"userdata:{instance_id}"] = script.encode()
-    for path in tmp_path.glob("*.log"):  # what the VM printed
-        blobs[str(path)] = path.read_bytes()
-    blobs["events"] = repr(job.events).encode()
-    assert len(blobs) > 10
-    leaks = [name for name, data in blobs.items() if any(s in data for s in secrets)]
-    assert leaks == []
+    assert_no_canary(blobs, job, spotnb_home, tmp_path)

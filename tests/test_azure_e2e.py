@@ -46,8 +46,9 @@ from spotnb.providers.local.metadata import MetadataEmulator
 from tests.arm_fake import VM_TOKEN, FakeArm
 from tests.azure_transport import SUBSCRIPTION
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
-from tests.clouds_fixtures import AZURITE_KEY, CANARIES
-from tests.vm_image import torch_only_python
+from tests.clouds_fixtures import AZURITE_KEY
+from tests.fake_cloud import *  # noqa: F401,F403 - fixtures: image, emulator
+from tests.fake_cloud import assert_no_canary, assert_survived_like_cloud_images, fit, survive_a_preemption
 
 LOCATION = "eastus"
 ACCOUNT = "devstoreaccount1"  # Azurite's account
@@ -152,28 +153,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return torch_only_python(tmp_path_factory.mktemp("image") / "pytorch")
-
-
-@pytest.fixture
-def emulator() -> Any:
-    em = MetadataEmulator()
-    yield em
-    em.close()
-
-
 def test_job_on_fake_azure_survives_preemption_and_leaks_no_credential(
     az_store_url: str,
     azure_env: str,
@@ -199,27 +178,6 @@ def test_job_on_fake_azure_survives_preemption_and_leaks_no_credential(
     monkeypatch.setattr("spotnb.api.get_provider_class", lambda name: Wired)
     runner = VMRunner(tmp_path, arm, emulator, image)
 
-    def fit(ctx: Any) -> dict[str, Any]:
-        import time as _time
-
-        import torch
-
-        model = torch.nn.Linear(8, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        ctx.track(model=model, optimizer=opt)
-        for step in ctx.steps(30):
-            loss = model(torch.ones(4, 8)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            ctx.log(loss=loss.item())
-            if ctx.incarnation == 1 and step == 10:
-                # hand-shake, not a timing guess: block until the notice has arrived
-                t0 = _time.monotonic()
-                while ctx.notice is None and _time.monotonic() - t0 < 60:
-                    _time.sleep(0.02)
-        return {"steps": ctx.step_index, "incarnation": ctx.incarnation, "torch": torch.__file__}
-
     cfg = spot.Config(
         provider="azure",
         store=az_store_url,
@@ -230,65 +188,32 @@ def test_job_on_fake_azure_survives_preemption_and_leaks_no_credential(
         azure_identity_id=IDENTITY,
         notice_poll="0.1s",
         heartbeat_timeout="60s",
+        ship_modules=["tests.fake_cloud"],
     )
     started = time.monotonic()
     # driven from a thread of this process: a detached controller process would build its own
     # clients with DefaultAzureCredential against management.azure.com (the SDK reads no
     # endpoint override from the environment), not this in-process Resource Manager
     job = spot.train(fit, cfg, detach=False)
-    try:
-        _wait(
-            lambda: any(
-                e["kind"] == "progress" and e["incarnation"] == 1 and e["step"] >= 10 for e in job.events
-            ),
-            90,
-            "incarnation 1 to reach step 10",
+    try:  # Scheduled Events: a Preempt event
+        result = survive_a_preemption(
+            job,
+            lambda vm: emulator.notify(vm, time.time() + 30),
+            tmp_path,
+            lambda: print("ARM:", arm.compute.log[-30:], dict(arm.vm_requests)),
         )
-        inst1 = next(
-            e["instance_id"] for e in job.events if e["kind"] == "allocated" and e["incarnation"] == 1
-        )
-        emulator.notify(inst1, time.time() + 30)  # Scheduled Events: a Preempt event
-        result = job.result(timeout=150)
-    except BaseException:
-        for e in job.events:
-            print({k: v for k, v in e.items() if k not in ("config", "rows", "traceback")})
-        for log in tmp_path.glob("*.log"):
-            print(log, log.read_text()[-3000:])
-        print("ARM:", arm.compute.log[-30:], dict(arm.vm_requests))
-        raise
     finally:
         job.stop(wait=True, timeout=30) if not job.done else None
         runner.close()
         arm.close()
     print(f"job: {time.monotonic() - started:.1f} s")
     assert runner.errors == []
-    assert result["steps"] == 30 and result["incarnation"] == 2
-    assert result["torch"].startswith(str(image.parent.parent))  # the image's torch, not a download
-    kinds = [(e["incarnation"], e["kind"]) for e in job.events]
-    for expected in [
-        (1, "bootstrap"),
-        (1, "ready"),
-        (1, "notice"),
-        (1, "evacuated"),
-        (2, "allocated"),
-        (2, "bootstrap"),
-        (2, "resumed"),
-        (2, "done"),
-    ]:
-        assert expected in kinds, expected
+    logs = [tmp_path / f"{name}.log" for name in runner.scripts]
+    assert_survived_like_cloud_images(job, result, "azure", logs, image)
     notice = next(e for e in job.events if e["kind"] == "notice")
     assert notice["incarnation"] == 1
-    resumed = next(e for e in job.events if e["kind"] == "resumed")
-    assert resumed["from_step"] >= 11 and resumed["save_kind"] == "emergency"
-    boots = [e for e in job.events if e["kind"] == "bootstrap" and e.get("phase") == "installed"]
-    assert [(b["cloud"], b["installed"]) for b in boots] == [("azure", 1), ("azure", 1)]  # each VM installed
-    assert len(runner.scripts) == 2
-    for log in (tmp_path / f"{name}.log" for name in runner.scripts):
-        text = log.read_text()
-        assert "spotnb code: " in text and "checked (sha256" in text  # the store's wheel, checked
-        assert f"{image}, the image's torch" in text and "installing torch" not in text
-        assert "Azure deallocates this VM" in text  # spotnb_azure_end, through Resource Manager
-    print("install seconds per VM:", [round(b["install_s"], 1) for b in boots])
+    for log in logs:
+        assert "Azure deallocates this VM" in log.read_text()  # spotnb_azure_end, through Resource Manager
 
     # -- Resource Manager saw what Azure would ---------------------------------------------------
     sent = clients["compute"].transport.requests + clients["resources"].transport.requests
@@ -311,26 +236,16 @@ def test_job_on_fake_azure_survives_preemption_and_leaks_no_credential(
     # -- credentials: nothing spotnb wrote or sent holds a canary --------------------------------
     from azure.storage.blob import BlobServiceClient
 
-    secrets = [v.encode() for v in CANARIES.values()] + [VM_TOKEN.encode(), AZURITE_KEY.encode()]
     blobs: dict[str, bytes] = {}
     container = az_store_url.split("/")[2]
     client = BlobServiceClient.from_connection_string(azure_env).get_container_client(container)
     for item in client.list_blobs():
         blobs[f"az://{container}/{item.name}"] = client.download_blob(item.name).readall()
-    assert any(k.endswith("spec.json") for k in blobs) and any("MANIFEST" in k for k in blobs)
-    for path in spotnb_home.rglob("*"):  # job DB, logs
-        if path.is_file():
-            blobs[str(path)] = path.read_bytes()
     for name, script in runner.scripts.items():  # what the VM was given
         blobs[f"customData:{name}"] = script.encode()
     for req in sent:  # everything sent to Resource Manager
         blobs[f"arm:{req.method} {req.url}"] = repr(req.body).encode()
-    for path in tmp_path.glob("*.log"):  # what the VM printed
-        blobs[str(path)] = path.read_bytes()
-    blobs["events"] = repr(job.events).encode()
-    assert len(blobs) > 10
-    leaks = [name for name, data in blobs.items() if any(s in data for s in secrets)]
-    assert leaks == []
+    assert_no_canary(blobs, job, spotnb_home, tmp_path, [VM_TOKEN.encode(), AZURITE_KEY.encode()])
 
 
 def test_code_fetch_reads_azurite_with_the_connection_strings_key(az_store_url: str, azure_env: str) -> None:

@@ -40,9 +40,9 @@ import spotnb as spot
 from spotnb.providers.gcp import GCPProvider
 from spotnb.providers.local.metadata import MetadataEmulator
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
-from tests.clouds_fixtures import CANARIES
+from tests.fake_cloud import *  # noqa: F401,F403 - fixtures: image, emulator
+from tests.fake_cloud import assert_no_canary, assert_survived_like_cloud_images, fit, survive_a_preemption
 from tests.gce_fake import FakeCompute, GceIdentity
-from tests.vm_image import torch_only_python
 
 PROJECT = "spotnb-e2e"
 REGION = "us-central1"
@@ -147,28 +147,6 @@ class PowerButton:
         self.server.server_close()
 
 
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return torch_only_python(tmp_path_factory.mktemp("image") / "conda")
-
-
-@pytest.fixture
-def emulator() -> Any:
-    em = MetadataEmulator()
-    yield em
-    em.close()
-
-
 @pytest.fixture
 def identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     """The notebook's ADC (an authorized_user file) and the VMs' metadata-server identity."""
@@ -217,27 +195,6 @@ def test_job_on_fake_gce_survives_preemption_and_leaks_no_credential(
     button = PowerButton(compute)
     runner = VMRunner(tmp_path, compute, emulator, identity, image, button.url)
 
-    def fit(ctx: Any) -> dict[str, Any]:
-        import time as _time
-
-        import torch
-
-        model = torch.nn.Linear(8, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        ctx.track(model=model, optimizer=opt)
-        for step in ctx.steps(30):
-            loss = model(torch.ones(4, 8)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            ctx.log(loss=loss.item())
-            if ctx.incarnation == 1 and step == 10:
-                # hand-shake, not a timing guess: block until the notice has arrived
-                t0 = _time.monotonic()
-                while ctx.notice is None and _time.monotonic() - t0 < 60:
-                    _time.sleep(0.02)
-        return {"steps": ctx.step_index, "incarnation": ctx.incarnation}
-
     cfg = spot.Config(
         provider="gcp",
         store=gs_store_url,
@@ -246,60 +203,28 @@ def test_job_on_fake_gce_survives_preemption_and_leaks_no_credential(
         gcp_project=PROJECT,
         notice_poll="0.1s",
         heartbeat_timeout="60s",
+        ship_modules=["tests.fake_cloud"],
     )
     started = time.monotonic()
     # driven from a thread of this process: a detached controller process could not reach the
     # fake Compute API (google-cloud-compute reads no endpoint override from the environment)
     job = spot.train(fit, cfg, detach=False)
-    try:
-        _wait(
-            lambda: any(
-                e["kind"] == "progress" and e["incarnation"] == 1 and e["step"] >= 10 for e in job.events
-            ),
-            90,
-            "incarnation 1 to reach step 10",
+    try:  # GCE: instance/preempted turns TRUE
+        result = survive_a_preemption(
+            job,
+            lambda vm: emulator.notify(vm, time.time() + 30),
+            tmp_path,
+            lambda: print("compute requests:", [(r.method, r.path) for r in compute.adapter.requests][-30:]),
         )
-        inst1 = next(
-            e["instance_id"] for e in job.events if e["kind"] == "allocated" and e["incarnation"] == 1
-        )
-        emulator.notify(inst1, time.time() + 30)  # GCE: instance/preempted turns TRUE
-        result = job.result(timeout=150)
-    except BaseException:
-        for e in job.events:
-            print({k: v for k, v in e.items() if k not in ("config", "rows", "traceback")})
-        for log in tmp_path.glob("*.log"):
-            print(log, log.read_text()[-3000:])
-        print("compute requests:", [(r.method, r.path) for r in compute.adapter.requests][-30:])
-        raise
     finally:
         job.stop(wait=True, timeout=30) if not job.done else None
         runner.close()
         button.close()
     print(f"job: {time.monotonic() - started:.1f} s")
     assert runner.errors == []
-    assert result == {"steps": 30, "incarnation": 2}
-    kinds = [(e["incarnation"], e["kind"]) for e in job.events]
-    for expected in [
-        (1, "bootstrap"),
-        (1, "ready"),
-        (1, "notice"),
-        (1, "evacuated"),
-        (2, "allocated"),
-        (2, "bootstrap"),
-        (2, "resumed"),
-        (2, "done"),
-    ]:
-        assert expected in kinds, expected
-    resumed = next(e for e in job.events if e["kind"] == "resumed")
-    assert resumed["from_step"] >= 11 and resumed["save_kind"] == "emergency"
-    boots = [e for e in job.events if e["kind"] == "bootstrap" and e.get("phase") == "installed"]
-    assert [(b["cloud"], b["installed"]) for b in boots] == [("gcp", 1), ("gcp", 1)]  # each VM installed
-    assert len(runner.scripts) == 2
-    for log in (tmp_path / f"{name}.log" for name in runner.scripts):
-        text = log.read_text()
-        assert "spotnb code: " in text and "checked (sha256" in text  # the store's wheel, checked
-        assert f"{image}, the image's torch" in text and "installing torch" not in text
-    print("install seconds per VM:", [round(b["install_s"], 1) for b in boots])
+    assert_survived_like_cloud_images(
+        job, result, "gcp", [tmp_path / f"{n}.log" for n in runner.scripts], image
+    )
 
     # -- the Compute API saw what GCE would: two Spot inserts, then both VMs deleted -------------
     sent = [(r.method, r.path.rsplit("/", 2)[-2:]) for r in compute.adapter.requests]
@@ -315,26 +240,16 @@ def test_job_on_fake_gce_survives_preemption_and_leaks_no_credential(
     assert identity.requests["/computeMetadata/v1/instance/service-accounts/default/token"] >= 2
 
     # -- credentials: nothing spotnb wrote or sent holds a canary --------------------------------
-    secrets = [v.encode() for v in CANARIES.values()] + identity.secrets()
     blobs: dict[str, bytes] = {}
     fs = gcsfs.GCSFileSystem(token="anon")
     bucket = gs_store_url.split("/")[2]
     for key in fs.find(bucket):
         blobs[f"gs://{key}"] = fs.cat_file(key)
-    assert any(k.endswith("spec.json") for k in blobs) and any("MANIFEST" in k for k in blobs)
-    for path in spotnb_home.rglob("*"):  # job DB, logs
-        if path.is_file():
-            blobs[str(path)] = path.read_bytes()
     for name, script in runner.scripts.items():  # what the VM was given
         blobs[f"startup-script:{name}"] = script.encode()
     for req in compute.adapter.requests:  # everything sent to the Compute API
         blobs[f"compute:{req.method} {req.url}"] = repr(req.body).encode()
-    for path in tmp_path.glob("*.log"):  # what the VM printed
-        blobs[str(path)] = path.read_bytes()
-    blobs["events"] = repr(job.events).encode()
-    assert len(blobs) > 10
-    leaks = [name for name, data in blobs.items() if any(s in data for s in secrets)]
-    assert leaks == []
+    assert_no_canary(blobs, job, spotnb_home, tmp_path, identity.secrets())
 
 
 def test_the_default_instance_type_is_a_gce_machine_type_or_refused_before_any_insert() -> None:
