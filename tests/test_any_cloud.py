@@ -15,7 +15,6 @@ import math
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -28,9 +27,10 @@ from spotnb.providers.aws import AWSProvider
 from spotnb.providers.azure import AzureProvider
 from spotnb.providers.base import InstanceState, LaunchSpec, Price
 from spotnb.providers.gcp import GCPProvider
+from tests.azure_transport import ArmCompute, compute_client, resource_client
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.core import jobfns
-from tests.test_azure import IDENTITY, RG, SUB, SUBNET, FakeVirtualMachines
+from tests.test_azure import IDENTITY, RG, SUB, SUBNET
 from tests.test_gcp import PROJECT, FakeInstances, FakeZones
 
 TYPES = {"aws": "g5.xlarge", "azure": "Standard_NC4as_T4_v3", "gcp": "g2-standard-4"}
@@ -133,10 +133,14 @@ def retail(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Retail]:
 
 
 class MockedAzure(AzureProvider):
-    """The Azure provider with its compute control plane mocked (recording fake)."""
+    """The Azure provider on the real Azure SDK clients, Resource Manager answered in-process
+    (`ArmCompute` behind `ArmTransport`: the control plane has no emulator)."""
 
     def __init__(self, config: Any) -> None:
-        super().__init__(config, compute=SimpleNamespace(virtual_machines=FakeVirtualMachines()))
+        self.arm = ArmCompute()  # `log`: (method, VM name) of every VM request the SDK sent
+        super().__init__(
+            config, compute=compute_client(self.arm, SUB), resources=resource_client(self.arm, SUB)
+        )
 
 
 class MockedGCP(GCPProvider):
@@ -225,8 +229,9 @@ def test_a_launch_goes_to_the_zone_s_cloud_and_is_watched_and_ended_there(clouds
     assert p.clouds() == ["aws", "azure", "gcp"]
     vm = p.launch(_spec("azure/eastus"))
     assert vm.region == "azure/eastus" and vm.instance_type == "Standard_NC4as_T4_v3"
-    fake_vms = p.sub("azure").compute.virtual_machines
-    assert [c[0] for c in fake_vms.calls] == ["create"]
+    arm = p.sub("azure").arm
+    sent = [method for method, _ in arm.log]
+    assert sent[0] == "PUT" and "DELETE" not in sent  # created through the real SDK
     assert p.notice_settings("azure/eastus")["format"] == "azure"
     assert p.notice_settings("gcp/us-central1-a")["format"] == "gcp"
     assert p.market_key("gcp/us-central1-a") == ("gcp", "us-central1-a", "g2-standard-4", {})
@@ -243,7 +248,7 @@ def test_a_launch_goes_to_the_zone_s_cloud_and_is_watched_and_ended_there(clouds
             id=vm.id, provider="any", region=vm.region, instance_type="", launched_at=0.0, info=vm.info
         )
     )
-    assert [c[0] for c in fake_vms.calls][-1] == "delete"
+    assert [method for method, _ in arm.log][-1] == "DELETE"
 
 
 class _Flaky(MockedGCP):
