@@ -5,7 +5,7 @@ VM logs and events runs in test_aws_e2e.py against moto.)"""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -67,25 +67,15 @@ def test_dry_run_plan_and_config_event_hold_no_credential(
 
 
 def test_launch_requests_hold_no_credential() -> None:
-    from google.cloud import compute_v1
+    """Each launch goes through its cloud's real SDK (Azure's ComputeManagementClient over
+    `ArmTransport`, google-cloud-compute's REST InstancesClient over `GceAdapter`); what the
+    SDK serialised onto the wire is scanned: the request bodies and the boot scripts in them."""
+    import base64
 
     from spotnb.providers.azure import AzureProvider
     from spotnb.providers.gcp import GCPProvider
-
-    sent: list[str] = []
-
-    class VMs:
-        def begin_create_or_update(self, rg, name, vm):
-            sent.append(json.dumps(vm.as_dict()))
-            import base64
-
-            sent.append(base64.b64decode(vm.os_profile.custom_data).decode())
-            return SimpleNamespace(done=lambda: False)
-
-    class Instances:
-        def insert(self, request):
-            sent.append(compute_v1.InsertInstanceRequest.to_json(request))
-            return SimpleNamespace(result=lambda timeout=None: None)
+    from tests.azure_transport import ArmCompute, ArmRequest, compute_client, resource_client
+    from tests.gce_fake import FakeCompute
 
     azure_cfg, gcp_cfg = _configs()[1], _configs()[2]
     spec = dict(
@@ -95,13 +85,33 @@ def test_launch_requests_hold_no_credential() -> None:
         command=["python", "-m", "spotnb.runtime.agent"],
         spotnb_version="0.1.0",
     )
-    AzureProvider(azure_cfg, compute=SimpleNamespace(virtual_machines=VMs())).launch(
-        LaunchSpec(store_url="az://c/spotnb", region="eastus", **spec)
-    )
-    GCPProvider(gcp_cfg, instances=Instances()).launch(
+    arm, arm_sent = ArmCompute(), []
+
+    def answer(request: ArmRequest) -> Any:
+        arm_sent.append(request)
+        return arm(request)
+
+    AzureProvider(
+        azure_cfg, compute=compute_client(answer, "sub"), resources=resource_client(answer, "sub")
+    ).launch(LaunchSpec(store_url="az://c/spotnb", region="eastus", **spec))
+    gce = FakeCompute("proj", "us-central1", machine_types=("x",))
+    GCPProvider(gcp_cfg, **gce.clients()).launch(
         LaunchSpec(store_url="gs://bucket/spotnb", region="us-central1-a", **spec)
     )
-    assert len(sent) == 3
+
+    sent: list[str] = []
+    (vm_put,) = [r for r in arm_sent if r.method == "PUT" and "/virtualMachines/" in r.path]
+    sent.append(json.dumps(vm_put.body))
+    sent.append(base64.b64decode(vm_put.body["properties"]["osProfile"]["customData"]).decode())
+    (insert,) = [r for r in gce.adapter.requests if r.method == "POST"]
+    assert insert.path == "/compute/v1/projects/proj/zones/us-central1-a/instances"
+    sent.append(json.dumps(insert.body))
+    (script,) = [i["value"] for i in insert.body["metadata"]["items"] if i["key"] == "startup-script"]
+    assert script.startswith("#!/bin/bash")
+    sent.append(script)
+    for request in [*arm_sent, *gce.adapter.requests]:  # nor in any URL or query of either
+        sent.append(request.url)
+    assert len(sent) >= 4
     for text in sent:
         _clean(text)
 
