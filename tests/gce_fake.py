@@ -8,12 +8,21 @@ Compute Engine's control plane has no emulator, so it is faked, below `requests`
 `FakeCompute` keeps the instances that `instances.insert` created, with the body as sent (its
 metadata `startup-script` included), and answers:
 
-- `zones.list`: the region's zones, UP;
+- `zones.list`: the region's zones, UP (`zone_status[zone]` another status; `zone_items` the
+  exact items instead; `zones_refused` an error answer), its `region eq` filter applied;
 - `instances.insert`: GCE's 404 for a machine type it lacks, else a DONE zonal operation; the
   instance is PROVISIONING until the "hypervisor" (the test's VM runner) boots it (`boot`:
-  RUNNING);
-- `instances.get` (404 once deleted), `instances.delete`, `instances.list`,
-  `instances.aggregatedList` (label filter `labels.KEY:*`), `zoneOperations.get`;
+  RUNNING; `status_on_insert(body)` picks another first status). A refusal is given as the
+  answer itself, (HTTP status, JSON), a synchronous error document or a DONE operation carrying
+  GCE's asynchronous error (`gcp_transport.done_operation(error=...)`): `refuse_next` (the next
+  inserts, in turn), `refuse[zone]`, `refuse_all`;
+- `instances.get` (404 once deleted), `instances.delete`, `instances.list` (label filters
+  `labels.KEY = "VALUE"` and `labels.KEY:*`), `instances.aggregatedList` (same filters),
+  `instances.simulateMaintenanceEvent` (logged in `maintenance`), `zoneOperations.get`;
+  `set_status` and `vanish` (the platform deleted it) change an instance behind the client;
+- `addresses.insert/get/delete` (a reservation gets `next_ip`, RESERVED; `refuse_address`
+  refuses the insert) and `firewalls.insert/get/delete`, kept as sent (`addresses`,
+  `firewalls`);
 - anything else: 501, so an unexpected call fails the test loudly.
 
 `GceIdentity` is one loopback HTTP server with two roles:
@@ -38,6 +47,8 @@ import json
 import re
 import threading
 from collections import Counter
+from collections.abc import Callable
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -71,6 +82,18 @@ class FakeCompute:
         self.zones = [f"{region}-{z}" for z in zones]
         self.instances: dict[tuple[str, str], dict[str, Any]] = {}  # (zone, name) -> resource
         self.deleted: list[str] = []
+        self.zone_status: dict[str, str] = {}
+        self.zone_items: list[dict[str, Any]] | None = None
+        self.zones_refused: tuple[int, Any] | None = None
+        self.refuse_next: list[tuple[int, Any]] = []
+        self.refuse: dict[str, tuple[int, Any]] = {}
+        self.refuse_all: tuple[int, Any] | None = None
+        self.status_on_insert: Callable[[dict[str, Any]], str] = lambda body: "PROVISIONING"
+        self.maintenance: list[str] = []
+        self.addresses: dict[str, dict[str, Any]] = {}
+        self.firewalls: dict[str, dict[str, Any]] = {}
+        self.next_ip = "10.128.0.42"
+        self.refuse_address: tuple[int, Any] | None = None
         self.lock = threading.Lock()
         self.adapter = GceAdapter(self.handle)
         self._ops = 0
@@ -112,6 +135,25 @@ class FakeCompute:
     def boot(self, zone: str, name: str) -> None:
         self._set_status(zone, name, "RUNNING")
 
+    def set_status(self, zone: str, name: str, status: str) -> None:
+        self._set_status(zone, name, status)
+
+    def vanish(self, zone: str, name: str) -> None:
+        """The platform deleted the instance (a Spot VM's termination action DELETE)."""
+        with self.lock:
+            self.instances.pop((zone, name), None)
+
+    def inserts(self) -> list[Any]:
+        """Every instances.insert request as sent (refused ones included), in order."""
+        return [
+            r
+            for r in self.adapter.requests
+            if r.method == "POST" and r.path.endswith("/instances") and "/zones/" in r.path
+        ]
+
+    def inserted_zones(self) -> list[str]:
+        return [r.path.split("/zones/")[1].split("/")[0] for r in self.inserts()]
+
     def power_off(self, zone: str, name: str) -> None:
         """The guest shut down: GCE keeps the instance, TERMINATED (its disk still billed)."""
         self._set_status(zone, name, "TERMINATED")
@@ -135,6 +177,16 @@ class FakeCompute:
         op["targetLink"] = f"{_API}/projects/{self.project}/zones/{zone}/instances/{target}"
         return op
 
+    def _plain_operation(self, where: dict[str, str], kind: str, target: str) -> dict[str, Any]:
+        """A finished regional or global Operation (`where`: {"region": ...} or {})."""
+        self._ops += 1
+        op = done_operation("-", name=f"operation-{self._ops}")
+        del op["zone"]
+        op.update({k: f"{_API}/projects/{self.project}/regions/{v}" for k, v in where.items()})
+        op["operationType"] = kind
+        op["targetLink"] = target
+        return op
+
     def handle(self, req: GceRequest) -> tuple[int, Any]:
         prefix = f"/compute/v1/projects/{self.project}/"
         if not req.path.startswith(prefix):
@@ -142,17 +194,21 @@ class FakeCompute:
         parts = req.path[len(prefix) :].split("/")
         with self.lock:
             if parts == ["zones"] and req.method == "GET":
-                region = f"{_API}/projects/{self.project}/regions/{self.region}"
-                return 200, {
-                    "kind": "compute#zoneList",
-                    "items": [{"name": z, "status": "UP", "region": region} for z in self.zones],
-                }
+                return self._zones(req)
             if parts == ["aggregated", "instances"] and req.method == "GET":
                 return 200, self._aggregated(req)
             if len(parts) >= 3 and parts[0] == "zones" and parts[2] == "instances":
                 return self._instances(req, parts[1], parts[3:])
             if len(parts) == 4 and parts[0] == "zones" and parts[2] == "operations":
                 return 200, self._operation(parts[1], "insert", "?")
+            if len(parts) >= 3 and parts[0] == "regions" and parts[2] == "addresses":
+                return self._addresses(req, parts[1], parts[3:])
+            if len(parts) == 4 and parts[0] == "regions" and parts[2] == "operations":
+                return 200, self._plain_operation({"region": parts[1]}, "insert", "?")
+            if len(parts) >= 2 and parts[:2] == ["global", "firewalls"]:
+                return self._firewalls(req, parts[2:])
+            if len(parts) == 3 and parts[:2] == ["global", "operations"]:
+                return 200, self._plain_operation({}, "insert", "?")
         return 501, gce_error(501, f"the fake Compute API does not serve {req.method} {req.path}", "x")
 
     def _instances(self, req: GceRequest, zone: str, rest: list[str]) -> tuple[int, Any]:
@@ -162,6 +218,11 @@ class FakeCompute:
             if req.method == "POST":
                 body = req.body
                 name = body["name"]
+                refusal = (
+                    self.refuse_next.pop(0) if self.refuse_next else self.refuse.get(zone, self.refuse_all)
+                )
+                if refusal is not None:
+                    return refusal
                 machine = body["machineType"].rsplit("/", 1)[-1]
                 if machine not in self.machine_types:  # GCE's synchronous 404 for the type
                     path = f"projects/{self.project}/zones/{zone}/machineTypes/{machine}"
@@ -175,13 +236,15 @@ class FakeCompute:
                     **body,
                     "kind": "compute#instance",
                     "id": str(1000 + len(self.instances) + len(self.deleted)),
-                    "status": "PROVISIONING",
+                    "status": self.status_on_insert(body),
+                    "creationTimestamp": datetime.now(timezone.utc).isoformat(),
                     "zone": f"{_API}/projects/{self.project}/zones/{zone}",
                     "selfLink": f"{_API}/projects/{self.project}/zones/{zone}/instances/{name}",
                 }
                 return 200, self._operation(zone, "insert", name)
             if req.method == "GET":
-                items = [copy.deepcopy(i) for (z, _), i in self.instances.items() if z == zone]
+                wanted = _label_filter(req)
+                items = [copy.deepcopy(i) for (z, _), i in self.instances.items() if z == zone and wanted(i)]
                 return 200, {"kind": "compute#instanceList", "items": items}
         name = rest[0]
         inst = self.instances.get((zone, name))
@@ -194,15 +257,90 @@ class FakeCompute:
             del self.instances[(zone, name)]
             self.deleted.append(name)
             return 200, self._operation(zone, "delete", name)
+        if rest[1:] == ["simulateMaintenanceEvent"] and req.method == "POST":
+            self.maintenance.append(name)
+            return 200, self._operation(zone, "simulateMaintenanceEvent", name)
+        return 501, gce_error(501, f"the fake Compute API does not serve {req.method} {req.path}", "x")
+
+    def _zones(self, req: GceRequest) -> tuple[int, Any]:
+        if self.zones_refused is not None:
+            return self.zones_refused
+        region = f"{_API}/projects/{self.project}/regions/{self.region}"
+        items = self.zone_items
+        if items is None:
+            items = [
+                {"name": z, "status": self.zone_status.get(z, "UP"), "region": region} for z in self.zones
+            ]
+        match = re.fullmatch(r"region eq (.*)", " ".join(req.query.get("filter", [])))
+        if match:
+            items = [i for i in items if re.fullmatch(match.group(1), i["region"])]
+        return 200, {"kind": "compute#zoneList", "items": copy.deepcopy(items)}
+
+    def _addresses(self, req: GceRequest, region: str, rest: list[str]) -> tuple[int, Any]:
+        base = f"projects/{self.project}/regions/{region}/addresses"
+        if not rest and req.method == "POST":
+            if self.refuse_address is not None:
+                return self.refuse_address
+            name = req.body["name"]
+            if name in self.addresses:
+                return 409, gce_error(409, f"The resource '{base}/{name}' already exists", "alreadyExists")
+            self.addresses[name] = {
+                **req.body,
+                "kind": "compute#address",
+                "address": req.body.get("address") or self.next_ip,
+                "status": "RESERVED",
+                "region": f"{_API}/projects/{self.project}/regions/{region}",
+            }
+            return 200, self._plain_operation({"region": region}, "insert", f"{_API}/{base}/{name}")
+        if len(rest) == 1 and rest[0] in self.addresses:
+            if req.method == "GET":
+                return 200, copy.deepcopy(self.addresses[rest[0]])
+            if req.method == "DELETE":
+                del self.addresses[rest[0]]
+                return 200, self._plain_operation({"region": region}, "delete", f"{_API}/{base}/{rest[0]}")
+        if len(rest) == 1:
+            return 404, gce_error(404, f"The resource '{base}/{rest[0]}' was not found")
+        return 501, gce_error(501, f"the fake Compute API does not serve {req.method} {req.path}", "x")
+
+    def _firewalls(self, req: GceRequest, rest: list[str]) -> tuple[int, Any]:
+        base = f"projects/{self.project}/global/firewalls"
+        if not rest and req.method == "POST":
+            name = req.body["name"]
+            if name in self.firewalls:
+                return 409, gce_error(409, f"The resource '{base}/{name}' already exists", "alreadyExists")
+            self.firewalls[name] = {**req.body, "kind": "compute#firewall"}
+            return 200, self._plain_operation({}, "insert", f"{_API}/{base}/{name}")
+        if len(rest) == 1 and rest[0] in self.firewalls:
+            if req.method == "GET":
+                return 200, copy.deepcopy(self.firewalls[rest[0]])
+            if req.method == "DELETE":
+                del self.firewalls[rest[0]]
+                return 200, self._plain_operation({}, "delete", f"{_API}/{base}/{rest[0]}")
+        if len(rest) == 1:
+            return 404, gce_error(404, f"The resource '{base}/{rest[0]}' was not found")
         return 501, gce_error(501, f"the fake Compute API does not serve {req.method} {req.path}", "x")
 
     def _aggregated(self, req: GceRequest) -> dict[str, Any]:
-        keys = re.findall(r"labels\.([\w-]+):\*", " ".join(req.query.get("filter", [])))
+        wanted = _label_filter(req)
         scoped: dict[str, Any] = {}
         for (zone, _), inst in self.instances.items():
-            if all(k in (inst.get("labels") or {}) for k in keys):
+            if wanted(inst):
                 scoped.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(copy.deepcopy(inst))
         return {"kind": "compute#instanceAggregatedList", "items": scoped}
+
+
+def _label_filter(req: GceRequest) -> Callable[[dict[str, Any]], bool]:
+    """GCE's list filter on labels, as spotnb writes it: `labels.KEY:*` (has the label) and
+    `labels.KEY = "VALUE"`, all of them to hold."""
+    text = " ".join(req.query.get("filter", []))
+    present = re.findall(r"labels\.([\w-]+):\*", text)
+    equal = re.findall(r'labels\.([\w-]+)\s*=\s*"([^"]*)"', text)
+
+    def wanted(inst: dict[str, Any]) -> bool:
+        labels = inst.get("labels") or {}
+        return all(k in labels for k in present) and all(labels.get(k) == v for k, v in equal)
+
+    return wanted
 
 
 class GceIdentity:

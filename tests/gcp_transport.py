@@ -40,6 +40,7 @@ class GceRequest:
     path: str
     query: dict[str, list[str]]
     body: Any
+    timeout: Any = None  # what the client gave `requests` (None: no bound)
 
 
 Handler = Callable[[GceRequest], "tuple[int, Any]"]
@@ -94,6 +95,7 @@ class GceAdapter(BaseAdapter):
             path=split.path,
             query=parse_qs(split.query),
             body=json.loads(raw) if raw else None,
+            timeout=kwargs.get("timeout"),
         )
         self.requests.append(recorded)
         if split.hostname != "compute.googleapis.com":

@@ -3,8 +3,10 @@
 AWS runs against moto_server over real HTTP (prices from `describe_spot_price_history`, the
 store's bucket region from `GetBucketLocation`); Azure's prices come from recorded Retail
 Prices pages served over HTTP (tests/fixtures/azure_retail); GCP's from the dated table. The
-Azure and GCP compute control planes are mocked (no emulator exists): the recording fakes of
-tests/test_azure.py and tests/test_gcp.py stand in for `virtual_machines` and `InstancesClient`.
+Azure and GCP compute control planes have no emulator, so they are answered in-process behind
+the REAL SDK clients: Azure's ComputeManagementClient over `tests/azure_transport.ArmTransport`
+(`ArmCompute`), google-cloud-compute's REST clients over `tests/gce_fake.FakeCompute`; what is
+asserted is the request each SDK serialised.
 Credentials are looked for for real (`has_credentials`), in an environment each test sets."""
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from spotnb.providers.gcp import GCPProvider
 from tests.azure_transport import ArmCompute, compute_client, resource_client
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.core import jobfns
+from tests.gce_fake import FakeCompute
 from tests.test_azure import IDENTITY, RG, SUB, SUBNET
-from tests.test_gcp import PROJECT, FakeInstances, FakeZones
+from tests.test_gcp import PROJECT
 
 TYPES = {"aws": "g5.xlarge", "azure": "Standard_NC4as_T4_v3", "gcp": "g2-standard-4"}
 PAGES = Path(__file__).parent / "fixtures" / "azure_retail"
@@ -144,10 +147,14 @@ class MockedAzure(AzureProvider):
 
 
 class MockedGCP(GCPProvider):
-    """The GCP provider with its compute control plane mocked (recording fakes)."""
+    """The GCP provider on the real google-cloud-compute REST clients, Compute Engine answered
+    in-process (`FakeCompute` below `requests`: the control plane has no emulator); a new VM is
+    RUNNING at once."""
 
     def __init__(self, config: Any) -> None:
-        super().__init__(config, instances=FakeInstances(), zones=FakeZones())
+        self.gce = FakeCompute(PROJECT, "us-central1")
+        self.gce.status_on_insert = lambda body: "RUNNING"
+        super().__init__(config, **self.gce.clients())
 
 
 @pytest.fixture
@@ -238,8 +245,18 @@ def test_a_launch_goes_to_the_zone_s_cloud_and_is_watched_and_ended_there(clouds
     gce = p.launch(_spec("gcp/us-central1-a"))
     assert gce.region == "gcp/us-central1-a" and gce.info["cloud"] == "gcp"
     assert p.describe(gce).state == InstanceState.RUNNING
+    fake = p.sub("gcp").gce
+    (insert,) = fake.inserts()
+    assert insert.path == f"/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances"
+    assert insert.body["scheduling"]["provisioningModel"] == "SPOT"
+    assert insert.body["machineType"] == "zones/us-central1-a/machineTypes/g2-standard-4"
     p.terminate(gce)
-    assert [k for k, _ in p.sub("gcp").instances.calls][-1] == "delete"
+    sent = fake.adapter.requests[-1]
+    assert (sent.method, sent.path) == (
+        "DELETE",
+        f"/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances/{gce.id}",
+    )
+    assert fake.instances == {}
     # a successor controller knows the instance only from its event: still reached on its cloud
     again = multi.AnyCloudProvider(_config())
     again._given = {"azure": p.sub("azure")}

@@ -1,15 +1,16 @@
 """GCP provider. The Compute Engine control plane cannot run here (no emulator exists), so it is
-the one thing mocked: recording stand-ins for `compute_v1.InstancesClient` and
-`compute_v1.ZonesClient`. The requests built for insert, delete, simulate_maintenance_event and
-the zone listing are asserted field by field against
-google-cloud-compute's own proto models, with no network. The GCS store itself runs against
-gcp-storage-emulator in test_store_conformance.py."""
+the one thing faked, and below `requests`: every test that calls the API drives REAL
+google-cloud-compute clients (`InstancesClient`, `ZonesClient`, REST transport) whose requests
+the stateful `tests/gce_fake.FakeCompute` answers in-process. What is asserted is what those
+clients serialised onto the wire (path, method, query, JSON body) and how spotnb reacts to GCE's
+own error documents and operations, so a wrong keyword or field fails here. The request
+builders are also checked field by field against google-cloud-compute's proto models. The GCS
+store itself runs against gcp-storage-emulator in test_store_conformance.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ from spotnb.providers.gcp import (
     simulate_request,
 )
 from spotnb.providers.gcp_zones import REGION_ZONES
+from tests.gce_fake import FakeCompute
 from tests.gcp_transport import compute_clients, done_operation, gce_error
 
 PROJECT = "spotnb-test"
@@ -70,98 +72,37 @@ def _spec(zone: str = "us-central1-a") -> LaunchSpec:
     )
 
 
-class _Op:
-    def __init__(self, error: Exception | None = None) -> None:
-        self.error = error
-
-    def result(self, timeout: float | None = None) -> None:
-        if self.error:
-            raise self.error
-
-
-class FakeInstances:
-    """`insert_error` fails every insert; `zone_errors` fails the inserts into given zones."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
-        self.insert_error: Exception | None = None
-        self.zone_errors: dict[str, Exception] = {}
-        self.status: str | None = "RUNNING"
-
-    def insert(self, request: compute_v1.InsertInstanceRequest) -> _Op:
-        self.calls.append(("insert", request))
-        return _Op(self.zone_errors.get(request.zone, self.insert_error))
-
-    def inserted_zones(self) -> list[str]:
-        return [req.zone for kind, req in self.calls if kind == "insert"]
-
-    def get(self, project: str, zone: str, instance: str) -> Any:
-        self.calls.append(("get", (project, zone, instance)))
-        if self.status is None:
-            raise gexc.NotFound("gone")
-        return compute_v1.Instance(name=instance, status=self.status)
-
-    def delete(self, request: compute_v1.DeleteInstanceRequest) -> _Op:
-        self.calls.append(("delete", request))
-        return _Op()
-
-    def simulate_maintenance_event(self, request: Any) -> _Op:
-        self.calls.append(("simulate", request))
-        return _Op()
-
-    def aggregated_list(self, request: Any) -> list[tuple[str, Any]]:
-        labelled = compute_v1.Instance(name="spotnb-x-1", status="RUNNING", labels={JOB_TAG: "x"})
-        return [("zones/us-central1-a", SimpleNamespace(instances=[labelled]))]
-
-
-def _zone(name: str, region: str, status: str = "UP") -> compute_v1.Zone:
-    return compute_v1.Zone(
-        name=name,
-        status=status,
-        region=f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/regions/{region}",
-    )
-
-
-class FakeZones:
-    """ZonesClient.list: returns `zones` (as the API would, in no particular order), or raises
-    `error` (e.g. Forbidden when the credentials may not list zones)."""
-
-    def __init__(self, zones: list[compute_v1.Zone] | None = None, error: Exception | None = None) -> None:
-        self.zones = (
-            zones
-            if zones is not None
-            else [
-                _zone("us-central1-f", "us-central1"),
-                _zone("us-central1-b", "us-central1"),
-                _zone("us-central1-a", "us-central1"),
-                _zone("us-central1-c", "us-central1"),
-                _zone("us-central1-d", "us-central1", status="DOWN"),
-            ]
-        )
-        self.error = error
-        self.requests: list[compute_v1.ListZonesRequest] = []
-
-    def list(
-        self, request: compute_v1.ListZonesRequest, *, timeout: float | None = None
-    ) -> list[compute_v1.Zone]:
-        """Keyword-only `timeout` as ZonesClient.list has it (the provider bounds the listing)."""
-        assert timeout is not None and timeout <= 30  # an offline listing must not hang
-        self.requests.append(request)
-        if self.error:
-            raise self.error
-        return list(self.zones)
+_ZONES_OF_US_CENTRAL1 = ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
 
 
 @pytest.fixture
-def fake() -> FakeInstances:
-    return FakeInstances()
+def gce() -> FakeCompute:
+    """us-central1 as ZonesClient.list answers it (in no particular order): a, b, c and f UP,
+    d DOWN."""
+    compute = FakeCompute(PROJECT, "us-central1", zones=("f", "b", "a", "c", "d"))
+    compute.zone_status["us-central1-d"] = "DOWN"
+    return compute
 
 
 @pytest.fixture
-def provider(fake: FakeInstances) -> GCPProvider:
-    p = GCPProvider(_config(), instances=fake)
+def provider(gce: FakeCompute) -> GCPProvider:
+    p = GCPProvider(_config(), **gce.clients())
     p.validate()
     return p
+
+
+def _exhausted(zone: str) -> tuple[int, Any]:
+    """GCE's asynchronous ZONE_RESOURCE_POOL_EXHAUSTED: the insert's operation fails."""
+    message = (
+        f"The zone 'projects/{PROJECT}/zones/{zone}' does not have enough resources available "
+        "to fulfill the request.  Try a different zone, or try again later."
+    )
+    return 200, done_operation(zone, error=(503, "ZONE_RESOURCE_POOL_EXHAUSTED", message))
+
+
+def _refused(status: int, message: str, reason: str) -> tuple[int, Any]:
+    """A synchronous error document answering the insert."""
+    return status, gce_error(status, message, reason)
 
 
 def test_registry() -> None:
@@ -209,40 +150,65 @@ def test_delete_and_simulate_requests() -> None:
     assert (s.project, s.zone, s.instance) == (PROJECT, "us-central1-a", "vm")
 
 
-def test_launch_describe_terminate_inject(provider: GCPProvider, fake: FakeInstances) -> None:
+def test_launch_describe_terminate_inject(provider: GCPProvider, gce: FakeCompute) -> None:
     inst = provider.launch(_spec())
-    kind, req = fake.calls[0]
-    assert kind == "insert" and req.instance_resource.name == inst.id
+    (insert,) = gce.inserts()
+    assert insert.path == f"/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances"
+    assert insert.body["name"] == inst.id and insert.body["scheduling"]["provisioningModel"] == "SPOT"
     assert inst.region == "us-central1-a"
-    fake.status = "STAGING"
-    assert provider.describe(inst).state == InstanceState.PENDING
-    fake.status = "RUNNING"
-    assert provider.describe(inst).state == InstanceState.RUNNING
-    fake.status = "TERMINATED"
-    assert provider.describe(inst).state == InstanceState.EXITED
-    fake.status = None
+    for status, state in (
+        ("STAGING", InstanceState.PENDING),
+        ("RUNNING", InstanceState.RUNNING),
+        ("TERMINATED", InstanceState.EXITED),
+    ):
+        gce.set_status("us-central1-a", inst.id, status)
+        assert provider.describe(inst).state == state
+    got = gce.adapter.requests[-1]
+    assert (got.method, got.path) == (
+        "GET",
+        f"/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances/{inst.id}",
+    )
+    gce.vanish("us-central1-a", inst.id)
     assert provider.describe(inst).state == InstanceState.PREEMPTED  # deleted by the platform
+    gce.instances[("us-central1-a", inst.id)] = {"name": inst.id, "status": "RUNNING"}
     provider.inject(inst)
-    kind, req = fake.calls[-1]
-    assert kind == "simulate" and req.instance == inst.id
+    sent = gce.adapter.requests[-1]
+    assert (sent.method, sent.path) == (
+        "POST",
+        f"/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances/{inst.id}/simulateMaintenanceEvent",
+    )
+    assert gce.maintenance == [inst.id]
     provider.terminate(inst)
-    kind, req = fake.calls[-1]
-    assert kind == "delete" and req.instance == inst.id and req.zone == "us-central1-a"
+    sent = gce.adapter.requests[-1]
+    assert (sent.method, sent.path) == (
+        "DELETE",
+        f"/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances/{inst.id}",
+    )
+    assert gce.deleted == [inst.id]
     assert provider.describe(inst).state == InstanceState.TERMINATED
 
 
-def test_capacity_errors_move_on(provider: GCPProvider, fake: FakeInstances) -> None:
-    fake.insert_error = gexc.ServiceUnavailable(
-        "ZONE_RESOURCE_POOL_EXHAUSTED: The zone 'us-central1-a' does not have enough resources"
-    )
+def test_capacity_errors_move_on(provider: GCPProvider, gce: FakeCompute) -> None:
+    gce.refuse_all = _exhausted("us-central1-a")
     with pytest.raises(CapacityError, match="us-central1-a"):
         provider.launch(_spec())
-    fake.insert_error = gexc.Forbidden("QUOTA_EXCEEDED: Quota 'PREEMPTIBLE_NVIDIA_L4_GPUS' exceeded")
+    gce.refuse_all = (
+        200,
+        done_operation(
+            "us-central1-a",
+            error=(
+                403,
+                "QUOTA_EXCEEDED",
+                "Quota 'PREEMPTIBLE_NVIDIA_L4_GPUS' exceeded.  Limit: 0.0 in region us-central1.",
+            ),
+        ),
+    )
     with pytest.raises(QuotaError, match="PREEMPTIBLE_NVIDIA_L4_GPUS"):  # a quota is no shortage
         provider.launch(_spec())
-    fake.insert_error = gexc.BadRequest("Invalid value for field 'resource.machineType'")
+    gce.refuse_all = _refused(400, "Invalid value for field 'resource.machineType'", "invalid")
     with pytest.raises(gexc.BadRequest):
         provider.launch(_spec())
+    assert gce.instances == {}
 
 
 def test_validate() -> None:
@@ -291,83 +257,99 @@ def test_dry_run() -> None:
 
 
 # -- a region: its zones in turn -------------------------------------------------------------
-# (the compute control plane is mocked: FakeZones answers ZonesClient.list, FakeInstances insert)
+# (real ZonesClient.list and InstancesClient.insert, answered by FakeCompute)
+
+_LISTING = f"/compute/v1/projects/{PROJECT}/zones"
 
 
-def _region_provider(fake: FakeInstances, zones: FakeZones, **kw: Any) -> GCPProvider:
-    p = GCPProvider(_config(region="us-central1", **kw), instances=fake, zones=zones)
+def _region_provider(gce: FakeCompute, **kw: Any) -> GCPProvider:
+    p = GCPProvider(_config(region="us-central1", **kw), **gce.clients())
     p.validate()
     return p
 
 
-def test_region_lists_its_zones_and_tries_them_in_turn(fake: FakeInstances) -> None:
-    zones = FakeZones()
-    provider = _region_provider(fake, zones)
-    fake.zone_errors = {
-        "us-central1-a": gexc.ServiceUnavailable(
-            "ZONE_RESOURCE_POOL_EXHAUSTED: The zone 'projects/p/zones/us-central1-a' does not have "
-            "enough resources available to fulfill the request."
-        ),
-        "us-central1-b": gexc.BadRequest(
+def _listings(gce: FakeCompute) -> list[Any]:
+    return [r for r in gce.adapter.requests if r.method == "GET" and r.path == _LISTING]
+
+
+def test_region_lists_its_zones_and_tries_them_in_turn(gce: FakeCompute) -> None:
+    provider = _region_provider(gce)
+    gce.refuse = {
+        "us-central1-a": _exhausted("us-central1-a"),
+        "us-central1-b": _refused(
+            400,
             "Invalid value for field 'resource.machineType': 'zones/us-central1-b/machineTypes/"
             "g2-standard-4'. Machine type with name 'g2-standard-4' does not exist in zone "
-            "'us-central1-b'."
+            "'us-central1-b'.",
+            "invalid",
         ),
     }
     inst = provider.launch(_spec(zone="us-central1"))
     # UP zones of the region, sorted; the DOWN one is never tried
-    assert fake.inserted_zones() == ["us-central1-a", "us-central1-b", "us-central1-c"]
+    assert gce.inserted_zones() == ["us-central1-a", "us-central1-b", "us-central1-c"]
     assert inst.region == inst.info["zone"] == "us-central1-c"
-    req = [r for k, r in fake.calls if k == "insert"][-1]
-    assert req.instance_resource.machine_type == "zones/us-central1-c/machineTypes/g2-standard-4"
-    disk = req.instance_resource.disks[0]
-    assert disk.initialize_params.disk_type.startswith("zones/us-central1-c/")
-    (listing,) = zones.requests
-    assert isinstance(listing, compute_v1.ListZonesRequest)
-    assert listing.project == PROJECT and listing.filter == "region eq .*/regions/us-central1"
+    body = gce.inserts()[-1].body
+    assert body["machineType"] == "zones/us-central1-c/machineTypes/g2-standard-4"
+    assert body["disks"][0]["initializeParams"]["diskType"].startswith("zones/us-central1-c/")
+    (listing,) = _listings(gce)
+    assert listing.query["filter"] == ["region eq .*/regions/us-central1"]
+    assert listing.timeout is not None  # an offline listing must not hang: bounded
+    bound = listing.timeout if isinstance(listing.timeout, (int, float)) else max(listing.timeout)
+    assert bound <= 30
     # the VM is then watched, deleted and injected in the zone it landed in
     provider.terminate(inst)
-    kind, req = fake.calls[-1]
-    assert kind == "delete" and req.zone == "us-central1-c"
+    sent = gce.adapter.requests[-1]
+    assert (sent.method, sent.path) == (
+        "DELETE",
+        f"/compute/v1/projects/{PROJECT}/zones/us-central1-c/instances/{inst.id}",
+    )
     # the zone list is read once per provider
-    fake.zone_errors = {}
+    gce.refuse = {}
     provider.launch(dataclasses.replace(_spec(zone="us-central1"), incarnation=4))
-    assert len(zones.requests) == 1
+    assert len(_listings(gce)) == 1
 
 
-def test_region_with_every_zone_exhausted_is_a_capacity_error(fake: FakeInstances) -> None:
-    provider = _region_provider(fake, FakeZones())
-    fake.insert_error = gexc.ServiceUnavailable("ZONE_RESOURCE_POOL_EXHAUSTED")
+def test_region_with_every_zone_exhausted_is_a_capacity_error(gce: FakeCompute) -> None:
+    provider = _region_provider(gce)
+    gce.refuse = {
+        z: _exhausted(z) for z in ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f")
+    }
     with pytest.raises(CapacityError) as err:
         provider.launch(_spec(zone="us-central1"))
-    assert fake.inserted_zones() == ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
-    for zone in fake.inserted_zones():
+    assert gce.inserted_zones() == ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
+    for zone in gce.inserted_zones():
         assert zone in str(err.value)
 
 
-def test_region_where_no_zone_offers_the_machine_type_is_a_config_error(fake: FakeInstances) -> None:
-    provider = _region_provider(fake, FakeZones())
-    fake.insert_error = gexc.BadRequest("Machine type with name 'g2-standard-4' does not exist in zone")
+def test_region_where_no_zone_offers_the_machine_type_is_a_config_error(gce: FakeCompute) -> None:
+    provider = _region_provider(gce)
+    gce.refuse_all = _refused(
+        400, "Machine type with name 'g2-standard-4' does not exist in zone 'us-central1-a'.", "invalid"
+    )
     with pytest.raises(ConfigError, match="Config.instance_type: no zone of us-central1 can run"):
         provider.launch(_spec(zone="us-central1"))
-    fake.calls.clear()
-    fake.insert_error = gexc.Forbidden("Required 'compute.instances.create' permission")
+    gce.adapter.requests.clear()
+    gce.refuse_all = _refused(
+        403, f"Required 'compute.instances.create' permission for 'projects/{PROJECT}'", "forbidden"
+    )
     with pytest.raises(gexc.Forbidden):  # not a zone problem: raised at once
         provider.launch(_spec(zone="us-central1"))
-    assert fake.inserted_zones() == ["us-central1-a"]
+    assert gce.inserted_zones() == ["us-central1-a"]
 
 
-def test_zones_fall_back_when_listing_is_not_allowed(fake: FakeInstances) -> None:
-    zones = FakeZones(error=gexc.Forbidden("Required 'compute.zones.list' permission"))
-    provider = _region_provider(fake, zones)
+def test_zones_fall_back_when_listing_is_not_allowed(gce: FakeCompute) -> None:
+    gce.zones_refused = _refused(
+        403, f"Required 'compute.zones.list' permission for 'projects/{PROJECT}'", "forbidden"
+    )
+    provider = _region_provider(gce)
     # the table's zones of us-central1 (a, b, c, f); one retired since answers "not found"
-    fake.zone_errors = {
-        "us-central1-a": gexc.NotFound(
-            "The resource 'projects/spotnb-test/zones/us-central1-a' was not found"
+    gce.refuse = {
+        "us-central1-a": _refused(
+            404, f"The resource 'projects/{PROJECT}/zones/us-central1-a' was not found", "notFound"
         )
     }
     inst = provider.launch(_spec(zone="us-central1"))
-    assert fake.inserted_zones() == ["us-central1-a", "us-central1-b"]
+    assert gce.inserted_zones() == ["us-central1-a", "us-central1-b"]
     assert inst.info["zone"] == "us-central1-b"
     assert provider.zones("us-central1")[0] == list(REGION_ZONES["us-central1"])
     assert "built-in zone table" in provider.zones("us-central1")[1]
@@ -378,29 +360,46 @@ def test_zones_fall_back_when_listing_is_not_allowed(fake: FakeInstances) -> Non
     )
 
 
-def test_region_dry_run_names_the_zone_order(fake: FakeInstances) -> None:
-    provider = _region_provider(fake, FakeZones())
+def test_region_dry_run_names_the_zone_order(gce: FakeCompute) -> None:
+    provider = _region_provider(gce)
     plan = provider.plan_launch(_spec(zone="us-central1"))
     assert plan["zones"] == ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
     assert plan["zone"] == "us-central1-a"
     assert plan["requests"][0]["args"]["zone"] == "us-central1-a"
     assert "ZonesClient.list" in plan["zone_order"]
-    assert [k for k, _ in fake.calls] == []  # a dry run creates nothing
-    denied = _region_provider(FakeInstances(), FakeZones(error=gexc.Forbidden("denied")))
-    plan = denied.plan_launch(_spec(zone="us-central1"))
+    assert [(r.method, r.path) for r in gce.adapter.requests] == [("GET", _LISTING)]  # creates nothing
+    denied = FakeCompute(PROJECT, "us-central1")
+    denied.zones_refused = _refused(403, "denied", "forbidden")
+    plan = _region_provider(denied).plan_launch(_spec(zone="us-central1"))
     assert plan["zones"][:3] == ["us-central1-a", "us-central1-b", "us-central1-c"]
     assert "built-in zone table" in plan["zone_order"] and "Forbidden" in plan["zone_order"]
 
 
-def test_list_tagged(provider: GCPProvider) -> None:
+def test_list_tagged(provider: GCPProvider, gce: FakeCompute) -> None:
+    gce.instances[("us-central1-a", "spotnb-x-1")] = {
+        "name": "spotnb-x-1",
+        "status": "RUNNING",
+        "labels": {JOB_TAG: "x"},
+    }
+    gce.instances[("us-central1-b", "someone-else")] = {"name": "someone-else", "status": "RUNNING"}
     assert [(i.id, job) for i, job in provider.list_tagged()] == [("spotnb-x-1", "x")]
+    (sent,) = gce.adapter.requests
+    assert sent.path == f"/compute/v1/projects/{PROJECT}/aggregated/instances"
+    assert sent.query["filter"] == [f"labels.{JOB_TAG}:*"]
 
 
-def test_region_without_zones_is_a_config_error(fake: FakeInstances) -> None:
-    provider = _region_provider(fake, FakeZones(zones=[_zone("europe-west4-a", "europe-west4")]))
+def test_region_without_zones_is_a_config_error(gce: FakeCompute) -> None:
+    gce.zone_items = [
+        {
+            "name": "europe-west4-a",
+            "status": "UP",
+            "region": f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/regions/europe-west4",
+        }
+    ]
+    provider = _region_provider(gce)
     with pytest.raises(ConfigError, match="'us-central1' has no zone that is UP"):
         provider.launch(_spec(zone="us-central1"))
-    assert fake.inserted_zones() == []
+    assert gce.inserted_zones() == []
 
 
 # -- a "not found": the zone's, or the user's ------------------------------------------------
@@ -410,8 +409,6 @@ def test_region_without_zones_is_a_config_error(fake: FakeInstances) -> None:
 # builds from them (404 → NotFound, its message and `errors` items). The messages are GCE's
 # shapes as reported by users: "The resource '<path>' was not found" (synchronous 404 of
 # instances.insert), "... of type 'serviceAccount' was not found", and an operation's error.
-
-_ZONES_OF_US_CENTRAL1 = ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
 
 
 def _gce(answers: dict[str, tuple[int, Any]]) -> tuple[Any, Any, Any]:
@@ -553,14 +550,14 @@ def test_no_zone_offering_the_machine_type_still_blames_the_instance_type() -> N
     assert _inserted(adapter) == _ZONES_OF_US_CENTRAL1
 
 
-def test_a_not_found_naming_nothing_is_not_blamed_on_the_zone(fake: FakeInstances) -> None:
+def test_a_not_found_naming_nothing_is_not_blamed_on_the_zone(gce: FakeCompute) -> None:
     """A NotFound whose message names no resource is raised as GCE said it, not read as 'not
-    in this zone' (through the real exception class; a message GCE would not send)."""
-    provider = _region_provider(fake, FakeZones())
-    fake.insert_error = gexc.NotFound("gone")
+    in this zone' (a message GCE would not send, through google-api-core's own mapping)."""
+    provider = _region_provider(gce)
+    gce.refuse_all = _refused(404, "gone", "notFound")
     with pytest.raises(gexc.NotFound):
         provider.launch(_spec(zone="us-central1"))
-    assert fake.inserted_zones() == ["us-central1-a"]
+    assert gce.inserted_zones() == ["us-central1-a"]
 
 
 # -- a dry run offline ------------------------------------------------------------------------
