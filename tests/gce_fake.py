@@ -17,7 +17,8 @@ metadata `startup-script` included), and answers:
   GCE's asynchronous error (`gcp_transport.done_operation(error=...)`): `refuse_next` (the next
   inserts, in turn), `refuse[zone]`, `refuse_all`;
 - `instances.get` (404 once deleted), `instances.delete`, `instances.list` (label filters
-  `labels.KEY = "VALUE"` and `labels.KEY:*`), `instances.aggregatedList` (same filters),
+  `labels.KEY = "VALUE"` and `labels.KEY:*`; `list_lags`: it shows nothing yet),
+  `instances.aggregatedList` (same filters),
   `instances.simulateMaintenanceEvent` (logged in `maintenance`), `zoneOperations.get`;
   `set_status` and `vanish` (the platform deleted it) change an instance behind the client;
 - `addresses.insert/get/delete` (a reservation gets `next_ip`, RESERVED; `refuse_address`
@@ -90,6 +91,7 @@ class FakeCompute:
         self.refuse_all: tuple[int, Any] | None = None
         self.status_on_insert: Callable[[dict[str, Any]], str] = lambda body: "PROVISIONING"
         self.maintenance: list[str] = []
+        self.list_lags = False  # instances.list does not show the instances yet (GCE's lag)
         self.addresses: dict[str, dict[str, Any]] = {}
         self.firewalls: dict[str, dict[str, Any]] = {}
         self.next_ip = "10.128.0.42"
@@ -244,6 +246,8 @@ class FakeCompute:
                 return 200, self._operation(zone, "insert", name)
             if req.method == "GET":
                 wanted = _label_filter(req)
+                if self.list_lags:
+                    return 200, {"kind": "compute#instanceList", "items": []}
                 items = [copy.deepcopy(i) for (z, _), i in self.instances.items() if z == zone and wanted(i)]
                 return 200, {"kind": "compute#instanceList", "items": items}
         name = rest[0]

@@ -1,25 +1,24 @@
 """The coordinator of a job on several instances on GCP.
 
 The Compute Engine control plane cannot run here (no emulator exists), so it is the one thing
-mocked, as in tests/test_gcp.py: stateful stand-ins for `compute_v1.InstancesClient` (VMs that
-exist, their status, deletions), `AddressesClient` (a reservation gets an internal IP, as GCE
-assigns it) and `FirewallsClient`. What is asserted is what spotnb sends
-(google-cloud-compute's own proto models), how it reacts to a coordinator that died, and what it
-deletes. The real fleet controller runs against those stand-ins in
+faked, and below `requests`: the provider drives REAL google-cloud-compute clients
+(`InstancesClient`, `AddressesClient`, `FirewallsClient`, REST transport) whose requests the
+stateful `tests/gce_fake.FakeCompute` answers in-process (VMs that exist, their status,
+deletions; a reservation gets an internal IP, as GCE assigns it; firewall rules kept as sent).
+What is asserted is what those clients serialised (the JSON bodies of the address, the rules
+and the VMs; the order of inserts and deletes), how spotnb reacts to a coordinator that died,
+and what it deletes. The real fleet controller runs against it in
 `test_a_coordinator_that_never_stays_up_fails_the_job_and_leaves_nothing`. No packet crosses a
 firewall rule here, and no VM boots.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from google.api_core import exceptions as gexc
-from google.cloud import compute_v1
 
 import spotnb as spot
 from spotnb.errors import ConfigError
@@ -38,6 +37,8 @@ from spotnb.providers.gcp_coordinator import (
 )
 from spotnb.signing import KEY_ENV, new_key, save_key
 from tests.clouds_fixtures import ship_fake
+from tests.gce_fake import FakeCompute
+from tests.gcp_transport import gce_error
 
 CANARIES = {
     "AZURE_CLIENT_SECRET": "spotnb-canary-azure-client-secret-4d3c",
@@ -79,150 +80,94 @@ def _spec(n: int = 1) -> LaunchSpec:
     )
 
 
-class _Op:
-    def __init__(self, error: Exception | None = None) -> None:
-        self.error = error
-
-    def result(self, timeout: float | None = None) -> None:
-        if self.error:
-            raise self.error
-
-
-class FakeInstances:
-    """VMs by name. `coordinators_die`: a new coordinator is TERMINATED at once (its boot
-    script powered it off); `refuse`: errors the next inserts fail with."""
-
-    def __init__(self) -> None:
-        self.vms: dict[str, compute_v1.Instance] = {}
-        self.zones: dict[str, str] = {}
-        self.inserted: list[compute_v1.Instance] = []
-        self.calls: list[tuple[str, str]] = []
-        self.coordinators_die = False
-        self.refuse: list[Exception] = []
-
-    def insert(self, request: compute_v1.InsertInstanceRequest) -> _Op:
-        vm = compute_v1.Instance(request.instance_resource)
-        self.calls.append(("insert", vm.name))
-        if self.refuse:
-            return _Op(self.refuse.pop(0))
-        self.inserted.append(vm)
-        dies = self.coordinators_die and dict(vm.labels).get(ROLE_TAG) == COORDINATOR_ROLE
-        vm.status = "TERMINATED" if dies else "RUNNING"
-        vm.creation_timestamp = datetime.now(timezone.utc).isoformat()
-        self.vms[vm.name], self.zones[vm.name] = vm, request.zone
-        return _Op()
-
-    def get(self, project: str, zone: str, instance: str) -> compute_v1.Instance:
-        if instance not in self.vms:
-            raise gexc.NotFound("gone")
-        return self.vms[instance]
-
-    def delete(self, request: compute_v1.DeleteInstanceRequest) -> _Op:
-        self.calls.append(("delete", request.instance))
-        if self.vms.pop(request.instance, None) is None:
-            raise gexc.NotFound("gone")
-        return _Op()
-
-    def list(self, request: compute_v1.ListInstancesRequest) -> list[compute_v1.Instance]:
-        assert "labels." in request.filter
-        return [vm for name, vm in self.vms.items() if self.zones[name] == request.zone]
-
-    def aggregated_list(self, request: Any) -> list[tuple[str, Any]]:
-        return [(f"zones/{ZONE}", SimpleNamespace(instances=list(self.vms.values())))]
-
-    def coordinators(self) -> list[compute_v1.Instance]:
-        return [vm for vm in self.vms.values() if dict(vm.labels).get(ROLE_TAG) == COORDINATOR_ROLE]
-
-
-class FakeAddresses:
-    def __init__(self) -> None:
-        self.store: dict[str, compute_v1.Address] = {}
-        self.inserted: list[compute_v1.Address] = []
-
-    def insert(self, project: str, region: str, address_resource: compute_v1.Address) -> _Op:
-        assert region == "us-central1"
-        self.inserted.append(address_resource)
-        self.store[address_resource.name] = compute_v1.Address(
-            address_resource, address=IP, status="RESERVED"
-        )
-        return _Op()
-
-    def get(self, project: str, region: str, address: str) -> compute_v1.Address:
-        if address not in self.store:
-            raise gexc.NotFound("no address")
-        return self.store[address]
-
-    def delete(self, project: str, region: str, address: str) -> _Op:
-        if self.store.pop(address, None) is None:
-            raise gexc.NotFound("no address")
-        return _Op()
-
-
-class FakeFirewalls:
-    def __init__(self) -> None:
-        self.store: dict[str, compute_v1.Firewall] = {}
-
-    def insert(self, project: str, firewall_resource: compute_v1.Firewall) -> _Op:
-        self.store[firewall_resource.name] = firewall_resource
-        return _Op()
-
-    def get(self, project: str, firewall: str) -> compute_v1.Firewall:
-        if firewall not in self.store:
-            raise gexc.NotFound("no rule")
-        return self.store[firewall]
-
-    def delete(self, project: str, firewall: str) -> _Op:
-        if self.store.pop(firewall, None) is None:
-            raise gexc.NotFound("no rule")
-        return _Op()
-
-
-Fakes = tuple[FakeInstances, FakeAddresses, FakeFirewalls]
+def _is_coordinator(body: dict[str, Any]) -> bool:
+    return (body.get("labels") or {}).get(ROLE_TAG) == COORDINATOR_ROLE
 
 
 @pytest.fixture
-def fakes() -> Fakes:
-    return FakeInstances(), FakeAddresses(), FakeFirewalls()
+def gce() -> FakeCompute:
+    """A new VM is RUNNING at once."""
+    compute = FakeCompute(PROJECT, "us-central1")
+    compute.status_on_insert = lambda body: "RUNNING"
+    return compute
 
 
-def _provider(fakes: Fakes, **kw: Any) -> GCPProvider:
-    instances, addresses, firewalls = fakes
-    p = GCPProvider(_config(**kw), instances=instances, addresses=addresses, firewalls=firewalls)
+def _coordinators_die(gce: FakeCompute) -> None:
+    """A new coordinator is TERMINATED at once (its boot script powered it off)."""
+    gce.status_on_insert = lambda body: "TERMINATED" if _is_coordinator(body) else "RUNNING"
+
+
+def _provider(gce: FakeCompute, **kw: Any) -> GCPProvider:
+    p = GCPProvider(_config(**kw), **gce.clients())
     p.validate()
     p.describe_interval = 0.0  # describe at every call
     return p
 
 
-def test_gcp_supports_several_instances(fakes: Fakes) -> None:
-    assert _provider(fakes).supports(Feature.ELASTIC)
+def _coordinators(gce: FakeCompute) -> list[dict[str, Any]]:
+    """The coordinator VMs that exist now."""
+    return [vm for vm in gce.instances.values() if _is_coordinator(vm)]
+
+
+def _inserted(gce: FakeCompute) -> list[dict[str, Any]]:
+    """The bodies of the instances.insert requests that created a VM."""
+    made = set(gce.deleted) | {name for _, name in gce.instances}
+    return [r.body for r in gce.inserts() if r.body["name"] in made]
+
+
+def _calls(gce: FakeCompute) -> list[tuple[str, str]]:
+    """("insert" | "delete", VM name) of every instance insert and delete sent, in order."""
+    out = []
+    for r in gce.adapter.requests:
+        parts = r.path.split("/")
+        if "instances" not in parts or "zones" not in parts:
+            continue
+        if r.method == "POST" and parts[-1] == "instances":
+            out.append(("insert", r.body["name"]))
+        elif r.method == "DELETE":
+            out.append(("delete", parts[-1]))
+    return out
+
+
+def _script(vm: dict[str, Any]) -> str:
+    (script,) = [i["value"] for i in vm["metadata"]["items"] if i["key"] == "startup-script"]
+    return script
+
+
+def test_gcp_supports_several_instances(gce: FakeCompute) -> None:
+    assert _provider(gce).supports(Feature.ELASTIC)
 
 
 def test_coordinator_is_standard_on_the_reserved_address_with_the_job_tag(
-    fakes: Fakes, monkeypatch: pytest.MonkeyPatch
+    gce: FakeCompute, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The canary secrets of the environment and the job's HMAC key never reach the boot script."""
     for name, value in CANARIES.items():
         monkeypatch.setenv(name, value)
     key = new_key()
     save_key(JOB, key)
-    instances, addresses, _ = fakes
-    assert _provider(fakes).coordinator(JOB, 2) == f"http://{IP}:29510"
-    (address,) = addresses.inserted
-    assert (address.name, address.address_type, address.purpose) == (
+    assert _provider(gce).coordinator(JOB, 2) == f"http://{IP}:29510"
+    (address,) = [r for r in gce.adapter.requests if r.method == "POST" and "/addresses" in r.path]
+    assert address.path == f"/compute/v1/projects/{PROJECT}/regions/us-central1/addresses"
+    body = address.body
+    assert (body["name"], body["addressType"], body["purpose"]) == (
         address_name(JOB),
         "INTERNAL",
         "GCE_ENDPOINT",
     )
-    assert address.labels[JOB_TAG] == JOB and address.labels[ROLE_TAG] == COORDINATOR_ROLE
-    (vm,) = instances.inserted
-    assert vm.scheduling.provisioning_model == "STANDARD"  # on demand: never preempted
-    assert vm.scheduling.automatic_restart and vm.scheduling.on_host_maintenance == "MIGRATE"
-    assert vm.machine_type == f"zones/{ZONE}/machineTypes/e2-small"
-    assert vm.network_interfaces[0].network_i_p == IP
-    assert list(vm.tags.items) == [job_network_tag(JOB)]
-    assert dict(vm.labels) == {JOB_TAG: JOB, "spotnb-managed": "true", ROLE_TAG: COORDINATOR_ROLE}
-    assert not vm.service_accounts  # it reads nothing of the job
-    (script,) = [i.value for i in vm.metadata.items if i.key == "startup-script"]
+    assert body["labels"][JOB_TAG] == JOB and body["labels"][ROLE_TAG] == COORDINATOR_ROLE
+    (vm,) = _inserted(gce)
+    (insert,) = gce.inserts()
+    assert insert.path == f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances"
+    assert vm["scheduling"]["provisioningModel"] == "STANDARD"  # on demand: never preempted
+    assert vm["scheduling"]["automaticRestart"] is True
+    assert vm["scheduling"]["onHostMaintenance"] == "MIGRATE"
+    assert vm["machineType"] == f"zones/{ZONE}/machineTypes/e2-small"
+    assert vm["networkInterfaces"][0]["networkIP"] == IP
+    assert vm["tags"]["items"] == [job_network_tag(JOB)]
+    assert vm["labels"] == {JOB_TAG: JOB, "spotnb-managed": "true", ROLE_TAG: COORDINATOR_ROLE}
+    assert not vm.get("serviceAccounts")  # it reads nothing of the job
+    script = _script(vm)
     # the lighthouse module travels in the script (it has no identity to read the store with)
     assert '"$SPOTNB_LIGHTHOUSE" --min-replicas 2' in script and '--bind "[::]:29510"' in script
     assert "spotnb.runtime.lighthouse.py" in script and "<<'SPOTNB_MODULE'" in script
@@ -230,107 +175,116 @@ def test_coordinator_is_standard_on_the_reserved_address_with_the_job_tag(
     assert key.hex() not in script and KEY_ENV not in script
 
 
-def test_firewall_opens_tcp_to_the_members_only(fakes: Fakes) -> None:
-    instances, _, firewalls = fakes
-    p = _provider(fakes)
+def test_firewall_opens_tcp_to_the_members_only(gce: FakeCompute) -> None:
+    p = _provider(gce)
     p.coordinator(JOB, 2)
     allow_name, deny_name = firewall_names(JOB)
-    allow, deny = firewalls.store[allow_name], firewalls.store[deny_name]
+    rules = [r for r in gce.adapter.requests if r.method == "POST" and "/firewalls" in r.path]
+    assert [r.path for r in rules] == [f"/compute/v1/projects/{PROJECT}/global/firewalls"] * 2
+    assert {r.body["name"] for r in rules} == {allow_name, deny_name}
+    allow, deny = gce.firewalls[allow_name], gce.firewalls[deny_name]
     tag = job_network_tag(JOB)
-    assert (allow.direction, allow.priority) == ("INGRESS", 1000)
-    assert list(allow.source_tags) == list(allow.target_tags) == [tag]
-    assert not allow.source_ranges  # membership only, no address range
-    assert [(a.I_p_protocol, list(a.ports)) for a in allow.allowed] == [("tcp", ["0-65535"])]
+    assert (allow["direction"], allow["priority"]) == ("INGRESS", 1000)
+    assert allow["sourceTags"] == allow["targetTags"] == [tag]
+    assert not allow.get("sourceRanges")  # membership only, no address range
+    assert allow["allowed"] == [{"IPProtocol": "tcp", "ports": ["0-65535"]}]
+    assert not allow.get("denied")
     # default-allow-internal (65534) would admit the whole network: denied right after
-    assert (deny.priority, list(deny.source_ranges), list(deny.target_tags)) == (1001, ["0.0.0.0/0"], [tag])
-    assert [d.I_p_protocol for d in deny.denied] == ["tcp"]
+    assert (deny["priority"], deny["sourceRanges"], deny["targetTags"]) == (1001, ["0.0.0.0/0"], [tag])
+    assert [d["IPProtocol"] for d in deny["denied"]] == ["tcp"] and not deny.get("allowed")
     # the Spot VMs of the job carry the tag, and record the coordinator they train with
     instance = p.launch(_spec())
-    spot_vm = instances.inserted[-1]
-    assert spot_vm.scheduling.provisioning_model == "SPOT" and list(spot_vm.tags.items) == [tag]
-    assert instance.info["coordinator"]["id"] == instances.coordinators()[0].name
+    spot_vm = _inserted(gce)[-1]
+    assert spot_vm["scheduling"]["provisioningModel"] == "SPOT" and spot_vm["tags"]["items"] == [tag]
+    assert instance.info["coordinator"]["id"] == _coordinators(gce)[0]["name"]
 
 
-def test_a_second_controller_finds_the_same_coordinator(fakes: Fakes) -> None:
-    instances, addresses, _ = fakes
-    first = _provider(fakes).coordinator(JOB, 2)
-    assert _provider(fakes).coordinator(JOB, 2) == first
-    assert len(instances.coordinators()) == 1 and len(addresses.inserted) == 1
+def test_a_second_controller_finds_the_same_coordinator(gce: FakeCompute) -> None:
+    first = _provider(gce).coordinator(JOB, 2)
+    assert _provider(gce).coordinator(JOB, 2) == first
+    assert len(_coordinators(gce)) == 1 and len(gce.addresses) == 1
+    assert len([r for r in gce.adapter.requests if r.method == "POST" and "/addresses" in r.path]) == 1
 
 
 @pytest.mark.parametrize("death", ["deleted", "powered_off"])
-def test_a_dead_coordinator_is_replaced_at_the_same_address(fakes: Fakes, death: str) -> None:
-    instances, _, _ = fakes
-    p = _provider(fakes)
+def test_a_dead_coordinator_is_replaced_at_the_same_address(gce: FakeCompute, death: str) -> None:
+    p = _provider(gce)
     address = p.coordinator(JOB, 2)
-    (dead,) = instances.coordinators()
+    (dead,) = _coordinators(gce)
     if death == "deleted":
-        instances.vms.pop(dead.name)
+        gce.vanish(ZONE, dead["name"])
     else:  # its idle guard or a failed install powered it off: it still holds the address
-        dead.status = "TERMINATED"
+        gce.power_off(ZONE, dead["name"])
     assert p.coordinator(JOB, 2) == address
-    (replacement,) = instances.coordinators()
-    assert replacement.name != dead.name and replacement.network_interfaces[0].network_i_p == IP
-    deleted_first = ("delete", dead.name) in instances.calls
+    (replacement,) = _coordinators(gce)
+    assert replacement["name"] != dead["name"] and replacement["networkInterfaces"][0]["networkIP"] == IP
+    calls = _calls(gce)
+    deleted_first = ("delete", dead["name"]) in calls
     assert deleted_first == (death == "powered_off")
     if deleted_first:  # freed before the replacement asked for the address
-        assert instances.calls.index(("delete", dead.name)) < instances.calls.index(
-            ("insert", replacement.name)
-        )
+        assert calls.index(("delete", dead["name"])) < calls.index(("insert", replacement["name"]))
 
 
-def test_an_address_still_in_use_is_tried_again(fakes: Fakes) -> None:
-    instances, _, _ = fakes
-    p = _provider(fakes)
+def test_an_address_still_in_use_is_tried_again(gce: FakeCompute) -> None:
+    p = _provider(gce)
     address = p.coordinator(JOB, 2)
-    instances.vms.clear()
-    instances.refuse = [gexc.BadRequest("IP_IN_USE_BY_ANOTHER_RESOURCE: already being used")]
-    assert p.coordinator(JOB, 2) == address and instances.coordinators() == []
-    assert p.coordinator(JOB, 2) == address and len(instances.coordinators()) == 1
+    gce.instances.clear()
+    gce.refuse_next = [
+        (
+            400,
+            gce_error(
+                400,
+                f"IP_IN_USE_BY_ANOTHER_RESOURCE: IP '{IP}' is already being used by another resource.",
+                "badRequest",
+            ),
+        )
+    ]
+    assert p.coordinator(JOB, 2) == address and _coordinators(gce) == []
+    assert p.coordinator(JOB, 2) == address and len(_coordinators(gce)) == 1
+    assert [kind for kind, _ in _calls(gce)] == ["insert", "insert", "insert"]
 
 
-def test_close_deletes_the_coordinator_the_address_and_the_rules(fakes: Fakes) -> None:
-    instances, addresses, firewalls = fakes
-    p = _provider(fakes)
+def test_close_deletes_the_coordinator_the_address_and_the_rules(gce: FakeCompute) -> None:
+    p = _provider(gce)
     p.coordinator(JOB, 2)
     p.launch(_spec())
     p.close()
-    assert instances.vms == {} and addresses.store == {} and firewalls.store == {}
+    assert gce.instances == {} and gce.addresses == {} and gce.firewalls == {}
+    deletes = {r.path.rsplit("/", 2)[-2] for r in gce.adapter.requests if r.method == "DELETE"}
+    assert deletes == {"addresses", "firewalls", "instances"}
 
 
 def test_gc_reaps_a_powered_off_coordinator_and_its_network(
-    fakes: Fakes, monkeypatch: pytest.MonkeyPatch
+    gce: FakeCompute, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A controller died without `close`, and the coordinator's idle guard powered it off
     (TERMINATED still holds its disk and the address): `spotnb gc` deletes it all."""
     from spotnb.jobdb import JobDB
 
-    instances, addresses, firewalls = fakes
     db = JobDB()
     db.add_job(JOB, name=None, provider="gcp", region=ZONE, instance_type="x", store="gs://spotnb/jobs")
     db.update_job(JOB, status="succeeded")
-    _provider(fakes).coordinator(JOB, 2)  # never closed
-    (coordinator,) = instances.coordinators()
-    coordinator.status = "TERMINATED"
+    _provider(gce).coordinator(JOB, 2)  # never closed
+    (coordinator,) = _coordinators(gce)
+    gce.power_off(ZONE, coordinator["name"])
 
     class Wired(GCPProvider):
         def __init__(self, config: Any) -> None:
-            super().__init__(config, instances=instances, addresses=addresses, firewalls=firewalls)
+            super().__init__(config, **gce.clients())
 
     monkeypatch.setattr("spotnb.providers.get_provider_class", lambda name: Wired)
-    assert gc("gcp", _config(instances=1, min_instances=1)) == [coordinator.name]
-    assert instances.vms == {} and addresses.store == {} and firewalls.store == {}
+    assert gc("gcp", _config(instances=1, min_instances=1)) == [coordinator["name"]]
+    assert gce.instances == {} and gce.addresses == {} and gce.firewalls == {}
 
 
-def test_a_coordinator_that_never_stays_up_ends_the_job(fakes: Fakes) -> None:
-    instances, _, _ = fakes
-    instances.coordinators_die = True
-    p = _provider(fakes)
+def test_a_coordinator_that_never_stays_up_ends_the_job(gce: FakeCompute) -> None:
+    _coordinators_die(gce)
+    p = _provider(gce)
     for _ in range(MAX_COORDINATOR_LAUNCHES):
         p.coordinator(JOB, 2)
     with pytest.raises(RuntimeError, match=f"started {MAX_COORDINATOR_LAUNCHES} times and did not stay up"):
         p.coordinator(JOB, 2)
-    assert instances.coordinators() == []
+    assert _coordinators(gce) == []
 
 
 def _fit(ctx: Any) -> int:
@@ -338,19 +292,18 @@ def _fit(ctx: Any) -> int:
 
 
 def test_a_coordinator_that_never_stays_up_fails_the_job_and_leaves_nothing(
-    fakes: Fakes, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    gce: FakeCompute, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The real fleet controller and a file store (the boot check of a remote store is lifted:
     no VM reads it here): every coordinator powers off at once; the job fails with the reason,
     and its way out deletes the Spot VMs, the coordinator, the address and the rules."""
-    instances, addresses, firewalls = fakes
-    instances.coordinators_die = True
+    _coordinators_die(gce)
 
     class Wired(GCPProvider):
         describe_interval = 0.0
 
         def __init__(self, config: Any) -> None:
-            super().__init__(config, instances=instances, addresses=addresses, firewalls=firewalls)
+            super().__init__(config, **gce.clients())
 
     monkeypatch.setattr("spotnb.api.get_provider_class", lambda name: Wired)
     monkeypatch.setattr(gcp_module, "require_remote_store", lambda config, name: None)
@@ -360,11 +313,8 @@ def test_a_coordinator_that_never_stays_up_fails_the_job_and_leaves_nothing(
     assert "did not stay up" in (job.state.error.message if job.state.error else "")
     job.driver._thread.join(timeout=120)
     assert not job.driver._thread.is_alive()
-    assert (
-        len([c for c in instances.calls if c[0] == "insert" and "-coord-" in c[1]])
-        == MAX_COORDINATOR_LAUNCHES
-    )
-    assert instances.vms == {} and addresses.store == {} and firewalls.store == {}
+    assert len([c for c in _calls(gce) if c[0] == "insert" and "-coord-" in c[1]]) == MAX_COORDINATOR_LAUNCHES
+    assert gce.instances == {} and gce.addresses == {} and gce.firewalls == {}
 
 
 def test_several_instances_need_one_region() -> None:
@@ -391,8 +341,8 @@ def test_dry_run_lists_the_coordinator_and_its_price() -> None:
     assert "3 spot instances" in text
 
 
-def test_ledger_bills_the_coordinator_on_its_own_line(fakes: Fakes) -> None:
-    p = _provider(fakes, coordinator_price=0.02)
+def test_ledger_bills_the_coordinator_on_its_own_line(gce: FakeCompute) -> None:
+    p = _provider(gce, coordinator_price=0.02)
     p.coordinator(JOB, 2)
     instance = p.launch(_spec())
     started = instance.info["coordinator"]["started"]
@@ -406,45 +356,46 @@ def test_ledger_bills_the_coordinator_on_its_own_line(fakes: Fakes) -> None:
     assert billed.spot_cost == plain.spot_cost and "coordinator $" in billed.table()
 
 
-def test_a_list_that_lags_behind_never_starts_a_second_coordinator(fakes: Fakes) -> None:
-    instances, _, _ = fakes
-    p = _provider(fakes)
+def test_a_list_that_lags_behind_never_starts_a_second_coordinator(gce: FakeCompute) -> None:
+    p = _provider(gce)
     p.coordinator(JOB, 2)
-    real_list = instances.list
-    instances.list = lambda request: []  # type: ignore[method-assign]
+    gce.list_lags = True
     p.coordinator(JOB, 2)
-    instances.list = real_list  # type: ignore[method-assign]
-    assert len(instances.coordinators()) == 1
+    gce.list_lags = False
+    assert len(_coordinators(gce)) == 1 and len(gce.inserts()) == 1
+    listed = [r for r in gce.adapter.requests if r.method == "GET" and r.path.endswith("/instances")]
+    assert listed and all(
+        f'(labels.{JOB_TAG} = "{JOB}")' in r.query["filter"][0] for r in listed
+    )  # the label filter GCE applies
 
 
-def test_a_coordinator_that_fails_half_way_leaves_no_network(fakes: Fakes) -> None:
+def test_a_coordinator_that_fails_half_way_leaves_no_network(gce: FakeCompute) -> None:
     """The firewall rules were made, then the address was refused: `close` still deletes them."""
-    instances, addresses, firewalls = fakes
-
-    def refuse(project: str, region: str, address_resource: compute_v1.Address) -> _Op:
-        raise gexc.Forbidden("compute.addresses.create denied")
-
-    addresses.insert = refuse  # type: ignore[method-assign]
-    p = _provider(fakes)
+    gce.refuse_address = (
+        403,
+        gce_error(
+            403, f"Required 'compute.addresses.create' permission for 'projects/{PROJECT}'", "forbidden"
+        ),
+    )
+    p = _provider(gce)
     with pytest.raises(gexc.Forbidden):
         p.coordinator(JOB, 2)
-    assert len(firewalls.store) == 2
+    assert len(gce.firewalls) == 2
     p.close()
-    assert firewalls.store == {} and instances.vms == {}
+    assert gce.firewalls == {} and gce.instances == {} and gce.addresses == {}
 
 
-def test_another_jobs_coordinator_is_left_alone(fakes: Fakes) -> None:
+def test_another_jobs_coordinator_is_left_alone(gce: FakeCompute) -> None:
     """Killing one job's coordinator neither counts nor replaces the other job's."""
-    instances, _, _ = fakes
-    p = _provider(fakes)
+    p = _provider(gce)
     p.coordinator(JOB, 2)
     p.coordinator("20261125-000000-other1", 2)
-    mine = next(vm for vm in instances.coordinators() if dict(vm.labels)[JOB_TAG] == JOB)
-    mine.status = "TERMINATED"
+    mine = next(vm for vm in _coordinators(gce) if vm["labels"][JOB_TAG] == JOB)
+    gce.power_off(ZONE, mine["name"])
     p.coordinator("20261125-000000-other1", 2)
-    assert mine.name in instances.vms  # only its own controller call replaces it
+    assert (ZONE, mine["name"]) in gce.instances  # only its own controller call replaces it
     p.coordinator(JOB, 2)
-    assert len(instances.coordinators()) == 2 and mine.name not in instances.vms
+    assert len(_coordinators(gce)) == 2 and (ZONE, mine["name"]) not in gce.instances
 
 
 def test_a_custom_network_needs_its_subnetwork() -> None:
@@ -453,40 +404,39 @@ def test_a_custom_network_needs_its_subnetwork() -> None:
 
 
 def test_a_hosted_controller_runs_on_the_coordinator_with_its_service_account(
-    fakes: Fakes, monkeypatch: pytest.MonkeyPatch
+    gce: FakeCompute, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`Config.controller="cloud"`: the coordinator carries the controller (and the job key it
     verifies the spec with), runs as Config.controller_identity, never a credential; the
     notebook's `close` leaves it running, and asking again does not start a second one."""
     for name, value in CANARIES.items():
         monkeypatch.setenv(name, value)
-    instances, _, _ = fakes
     account = f"spotnb-ctl@{PROJECT}.iam.gserviceaccount.com"
     shipped = ship_fake(monkeypatch)  # the store is not reachable here
-    p = _provider(fakes, controller="cloud", controller_identity=account)
+    p = _provider(gce, controller="cloud", controller_identity=account)
     p.host_controller(JOB, "gs://spotnb/jobs", "cd" * 32)
     p.close()
-    (vm,) = instances.inserted
-    assert [a.email for a in vm.service_accounts] == [account]
-    (script,) = [i.value for i in vm.metadata.items if i.key == "startup-script"]
+    (vm,) = _inserted(gce)
+    assert [a["email"] for a in vm["serviceAccounts"]] == [account]
+    script = _script(vm)
     assert f"spotnb.cli controller {JOB} --store gs://spotnb/jobs" in script
     assert "SPOTNB_WHEEL_EXTRAS='[gcp,elastic]'" in script and "cd" * 32 in script
     assert shipped == [(JOB, bytes.fromhex("cd" * 32))]  # the job's wheel, verified with its key
     assert not [name for name, value in CANARIES.items() if value in script]
-    assert not [c for c in instances.calls if c[0] == "delete"]  # the job now depends on it
-    again = _provider(fakes, controller="cloud", controller_identity=account)
+    assert not [c for c in _calls(gce) if c[0] == "delete"]  # the job now depends on it
+    again = _provider(gce, controller="cloud", controller_identity=account)
     again.host_controller(JOB, "gs://spotnb/jobs", "cd" * 32)
-    assert len(instances.inserted) == 1
+    assert len(gce.inserts()) == 1
 
 
-def test_a_missing_coordinator_image_names_its_field(fakes: Fakes) -> None:
-    """The coordinator's insert answered GCE's 404 for its image (the real exception class with
-    GCE's message shape; the compute client is the stand-in above): the field that names the
-    image is the one to fix, not a retry."""
-    instances, _, _ = fakes
+def test_a_missing_coordinator_image_names_its_field(gce: FakeCompute) -> None:
+    """The coordinator's insert answered GCE's synchronous 404 for its image (GCE's error
+    document, mapped by google-api-core itself): the field that names the image is the one to
+    fix, not a retry."""
     image = "projects/my-images/global/images/family/gone"
-    instances.refuse = [gexc.NotFound(f"The resource '{image}' was not found")]
-    p = _provider(fakes, gcp_coordinator_image=image)
+    gce.refuse_next = [(404, gce_error(404, f"The resource '{image}' was not found"))]
+    p = _provider(gce, gcp_coordinator_image=image)
     with pytest.raises(ConfigError, match=r"^Config\.gcp_coordinator_image: the image .*family/gone"):
         p.coordinator(JOB, 2)
-    assert instances.coordinators() == []
+    assert _coordinators(gce) == [] and len(gce.inserts()) == 1
+    assert gce.inserts()[0].body["disks"][0]["initializeParams"]["sourceImage"] == image
