@@ -119,7 +119,7 @@ def test_a_move_is_made_only_when_the_saving_over_the_remaining_work_pays_for_it
     ("fields", "words"),
     [
         ({"migrate": "best-price"}, "only one zone"),
-        ({"migrate": "best-price", "regions": ["a", "a"]}, "only one zone"),
+        ({"migrate": "best-price", "regions": ["a", "a"]}, "names 'a' twice"),  # one zone, twice
         ({"migrate": "cheapest"}, "migrate"),
     ],
 )

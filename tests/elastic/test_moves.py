@@ -198,7 +198,7 @@ def test_the_gate_admits_the_next_replica_without_a_new_wait_while_the_gap_holds
     ("fields", "words"),
     [
         ({"instances": 2, "migrate": "best-price"}, "only one zone"),
-        ({"instances": 2, "migrate": "best-price", "regions": ["a", "a"]}, "only one zone"),
+        ({"instances": 2, "migrate": "best-price", "regions": ["a", "a"]}, "names 'a' twice"),
         ({"instances": 2, "migrate": "best-price", "regions": "cheapest"}, "local market has only one"),
     ],
 )

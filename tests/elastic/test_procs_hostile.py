@@ -35,7 +35,8 @@ def _ranks(job_id: str) -> list[psutil.Process]:
 
 
 # the test's spotnb home and the market's beacon files (the market removes them when it closes)
-_THEIRS = ("SPOTNB_HOME", "SPOTNB_BEACON")
+# the job's own files, kept by design: its home, the beacon, the instance log under $SPOTNB_HOME/logs
+_THEIRS = ("SPOTNB_HOME", "SPOTNB_BEACON", "SPOTNB_INSTANCE_LOG")
 
 
 def _read(pid: int, what: str) -> bytes:
