@@ -40,7 +40,7 @@ def test_cheapest_with_no_zone_priced_anywhere_is_refused_before_a_launch(
     assert p.prices("gcp:g2-standard-4") == {}
     with pytest.raises(ConfigError, match=r"instance_type: no zone of gcp .*regions=\['gcp/"):
         p.launch(_spec(None))
-    assert p.sub("gcp").instances.calls == []  # nothing was asked of the cloud
+    assert p.sub("gcp").gce.adapter.requests == []  # nothing was asked of the cloud
     plan = spot.train(jobfns.slow_steps, config, dry_run=True)
     assert "no zone" in str(plan)
     p.close()
