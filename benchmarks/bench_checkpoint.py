@@ -64,7 +64,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_core import _Never, make_context, make_model  # noqa: E402
 
-from spotnb.store import Store  # noqa: E402
+from spotnb.core.store import Store  # noqa: E402
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
@@ -231,7 +231,7 @@ class SpotnbReadBack(Spotnb):
     name = "spotnb read-back"
 
     def save(self, step: int) -> None:
-        from spotnb.runtime.chunked import Drain
+        from spotnb.runtime.checkpoint.chunked import Drain
 
         Drain.hash_after_gate = True  # read by the drain this save starts
         try:
@@ -419,9 +419,9 @@ def profile(mb: int, rounds: int) -> None:
 
     from torch.serialization import set_crc32_options
 
-    from spotnb.runtime import digest
-    from spotnb.runtime.checkpoint import Checkpointer
-    from spotnb.runtime.chunked import Drain
+    from spotnb.runtime.checkpoint import digest
+    from spotnb.runtime.checkpoint.checkpointer import Checkpointer
+    from spotnb.runtime.checkpoint.chunked import Drain
 
     model = make_model(mb)
     sd = model.state_dict()
@@ -519,9 +519,9 @@ def save_cost(mb: int, rounds: int) -> None:
     throughput ratios drown in the neighbours' load."""
     import torch.distributed.checkpoint as dcp
 
-    from spotnb.runtime import digest
-    from spotnb.runtime.checkpoint import Checkpointer
-    from spotnb.runtime.chunked import Drain
+    from spotnb.runtime.checkpoint import digest
+    from spotnb.runtime.checkpoint.checkpointer import Checkpointer
+    from spotnb.runtime.checkpoint.chunked import Drain
 
     model = make_model(mb)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from bench_core import _Never, make_context
 
-from spotnb.store import Store
+from spotnb.core.store import Store
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 WIDTH = 4096

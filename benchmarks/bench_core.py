@@ -26,12 +26,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from spotnb.core.store import Store  # noqa: E402
 from spotnb.policy import Static  # noqa: E402
 from spotnb.policy.base import Observation, Plan, Policy  # noqa: E402
 from spotnb.runtime.beacon import Beacon  # noqa: E402
-from spotnb.runtime.checkpoint import Checkpointer  # noqa: E402
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from spotnb.runtime.context import Context  # noqa: E402
-from spotnb.store import Store  # noqa: E402
 
 
 class _Never(Policy):

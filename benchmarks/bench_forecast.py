@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from spotnb.forecast import (
+from spotnb.market.forecast import (
     Forecaster,
     LastWindow,
     NaiveRate,

@@ -34,8 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_core import _Never, make_context  # noqa: E402
 
-from spotnb.sizes import human_bytes  # noqa: E402
-from spotnb.store import Store  # noqa: E402
+from spotnb.core.sizes import human_bytes  # noqa: E402
+from spotnb.core.store import Store  # noqa: E402
 
 
 class Lora(torch.nn.Module):

@@ -37,10 +37,10 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import spotnb.sim.zones as sim_zones
-from spotnb.billing import CONTINUOUS, Billing, parse_billing
-from spotnb.migration import MoveGate
-from spotnb.preempt import Never
-from spotnb.prices import lookup_price
+from spotnb.core.billing import CONTINUOUS, Billing, parse_billing
+from spotnb.market.migration import MoveGate
+from spotnb.market.preempt import Never
+from spotnb.market.prices import lookup_price
 from spotnb.sim.zones import SimZone, load_prices, random_prices, simulate_zones
 from spotnb.traces import bundled_traces, load_trace
 
@@ -140,7 +140,7 @@ def flapping_local(period: float, steps: int) -> None:
     """One job per rule on the real local market (one instance, driven from this process so
     that the rule can be swapped): zone prices swapping every `period` s."""
     import spotnb as spot
-    import spotnb.controller as controller
+    import spotnb.control.controller as controller
     from tests.core import jobfns
 
     horizon = 600.0

@@ -9,7 +9,7 @@ after/before ratios measured in this one run. Asserts nothing.
 1. ctx.steps + ctx.log per step (µs): the training loop's cost (benchmarks/bench_core.py, 5.)
 2. reading a log: EventReader.poll of a 200,000-row job written by that version (µs per row)
 3. folding it into the views' reducer (µs per metric row): before, `widget.state.JobState`;
-   after, `spotnb.state.JobState` (which also folds what Job and the ledger used to re-derive)
+   after, `spotnb.core.state.JobState` (which also folds what Job and the ledger used to re-derive)
 Widget messages per second: `python benchmarks/bench_widget.py --only messages` (one process;
 run it in each checkout).
 """
@@ -32,13 +32,13 @@ PROBE = textwrap.dedent(
     import json, sys, tempfile, time
     sys.path.insert(0, sys.argv[1] + "/benchmarks")
     from bench_core import _Never, make_context
-    from spotnb.store import Store
-    from spotnb.widget.synthetic import synthetic_events
+    from spotnb.core.store import Store
+    from spotnb.views.widget.synthetic import synthetic_events
     try:
-        from spotnb.state import JobState
+        from spotnb.core.state import JobState
     except ImportError:
-        from spotnb.widget.state import JobState
-    from spotnb.events import EventReader, EventWriter
+        from spotnb.views.widget.state import JobState
+    from spotnb.core.events import EventReader, EventWriter
 
     store = Store(tempfile.mkdtemp())
     out = {}
@@ -65,7 +65,7 @@ PROBE = textwrap.dedent(
             kind = e.pop("kind")
             e.pop("incarnation", None)
             try:
-                from spotnb import protocol
+                from spotnb.core import protocol
                 writer.emit(protocol.from_json({**e, "kind": kind}))
             except ImportError:
                 writer.emit(kind, **e)

@@ -1,4 +1,4 @@
-"""Regional stores (`spotnb.regional`): what a verified copy costs next to a plain copy, and a
+"""Regional stores (`spotnb.market.regional`): what a verified copy costs next to a plain copy, and a
 restore from the copy next to one from the home store. Prints figures of one run; asserts
 nothing.
 
@@ -23,9 +23,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from spotnb.regional import copy_checkpoint, newest_committed  # noqa: E402
-from spotnb.runtime.checkpoint import Checkpointer  # noqa: E402
-from spotnb.store import Store  # noqa: E402
+from spotnb.core.store import Store  # noqa: E402
+from spotnb.market.regional import copy_checkpoint, newest_committed  # noqa: E402
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer  # noqa: E402
 
 
 def main() -> None:

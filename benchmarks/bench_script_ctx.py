@@ -2,7 +2,7 @@
 
     python benchmarks/bench_script_ctx.py [--steps 20000]
 
-A script's ctx calls cross a Unix socket to the agent's Context (`spotnb.runtime.script`):
+A script's ctx calls cross a Unix socket to the agent's Context (`spotnb.runtime.script.runner`):
 this runs a real ScriptRunner on a real store, with a script doing `with ctx.step():
 ctx.log(loss=...)` in a loop, and compares the time per step with the same loop on the
 Context in this process (a function's `ctx`). Goal: a per-step overhead well under a
@@ -20,13 +20,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from spotnb.core.spec import ScriptSpec  # noqa: E402
+from spotnb.core.store import Store  # noqa: E402
 from spotnb.policy import resolve_policy  # noqa: E402
 from spotnb.runtime.beacon import Beacon  # noqa: E402
-from spotnb.runtime.checkpoint import Checkpointer  # noqa: E402
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from spotnb.runtime.context import Context  # noqa: E402
-from spotnb.runtime.script import ScriptRunner  # noqa: E402
-from spotnb.spec import ScriptSpec  # noqa: E402
-from spotnb.store import Store  # noqa: E402
+from spotnb.runtime.script.runner import ScriptRunner  # noqa: E402
 
 SCRIPT = textwrap.dedent(
     """

@@ -36,10 +36,10 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from spotnb.runtime.checkpoint import Checkpointer  # noqa: E402
-from spotnb.runtime.sharded import SHARD_DIR, ShardedCheckpointer  # noqa: E402
-from spotnb.sizes import human_bytes  # noqa: E402
-from spotnb.store import Store  # noqa: E402
+from spotnb.core.sizes import human_bytes  # noqa: E402
+from spotnb.core.store import Store  # noqa: E402
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer  # noqa: E402
+from spotnb.runtime.checkpoint.sharded import SHARD_DIR, ShardedCheckpointer  # noqa: E402
 
 
 def _free_port() -> int:

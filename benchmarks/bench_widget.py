@@ -61,8 +61,8 @@ def _install_recording_comm() -> list[float]:
 
 
 def bench_messages(seconds: float, rate: int) -> None:
-    from spotnb.widget.synthetic import synthetic_events
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.synthetic import synthetic_events
+    from spotnb.views.widget.view import JobView
 
     log = _install_recording_comm()
     view = JobView(None)
@@ -139,7 +139,7 @@ CHILD = textwrap.dedent("""
 
 def bench_follow(job_steps: int) -> None:
     import spotnb as spot
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.view import JobView
 
     _install_recording_comm()
     with tempfile.TemporaryDirectory() as tmp:

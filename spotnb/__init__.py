@@ -37,14 +37,14 @@ __all__ = [
 _LAZY = {
     "train": "spotnb.api",
     "run": "spotnb.script_job",
-    "ctx": "spotnb.runtime.script_client",
+    "ctx": "spotnb.runtime.script.client",
     "attach": "spotnb.api",
     "resume": "spotnb.api",
     "jobs": "spotnb.api",
     "load_checkpoint": "spotnb.weights",
-    "Config": "spotnb.config",
+    "Config": "spotnb.settings.config",
     "Job": "spotnb.job",
-    "Breakdown": "spotnb.ledger",
+    "Breakdown": "spotnb.core.ledger",
     "JobFailed": "spotnb.errors",
     "JobStopped": "spotnb.errors",
     "ConfigError": "spotnb.errors",
@@ -56,12 +56,12 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from spotnb.api import attach, jobs, resume, train
-    from spotnb.config import Config
+    from spotnb.core.ledger import Breakdown
     from spotnb.errors import CheckpointError, ConfigError, JobFailed, JobStopped, SpotnbError
     from spotnb.job import Job
-    from spotnb.ledger import Breakdown
-    from spotnb.runtime.script_client import ctx
+    from spotnb.runtime.script.client import ctx
     from spotnb.script_job import run
+    from spotnb.settings.config import Config
     from spotnb.weights import load_checkpoint
 
 

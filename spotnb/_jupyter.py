@@ -14,4 +14,4 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
-    return [{"module": "spotnb.server"}]
+    return [{"module": "spotnb.views.server"}]

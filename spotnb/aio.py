@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from spotnb.protocol import TERMINAL, Event, Status
+from spotnb.core.protocol import TERMINAL, Event, Status
 
 if TYPE_CHECKING:
     from spotnb.job import Job

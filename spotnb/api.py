@@ -13,21 +13,21 @@ from collections.abc import Callable
 from importlib import import_module
 from typing import Any
 
-from spotnb import protocol as ev
-from spotnb.config import Config
-from spotnb.errors import ConfigError, SpotnbError
-from spotnb.events import EventReader, EventWriter
-from spotnb.files import FilesError, collect, upload
-from spotnb.fleet import make_controller
-from spotnb.job import Job
-from spotnb.jobdb import JobDB
-from spotnb.plan_view import Plan
-from spotnb.protocol import TERMINAL, JobStatus
-from spotnb.providers import get_provider_class, registry
-from spotnb.providers.base import LaunchSpec
-from spotnb.shipping import ship
-from spotnb.signing import key_path, load_key, new_key, save_key, seal
-from spotnb.spec import (
+from spotnb.control.fleet import make_controller
+from spotnb.control.jobdb import JobDB
+from spotnb.control.supervise import (
+    ensure_controller,
+    hosting_error,
+    job_vanished,
+    mark_lost,
+    start_controller,
+)
+from spotnb.core import protocol as ev
+from spotnb.core.events import EventReader, EventWriter
+from spotnb.core.files import FilesError, collect, upload
+from spotnb.core.protocol import TERMINAL, JobStatus
+from spotnb.core.signing import key_path, load_key, new_key, save_key, seal
+from spotnb.core.spec import (
     JobSpec,
     RuntimeSettings,
     ScriptSpec,
@@ -37,8 +37,14 @@ from spotnb.spec import (
     load_spec,
     write_spec,
 )
-from spotnb.store import Store
-from spotnb.supervise import ensure_controller, hosting_error, job_vanished, mark_lost, start_controller
+from spotnb.core.store import Store
+from spotnb.errors import ConfigError, SpotnbError
+from spotnb.job import Job
+from spotnb.providers import get_provider_class, registry
+from spotnb.providers.base import LaunchSpec
+from spotnb.providers.shipping import ship
+from spotnb.settings.config import Config
+from spotnb.views.plan_view import Plan
 
 __all__ = [
     "train",
@@ -145,7 +151,7 @@ def _check_local_procs(config: Config) -> None:
     procs = config.procs_per_instance
     if config.provider != "local" or procs is None or procs <= 1:
         return
-    from spotnb.gpus import local_capacity
+    from spotnb.market.gpus import local_capacity
 
     most, what = local_capacity()
     if procs > most:
@@ -281,12 +287,12 @@ def _every(seconds: float) -> str:
 
 def _placement_rows(provider: Any, config: Config, regions: list[str] | str) -> list[dict[str, Any]]:
     """The candidate zones ranked as the controller would rank them at the first launch
-    (`spotnb.placement`: expected cost of an hour of training there, from this machine's job
+    (`spotnb.market.placement`: expected cost of an hour of training there, from this machine's job
     DB and the prices now, moving the checkpoint between the store and the zone included);
     with a list of regions the list's order is what is tried, and the ranking is shown for
     information."""
-    from spotnb.placement import rank_zones
-    from spotnb.transfer import NOMINAL_CHECKPOINT_BYTES, store_cloud, transfer_to
+    from spotnb.market.placement import rank_zones
+    from spotnb.market.transfer import NOMINAL_CHECKPOINT_BYTES, store_cloud, transfer_to
 
     try:
         prices = provider.prices(
@@ -315,8 +321,8 @@ def _placement_rows(provider: Any, config: Config, regions: list[str] | str) -> 
     transfer, clouds = {}, {}
     regional = None
     if config.regional_stores:  # the saves stay in a zone's region when it has a store
-        from spotnb.regional import Regional
-        from spotnb.store import Store
+        from spotnb.core.store import Store
+        from spotnb.market.regional import Regional
 
         regional = Regional(config, provider, Store(config.store_url()), "dry-run")
     for zone in prices:  # no checkpoint yet: the first start restores nothing

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from spotnb.protocol import JobStatus
+from spotnb.core.protocol import JobStatus
 from spotnb.providers import registry
 
 __all__ = ["main"]
@@ -49,7 +49,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from spotnb.api import attach
-    from spotnb.widget.text import event_line
+    from spotnb.views.widget.text import event_line
 
     job = attach(args.job_id)
     shown = 0
@@ -76,7 +76,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if job.status == JobStatus.LOST:
         print(f"lost: {job.state.status_reason}")
     print(job.breakdown().table())
-    from spotnb.widget.text import savings_text
+    from spotnb.views.widget.text import savings_text
 
     print(savings_text(job.state))
     return 0
@@ -104,7 +104,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _controller_alive(job_id: str) -> bool:
-    from spotnb.jobdb import JobDB
+    from spotnb.control.jobdb import JobDB
 
     return JobDB().controller_alive(job_id)
 
@@ -113,9 +113,9 @@ def _end_without_controller(job: Any) -> None:
     """A job whose controller cannot run (it crashes at start) would show `running` forever:
     record the stop in its log and the job DB ourselves. Its instance, if one is left, is
     beyond reach without the controller: say so."""
-    from spotnb import protocol as ev
-    from spotnb.events import EventWriter
-    from spotnb.jobdb import JobDB
+    from spotnb.control.jobdb import JobDB
+    from spotnb.core import protocol as ev
+    from spotnb.core.events import EventWriter
 
     reason = (
         "stopped by `spotnb stop` while no controller could run it (see "
@@ -130,7 +130,7 @@ def _end_without_controller(job: Any) -> None:
 
 
 def _controller_log(job_id: str) -> str:
-    from spotnb.home import spotnb_home
+    from spotnb.core.home import spotnb_home
 
     return str(spotnb_home() / "logs" / job_id / "controller.log")
 
@@ -190,7 +190,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     succeeded, 1 when it failed or was stopped. Ctrl-C leaves the job running (its controller
     is its own process): `spotnb logs -f ID` follows it again."""
     from spotnb.script_job import run
-    from spotnb.widget.text import event_line
+    from spotnb.views.widget.text import event_line
 
     overrides = _overrides(args.set)
     if overrides is None:
@@ -258,8 +258,8 @@ def cmd_providers(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from spotnb.config import Config
     from spotnb.providers.cleanup import gc
+    from spotnb.settings.config import Config
 
     ended = gc(args.provider, Config(provider=args.provider))
     for instance_id in ended:
@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("providers", help="the providers spotnb knows, their fields and capabilities")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_providers)
-    from spotnb.doctor import add_parser as add_doctor
+    from spotnb.doctor.report import add_parser as add_doctor
 
     add_doctor(sub)
     try:

@@ -84,7 +84,7 @@ def run_demo(steps: int = 1500, step_delay: float = 0.01, out: Any = sys.stdout)
     print("spotnb demo: an MLP on two spirals, on the local spot market (3 preemptions injected)", file=out)
     job = spot.train(functools.partial(fit_spirals, steps=steps, step_delay=step_delay), config)
     print(f"job {job.id} submitted; following it (Ctrl-C leaves it running)", file=out)
-    from spotnb.widget.text import TextView
+    from spotnb.views.widget.text import TextView
 
     TextView(job, file=out, interval=2.0)
     job.wait()

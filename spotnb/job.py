@@ -11,18 +11,18 @@ from collections.abc import AsyncIterator, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from spotnb import aio
+from spotnb.control.supervise import ensure_controller
+from spotnb.core.events import EventReader, EventSink
+from spotnb.core.ledger import Breakdown
+from spotnb.core.protocol import TERMINAL, Event, JobStatus, as_metric
+from spotnb.core.savings import describe_savings
+from spotnb.core.state import JobState
+from spotnb.core.store import Store
 from spotnb.errors import JobFailed, JobStopped, SpotnbError
-from spotnb.events import EventReader, EventSink
-from spotnb.html_safe import NO_MATH
-from spotnb.ledger import Breakdown
-from spotnb.protocol import TERMINAL, Event, JobStatus, as_metric
-from spotnb.savings import describe_savings
-from spotnb.state import JobState
-from spotnb.store import Store
-from spotnb.supervise import ensure_controller
+from spotnb.views.html_safe import NO_MATH
 
 if TYPE_CHECKING:
-    from spotnb.jobdb import JobDB
+    from spotnb.control.jobdb import JobDB
 
 __all__ = ["Job", "STATUSES", "TERMINAL"]
 
@@ -202,7 +202,7 @@ class Job:
 
     @property
     def events(self) -> list[Event]:
-        """Every event so far, oldest first (a copy). Typed records (`spotnb.protocol`) that
+        """Every event so far, oldest first (a copy). Typed records (`spotnb.core.protocol`) that
         also read like their JSON (`e["kind"]`, `e.get("step")`)."""
         with self._lock:
             return list(self._events)
@@ -263,7 +263,7 @@ class Job:
 
     def cost(self) -> dict[str, Any]:
         """Spent so far, its on-demand equivalent, the projected total and the savings, said
-        as every view says them (`spotnb.savings`): `savings` is None while withheld (before a
+        as every view says them (`spotnb.core.savings`): `savings` is None while withheld (before a
         minute of training) and for a failed job; `savings_text` is the sentence."""
         with self._lock:
             return self.state.cost()
@@ -299,7 +299,7 @@ class Job:
         machine that submitted the job): a pickle from anyone else would run their code here."""
         import cloudpickle
 
-        from spotnb.signing import BadSignature, key_path, load_key, unseal
+        from spotnb.core.signing import BadSignature, key_path, load_key, unseal
 
         key = load_key(self.id)
         path = self.store.job(self.id, "result.pkl")
@@ -415,7 +415,7 @@ class Job:
         from IPython.display import display
 
         try:
-            from spotnb.widget import job_widget
+            from spotnb.views.widget import job_widget
         except ImportError:
             display({"text/html": self._repr_html_(), "text/plain": repr(self)}, raw=True)
             return
@@ -424,7 +424,7 @@ class Job:
     def show(self) -> Any:
         """Display the live widget (or the text view outside a notebook kernel)."""
         try:
-            from spotnb.widget import job_widget
+            from spotnb.views.widget import job_widget
         except ImportError:
             print(repr(self))
             return None
@@ -439,7 +439,7 @@ class Job:
 
     def plot(self) -> Any:
         """Static plotly figures (breakdown, timeline, metrics) for export."""
-        from spotnb.widget import static_figures
+        from spotnb.views.widget import static_figures
 
         return static_figures(self)
 

@@ -1,7 +1,7 @@
 """`spot.run("train.py", args=[...])`: an existing training script as a spot job.
 
 The job is the same kind of job `spot.train` makes (same Job, widget, controller, relaunches,
-ledger); only what runs on the instance differs (`spotnb.runtime.script`). What is shipped:
+ledger); only what runs on the instance differs (`spotnb.runtime.script.runner`). What is shipped:
 the script file itself (at its path relative to the working directory, or at the top of it
 when it lies outside) and `Config.files` — the modules or package it imports, small data.
 Nothing else: on a cloud instance the script sees only those files (on the local market it
@@ -14,12 +14,12 @@ import os
 from typing import Any
 
 from spotnb.api import _check_inputs, _drive, _merge, _pickle_payload, _submit
-from spotnb.config import Config
+from spotnb.core.files import FilesError, collect
+from spotnb.core.spec import ScriptSpec
 from spotnb.errors import ConfigError
-from spotnb.files import FilesError, collect
 from spotnb.job import Job
 from spotnb.providers import get_provider_class
-from spotnb.spec import ScriptSpec
+from spotnb.settings.config import Config
 
 __all__ = ["run", "check_script", "check_group"]
 
@@ -137,7 +137,7 @@ def run(
     (`--nnodes=min_instances:N`, rendezvous on the job's coordinator, which no preemption
     takes): a torchrun/DDP script as written. A lost instance makes the others restart their
     workers in a smaller group from the newest checkpoint (rank 0's `ctx.backup`); its
-    replacement joins at the next restart. See `spotnb.runtime.torchrun_group`.
+    replacement joins at the next restart. See `spotnb.runtime.group.torchrun`.
 
     Bad input (a missing file, not a .py, args that are not a list of str, torchrun's own
     options among the args of a script on several instances, a `sync` mode) raises

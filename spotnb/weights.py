@@ -28,11 +28,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spotnb.core.store import Store
 from spotnb.errors import CheckpointError, SpotnbError
-from spotnb.store import Store
 
 if TYPE_CHECKING:
-    from spotnb.runtime.checkpoint import Manifest
+    from spotnb.runtime.checkpoint.checkpointer import Manifest
 
 __all__ = [
     "Checkpoint",
@@ -114,7 +114,7 @@ def _is_module_state(sd: Any) -> bool:
 def _open(job_id: str, store: str | None) -> tuple[str, Store, bytes]:
     """(the full job id, its store, its key): from the job DB, or from `store` for a job this
     machine does not know. Raises SpotnbError saying what is missing."""
-    from spotnb.jobdb import JobDB
+    from spotnb.control.jobdb import JobDB
 
     db = JobDB()
     row = db.job(job_id)
@@ -137,7 +137,7 @@ def _open(job_id: str, store: str | None) -> tuple[str, Store, bytes]:
 
 def job_key(job_id: str) -> bytes:
     """The job's key on this machine, or SpotnbError saying where to copy it."""
-    from spotnb.signing import key_path, load_key
+    from spotnb.core.signing import key_path, load_key
 
     key = load_key(job_id)
     if key is None:
@@ -153,7 +153,7 @@ def _read_stores(store: Store, job_id: str, key: bytes) -> list[Store]:
     """The job's regional stores (`Config.regional_stores`), from its signed spec: its
     checkpoints may be there. A spec that does not verify means a wrong key (or a forged spec):
     refused."""
-    from spotnb.spec import SpecError, load_spec
+    from spotnb.core.spec import SpecError, load_spec
 
     try:
         spec = load_spec(store, job_id, key)
@@ -182,8 +182,8 @@ def _reading(
     backed-up files' verified local copies (manifest name -> path), valid inside the `with`:
     never put back at the paths the instance backed them up from (on the local market those
     are this machine's, a Trainer's `output_dir` that a restore would make what it was)."""
-    from spotnb import protocol as ev
-    from spotnb.runtime.checkpoint import Checkpointer
+    from spotnb.core import protocol as ev
+    from spotnb.runtime.checkpoint.checkpointer import Checkpointer
 
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
         raise SpotnbError(f"step={step!r}: a checkpoint's step is a non-negative int (or None: the newest)")
@@ -281,10 +281,10 @@ def _load(
     verified by the runtime's own restore, its backed-up files listed in `files`; None (and a
     `checkpoint_invalid` event) if it does not verify."""
     if any(name.startswith("dcp/") for name in manifest.files):  # DCP's folder: maybe sharded
-        from spotnb.runtime.sharded import ShardedCheckpointer, is_sharded
+        from spotnb.runtime.checkpoint.sharded import ShardedCheckpointer, is_sharded
 
         if is_sharded(manifest):
-            from spotnb.runtime import sharded_state
+            from spotnb.runtime.checkpoint import sharded_state
 
             # (from the home store: a group of processes has no regional stores, agent.py)
             with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": one process, yes

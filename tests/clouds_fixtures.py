@@ -253,10 +253,10 @@ def gs_store_url(gcs_env: str) -> str:
 
 # -- a shipped spotnb where no store is reachable ------------------------------------------------
 def ship_fake(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bytes | None]]:
-    """Stand in for the job's shipped spotnb (`spotnb.shipping.code_for_launch`) where the store
+    """Stand in for the job's shipped spotnb (`spotnb.providers.shipping.code_for_launch`) where the store
     is not reachable (the fake SDK transports): a fixed wheel reference with the extras asked
     for. Returns the (job, key) of every call."""
-    from spotnb import shipping
+    from spotnb.providers import shipping
 
     calls: list[tuple[str, bytes | None]] = []
 

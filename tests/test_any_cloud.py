@@ -22,13 +22,14 @@ from typing import Any
 import pytest
 
 import spotnb as spot
+from spotnb.control.jobdb import JobDB
 from spotnb.errors import ConfigError
-from spotnb.jobdb import JobDB
-from spotnb.providers import azure, multi
-from spotnb.providers.aws import AWSProvider
-from spotnb.providers.azure import AzureProvider
+from spotnb.providers import multi
+from spotnb.providers.aws.provider import AWSProvider
+from spotnb.providers.azure import provider as azure
+from spotnb.providers.azure.provider import AzureProvider
 from spotnb.providers.base import InstanceState, LaunchSpec, Price
-from spotnb.providers.gcp import GCPProvider
+from spotnb.providers.gcp.provider import GCPProvider
 from tests.azure_transport import ArmCompute, compute_client, resource_client
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.core import jobfns
@@ -325,9 +326,9 @@ def test_the_controller_launches_on_the_zone_s_cloud_with_its_notices_and_record
     incarnation document the agent reads names the zone's cloud's notice format (not the
     first cloud's), the job DB records the incarnation under that cloud and type (its market's
     history), and the zones' prices are written at the allocation."""
-    from spotnb.controller import Controller
+    from spotnb.control.controller import Controller
+    from spotnb.core.store import Store
     from spotnb.job import Job
-    from spotnb.store import Store
 
     cfg = _config(store=s3_store_url, regions=["gcp/us-central1-a", "aws/us-east-1a", "azure/eastus"])
     store, db = Store(s3_store_url), JobDB()

@@ -13,11 +13,11 @@ import boto3
 import pytest
 
 import spotnb as spot
+from spotnb.control.jobdb import JobDB
 from spotnb.errors import CapacityError, ConfigError
-from spotnb.jobdb import JobDB
-from spotnb.prices import lookup_price
+from spotnb.market.prices import lookup_price
 from spotnb.providers import get_provider_class
-from spotnb.providers.aws import DEFAULT_IMAGE, SECURITY_GROUP, AWSProvider, split_zone
+from spotnb.providers.aws.provider import DEFAULT_IMAGE, SECURITY_GROUP, AWSProvider, split_zone
 from spotnb.providers.base import Feature, InstanceState, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, gc
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
@@ -92,7 +92,7 @@ def test_launch_describe_terminate(provider: AWSProvider, s3_store_url: str) -> 
     script = base64.b64decode(raw).decode()
     assert script == provider.plan_launch(spec)["bootstrap"]
     assert script.startswith("#!/bin/bash") and "spotnb.runtime.agent" in script
-    # this notebook's spotnb from the store (spotnb.shipping), then the job's requirements
+    # this notebook's spotnb from the store (spotnb.providers.shipping), then the job's requirements
     assert f"SPOTNB_WHEEL_URL={s3_store_url}/code/spotnb-0.1.0-" in script
     assert "\"$SPOTNB_WHEEL_FILE$SPOTNB_WHEEL_EXTRAS\" 'einops>=0.7'" in script
     # the security group has no inbound rule
@@ -159,9 +159,9 @@ def test_region_fallback_on_capacity_error(ec2_faults, s3_store_url: str) -> Non
 
 def test_controller_moves_to_next_region(ec2_faults, s3_store_url: str) -> None:
     """The real controller loop: one allocating/alloc_failed pair per failed candidate."""
-    from spotnb.controller import Controller
+    from spotnb.control.controller import Controller
+    from spotnb.core.store import Store
     from spotnb.job import Job
-    from spotnb.store import Store
 
     ec2_faults.fail("RunInstances", "us-west-2", code="InstanceLimitExceeded", status=400)
     cfg = spot.Config(
@@ -270,7 +270,7 @@ def test_cheapest_asks_every_region_that_offers_the_type_and_caches_the_prices(s
     age (moto's EC2 over HTTP)."""
     import json
 
-    from spotnb.home import spotnb_home
+    from spotnb.core.home import spotnb_home
 
     p = AWSProvider(spot.Config(provider="aws", store=s3_store_url, regions="cheapest"))
     prices = p.prices("g4dn.xlarge")

@@ -31,12 +31,15 @@ import boto3
 import pytest
 
 import spotnb as spot
-from spotnb import protocol as ev
+from spotnb.control.jobdb import JobDB
+from spotnb.core import protocol as ev
+from spotnb.core.ledger import Span, compute_breakdown, coordinator_overheads
+from spotnb.core.protocol import JobStatus, Progress
+from spotnb.core.signing import KEY_ENV, new_key, save_key
+from spotnb.core.state import JobState
+from spotnb.core.store import Store
 from spotnb.errors import ConfigError
-from spotnb.jobdb import JobDB
-from spotnb.ledger import Span, compute_breakdown, coordinator_overheads
-from spotnb.protocol import JobStatus, Progress
-from spotnb.providers.aws import (
+from spotnb.providers.aws.provider import (
     COORDINATOR_ROLE,
     MAX_COORDINATOR_LAUNCHES,
     ROLE_TAG,
@@ -48,9 +51,6 @@ from spotnb.providers.aws import (
 from spotnb.providers.base import Feature, InstanceState, LaunchSpec
 from spotnb.providers.bootstrap import coordinator_script
 from spotnb.providers.cleanup import JOB_TAG, gc
-from spotnb.signing import KEY_ENV, new_key, save_key
-from spotnb.state import JobState
-from spotnb.store import Store
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.clouds_fixtures import CANARIES, free_port
 
@@ -272,7 +272,7 @@ def test_coordinator_user_data_holds_no_credential_and_no_job_key(provider: AWSP
     import base64
 
     script = base64.b64decode(raw["UserData"]["Value"]).decode()
-    assert script.startswith("#!/bin/bash") and "spotnb.runtime.lighthouse" in script
+    assert script.startswith("#!/bin/bash") and "spotnb.runtime.group.lighthouse" in script
     assert "--min-replicas 2" in script and '--bind "[::]:29510"' in script
     # no identity to read the store's wheel with: it carries the module and installs torchft
     assert "<<'SPOTNB_MODULE'" in script and "pip install --quiet torchft-nightly==" in script
@@ -305,7 +305,7 @@ def test_dry_run_lists_the_coordinator_and_its_price(monkeypatch: pytest.MonkeyP
     coordinator = plan["coordinator"]
     assert coordinator["market"] == "on-demand" and coordinator["instance_type"] == "t3.small"
     assert coordinator["price_on_demand"] == pytest.approx(0.0208)
-    assert "spotnb.runtime.lighthouse" in coordinator["bootstrap"]
+    assert "spotnb.runtime.group.lighthouse" in coordinator["bootstrap"]
     runs = [r["body"] for r in plan["requests"] if r["api"] == "ec2.run_instances"]
     assert len(runs) == 2 and "InstanceMarketOptions" not in runs[0]  # the coordinator, on demand
     assert runs[1]["InstanceMarketOptions"]["MarketType"] == "spot"  # the training instances
@@ -459,7 +459,7 @@ def test_the_job_state_bills_the_coordinator_its_instances_recorded() -> None:
     job = Job("20261125-000000-c00rd1", Store("memory://coordinator-ledger"))
     job._ingest(events)
     assert "coordinator $" in job.summary() and "spent $" in job.summary()
-    from spotnb.widget.view import render_info_html
+    from spotnb.views.widget.view import render_info_html
 
     # the widget's headline is the whole spend, not the spot instances' alone
     assert f"<b>${b.total_cost:.4f}</b> spent" in render_info_html(state, job.id)
@@ -485,7 +485,7 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 
 def _lighthouse_pids(job: str) -> list[int]:
     out = subprocess.run(
-        ["pgrep", "-f", f"spotnb.runtime.lighthouse.*--job {job}"], capture_output=True, text=True
+        ["pgrep", "-f", f"spotnb.runtime.group.lighthouse.*--job {job}"], capture_output=True, text=True
     )
     return [int(pid) for pid in out.stdout.split()]
 
@@ -580,7 +580,7 @@ def test_dry_run_of_a_cloud_controller_shows_its_coordinator(monkeypatch: pytest
     plan = spot.train(fit, cfg, dry_run=True)
     coordinator = plan["coordinator"]
     assert "spotnb.cli controller" in coordinator["bootstrap"]
-    assert "spotnb.runtime.lighthouse" not in coordinator["bootstrap"]  # one instance: no quorum
+    assert "spotnb.runtime.group.lighthouse" not in coordinator["bootstrap"]  # one instance: no quorum
     assert "<the job key, added at launch>" in coordinator["bootstrap"]
     runs = [r["body"] for r in plan["requests"] if r["api"] == "ec2.run_instances"]
     assert runs[0]["IamInstanceProfile"] == {"Name": "spotnb-controller"}

@@ -22,7 +22,7 @@ from azure.mgmt.compute import models as m
 import spotnb as spot
 from spotnb.errors import CapacityError, ConfigError
 from spotnb.providers import get_provider_class
-from spotnb.providers.azure import DEFAULT_IMAGE, AzureProvider, build_vm, throwaway_ssh_key, vm_name
+from spotnb.providers.azure.provider import DEFAULT_IMAGE, AzureProvider, build_vm, throwaway_ssh_key, vm_name
 from spotnb.providers.base import InstanceState, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG
 from tests.azure_transport import ArmCompute, ArmRequest, compute_client, resource_client
@@ -333,7 +333,7 @@ def test_retail_prices_over_http_every_page_linux_meters_cached(monkeypatch: pyt
     import threading
     from pathlib import Path
 
-    from spotnb.providers import azure
+    from spotnb.providers.azure import provider as azure
 
     pages = Path(__file__).parent / "fixtures" / "azure_retail"
     asked: list[str] = []

@@ -28,21 +28,21 @@ import pytest
 from azure.core.exceptions import HttpResponseError
 
 import spotnb as spot
+from spotnb.core.ledger import Span, compute_breakdown, coordinator_overheads
+from spotnb.core.protocol import JobStatus, Progress
+from spotnb.core.signing import KEY_ENV, new_key, save_key
 from spotnb.errors import ConfigError
-from spotnb.ledger import Span, compute_breakdown, coordinator_overheads
-from spotnb.protocol import JobStatus, Progress
-from spotnb.providers import azure as azure_module
-from spotnb.providers.azure import AzureProvider
-from spotnb.providers.azure_coordinator import (
+from spotnb.providers.azure import provider as azure_module
+from spotnb.providers.azure.coordinator import (
     COORDINATOR_PRICES,
     NETWORK_API_VERSION,
     coordinator_nic_body,
     job_network_ids,
 )
+from spotnb.providers.azure.provider import AzureProvider
 from spotnb.providers.base import Feature, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, gc
 from spotnb.providers.coordinator import COORDINATOR_ROLE, MAX_COORDINATOR_LAUNCHES, ROLE_TAG
-from spotnb.signing import KEY_ENV, new_key, save_key
 from tests.azure_transport import ArmCompute, ArmRequest, arm_error, compute_client, resource_client
 from tests.clouds_fixtures import ship_fake
 
@@ -225,7 +225,7 @@ def test_coordinator_is_regular_priority_on_a_static_address_in_the_job_groups(
     script = base64.b64decode(body["osProfile"]["customData"]).decode()
     # the lighthouse module travels in the script (it has no identity to read the store with)
     assert '"$SPOTNB_LIGHTHOUSE" --min-replicas 2' in script and '--bind "[::]:29510"' in script
-    assert "spotnb.runtime.lighthouse.py" in script and "<<'SPOTNB_MODULE'" in script
+    assert "spotnb.runtime.group.lighthouse.py" in script and "<<'SPOTNB_MODULE'" in script
     assert not [name for name, value in CANARIES.items() if value in script]
     assert key.hex() not in script and KEY_ENV not in script
     # the NIC was created with a dynamic IP, then pinned to the IP Azure gave it
@@ -325,7 +325,7 @@ def test_gc_reaps_the_coordinator_and_network_of_an_ended_job(
     arm: Arm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A controller died without `close`: `spotnb gc` deletes the coordinator and the network."""
-    from spotnb.jobdb import JobDB
+    from spotnb.control.jobdb import JobDB
 
     res = arm.res
     db = JobDB()
@@ -500,7 +500,7 @@ def test_a_spec_written_with_the_old_names_resumes_silently() -> None:
     resumed with the new fields and no warning about names its user never wrote."""
     import warnings
 
-    from spotnb.spec import JobSpec, config_json
+    from spotnb.core.spec import JobSpec, config_json
 
     data = config_json(spot.Config(provider="aws", coordinator_port=30001, coordinator_price=0.03))
     old = {("aws_" + k if k.startswith("coordinator_") else k): v for k, v in data.items()}
@@ -531,7 +531,7 @@ def test_a_hosted_controller_runs_on_the_coordinator_with_its_identity(
     assert list(vm["identity"]["userAssignedIdentities"]) == [identity]
     script = base64.b64decode(vm["properties"]["osProfile"]["customData"]).decode()
     assert f"spotnb.cli controller {JOB} --store az://spotnb/jobs" in script
-    assert "spotnb.runtime.lighthouse --min-replicas 2" in script  # several instances: both
+    assert "spotnb.runtime.group.lighthouse --min-replicas 2" in script  # several instances: both
     assert "SPOTNB_WHEEL_EXTRAS='[azure,elastic]'" in script and "ab" * 32 in script
     assert shipped == [(JOB, bytes.fromhex("ab" * 32))]  # the job's wheel, verified with its key
     assert not [name for name, value in CANARIES.items() if value in script]

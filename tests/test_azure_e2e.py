@@ -41,7 +41,7 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.providers.azure import AzureProvider
+from spotnb.providers.azure.provider import AzureProvider
 from spotnb.providers.local.metadata import MetadataEmulator
 from tests.arm_fake import VM_TOKEN, FakeArm
 from tests.azure_transport import SUBSCRIPTION

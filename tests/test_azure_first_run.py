@@ -25,19 +25,19 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb import protocol as ev
-from spotnb.controller import Controller
-from spotnb.events import EventWriter
+from spotnb.control.controller import Controller
+from spotnb.control.jobdb import JobDB
+from spotnb.core import protocol as ev
+from spotnb.core.events import EventWriter
+from spotnb.core.store import Store
 from spotnb.job import Job
-from spotnb.jobdb import JobDB
-from spotnb.providers.azure import AzureProvider, vm_name
-from spotnb.providers.azure_coordinator import NETWORK_API_VERSION, default_network_ids
+from spotnb.providers.azure.coordinator import NETWORK_API_VERSION, default_network_ids
+from spotnb.providers.azure.provider import AzureProvider, vm_name
 from spotnb.providers.base import InstanceState, InstanceStatus, LaunchSpec
 from spotnb.providers.bootstrap import coordinator_script
 from spotnb.providers.cleanup import MANAGED_TAG, gc
 from spotnb.providers.local.metadata import MetadataEmulator
 from spotnb.runtime.notice import AzureWatcher
-from spotnb.store import Store
 from tests.azure_transport import SUBSCRIPTION, ArmCompute, compute_client, resource_client
 from tests.clouds_fixtures import ship_fake
 
@@ -215,7 +215,7 @@ def test_a_vm_that_deallocated_itself_after_its_agent_exited_is_no_eviction(tmp_
     """A deallocated VM reads as an eviction (policy Deallocate). After the boot script said the
     agent exited, it is the VM ending itself: the agent's error fails the job (it was relaunched
     as preempted)."""
-    from spotnb.protocol import Outcome
+    from spotnb.core.protocol import Outcome
     from spotnb.providers.base import Instance
 
     store_url = (tmp_path / "store").as_uri()

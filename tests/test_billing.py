@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb import protocol as ev
-from spotnb.billing import CLOUD_BILLING, CONTINUOUS, Billing, charge, parse_billing
-from spotnb.ledger import CATEGORIES, Span, compute_breakdown
-from spotnb.migration import move_start
-from spotnb.preempt import Never, Schedule
-from spotnb.protocol import Progress
+from spotnb.core import protocol as ev
+from spotnb.core.billing import CLOUD_BILLING, CONTINUOUS, Billing, charge, parse_billing
+from spotnb.core.ledger import CATEGORIES, Span, compute_breakdown
+from spotnb.core.protocol import Progress
+from spotnb.core.state import JobState
+from spotnb.market.migration import move_start
+from spotnb.market.preempt import Never, Schedule
 from spotnb.sim.zones import POLICIES, SimZone, simulate_zones
-from spotnb.state import JobState
 
 T0 = 1_700_000_000.0
 AWS = CLOUD_BILLING["aws"]
@@ -324,8 +324,8 @@ def test_a_replica_move_is_timed_to_its_old_instance_s_increment_too() -> None:
     and says when; best-price goes at once."""
     from types import SimpleNamespace
 
-    from spotnb.fleet import FleetController
-    from spotnb.placement import ZoneEstimate
+    from spotnb.control.fleet import FleetController
+    from spotnb.market.placement import ZoneEstimate
 
     hourly = parse_billing("test", "1h")
     now = T0 + 600.0

@@ -242,7 +242,7 @@ def _drive(page: Any, lab: dict[str, Any]) -> None:
     panel.screenshot(path=str(out_dir / "panel.png"))
     row_saved = page.evaluate("() => document.querySelector('.spotnb-panel .spotnb-row-saved').innerText")
     print(f"screenshot: {out_dir / 'panel.png'}  (panel savings {row_saved!r})")
-    # the panel says the same as the widget (one definition: spotnb.savings)
+    # the panel says the same as the widget (one definition: spotnb.core.savings)
     assert row_saved.strip() and row_saved.strip() in cost["text"], (row_saved, cost)
 
     # the job view: readable event sentences, no raw key=value records

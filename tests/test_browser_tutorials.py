@@ -120,7 +120,7 @@ def binder() -> Path:
 
 def _job_id(lab: dict[str, Any], name: str) -> str:
     """The id of the lab's latest job named `name` (its job DB)."""
-    from spotnb.jobdb import JobDB
+    from spotnb.control.jobdb import JobDB
 
     os.environ["SPOTNB_HOME"] = str(lab["tmp"] / "spotnb-home")
     return str(max((r for r in JobDB().jobs() if r.get("name") == name), key=lambda r: r["created"])["id"])

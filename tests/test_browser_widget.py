@@ -115,7 +115,7 @@ def test_widget_of_an_ended_job_shows_its_loss_curve_when_plotly_loads_late(
         lab["dir"] / "ended.ipynb",
         "from IPython.display import display\n"
         "from tests.widget_helpers import EventsJob, events_of\n"
-        "from spotnb.widget.view import JobView\n"
+        "from spotnb.views.widget.view import JobView\n"
         f"views = [JobView(EventsJob(events_of(steps={STEPS}, preempt_at=(150,)))) for _ in range(2)]\n"
         "for view in views:\n"
         "    display(view.box)",
@@ -153,7 +153,7 @@ def test_widget_shows_its_loss_curve_again_after_the_page_is_reloaded(
     _notebook(
         lab["dir"] / "reload.ipynb",
         "from tests.widget_helpers import EventsJob, events_of\n"
-        "from spotnb.widget.view import JobView\n"
+        "from spotnb.views.widget.view import JobView\n"
         f"view = JobView(EventsJob(events_of(steps={STEPS}, preempt_at=(150,))))\n"
         "view.box",
     )
@@ -206,7 +206,7 @@ def test_the_live_breakdown_bar_draws_every_category_the_job_spent_time_on(
         "import threading\n"
         "from IPython.display import display\n"
         "from tests.widget_helpers import EventsJob, events_of\n"
-        "from spotnb.widget.view import JobView\n"
+        "from spotnb.views.widget.view import JobView\n"
         f"events = events_of(steps={STEPS}, preempt_at=(150,))\n"
         "job = EventsJob([])\n"
         "view = JobView(job, interval=0.05, figure_interval=0.05)\n"

@@ -26,15 +26,15 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.controller import Controller
+from spotnb.control.controller import Controller
+from spotnb.control.jobdb import JobDB
+from spotnb.core.store import Store
 from spotnb.errors import CapacityError, QuotaError
 from spotnb.job import Job
-from spotnb.jobdb import JobDB
-from spotnb.providers.aws import AWSProvider
-from spotnb.providers.azure import AzureProvider
+from spotnb.providers.aws.provider import AWSProvider
+from spotnb.providers.azure.provider import AzureProvider
 from spotnb.providers.base import LaunchSpec
-from spotnb.providers.gcp import GCPProvider
-from spotnb.store import Store
+from spotnb.providers.gcp.provider import GCPProvider
 from tests.azure_transport import SUBSCRIPTION, ArmCompute, compute_client, resource_client
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.clouds_fixtures import ship_fake
@@ -243,7 +243,7 @@ def test_a_quota_mid_job_fails_it_and_keeps_the_checkpoint(monkeypatch: pytest.M
     QuotaError the AWS provider builds from EC2's words): the job fails at once, naming the
     quota and the checkpoint a resume goes on from."""
     from spotnb import api
-    from spotnb.providers.local import LocalProvider
+    from spotnb.providers.local.provider import LocalProvider
     from spotnb.providers.quotas import aws_quota_error
     from tests.core import jobfns
 

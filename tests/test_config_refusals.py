@@ -149,18 +149,18 @@ def test_numpy_integers_are_counts_and_negative_zero_is_no_price() -> None:
 def test_more_processes_than_the_local_machine_runs_are_refused_at_submit(monkeypatch, tmp_path) -> None:
     """procs_per_instance=9999 passed on the local market: every process of a local instance
     runs here, so the limit is this machine's (its cores; its GPUs where CUDA has some)."""
-    import spotnb.gpus
+    import spotnb.market.gpus
 
     monkeypatch.chdir(tmp_path)
     config = spot.Config(procs_per_instance=3)  # a Config read back on a bigger machine stays valid
-    monkeypatch.setattr(spotnb.gpus, "local_gpus", lambda: 0)
-    monkeypatch.setattr(spotnb.gpus.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(spotnb.market.gpus, "local_gpus", lambda: 0)
+    monkeypatch.setattr(spotnb.market.gpus.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     with pytest.raises(
         ConfigError,
         match=r"Config.procs_per_instance: 3 .* more than the 2 CPU cores .* procs_per_instance=2",
     ):
         spot.train(lambda ctx: None, config, dry_run=True)
-    monkeypatch.setattr(spotnb.gpus, "local_gpus", lambda: 1)
+    monkeypatch.setattr(spotnb.market.gpus, "local_gpus", lambda: 1)
     with pytest.raises(ConfigError, match=r"the 1 GPU CUDA sees on this machine .* procs_per_instance=1"):
         spot.train(lambda ctx: None, spot.Config(procs_per_instance=2), dry_run=True)
     assert spot.jobs() == []
@@ -169,16 +169,16 @@ def test_more_processes_than_the_local_machine_runs_are_refused_at_submit(monkey
 def test_the_gpus_cuda_sees_without_importing_torch(monkeypatch) -> None:
     import sys
 
-    import spotnb.gpus
+    import spotnb.market.gpus
 
     monkeypatch.delitem(sys.modules, "torch", raising=False)
-    monkeypatch.setattr(spotnb.gpus.os, "listdir", lambda path: ["0000:01:00.0", "0000:02:00.0"])
+    monkeypatch.setattr(spotnb.market.gpus.os, "listdir", lambda path: ["0000:01:00.0", "0000:02:00.0"])
     for visible, seen in ((None, 2), ("0", 1), ("1,0", 2), ("", 0), ("-1", 0), ("0,-1,1", 1), ("0,1,2,3", 2)):
         if visible is None:
             monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
         else:
             monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-        assert spotnb.gpus.local_gpus() == seen, visible
+        assert spotnb.market.gpus.local_gpus() == seen, visible
 
 
 def test_refused_before_anything_is_launched(tmp_path, monkeypatch) -> None:

@@ -72,8 +72,8 @@ def test_launch_requests_hold_no_credential() -> None:
     SDK serialised onto the wire is scanned: the request bodies and the boot scripts in them."""
     import base64
 
-    from spotnb.providers.azure import AzureProvider
-    from spotnb.providers.gcp import GCPProvider
+    from spotnb.providers.azure.provider import AzureProvider
+    from spotnb.providers.gcp.provider import GCPProvider
     from tests.azure_transport import ArmCompute, ArmRequest, compute_client, resource_client
     from tests.gce_fake import FakeCompute
 

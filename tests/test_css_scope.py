@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from spotnb.state import JobState
-from spotnb.widget.synthetic import synthetic_events
-from spotnb.widget.view import render_info_html
+from spotnb.core.state import JobState
+from spotnb.views.widget.synthetic import synthetic_events
+from spotnb.views.widget.view import render_info_html
 
 ROOT = Path(__file__).resolve().parents[1]
 

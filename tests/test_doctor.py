@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from spotnb.cli import main
-from spotnb.doctor import FAIL, OK, SKIP, doctor
+from spotnb.doctor.report import FAIL, OK, SKIP, doctor
 
 
 def test_the_local_market_checks_its_store(tmp_path: Path) -> None:

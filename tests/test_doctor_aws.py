@@ -18,8 +18,8 @@ from typing import Any
 import boto3
 import pytest
 
-from spotnb.doctor import FAIL, OK, SKIP, UNKNOWN, Report, doctor
-from spotnb.providers.aws import DEFAULT_IMAGE
+from spotnb.doctor.report import FAIL, OK, SKIP, UNKNOWN, Report, doctor
+from spotnb.providers.aws.provider import DEFAULT_IMAGE
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.clouds_fixtures import _forget_s3fs, free_port
 from tests.doctor_proxy import HANG, ProxyRequest, RuleProxy

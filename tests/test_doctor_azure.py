@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from spotnb.doctor import FAIL, OK, SKIP, UNKNOWN, Report, doctor
+from spotnb.doctor.report import FAIL, OK, SKIP, UNKNOWN, Report, doctor
 from tests.azure_transport import SUBSCRIPTION, ArmRequest, ArmTransport, arm_error
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.clouds_fixtures import free_port
@@ -120,7 +120,7 @@ class FakeArm:
 
 @pytest.fixture
 def arm(az_store_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeArm]:
-    from spotnb.providers import azure
+    from spotnb.providers.azure import provider as azure
 
     for key, value in {
         "AZURE_CLIENT_ID": "client",
@@ -235,7 +235,7 @@ def test_retail_prices_answering_garbage(
 ) -> None:
     """{"Items": null} is JSON the provider's price fetch does not expect: the line says '?',
     the run goes on."""
-    from spotnb.providers import azure
+    from spotnb.providers.azure import provider as azure
 
     garbage = RuleProxy("http://127.0.0.1:1", lambda r: (200, "application/json", b'{"Items": null}'))
     monkeypatch.setattr(azure, "_RETAIL_API", f"{garbage.url}/prices")
@@ -252,7 +252,7 @@ def test_offline_every_check_says_it_could_not_reach_azure(
 ) -> None:
     """A service principal in the environment, every endpoint (the authority, ARM, the Retail
     Prices API, the blob endpoint) a closed port, the SDKs' own transports: '?' everywhere."""
-    from spotnb.providers import azure
+    from spotnb.providers.azure import provider as azure
 
     closed = f"127.0.0.1:{free_port()}"
     monkeypatch.setenv("AZURE_AUTHORITY_HOST", f"https://{closed}")

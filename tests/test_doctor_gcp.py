@@ -22,7 +22,7 @@ import pytest
 import requests
 from requests.adapters import BaseAdapter
 
-from spotnb.doctor import FAIL, OK, SKIP, UNKNOWN, Report, doctor
+from spotnb.doctor.report import FAIL, OK, SKIP, UNKNOWN, Report, doctor
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.clouds_fixtures import free_port
 from tests.doctor_proxy import RuleProxy

@@ -1,4 +1,4 @@
-"""Preemption-rate forecasts (spotnb.forecast): binning, the naive baseline, a forecaster that
+"""Preemption-rate forecasts (spotnb.market.forecast): binning, the naive baseline, a forecaster that
 follows a step change, fallbacks, the missing-extra error, and the policy hook."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from spotnb.forecast import (
+from spotnb.market.forecast import (
     INSTALL_HINT,
     Binned,
     LastWindow,
@@ -86,7 +86,7 @@ def test_forecasts_follow_a_step_up_and_beat_naive() -> None:
 
 def test_short_history_falls_back_with_a_reason(caplog: pytest.LogCaptureFixture) -> None:
     bins = bin_trace(step_trace())
-    caplog.set_level("INFO", logger="spotnb.forecast")
+    caplog.set_level("INFO", logger="spotnb.market.forecast")
     fc = StatsmodelsRate(min_bins=12).forecast(bins.head(5), 3600.0)
     assert fc.fallback is not None and "5 bins" in fc.fallback
     assert fc.rate == NaiveRate().forecast(bins.head(5), 3600.0).rate

@@ -22,7 +22,7 @@ from spotnb.errors import CapacityError, ConfigError, QuotaError
 from spotnb.providers import get_provider_class
 from spotnb.providers.base import InstanceState, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG
-from spotnb.providers.gcp import (
+from spotnb.providers.gcp.provider import (
     DEFAULT_IMAGE,
     FALLBACK_ZONE_SUFFIXES,
     GCPProvider,
@@ -31,7 +31,7 @@ from spotnb.providers.gcp import (
     instance_name,
     simulate_request,
 )
-from spotnb.providers.gcp_zones import REGION_ZONES
+from spotnb.providers.gcp.zones import REGION_ZONES
 from tests.gce_fake import FakeCompute
 from tests.gcp_transport import compute_clients, done_operation, gce_error
 

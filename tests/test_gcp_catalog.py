@@ -1,4 +1,4 @@
-"""GCP prices from the Cloud Billing catalog (`spotnb.providers.gcp_catalog`).
+"""GCP prices from the Cloud Billing catalog (`spotnb.providers.gcp.catalog`).
 
 The catalog's answer is replayed from `tests/fixtures/gcp_catalog/skus.json` (two pages, shaped
 as the REST API returns them) through a fake authorized session; Compute Engine's
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.prices import lookup_price
-from spotnb.providers.gcp import GCPProvider
+from spotnb.market.prices import lookup_price
+from spotnb.providers.gcp.provider import GCPProvider
 
 PAGES = json.loads((Path(__file__).parent / "fixtures" / "gcp_catalog" / "skus.json").read_text())["pages"]
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from spotnb.home import spotnb_home
-from spotnb.prices import lookup_price
-from spotnb.providers.gcp_catalog import MachineShape, Rates, catalog_skus, machine_price, rates_from_skus
+from spotnb.core.home import spotnb_home
+from spotnb.market.prices import lookup_price
+from spotnb.providers.gcp.catalog import MachineShape, Rates, catalog_skus, machine_price, rates_from_skus
 from tests.test_gcp_catalog import PAGES, FakeCatalog, FakeMachineTypes, _provider
 
 TABLE = lookup_price("g2-standard-4", "gcp")

@@ -21,21 +21,16 @@ import pytest
 from google.api_core import exceptions as gexc
 
 import spotnb as spot
+from spotnb.core.ledger import Span, compute_breakdown, coordinator_overheads
+from spotnb.core.protocol import JobStatus, Progress
+from spotnb.core.signing import KEY_ENV, new_key, save_key
 from spotnb.errors import ConfigError
-from spotnb.ledger import Span, compute_breakdown, coordinator_overheads
-from spotnb.protocol import JobStatus, Progress
-from spotnb.providers import gcp as gcp_module
 from spotnb.providers.base import Feature, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, gc
 from spotnb.providers.coordinator import COORDINATOR_ROLE, MAX_COORDINATOR_LAUNCHES, ROLE_TAG
-from spotnb.providers.gcp import GCPProvider
-from spotnb.providers.gcp_coordinator import (
-    COORDINATOR_PRICES,
-    address_name,
-    firewall_names,
-    job_network_tag,
-)
-from spotnb.signing import KEY_ENV, new_key, save_key
+from spotnb.providers.gcp import provider as gcp_module
+from spotnb.providers.gcp.coordinator import COORDINATOR_PRICES, address_name, firewall_names, job_network_tag
+from spotnb.providers.gcp.provider import GCPProvider
 from tests.clouds_fixtures import ship_fake
 from tests.gce_fake import FakeCompute
 from tests.gcp_transport import gce_error
@@ -170,7 +165,7 @@ def test_coordinator_is_standard_on_the_reserved_address_with_the_job_tag(
     script = _script(vm)
     # the lighthouse module travels in the script (it has no identity to read the store with)
     assert '"$SPOTNB_LIGHTHOUSE" --min-replicas 2' in script and '--bind "[::]:29510"' in script
-    assert "spotnb.runtime.lighthouse.py" in script and "<<'SPOTNB_MODULE'" in script
+    assert "spotnb.runtime.group.lighthouse.py" in script and "<<'SPOTNB_MODULE'" in script
     assert not [name for name, value in CANARIES.items() if value in script]
     assert key.hex() not in script and KEY_ENV not in script
 
@@ -259,7 +254,7 @@ def test_gc_reaps_a_powered_off_coordinator_and_its_network(
 ) -> None:
     """A controller died without `close`, and the coordinator's idle guard powered it off
     (TERMINATED still holds its disk and the address): `spotnb gc` deletes it all."""
-    from spotnb.jobdb import JobDB
+    from spotnb.control.jobdb import JobDB
 
     db = JobDB()
     db.add_job(JOB, name=None, provider="gcp", region=ZONE, instance_type="x", store="gs://spotnb/jobs")

@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.providers.gcp import GCPProvider
+from spotnb.providers.gcp.provider import GCPProvider
 from spotnb.providers.local.metadata import MetadataEmulator
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.fake_cloud import *  # noqa: F401,F403 - fixtures: image, emulator

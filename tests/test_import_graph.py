@@ -124,15 +124,15 @@ def test_runtime_imports_nothing_from_the_notebook_side() -> None:
     function: they belong to the instance side."""
     shared = {
         "spotnb",
-        "spotnb.protocol",
-        "spotnb.events",
-        "spotnb.store",
-        "spotnb.signing",
-        "spotnb.spec",
-        "spotnb.files",
+        "spotnb.core.protocol",
+        "spotnb.core.events",
+        "spotnb.core.store",
+        "spotnb.core.signing",
+        "spotnb.core.spec",
+        "spotnb.core.files",
         "spotnb.errors",
-        "spotnb.sizes",
-        "spotnb.sync",
+        "spotnb.core.sizes",
+        "spotnb.core.sync",
         "spotnb.policy",
         "spotnb.policy.base",
         "spotnb.policy.intervals",
@@ -152,10 +152,10 @@ def test_runtime_imports_nothing_from_the_notebook_side() -> None:
 
 
 def test_import_spotnb_stays_light() -> None:
-    """`import spotnb` (and `spotnb.forecast`) loads no cloud SDK, no torch, no plotly/ipywidgets,
+    """`import spotnb` (and `spotnb.market.forecast`) loads no cloud SDK, no torch, no plotly/ipywidgets,
     no statsmodels/pandas."""
     code = (
-        "import sys, spotnb, spotnb.forecast; heavy = [m for m in ('boto3', 'azure', 'google.cloud', "
+        "import sys, spotnb, spotnb.market.forecast; heavy = [m for m in ('boto3', 'azure', 'google.cloud', "
         "'torch', 'plotly', 'ipywidgets', 'statsmodels', 'pandas') if m in sys.modules]; "
         "print(','.join(heavy))"
     )

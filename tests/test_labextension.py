@@ -123,7 +123,7 @@ def test_jupyterlab_browser_check(tmp_path: Path) -> None:
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-5000:]
     assert "Browser test complete" in log and "Exiting normally" in log, log[-3000:]
-    assert "spotnb.server | extension was successfully loaded" in log, log[-3000:]
+    assert "spotnb.views.server | extension was successfully loaded" in log, log[-3000:]
 
 
 # -- the panel, the view and the status bar in a real JupyterLab --------------------------------

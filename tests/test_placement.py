@@ -1,4 +1,4 @@
-"""Zones ranked by the expected cost of the job's work, not by price (`spotnb.placement`,
+"""Zones ranked by the expected cost of the job's work, not by price (`spotnb.market.placement`,
 issue 10), with a decaying penalty for a zone that just preempted or refused capacity."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.placement import NOMINAL_WORK, PENALTY_DECAY, penalty, rank_zones
+from spotnb.market.placement import NOMINAL_WORK, PENALTY_DECAY, penalty, rank_zones
 from spotnb.policy.intervals import daly_interval, expected_total
 from tests.core import jobfns
 
@@ -83,7 +83,7 @@ def test_the_dry_run_shows_the_zones_ranked_with_their_terms(spotnb_home: Any) -
 def test_a_region_s_market_counts_the_instances_of_its_zones(spotnb_home: Any) -> None:
     """AWS records zones (us-east-1b), GCP zones (us-central1-a), users name regions: the
     market of a region is measured over its zones, and only its zones."""
-    from spotnb.jobdb import JobDB, in_region
+    from spotnb.control.jobdb import JobDB, in_region
 
     db = JobDB()
     db.add_job("j", name=None, provider="aws", region=None, instance_type="g4dn.xlarge", store="file:///s")
@@ -105,7 +105,7 @@ def test_capacity_failures_are_folded_for_the_penalty_without_rescanning_the_eve
     """The controller ranks zones every second on the local market while a job may move; the
     capacity failures it penalises come folded by the job's state, not from a scan of every
     event (metrics included) at each look."""
-    from spotnb.state import JobState
+    from spotnb.core.state import JobState
 
     def failed(region: str | None, t: float) -> dict[str, Any]:
         return {

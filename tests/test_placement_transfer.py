@@ -1,6 +1,6 @@
 """Moving the checkpoint is part of a zone's expected cost (issue 10): the store stays where it
 is, so a zone in another region or cloud pays egress for each restore and each save, and each
-restore there takes longer (`spotnb.transfer`, `spotnb.placement.rank_zones`). And every job
+restore there takes longer (`spotnb.market.transfer`, `spotnb.market.placement.rank_zones`). And every job
 with several candidate zones has its zones' prices followed (`prices` events at each
 allocation), not only the jobs that may move."""
 
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.migration import best_move
-from spotnb.placement import Transfer, rank_zones
-from spotnb.transfer import BANDWIDTH, EGRESS, egress_per_gb, store_cloud, transfer_to
+from spotnb.market.migration import best_move
+from spotnb.market.placement import Transfer, rank_zones
+from spotnb.market.transfer import BANDWIDTH, EGRESS, egress_per_gb, store_cloud, transfer_to
 from tests.core import jobfns
 
 HOUR = 3600.0
@@ -124,7 +124,7 @@ def test_the_checkpoint_size_is_the_largest_recent_one_or_an_estimate_before_the
     while a restore reads them all; before the first save an estimate stands in."""
     from types import SimpleNamespace
 
-    from spotnb.transfer import NOMINAL_CHECKPOINT_BYTES, checkpoint_bytes
+    from spotnb.market.transfer import NOMINAL_CHECKPOINT_BYTES, checkpoint_bytes
 
     assert checkpoint_bytes(SimpleNamespace(checkpoints=[])) == (NOMINAL_CHECKPOINT_BYTES, False)
     saves = [SimpleNamespace(nbytes=n) for n in (4e9, 1e6, 2e6)]
@@ -136,7 +136,7 @@ def test_an_incremental_checkpoint_counts_what_it_references_too() -> None:
     frozen part it references as well."""
     from types import SimpleNamespace
 
-    from spotnb.transfer import checkpoint_bytes
+    from spotnb.market.transfer import checkpoint_bytes
 
     saves = [SimpleNamespace(nbytes=n, referenced_bytes=4e9) for n in (1e6, 2e6)] * 6
     assert checkpoint_bytes(SimpleNamespace(checkpoints=saves)) == (4e9 + 2e6, True)

@@ -193,7 +193,7 @@ def test_registry_rejects(bad: object) -> None:
 
 def test_policy_import_is_pure() -> None:
     code = (
-        "import sys, spotnb.policy, spotnb.preempt, spotnb.sim, spotnb.traces; "
+        "import sys, spotnb.policy, spotnb.market.preempt, spotnb.sim, spotnb.traces; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'pandas', 'plotly')]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )

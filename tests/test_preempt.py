@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spotnb.preempt import Exponential, Lifetimes, Never, Piecewise, PreemptionProcess, Schedule, TraceReplay
+from spotnb.market.preempt import (
+    Exponential,
+    Lifetimes,
+    Never,
+    Piecewise,
+    PreemptionProcess,
+    Schedule,
+    TraceReplay,
+)
 
 
 def lifetimes(proc: PreemptionProcess, n: int, seed: int = 0, start: float = 0.0) -> list[float]:

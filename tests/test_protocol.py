@@ -19,12 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spotnb import protocol as ev
-from spotnb.events import EventReader, EventWriter
-from spotnb.spec import load_spec
-from spotnb.state import JobState
-from spotnb.store import Store
-from spotnb.widget.text import event_text
+from spotnb.core import protocol as ev
+from spotnb.core.events import EventReader, EventWriter
+from spotnb.core.spec import load_spec
+from spotnb.core.state import JobState
+from spotnb.core.store import Store
+from spotnb.views.widget.text import event_text
 
 FIXTURE = Path(__file__).parent / "fixtures" / "job_v0"
 
@@ -160,7 +160,7 @@ def test_values_of_the_wrong_type_do_not_stop_a_reader() -> None:
 
 
 def test_every_segment_starts_with_the_protocol_version(tmp_path: Path, monkeypatch) -> None:
-    import spotnb.events as events_mod
+    import spotnb.core.events as events_mod
 
     monkeypatch.setattr(events_mod, "SEGMENT_BYTES", 200)
     store = Store((tmp_path / "s").as_uri())

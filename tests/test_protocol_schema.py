@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from spotnb import palette, protocol
+from spotnb.core import protocol
+from spotnb.views import palette
 
 ROOT = Path(__file__).parent.parent
 GEN = ROOT / "extension" / "src" / "protocol.gen.ts"
@@ -52,7 +53,7 @@ def test_widget_panel_and_css_share_one_palette() -> None:
     assert not re.search(r"'(succeeded|failed|stopped|lost)'\s*,\s*'", sources), (
         "a list of statuses typed by hand in the extension"
     )
-    from spotnb.widget.figures import CATEGORY_COLORS, COLORS
+    from spotnb.views.widget.figures import CATEGORY_COLORS, COLORS
 
     assert COLORS == palette.METRICS
     assert {k: c for k, (c, _l) in palette.CATEGORIES.items()} == CATEGORY_COLORS

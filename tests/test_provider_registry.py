@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import spotnb as spot
-from spotnb.config import provider_prefixes
 from spotnb.providers import provider_info, registry
+from spotnb.settings.config import provider_prefixes
 
 TOY = Path(__file__).parent / "toy_provider"
 ROOT = Path(__file__).parent.parent

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 import spotnb as spot
-from spotnb import protocol as ev
-from spotnb.migration import best_move
-from spotnb.placement import Transfer, rank_zones
+from spotnb.core import protocol as ev
+from spotnb.core.state import JobState
+from spotnb.core.store import Store
+from spotnb.market.migration import best_move
+from spotnb.market.placement import Transfer, rank_zones
+from spotnb.market.regional import Regional
 from spotnb.providers import get_provider_class
-from spotnb.regional import Regional
-from spotnb.state import JobState
-from spotnb.store import Store
 
 GB = 1e9
 BIG = 50 * GB  # a checkpoint whose crossings dwarf a 1 % price gap
@@ -110,7 +110,7 @@ def test_a_corrupt_checkpoint_size_is_no_size_and_ranks_without_nan(tmp_path: Pa
     that zone anywhere. The size is the good records', and the ranking holds no NaN."""
     from types import SimpleNamespace
 
-    from spotnb.transfer import checkpoint_bytes
+    from spotnb.market.transfer import checkpoint_bytes
 
     good = SimpleNamespace(nbytes=BIG, referenced_bytes=0)
     for bad in (float("inf"), float("nan"), -5.0):

@@ -1,4 +1,4 @@
-"""Regional stores on S3 (`spotnb.regional`) against moto_server over real HTTP: two buckets in
+"""Regional stores on S3 (`spotnb.market.regional`) against moto_server over real HTTP: two buckets in
 two regions, the copy between them (the object-store path: no temp files, a PUT per file),
 the restore from the copy, and the fall-back to the home bucket's copy when the regional one
 is damaged. moto stands in for S3, which cannot run here."""
@@ -10,8 +10,8 @@ import uuid
 import pytest
 import torch
 
-from spotnb.regional import copy_checkpoint, newest_committed
-from spotnb.store import Store
+from spotnb.core.store import Store
+from spotnb.market.regional import copy_checkpoint, newest_committed
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.core.helpers import Recorder, ckpt_save
 
@@ -33,7 +33,7 @@ def buckets(aws_env: str) -> tuple[Store, Store]:
 
 
 def test_a_checkpoint_copied_between_two_regions_buckets_restores_and_falls_back(buckets) -> None:
-    from spotnb.runtime.checkpoint import Checkpointer
+    from spotnb.runtime.checkpoint.checkpointer import Checkpointer
 
     home, west = buckets
     ck = Checkpointer(home, "job", 1, Recorder(), key=KEY)

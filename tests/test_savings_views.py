@@ -1,4 +1,4 @@
-"""Savings are defined once (`spotnb.savings`) and every view says the same: the widget, the
+"""Savings are defined once (`spotnb.core.savings`) and every view says the same: the widget, the
 lab panel's API (job list and job view), the text view and the CLI."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import sys
 import pytest
 
 import spotnb as spot
-from spotnb.jobdb import JobDB
-from spotnb.savings import MIN_USEFUL_S, describe_savings
-from spotnb.server.data import JobViews, list_payload
-from spotnb.widget.text import progress_line
-from spotnb.widget.view import render_info_html
+from spotnb.control.jobdb import JobDB
+from spotnb.core.savings import MIN_USEFUL_S, describe_savings
+from spotnb.views.server.data import JobViews, list_payload
+from spotnb.views.widget.text import progress_line
+from spotnb.views.widget.view import render_info_html
 from tests.core import jobfns
 from tests.core.helpers import wait_for
 

@@ -1,4 +1,4 @@
-"""The Jupyter server extension behind the JupyterLab panel (`spotnb.server`): the data it
+"""The Jupyter server extension behind the JupyterLab panel (`spotnb.views.server`): the data it
 computes from the job DB and event logs, and its routes in a real `jupyter server` that loads
 it through the shipped `jupyter-config/` file, with Jupyter's token auth on every route."""
 
@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.jobdb import JobDB
-from spotnb.server.data import JobViews, list_payload, pid_alive
+from spotnb.control.jobdb import JobDB
+from spotnb.views.server.data import JobViews, list_payload, pid_alive
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -224,7 +224,7 @@ def test_detail_of_a_finished_job_matches_the_job(tmp_path: Path, monkeypatch: p
     assert max(steps) == 59  # downsampled bucket means; 60 steps fit without merging
     assert d["events"]["kinds"]["preempted"] == 1
     # the job view describes events in the widget's words (one describer for every view)
-    from spotnb.widget.text import event_text
+    from spotnb.views.widget.text import event_text
 
     widget_words = {event_text(e) for e in job.state.feed}
     assert d["events"]["recent"] and all(e["text"] in widget_words for e in d["events"]["recent"])

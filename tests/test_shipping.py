@@ -1,4 +1,4 @@
-"""spotnb ships itself (spotnb.shipping, spotnb.providers.code_fetch, the boot scripts' install).
+"""spotnb ships itself (spotnb.providers.shipping, spotnb.providers.code_fetch, the boot scripts' install).
 
 What a VM installs is the notebook's own spotnb, built as a wheel from the imported package,
 stored by content, named by the job's signed code.json, fetched by the VM with its identity and
@@ -27,14 +27,13 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb import shipping
+from spotnb.core.signing import new_key, save_key
+from spotnb.core.store import Store
 from spotnb.errors import ConfigError
-from spotnb.providers import code_fetch, get_provider_class
+from spotnb.providers import code_fetch, get_provider_class, shipping
 from spotnb.providers.base import LaunchSpec
 from spotnb.providers.bootstrap import TORCH_SPEC, bootstrap_script, coordinator_script
-from spotnb.shipping import CodeError, CodeRef
-from spotnb.signing import new_key, save_key
-from spotnb.store import Store
+from spotnb.providers.shipping import CodeError, CodeRef
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures (moto for the S3 read)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +73,7 @@ def test_wheel_is_the_package_without_the_extension_and_with_pinned_runtime_deps
         and not p.name.startswith(".")
         and p.suffix not in (".pyc", ".pyo")
     )
-    assert package == expected and "spotnb/shipping.py" in package
+    assert package == expected and "spotnb/providers/shipping.py" in package
     assert not [n for n in names if "labextension" in n or "__pycache__" in n or n.endswith(".pyc")]
     info = f"spotnb-{spot.__version__}.dist-info"
     assert names[-1] == f"{info}/RECORD"  # the dist-info last, RECORD last of all
@@ -196,7 +195,7 @@ def test_code_json_forged_or_signed_with_another_key_is_refused(store_url: str, 
     with pytest.raises(CodeError, match="wrong signature"):
         shipping.code_for_launch(cfg, JOB)
     # the same document signed with another job's key
-    from spotnb.signing import sign_doc
+    from spotnb.core.signing import sign_doc
 
     body = {k: v for k, v in forged.items() if k != "signature"}
     store.write_bytes(path, json.dumps(sign_doc(new_key(), JOB, "code.json", body)).encode())
@@ -303,8 +302,8 @@ def _launch_spec(store_url: str, code: CodeRef | None, **kw: Any) -> LaunchSpec:
 def test_dry_run_says_where_the_code_comes_from() -> None:
     """The plan's script names the wheel this process would ship (the launch's own, test_aws
     checks the two are equal) and its summary says so; `index` and a pip spec keep pip."""
-    from spotnb.plan_view import Plan, summary_rows
-    from spotnb.providers.aws import AWSProvider
+    from spotnb.providers.aws.provider import AWSProvider
+    from spotnb.views.plan_view import Plan, summary_rows
 
     cfg = spot.Config(provider="aws", instance_type="g4dn.xlarge", region="us-east-1", store="s3://b/p")
     spec = dataclasses.replace(_launch_spec("s3://b/p", None), job_id="<job-id>")
@@ -443,7 +442,7 @@ def test_boot_script_installs_the_shipped_wheel_on_a_python_without_spotnb(
     assert "checked (sha256" in log and "refused" not in log
     agent = next(line for line in log.splitlines() if line.startswith("AGENT "))
     assert agent.split(" ", 1)[1].startswith(str(tmp_path / "vm-venv")), agent  # the wheel, not a checkout
-    from spotnb.events import read_all
+    from spotnb.core.events import read_all
 
     booted = [e for e in read_all(store, JOB) if e["kind"] == "bootstrap"]
     assert booted and booted[0]["installed"] == 1
@@ -477,10 +476,10 @@ def test_the_wheel_installs_alone_and_rebuilds_itself_identically(
 ) -> None:
     python, path = wheel_venv
     code = (
-        "import hashlib, json, sys, spotnb, spotnb.store, spotnb.events, spotnb.signing, "
-        "spotnb.runtime.digest, s3fs\n"
+        "import hashlib, json, sys, spotnb, spotnb.core.store, spotnb.core.events, spotnb.core.signing, "
+        "spotnb.runtime.checkpoint.digest, s3fs\n"
         "from importlib import metadata\n"
-        "from spotnb.shipping import build_wheel\n"
+        "from spotnb.providers.shipping import build_wheel\n"
         "print(json.dumps({'file': spotnb.__file__, 'sha': build_wheel().sha256,"
         " 'requires': metadata.requires('spotnb')}))"
     )

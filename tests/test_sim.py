@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from spotnb.market.preempt import Lifetimes, Schedule
 from spotnb.policy import Adaptive, Hedged, Static, daly_interval, expected_total
-from spotnb.preempt import Lifetimes, Schedule
 from spotnb.sim import METRICS, Scenario, simulate, simulate_run
 
 BUCKETS = ("compute", "recompute", "save", "alloc", "prep")

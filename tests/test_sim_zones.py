@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spotnb.preempt import Never, Schedule
+from spotnb.market.preempt import Never, Schedule
 from spotnb.sim.zones import POLICIES, SimZone, load_prices, random_prices, simulate_zones
 
 HOUR = 3600.0

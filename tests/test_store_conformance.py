@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import torch
 
-from spotnb import events as events_mod
-from spotnb import protocol as ev
-from spotnb.events import EventReader, EventWriter
-from spotnb.runtime.checkpoint import Checkpointer
-from spotnb.store import Store
+from spotnb.core import events as events_mod
+from spotnb.core import protocol as ev
+from spotnb.core.events import EventReader, EventWriter
+from spotnb.core.store import Store
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer
 from tests.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 
 BACKENDS = ["file", "memory", "s3", "az", "gs"]

@@ -1,4 +1,4 @@
-"""The store's record of which machine drives a job (`spotnb.store_lease`): another machine's
+"""The store's record of which machine drives a job (`spotnb.control.lease`): another machine's
 live record keeps a controller away; this machine's own, a lapsed one or a damaged one do not
 (this machine's job DB lease fences its own controllers). The whole path, with a second
 machine's `spotnb controller` refused while a coordinator drives the job, is
@@ -10,8 +10,8 @@ import json
 import time
 from pathlib import Path
 
-from spotnb.store import Store
-from spotnb.store_lease import StoreLease
+from spotnb.control.lease import StoreLease
+from spotnb.core.store import Store
 
 
 def _lease(tmp_path: Path, site: str) -> StoreLease:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spotnb.preempt import PreemptionProcess
+from spotnb.market.preempt import PreemptionProcess
 from spotnb.sim import Scenario, simulate
 from spotnb.traces import BUNDLED, bundled_traces, detect_format, load_trace, parse, trace_process
 

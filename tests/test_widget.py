@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from spotnb.state import JobState, Series
-from spotnb.widget.synthetic import synthetic_events
+from spotnb.core.state import JobState, Series
+from spotnb.views.widget.synthetic import synthetic_events
 from tests.widget_helpers import EventsJob, FakeClock, events_of
 
 
@@ -81,7 +81,7 @@ def test_cost_projection_and_savings() -> None:
 
 # -- figures -------------------------------------------------------------------------------
 def test_static_figures_have_the_three_panels() -> None:
-    from spotnb.widget import static_figures
+    from spotnb.views.widget import static_figures
 
     figs = static_figures(EventsJob(events_of(steps=600, preempt_at=(450,))))
     assert set(figs) == {"metrics", "timeline", "breakdown"}
@@ -100,7 +100,7 @@ def _trace(view: Any, name: str) -> Any:
 
 
 def test_view_shows_metrics_markers_cost_and_status(sent: list[Any], clock: FakeClock) -> None:
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.view import JobView
 
     job = EventsJob(events_of(steps=600, preempt_at=(450,)))
     view = JobView(job, autostart=False, clock=clock)
@@ -121,7 +121,7 @@ def test_view_sends_at_most_ten_messages_a_second_at_5000_steps_a_second(
     """5,000 steps/s for 20 simulated seconds, flush attempted every 10 ms (far more often than
     the real flusher runs): every one-second window holds ≤ 10 front-end messages, and the
     final state still arrives."""
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.view import JobView
 
     view = JobView(None, autostart=False, clock=clock)
     opened = len(sent)
@@ -152,7 +152,7 @@ def test_view_sends_at_most_ten_messages_a_second_at_5000_steps_a_second(
 
 
 def test_feed_collapses_periodic_checkpoints_and_keeps_preemptions() -> None:
-    from spotnb.widget.view import render_info_html
+    from spotnb.views.widget.view import render_info_html
 
     st = JobState()
     st.feed_events(events_of(steps=3000, preempt_at=(450,), save_every=50))
@@ -161,7 +161,7 @@ def test_feed_collapses_periodic_checkpoints_and_keeps_preemptions() -> None:
 
 
 def test_failed_job_shows_the_remote_traceback(sent: list[Any], clock: FakeClock) -> None:
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.view import JobView
 
     view = JobView(EventsJob(events_of(steps=600, preempt_at=(), fail_at=300)), autostart=False, clock=clock)
     assert view.flush(force=True)
@@ -170,7 +170,7 @@ def test_failed_job_shows_the_remote_traceback(sent: list[Any], clock: FakeClock
 
 
 def test_stop_button_stops_the_job(sent: list[Any], clock: FakeClock) -> None:
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.view import JobView
 
     events = events_of(steps=600, preempt_at=())
     job = EventsJob(events[:5])
@@ -188,7 +188,7 @@ def test_stop_button_stops_the_job(sent: list[Any], clock: FakeClock) -> None:
 
 # -- text view ----------------------------------------------------------------------------
 def test_text_view_prints_the_story() -> None:
-    from spotnb.widget.text import TextView
+    from spotnb.views.widget.text import TextView
 
     out = io.StringIO()
     job = EventsJob([])
@@ -203,7 +203,7 @@ def test_text_view_prints_the_story() -> None:
 
 
 def test_job_widget_falls_back_to_text_outside_a_kernel(capsys: pytest.CaptureFixture[str]) -> None:
-    from spotnb.widget import TextView, in_kernel, job_widget
+    from spotnb.views.widget import TextView, in_kernel, job_widget
 
     assert not in_kernel()
     view = job_widget(EventsJob(events_of(steps=300, preempt_at=())))
@@ -225,7 +225,7 @@ def test_import_spotnb_stays_light() -> None:
 
 
 def test_a_failed_job_says_its_error_first_and_once() -> None:
-    from spotnb.widget.view import render_info_html
+    from spotnb.views.widget.view import render_info_html
 
     st = JobState()
     st.feed_events(events_of(steps=100, preempt_at=(), fail_at=40))
@@ -239,8 +239,8 @@ def test_a_failed_job_says_its_error_first_and_once() -> None:
 def test_the_metrics_panel_says_it_waits_then_draws_and_the_bar_is_labelled(
     sent: list[Any], clock: FakeClock
 ) -> None:
-    from spotnb.widget.figures import WAITING
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.figures import WAITING
+    from spotnb.views.widget.view import JobView
 
     events = events_of(steps=300, preempt_at=())
     before = [e for e in events if e["kind"] not in ("metrics", "progress")]
@@ -269,8 +269,8 @@ def _two_metric_events() -> list[dict[str, Any]]:
 def test_each_metric_has_its_own_panel_and_axis(sent: list[Any], clock: FakeClock) -> None:
     """A cross-entropy above 1 must not flatten an accuracy: one y-axis per metric, stacked
     on the shared step axis, named after its metric, in the live widget and the static figure."""
-    from spotnb.widget import static_figures
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget import static_figures
+    from spotnb.views.widget.view import JobView
 
     view = JobView(EventsJob(_two_metric_events()), autostart=False, clock=clock)
     view.flush(force=True)
@@ -291,7 +291,7 @@ def test_each_metric_has_its_own_panel_and_axis(sent: list[Any], clock: FakeCloc
 
 
 def test_metrics_past_the_fourth_share_the_last_panel_with_a_legend() -> None:
-    from spotnb.widget.figures import MAX_PANELS, metric_panels, metric_traces
+    from spotnb.views.widget.figures import MAX_PANELS, metric_panels, metric_traces
 
     st = JobState()
     st.metric_names = [f"m{i}" for i in range(6)]
@@ -315,7 +315,7 @@ def test_metrics_past_the_fourth_share_the_last_panel_with_a_legend() -> None:
         )
     traces = dict(metric_traces(many))
     assert not any(traces[f"m:m{i}"]["showlegend"] for i in range(50))  # 49 entries would bury it
-    from spotnb.widget.figures import metric_axes
+    from spotnb.views.widget.figures import metric_axes
 
     title = metric_axes(many, (0.0, 1.0), "step", 0.05)["yaxis6"]["title"]["text"]
     assert title.endswith("+46 more") and len(title) < 40
@@ -324,8 +324,8 @@ def test_metrics_past_the_fourth_share_the_last_panel_with_a_legend() -> None:
 def test_the_user_can_smooth_the_lines_and_plot_them_by_wall_time(sent: list[Any], clock: FakeClock) -> None:
     """TensorBoard's two view options, above the figure: smoothing (the raw line fades behind
     a debiased moving average) and a wall-time x-axis (the timeline's seconds since submission)."""
-    from spotnb.widget.figures import smooth
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.figures import smooth
+    from spotnb.views.widget.view import JobView
 
     assert smooth([1.0, 1.0, 1.0], 0.9) == pytest.approx([1.0, 1.0, 1.0])  # debiased: no pull to 0
     noisy = [float(i % 2) for i in range(200)]
@@ -357,8 +357,8 @@ def test_the_user_can_smooth_the_lines_and_plot_them_by_wall_time(sent: list[Any
 
 
 def test_preparation_is_one_number_in_the_feed_and_the_timeline() -> None:
-    from spotnb.widget.figures import timeline_traces
-    from spotnb.widget.text import event_text
+    from spotnb.views.widget.figures import timeline_traces
+    from spotnb.views.widget.text import event_text
 
     events = events_of(steps=200, preempt_at=())
     for e in events:
@@ -380,7 +380,7 @@ def test_the_figure_module_wraps_plotlys_render_or_leaves_an_unknown_bundle_alon
     timeout cannot drop the plot's messages) that loads plotly's own module, wrapped with a
     refitting `render` (the browser tests check the widths and the replayed messages); a plotly
     release with another export line gets its module back unchanged rather than a broken one."""
-    from spotnb.widget.responsive import ResponsiveFigureWidget, _plotly_esm, wrap_render
+    from spotnb.views.widget.responsive import ResponsiveFigureWidget, _plotly_esm, wrap_render
 
     stock = _plotly_esm()
     wrapped = ResponsiveFigureWidget._esm
@@ -393,7 +393,7 @@ def test_the_figure_module_wraps_plotlys_render_or_leaves_an_unknown_bundle_alon
 
 
 def test_a_metrics_figure_without_metrics_says_so_instead_of_empty_axes() -> None:
-    from spotnb.widget.figures import static_figures_from_state
+    from spotnb.views.widget.figures import static_figures_from_state
 
     st = JobState()
     st.feed_events(events_of(steps=300, preempt_at=())[:3])  # launched, no step logged yet

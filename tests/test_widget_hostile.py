@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from spotnb.state import JobState, Series
-from spotnb.widget.synthetic import synthetic_events
+from spotnb.core.state import JobState, Series
+from spotnb.views.widget.synthetic import synthetic_events
 from tests.widget_helpers import EventsJob, FakeClock, events_of
 
 
@@ -27,7 +27,7 @@ def test_a_text_t_in_the_rows_of_a_relaunched_instance_does_not_break_the_timeli
     """A row whose `t` is a string (a corrupt or foreign log) is read with the event's time
     for the metric; it must not become the instance's `new_work_t`, where the timeline (live
     widget, job.plot(), the lab's job view) compares it with floats and raises."""
-    from spotnb.widget.figures import static_figures_from_state, timeline_traces
+    from spotnb.views.widget.figures import static_figures_from_state, timeline_traces
 
     events = events_of(steps=200, preempt_at=(120,))
     for e in _metrics(events, incarnation=2):
@@ -75,7 +75,7 @@ def test_two_finite_values_at_one_step_do_not_plot_as_infinity() -> None:
 def test_metric_traces_with_full_smoothing_does_not_raise() -> None:
     """`metric_traces` is public (job.plot(), the lab's figures): smoothing 1.0 (a flat line)
     must draw something, not raise ZeroDivisionError in `smooth`."""
-    from spotnb.widget.figures import metric_traces
+    from spotnb.views.widget.figures import metric_traces
 
     st = JobState()
     st.feed_events(events_of(steps=50, preempt_at=()))
@@ -87,7 +87,7 @@ def test_the_view_options_still_redraw_after_the_job_ended(sent: list[Any], cloc
     """A finished run is where one reads curves: moving the smoothing slider or the x-axis
     toggle of a finished job's widget must redraw it (the flusher thread has returned once
     the final state was shown, so nothing draws the change today)."""
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.view import JobView
 
     view = JobView(EventsJob(events_of(steps=300, preempt_at=(200,))), interval=0.01, figure_interval=0.01)
     try:
@@ -115,7 +115,7 @@ HOSTILE = "<img src=x onerror=alert(1)>'\"&"
 
 
 def test_a_metric_name_with_html_is_escaped_in_the_info_pane() -> None:
-    from spotnb.widget.view import render_info_html
+    from spotnb.views.widget.view import render_info_html
 
     events = events_of(steps=30, preempt_at=())
     for e in _metrics(events):
@@ -130,7 +130,7 @@ def test_a_metric_name_with_html_is_escaped_in_the_info_pane() -> None:
 def test_odd_values_are_skipped_and_odd_names_plot(sent: list[Any], clock: FakeClock) -> None:
     """NaN, inf, None and strings are skipped, unicode and very long names each get a panel;
     the view draws it all without raising."""
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.view import JobView
 
     odd = ["nan", "inf", None, "x", float("nan"), float("-inf")]
     events = events_of(steps=60, preempt_at=(40,))
@@ -145,7 +145,7 @@ def test_odd_values_are_skipped_and_odd_names_plot(sent: list[Any], clock: FakeC
 
 
 def test_a_metric_that_first_appears_late_gets_its_panel(sent: list[Any], clock: FakeClock) -> None:
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.view import JobView
 
     events = events_of(steps=100, preempt_at=())
     cut = len(events) // 2
@@ -165,7 +165,7 @@ def test_a_metric_that_first_appears_late_gets_its_panel(sent: list[Any], clock:
 def test_toggling_before_the_first_step_then_drawing(sent: list[Any], clock: FakeClock) -> None:
     """Options toggled many times while waiting for the first step, then steps arrive: the
     lines are drawn with the last choice (time axis, smoothing 0.99, even for one point)."""
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.view import JobView
 
     events = events_of(steps=40, preempt_at=(), rows_per_flush=5)
     first = next(i for i, e in enumerate(events) if e["kind"] == "metrics")
@@ -193,7 +193,7 @@ def test_toggling_before_the_first_step_then_drawing(sent: list[Any], clock: Fak
 
 def test_fifty_metrics_and_replica_rows_of_a_multi_instance_job(sent: list[Any], clock: FakeClock) -> None:
     """Replica rows: only replica 0 draws; fifty metrics fill four panels, the last shared."""
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.view import JobView
 
     events = events_of(steps=40, preempt_at=())
     for e in _metrics(events):
@@ -212,8 +212,8 @@ def test_fifty_metrics_and_replica_rows_of_a_multi_instance_job(sent: list[Any],
 def test_a_job_with_preemptions_and_no_metrics_waits_and_marks_nothing(
     sent: list[Any], clock: FakeClock
 ) -> None:
-    from spotnb.widget.figures import WAITING
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.figures import WAITING
+    from spotnb.views.widget.view import JobView
 
     events = [e for e in events_of(steps=200, preempt_at=(50, 120)) if e["kind"] != "metrics"]
     view = JobView(EventsJob(events), autostart=False, clock=clock)
@@ -224,7 +224,7 @@ def test_a_job_with_preemptions_and_no_metrics_waits_and_marks_nothing(
 
 def test_events_from_another_thread_while_the_flusher_runs(sent: list[Any]) -> None:
     """A real flusher thread and a real producer thread: the final state arrives, whole."""
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.view import JobView
 
     batches = list(synthetic_events(steps=2000, preempt_at=(700,), rows_per_flush=20))
     job = EventsJob([])
@@ -248,7 +248,7 @@ def test_closing_the_widget_closes_every_widget_in_it(sent: list[Any], clock: Fa
     the box (or re-running the cell) must release them all, not only the outer box."""
     import ipywidgets as widgets
 
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.view import JobView
 
     view = JobView(EventsJob(events_of(steps=30, preempt_at=())), autostart=False, clock=clock)
     view.flush(force=True)
@@ -262,7 +262,7 @@ def test_closing_the_widget_closes_every_widget_in_it(sent: list[Any], clock: Fa
 def test_a_metric_name_like_a_hover_template_is_shown_as_written() -> None:
     """A name containing plotly's template syntax (`%{y}`) is the metric's name, not a field:
     the hover names the trace by its name rather than pasting the name into the template."""
-    from spotnb.widget.figures import metric_traces
+    from spotnb.views.widget.figures import metric_traces
 
     events = events_of(steps=20, preempt_at=())
     for e in _metrics(events):
@@ -277,8 +277,8 @@ def test_a_metric_name_like_a_hover_template_is_shown_as_written() -> None:
 
 
 def test_a_long_metric_name_is_cut_in_its_axis_title(sent: list[Any], clock: FakeClock) -> None:
-    from spotnb.widget.figures import TITLE_CHARS
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.figures import TITLE_CHARS
+    from spotnb.views.widget.view import JobView
 
     long = "validation/" + "very_long_metric_name_" * 10
     events = events_of(steps=20, preempt_at=())
@@ -295,7 +295,7 @@ def test_a_long_metric_name_is_cut_in_its_axis_title(sent: list[Any], clock: Fak
 def test_rows_without_a_job_start_plot_from_zero_on_the_time_axis() -> None:
     """A state folded from metrics alone (a log that begins mid-job): the wall-time axis
     starts at the first logged time, not at 1.8e9 epoch seconds."""
-    from spotnb.widget.figures import metric_traces
+    from spotnb.views.widget.figures import metric_traces
 
     st = JobState()
     st.feed_events(_metrics(events_of(steps=50, preempt_at=())))

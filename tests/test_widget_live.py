@@ -73,8 +73,8 @@ def _trace(view: Any, name: str) -> Any:
 def test_widget_and_text_follow_a_preempted_job_then_replay_it(
     sent: list[Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from spotnb.widget.text import TextView
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.text import TextView
+    from spotnb.views.widget.view import JobView
 
     monkeypatch.chdir(tmp_path)
     # an emulated upload bandwidth gives the third kill an upload to land in (a local store
@@ -123,7 +123,7 @@ def test_widget_and_text_follow_a_preempted_job_then_replay_it(
 def test_failed_job_shows_the_remote_traceback(
     sent: list[Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.view import JobView
 
     monkeypatch.chdir(tmp_path)
     job = spot.train(crash, spot.Config(local_schedule=[], notice_poll=0.1, ship_modules=[__name__]))
@@ -137,7 +137,7 @@ def test_failed_job_shows_the_remote_traceback(
 def test_stop_button_stops_a_real_job(
     sent: list[Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.view import JobView
 
     monkeypatch.chdir(tmp_path)
     job = spot.train(slow, spot.Config(local_schedule=[], notice_poll=0.1, ship_modules=[__name__]))

@@ -7,11 +7,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from spotnb.html_safe import NO_MATH
-from spotnb.state import JobState
-from spotnb.widget.synthetic import synthetic_events
-from spotnb.widget.text import progress_line
-from spotnb.widget.view import render_info_html
+from spotnb.core.state import JobState
+from spotnb.views.html_safe import NO_MATH
+from spotnb.views.widget.synthetic import synthetic_events
+from spotnb.views.widget.text import progress_line
+from spotnb.views.widget.view import render_info_html
 from tests.widget_helpers import events_of
 
 T0 = 1.7e9
@@ -154,7 +154,7 @@ def test_the_newest_event_is_in_view_in_the_feed() -> None:
 
 
 def test_every_html_spotnb_shows_is_shielded_from_mathjax() -> None:
-    from spotnb.plan_view import Plan
+    from spotnb.views.plan_view import Plan
 
     state = JobState.from_events(events_of(steps=300, preempt_at=(150,)))
     info = render_info_html(state, "job")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from spotnb.state import MAX_PRICE_ZONES, JobState
-from spotnb.widget.figures import LIVE_PRICE_AXIS, PRICE_KEY, static_figures_from_state, timeline_traces
+from spotnb.core.state import MAX_PRICE_ZONES, JobState
+from spotnb.views.widget.figures import LIVE_PRICE_AXIS, PRICE_KEY, static_figures_from_state, timeline_traces
 from tests.widget_helpers import EventsJob, FakeClock, events_of
 
 
@@ -48,7 +48,7 @@ def test_a_job_without_prices_has_no_price_axis() -> None:
 
 
 def test_the_live_widget_draws_the_prices_on_its_own_axis(sent: list[Any], clock: FakeClock) -> None:
-    from spotnb.widget.view import JobView
+    from spotnb.views.widget.view import JobView
 
     events = _with_prices(
         events_of(steps=100, preempt_at=()), {"zone-a": 0.1, "zone-b": 0.3}, {"zone-b": 0.05}

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.ledger import compute_breakdown, coordinator_overheads
-from spotnb.placement import rank_zones
-from spotnb.state import JobState
+from spotnb.core.ledger import compute_breakdown, coordinator_overheads
+from spotnb.core.state import JobState
+from spotnb.market.placement import rank_zones
 from tests.core import jobfns
 from tests.test_aws_coordinator import coordinator_job_events
 
@@ -27,7 +27,7 @@ def test_a_zone_s_market_does_not_count_another_zone_whose_name_extends_it(spotn
     prefix (`in_region`), so every preemption in 'east-2' is charged to 'east': regions=
     'cheapest' then ranks the calm zone 'east' as if it preempted as often as 'east-2' and
     the user pays for the stormy zone (or never gets the cheap calm one)."""
-    from spotnb.jobdb import JobDB
+    from spotnb.control.jobdb import JobDB
 
     db = JobDB()
     db.add_job("j", name=None, provider="local", region=None, instance_type="g4dn.xlarge", store="file:///s")
@@ -49,7 +49,7 @@ def test_zone_a_is_not_charged_with_zone_ab(spotnb_home: Any) -> None:
     """Same defect with the shortest names: 'ab' counts as a zone of 'a' (one lower-case letter
     after the name is read as an AWS zone suffix), so local_regions={'a':..., 'ab':...}
     charges every preemption of 'ab' to 'a'."""
-    from spotnb.jobdb import JobDB
+    from spotnb.control.jobdb import JobDB
 
     short = JobDB()
     short.add_job(
@@ -102,8 +102,8 @@ def test_a_negative_or_infinite_coordinator_price_is_not_billed_as_such() -> Non
 def test_zones_survive_the_spec_s_json_round_trip() -> None:
     """The controller rebuilds the Config from the spec's JSON: schedules become lists of
     lists, durations numbers; validating them again must give the same zones."""
-    from spotnb.config import provider_prefixes
-    from spotnb.spec import config_json
+    from spotnb.core.spec import config_json
+    from spotnb.settings.config import provider_prefixes
 
     cfg = spot.Config(
         local_regions={"a": {"price": [[0, 0.1], ["1h", 0.2]], "mttp": "10m"}, "b": {"price": 0.05}},

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spotnb.widget.synthetic import synthetic_events
+from spotnb.views.widget.synthetic import synthetic_events
 
 __all__ = ["EventsJob", "FakeClock", "RecordingComm", "events_of"]
 

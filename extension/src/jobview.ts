@@ -10,7 +10,7 @@ import { clock, duration, esc, money, percent, progress, rate } from './format';
 import { PALETTE, SpotEvent, UnknownEvent } from './protocol.gen';
 
 const PLOTLY_MIME = 'application/vnd.plotly.v1+json';
-/** Where the time went: the widget's categories, labels and colours (spotnb/palette.py). */
+/** Where the time went: the widget's categories, labels and colours (spotnb/views/palette.py). */
 const CATEGORIES: Array<[keyof IBreakdown, string, string]> = PALETTE.categories.map(c => [
   c.key,
   c.label,
@@ -443,7 +443,7 @@ function eventsHtml(d: IJobDetail): string {
   }
   const describe = (e: SpotEvent | UnknownEvent): string => {
     if (typeof e.text === 'string') {
-      return e.text; // the widget's own sentence for it (spotnb/widget/text.py)
+      return e.text; // the widget's own sentence for it (spotnb/views/widget/text.py)
     }
     const skip = new Set(['t', 'kind', 'incarnation']);
     return Object.entries(e)

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Builds the JupyterLab extension (extension/ -> spotnb/labextension/) and makes JupyterLab and
-# jupyter_server use it and the spotnb.server extension. Sourced by scripts/setup.sh from the
+# jupyter_server use it and the spotnb.views.server extension. Sourced by scripts/setup.sh from the
 # repository root after `pip install -e .`; idempotent (npm is skipped when the lock file has
 # not changed since the last run; tsc + jupyter-builder then take a few seconds).
 # Needs node >= 18 and npm. npm, not jlpm: yarn-berry fails here on a darwin-only optional
@@ -57,7 +57,7 @@ _spotnb_labext() {
     return 1
   fi
   if ! jupyter server extension list 2>&1 | grep -E 'spotnb\.server .*enabled' >/dev/null; then
-    echo "setup: 50-labextension: jupyter server extension list does not show spotnb.server:" >&2
+    echo "setup: 50-labextension: jupyter server extension list does not show spotnb.views.server:" >&2
     jupyter server extension list >&2 || true
     return 1
   fi

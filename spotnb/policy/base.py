@@ -12,7 +12,7 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 
-from spotnb.protocol import SaveKind  # re-exported: policies name the saves they plan
+from spotnb.core.protocol import SaveKind  # re-exported: policies name the saves they plan
 
 __all__ = [
     "Observation",

@@ -97,7 +97,7 @@ class Adaptive(Policy):
     name = "adaptive"
 
     def __init__(self, hazard: Callable[[Observation], float] | None = None) -> None:
-        #: optional rate per second replacing `obs.mttp` (e.g. `spotnb.forecast.forecast_hazard`)
+        #: optional rate per second replacing `obs.mttp` (e.g. `spotnb.market.forecast.forecast_hazard`)
         self.hazard = hazard
 
     def market_mttp(self, obs: Observation) -> float:

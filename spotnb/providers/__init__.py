@@ -14,12 +14,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from spotnb.errors import ProviderUnavailable
-from spotnb.providers.any_settings import AnySettings
-from spotnb.providers.aws_settings import AWSSettings
-from spotnb.providers.azure_settings import AzureSettings
-from spotnb.providers.gcp_settings import GCPSettings
 from spotnb.providers.info import ProviderInfo, ProviderSettings
-from spotnb.providers.local_settings import LocalSettings
+from spotnb.settings.any import AnySettings
+from spotnb.settings.aws import AWSSettings
+from spotnb.settings.azure import AzureSettings
+from spotnb.settings.gcp import GCPSettings
+from spotnb.settings.local import LocalSettings
 
 if TYPE_CHECKING:
     from spotnb.providers.base import Provider
@@ -41,14 +41,14 @@ ENTRY_POINT_GROUP = "spotnb.providers"
 _BUILTIN = (
     ProviderInfo(
         "local",
-        "spotnb.providers.local:LocalProvider",
+        "spotnb.providers.local.provider:LocalProvider",
         LocalSettings,
         description="the local spot market: processes on this machine, really killed",
         builtin=True,
     ),
     ProviderInfo(
         "aws",
-        "spotnb.providers.aws:AWSProvider",
+        "spotnb.providers.aws.provider:AWSProvider",
         AWSSettings,
         install="pip install 'spotnb[aws]'",
         description="AWS EC2 Spot",
@@ -56,7 +56,7 @@ _BUILTIN = (
     ),
     ProviderInfo(
         "azure",
-        "spotnb.providers.azure:AzureProvider",
+        "spotnb.providers.azure.provider:AzureProvider",
         AzureSettings,
         install="pip install 'spotnb[azure]'",
         description="Azure Spot VMs",
@@ -64,7 +64,7 @@ _BUILTIN = (
     ),
     ProviderInfo(
         "gcp",
-        "spotnb.providers.gcp:GCPProvider",
+        "spotnb.providers.gcp.provider:GCPProvider",
         GCPSettings,
         install="pip install 'spotnb[gcp]'",
         description="GCP Spot VMs",

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from spotnb.billing import CLOUD_BILLING, CONTINUOUS, Billing
+from spotnb.core.billing import CLOUD_BILLING, CONTINUOUS, Billing
 from spotnb.errors import CapacityError, ConfigError
 from spotnb.providers.info import NOTICE_GRACE
 
 if TYPE_CHECKING:
-    from spotnb.config import Config
+    from spotnb.settings.config import Config
 
 __all__ = [
     "Provider",
@@ -77,7 +77,7 @@ class LaunchSpec:
     spotnb_version: str = ""
     slot: int = 0  # which of the job's `instances` this launch fills (0 for one-instance jobs)
     job_key: str | None = field(default=None, repr=False)  # hex; never logged, never in an event
-    #: the wheel of the notebook's spotnb the VM installs (`spotnb.shipping.CodeRef`), filled in
+    #: the wheel of the notebook's spotnb the VM installs (`spotnb.providers.shipping.CodeRef`), filled in
     #: by `launch`/`plan_launch` for a provider that `ships_code`; None: pip-install by spec
     code: Any = None
 
@@ -118,7 +118,7 @@ class Provider(ABC):
     boot_timeout: ClassVar[float] = 1200.0  # VM boot + bootstrap install before the agent speaks
 
     #: whether its VMs install spotnb with a boot script (the clouds): `launch` then fills in
-    #: `LaunchSpec.code`, the notebook's own spotnb shipped through the store (spotnb.shipping)
+    #: `LaunchSpec.code`, the notebook's own spotnb shipped through the store (spotnb.providers.shipping)
     ships_code: ClassVar[bool] = False
 
     #: how to give this provider credentials, for the error of provider="any" without any
@@ -207,7 +207,7 @@ class Provider(ABC):
         if not spec.command:
             raise ValueError("LaunchSpec.command is empty")
         if spec.job_key is None:
-            from spotnb.signing import key_path, load_key
+            from spotnb.core.signing import key_path, load_key
 
             key = load_key(spec.job_id)
             if key is not None:
@@ -225,7 +225,12 @@ class Provider(ABC):
         """`spec` with what its VM installs spotnb from (`Config.spotnb_source`): the store's
         wheel (`spec.code`, for a provider that `ships_code`), or a pip spec of spotnb as the
         first requirement; unchanged for "index" and for a spec that says already."""
-        from spotnb.shipping import code_for_launch, own_requirement, source_requirement, store_extra
+        from spotnb.providers.shipping import (
+            code_for_launch,
+            own_requirement,
+            source_requirement,
+            store_extra,
+        )
 
         if not self.ships_code or spec.code is not None or own_requirement(spec.requirements):
             return spec
@@ -247,29 +252,29 @@ class Provider(ABC):
         return self._prices(instance_type, regions)
 
     def billing(self, zone: str | None) -> Billing:
-        """How `zone` bills an instance's time (`spotnb.billing`): the ledger bills it so, and
+        """How `zone` bills an instance's time (`spotnb.core.billing`): the ledger bills it so, and
         `migrate="billing-aware"` times moves to its increments. Default: the cloud's
         documented billing of Linux VMs, continuous for a provider off the clouds."""
         return CLOUD_BILLING.get(self.name, CONTINUOUS)
 
     def zone_location(self, zone: str | None) -> tuple[str | None, str | None]:
         """(cloud, region) of one of this provider's zones, to price moving the checkpoint
-        there (`spotnb.transfer`); a provider off the clouds (the local market) is None."""
-        from spotnb.transfer import EGRESS
+        there (`spotnb.market.transfer`); a provider off the clouds (the local market) is None."""
+        from spotnb.market.transfer import EGRESS
 
         return (self.name if self.name in EGRESS else None, zone)
 
     def egress_per_gb(self, src: tuple[str | None, str | None], dst: tuple[str | None, str | None]) -> float:
         """$/GB to move bytes from `src` to `dst`, each (cloud, region) as `zone_location` and
-        `store_location` give them (`spotnb.regional` weighs a checkpoint's copy with it)."""
-        from spotnb.transfer import egress_per_gb
+        `store_location` give them (`spotnb.market.regional` weighs a checkpoint's copy with it)."""
+        from spotnb.market.transfer import egress_per_gb
 
         return egress_per_gb(src, dst)[0]
 
     def store_location(self) -> tuple[str | None, str | None]:
         """(cloud, region) of the job's store: its cloud from the URL; the region where the
         provider can ask for it cheaply (None: unknown, priced as another region)."""
-        from spotnb.transfer import store_cloud
+        from spotnb.market.transfer import store_cloud
 
         return (store_cloud(self.config.store_url()), None)
 

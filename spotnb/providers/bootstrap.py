@@ -9,7 +9,7 @@ does must be identical so a job behaves the same everywhere:
    (`--system-site-packages`, plus a .pth to the image's own venv where it is one, as on the
    Deep Learning AMI) and pip-install spotnb plus the job's requirements; torch only when the
    image has none within `TORCH_SPEC`. spotnb is the notebook's own (`Config.spotnb_source="store"`): the wheel
-   `spotnb.shipping` put in the store, read with the VM's identity by `code_fetch` (its text is
+   `spotnb.providers.shipping` put in the store, read with the VM's identity by `code_fetch` (its text is
    in the script) and refused unless its size and sha256 are the ones this script carries;
    or, with "index" or a pip spec, what pip finds for it (skipped when the Python already has
    this spotnb version; with a wheel, only when SPOTNB_PYTHON names that Python);
@@ -21,7 +21,7 @@ does must be identical so a job behaves the same everywhere:
 The VM needs no inbound port: everything flows through the store. The script holds no cloud
 credential: the VM reaches the store with its own identity (instance profile, managed
 identity, service account), and `spec.env` is checked. It does carry the job's HMAC key
-(`SPOTNB_JOB_KEY`, see spotnb.signing), the one secret an instance needs to verify what it
+(`SPOTNB_JOB_KEY`, see spotnb.core.signing), the one secret an instance needs to verify what it
 runs; the script never echoes it (no `set -x`), the agent drops it from its environment, and
 a dry run shows a placeholder instead. The job runs in `SPOTNB_WORKDIR` (default
 /opt/spotnb/work), where the agent lays out the job's shipped files.
@@ -36,10 +36,10 @@ import shlex
 from collections.abc import Iterable
 from typing import Any
 
+from spotnb.core.signing import KEY_ENV
 from spotnb.providers.base import LaunchSpec
 from spotnb.providers.info import COORDINATOR_IDLE_MINUTES, LIGHTHOUSE_PORT
-from spotnb.shipping import pinned, store_extra
-from spotnb.signing import KEY_ENV
+from spotnb.providers.shipping import pinned, store_extra
 
 KEY_PLACEHOLDER = "<the job key, added at launch>"
 #: What `pip install spotnb[elastic]` adds, if spotnb's own metadata cannot be read (a source
@@ -153,7 +153,7 @@ SPOTNB_INSTALLED=0
 SPOTNB_T1=$(date +%s.%N)
 """
 
-# The job's shipped wheel (`spotnb.shipping`): fetched with the VM's identity and checked against
+# The job's shipped wheel (`spotnb.providers.shipping`): fetched with the VM's identity and checked against
 # SPOTNB_WHEEL_SIZE and _SHA256 before anything is installed (a refused wheel powers the VM off),
 # then installed with its dependencies pinned to the notebook's versions.
 _WHEEL_FETCH = r"""  SPOTNB_WHEEL_FILE=$(mktemp -d /tmp/spotnb-code-XXXXXX)/spotnb-$SPOTNB_VERSION-py3-none-any.whl
@@ -242,9 +242,9 @@ echo "spotnb bootstrap: start $(date -u +%FT%TZ)"
 spotnb_report() {{  # kind, JSON fields: one event into the job's log in the store
   SPOTNB_EVENT_KIND="$1" SPOTNB_EVENT_FIELDS="$2" "$PY" - <<'PYEOF' || echo "spotnb bootstrap: could not report $1"
 import json, os
-from spotnb.events import EventWriter
-from spotnb.protocol import from_json
-from spotnb.store import Store
+from spotnb.core.events import EventWriter
+from spotnb.core.protocol import from_json
+from spotnb.core.store import Store
 store = Store(os.environ["SPOTNB_STORE"])
 w = EventWriter(store, os.environ["SPOTNB_JOB"], int(os.environ["SPOTNB_INCARNATION"]), "boot")
 w.emit(from_json({{**json.loads(os.environ["SPOTNB_EVENT_FIELDS"]), "kind": os.environ["SPOTNB_EVENT_KIND"]}}))
@@ -306,7 +306,7 @@ def _version_check(imports: str) -> str:
 
 
 def _code_env(code: Any) -> list[tuple[str, str]]:
-    """The boot script's variables of the job's shipped spotnb (`spotnb.shipping.CodeRef`): where
+    """The boot script's variables of the job's shipped spotnb (`spotnb.providers.shipping.CodeRef`): where
     the wheel is in the store, its size and sha256 (what the VM checks), the extras to install."""
     if code is None:
         return []
@@ -479,7 +479,7 @@ unset SPOTNB_JOB_KEY
 spotnb_frozen() {{  # pid: whether it holds the job's lease and let it run out
   "$PY" - "$1" {job} <<'PYEOF'
 import sys, time
-from spotnb.jobdb import JobDB
+from spotnb.control.jobdb import JobDB
 lease = JobDB().lease(sys.argv[2])
 sys.exit(0 if lease and lease["pid"] == int(sys.argv[1]) and lease["expires"] < time.time() else 1)
 PYEOF
@@ -512,7 +512,7 @@ _CLOUD_SDK = {"aws": "boto3", "azure": "azure.mgmt.compute", "gcp": "google.clou
 _LIGHTHOUSE_LOOP = r"""SPOTNB_HOLD=$(mktemp -u /tmp/spotnb-lighthouse-XXXXXX)
 mkfifo -m 600 "$SPOTNB_HOLD" && exec 3<>"$SPOTNB_HOLD"
 ( while true; do
-    "$PY" -m spotnb.runtime.lighthouse --min-replicas {min_replicas} --bind "[::]:{port}" \
+    "$PY" -m spotnb.runtime.group.lighthouse --min-replicas {min_replicas} --bind "[::]:{port}" \
       --host "$(hostname -I 2>/dev/null | cut -d' ' -f1)" --job {job} <&3
     echo "spotnb coordinator: lighthouse exited with $?, starting it again in 2 s"
     sleep 2
@@ -631,7 +631,7 @@ def coordinator_script(
 
     `ship_lighthouse` (`Config.spotnb_source="store"`): this coordinator has no identity to read
     the store's wheel with (it reads nothing of the job), so the script carries the one module it
-    runs, this notebook's `spotnb/runtime/lighthouse.py` (standard library, torch and torchft),
+    runs, this notebook's `spotnb/runtime/group/lighthouse.py` (standard library, torch and torchft),
     and installs only torchft, pinned to this notebook's version."""
     if not spotnb_version:
         from spotnb import __version__
@@ -644,14 +644,14 @@ def coordinator_script(
     check, module, lighthouse = (
         "import sys, spotnb, torchft; sys.exit(spotnb.__version__ != '$SPOTNB_VERSION')",
         "",
-        "-m spotnb.runtime.lighthouse",
+        "-m spotnb.runtime.group.lighthouse",
     )
     if ship_lighthouse:
         specs = [pinned("torchft-nightly")]
         check, lighthouse = "import torchft", '"$SPOTNB_LIGHTHOUSE"'
         module = (
-            "# this notebook's spotnb/runtime/lighthouse.py: the one module this coordinator runs\n"
-            "SPOTNB_LIGHTHOUSE=$(mktemp -d /tmp/spotnb-XXXXXX)/spotnb.runtime.lighthouse.py\n"
+            "# this notebook's spotnb/runtime/group/lighthouse.py: the one module this coordinator runs\n"
+            "SPOTNB_LIGHTHOUSE=$(mktemp -d /tmp/spotnb-XXXXXX)/spotnb.runtime.group.lighthouse.py\n"
             "cat > \"$SPOTNB_LIGHTHOUSE\" <<'SPOTNB_MODULE'\n"
             + _embedded("runtime/lighthouse.py", "SPOTNB_MODULE")
             + "\nSPOTNB_MODULE\n"

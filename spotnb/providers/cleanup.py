@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from spotnb.config import Config
     from spotnb.providers.base import LaunchSpec
+    from spotnb.settings.config import Config
 
 __all__ = ["JOB_TAG", "INCARNATION_TAG", "MANAGED_TAG", "job_tags", "gc", "orphans"]
 
@@ -75,11 +75,11 @@ def gc(
     been silent for 10 minutes. VMs of jobs this DB does not know (launched from another
     machine) are left alone unless `all_unknown=True`. `dry_run=True` only lists them.
     """
-    from spotnb.config import Config
+    from spotnb.control.jobdb import JobDB
     from spotnb.errors import ConfigError
-    from spotnb.jobdb import JobDB
     from spotnb.providers import get_provider_class
     from spotnb.providers.base import Feature
+    from spotnb.settings.config import Config
 
     config = config or Config(provider=provider_name)
     provider = get_provider_class(provider_name)(config)

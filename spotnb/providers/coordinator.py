@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from spotnb.prices import lookup_price
+from spotnb.market.prices import lookup_price
 from spotnb.providers.base import Price
 from spotnb.providers.bootstrap import controller_script, coordinator_script
 
@@ -122,7 +122,7 @@ def coordinator_boot_script(
     instances), which carries the job key. Its spotnb comes from where the instances' does
     (`Config.spotnb_source`): a hosting coordinator installs the job's shipped wheel with the
     cloud's and the store's extras; the lighthouse alone carries its one module instead."""
-    from spotnb.shipping import code_for_launch, needs_code, source_requirement, store_extra
+    from spotnb.providers.shipping import code_for_launch, needs_code, source_requirement, store_extra
 
     requirements = [*source_requirement(config), *config.requirements]
     if hosted is not None:

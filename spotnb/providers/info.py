@@ -3,7 +3,7 @@
 A provider is two things: its `Provider` class (which imports a cloud SDK, so it is loaded only
 when a job runs there) and its *settings*: a pydantic model whose fields all carry the
 provider's prefix (`aws_image_id`, `local_mttp`, …). `spot.Config` is composed from every
-registered provider's settings (see `spotnb.config`), so the settings module must import no
+registered provider's settings (see `spotnb.settings.config`), so the settings module must import no
 SDK. A third-party provider ships a `ProviderInfo` in its package and names it in the
 `spotnb.providers` entry-point group; nothing in spotnb is edited.
 """

@@ -5,9 +5,9 @@ credentials are found (`Provider.has_credentials`, no API call) gets its own pro
 from the job's Config with that cloud as the provider and its instance type
 (`any_settings.sub_config`). Zones are named `<cloud>/<zone>`; prices, launches, watching and
 ending an instance are handed to the zone's cloud, and the controller ranks the zones of every
-cloud in one table (`spotnb.placement`): the price, the market, and moving the checkpoint
+cloud in one table (`spotnb.market.placement`): the price, the market, and moving the checkpoint
 between the store (one URI, where it is) and the zone, across clouds at the internet egress
-price (`spotnb.transfer`).
+price (`spotnb.market.transfer`).
 
 One cloud's price API being down, slow or answering garbage leaves that cloud's zones out of
 this look (logged), never the job: the others are ranked without it (`PRICE_WAIT`).
@@ -24,12 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any, ClassVar
 
-from spotnb.billing import CLOUD_BILLING, CONTINUOUS, Billing
+from spotnb.core.billing import CLOUD_BILLING, CONTINUOUS, Billing
 from spotnb.errors import ConfigError, ProviderUnavailable
 from spotnb.providers import get_provider_class, provider_info
-from spotnb.providers.any_settings import ANY_CLOUDS, split_zone, sub_config
 from spotnb.providers.base import Feature, Instance, InstanceStatus, LaunchSpec, Price, Provider
 from spotnb.providers.info import NOTICE_GRACE
+from spotnb.settings.any import ANY_CLOUDS, split_zone, sub_config
 
 __all__ = ["AnyCloudProvider", "PRICE_WAIT"]
 
@@ -186,7 +186,7 @@ class AnyCloudProvider(Provider):
         return CLOUD_BILLING.get(cloud, CONTINUOUS)
 
     def store_location(self) -> tuple[str | None, str | None]:
-        from spotnb.transfer import store_cloud
+        from spotnb.market.transfer import store_cloud
 
         cloud = store_cloud(self.config.store_url())
         if cloud in self.clouds():

@@ -22,10 +22,10 @@ import time
 import traceback
 from typing import Any
 
-from spotnb import protocol as ev
+from spotnb.core import protocol as ev
+from spotnb.core.signing import BadSignature, key_from_env, seal, unseal
+from spotnb.core.spec import JobSpec, RuntimeSettings, SpecError, load_spec
 from spotnb.runtime import logcap
-from spotnb.signing import BadSignature, key_from_env, seal, unseal
-from spotnb.spec import JobSpec, RuntimeSettings, SpecError, load_spec
 
 _STARTED = time.time()
 log = logging.getLogger("spotnb.agent")
@@ -47,8 +47,8 @@ __all__ = ["main", "Agent", "EXIT_DONE", "EXIT_USER_ERROR", "EXIT_EVACUATED", "E
 
 class Agent:
     def __init__(self, store_url: str, job_id: str, incarnation: int) -> None:
-        from spotnb.events import EventWriter
-        from spotnb.store import Store
+        from spotnb.core.events import EventWriter
+        from spotnb.core.store import Store
 
         self.store = Store(store_url)
         self.job_id, self.incarnation = job_id, incarnation
@@ -195,9 +195,9 @@ class Agent:
     def _checkpoint_stores(self) -> tuple[Any, list[Any]]:
         """(the store this instance's saves go to, every store to restore from): the home store
         alone, unless the controller places the checkpoint (`Config.regional_stores`,
-        `spotnb.regional`): then its document for this incarnation, written once the newest
+        `spotnb.market.regional`): then its document for this incarnation, written once the newest
         checkpoint was copied to this zone's store (or left where it is), says which."""
-        from spotnb.store import Store
+        from spotnb.core.store import Store
 
         if not self.inc.get("ckpt_doc"):
             return self.store, []
@@ -249,11 +249,11 @@ class Agent:
 
         from spotnb.policy import resolve_policy
         from spotnb.runtime.beacon import Beacon
-        from spotnb.runtime.checkpoint import Checkpointer
+        from spotnb.runtime.checkpoint.checkpointer import Checkpointer
         from spotnb.runtime.context import Context, Evacuate, GroupFinished, _set_current
+        from spotnb.runtime.group.torchrun import group_from
         from spotnb.runtime.notice import make_watcher
-        from spotnb.runtime.script import ScriptFailed, ScriptRunner
-        from spotnb.runtime.torchrun_group import group_from
+        from spotnb.runtime.script.runner import ScriptFailed, ScriptRunner
 
         self.emit(
             ev.Started(
@@ -460,8 +460,8 @@ class Agent:
             return None
         if self.job_spec is not None and self.job_spec.script is not None:
             return None  # a script on several instances runs under torchrun (torchrun_group)
-        from spotnb.runtime.elastic import Elastic
-        from spotnb.sync import parse_sync
+        from spotnb.core.sync import parse_sync
+        from spotnb.runtime.group.elastic import Elastic
 
         return Elastic(
             lighthouse=str(self.inc["lighthouse"]),
@@ -474,7 +474,7 @@ class Agent:
 
     def _start_local_group(self) -> None:
         """Start ranks 1.. of this instance's replica group (`Config.procs_per_instance`)."""
-        from spotnb.runtime.local_group import LocalGroup, resolve_procs
+        from spotnb.runtime.group.local import LocalGroup, resolve_procs
 
         procs = resolve_procs(self.spec.get("procs_per_instance"))
         if procs <= 1 or (self.job_spec is not None and self.job_spec.script is not None):
@@ -513,7 +513,7 @@ class Agent:
         """Work where the job's files belong: `SPOTNB_WORKDIR` (a cloud VM's boot script sets
         it), else the notebook's own directory when it exists here (the local market); then lay
         the shipped files out there."""
-        from spotnb.files import lay_out
+        from spotnb.core.files import lay_out
 
         assert self.job_spec is not None
         workdir = os.environ.get("SPOTNB_WORKDIR") or (

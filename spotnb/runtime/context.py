@@ -19,20 +19,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spotnb import protocol as ev
+from spotnb.core import protocol as ev
 from spotnb.policy.base import PRIOR_MTTP, PRIOR_RESTART, Observation, Plan, Policy, SaveKind
 from spotnb.runtime.beacon import Beacon, Phase
-from spotnb.runtime.checkpoint import Checkpointer, emergency_skipped
-from spotnb.runtime.elastic import Elastic, GroupOptimizer, ReplicatedOptimizer, Replication
-from spotnb.runtime.incremental import frozen_tensors
-from spotnb.runtime.local_group import Group
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer, emergency_skipped
+from spotnb.runtime.checkpoint.incremental import frozen_tensors
+from spotnb.runtime.checkpoint.sharded_state import apply_loaded, has_dtensors, load_template, save_state
+from spotnb.runtime.group.elastic import Elastic, GroupOptimizer, ReplicatedOptimizer, Replication
+from spotnb.runtime.group.local import Group
 from spotnb.runtime.notice import Notice
-from spotnb.runtime.sharded_state import apply_loaded, has_dtensors, load_template, save_state
 
 if TYPE_CHECKING:
     # torch.distributed.checkpoint costs an instance as much start-up as torch itself (0.9 of
     # 3 CPU seconds): imported only by a job whose model holds DTensors (`_detect_sharded`)
-    from spotnb.runtime.sharded import ShardedCheckpointer
+    from spotnb.runtime.checkpoint.sharded import ShardedCheckpointer
 
 __all__ = ["Context", "CheckpointMismatch", "Evacuate", "ctx"]
 
@@ -376,7 +376,7 @@ class Context:
             return
         if self._elastic is not None:
             raise RuntimeError(_SHARDED_ELASTIC)
-        from spotnb.runtime.sharded import ShardedCheckpointer
+        from spotnb.runtime.checkpoint.sharded import ShardedCheckpointer
 
         self._sharded = ShardedCheckpointer(self._ckpt)
 
@@ -1025,7 +1025,7 @@ def ctx() -> Context:
     and returns a `ScriptContext` in a script). Raises SpotnbError outside a job."""
     if _current is None:
         from spotnb.errors import SpotnbError
-        from spotnb.runtime.script_client import _OUTSIDE
+        from spotnb.runtime.script.client import _OUTSIDE
 
         raise SpotnbError(_OUTSIDE)
     return _current

@@ -41,7 +41,7 @@ def _preload() -> None:
 
     import spotnb.runtime.agent  # noqa: F401
     from spotnb.policy import resolve_policy  # noqa: F401
-    from spotnb.runtime import context, notice, script, torchrun_group  # noqa: F401
+    from spotnb.runtime import context, notice  # noqa: F401
 
 
 def claim(path: str, text: str) -> bool:

@@ -28,8 +28,8 @@ import math
 
 import numpy as np
 
+from spotnb.market.preempt import Exponential, Never, PreemptionProcess
 from spotnb.policy.base import BatchPlan, Observation, Policy, SaveKind
-from spotnb.preempt import Exponential, Never, PreemptionProcess
 from spotnb.sim import streams
 from spotnb.sim.bounds import PLAN_EVENTS, STALL_EVENTS, Budget, NoProgress
 from spotnb.sim.lifetime import Consts, Lives, lifetimes

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from spotnb.preempt import Exponential, Piecewise, PreemptionProcess
+from spotnb.market.preempt import Exponential, Piecewise, PreemptionProcess
 
 __all__ = [
     "MAX_EVENTS",

@@ -128,9 +128,9 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_plan(args: argparse.Namespace) -> int:
     """Execute `spotnb plan`; returns the exit code."""
+    from spotnb.core.sync import parse_sync
     from spotnb.sim.fleet import plan_instances
     from spotnb.sim.scenario import Scenario
-    from spotnb.sync import parse_sync
 
     try:
         scenario = Scenario.load(args.scenario)

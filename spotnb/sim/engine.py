@@ -41,8 +41,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from spotnb.market.preempt import PreemptionProcess
 from spotnb.policy.base import Observation, Policy, SaveKind
-from spotnb.preempt import PreemptionProcess
 from spotnb.sim.bounds import (
     MAX_EVENTS,
     PLAN_EVENTS,

@@ -1,7 +1,7 @@
 """A job on several instances, simulated: liveput, cost and recompute, and how many instances
 to rent (Parcae's question) — `spotnb plan --scenario FILE --instances 1,2,4`.
 
-The model is what `spotnb.fleet` and `spotnb.runtime.elastic` do:
+The model is what `spotnb.control.fleet` and `spotnb.runtime.group.elastic` do:
 
 * `instances` slots; each is preempted by the scenario's process (its own draw per slot, or
   the same trace for every slot: a trace's waves then hit every instance at once, which is
@@ -11,7 +11,7 @@ The model is what `spotnb.fleet` and `spotnb.runtime.elastic` do:
 * With k live replicas a step of the global batch takes `step_time / k + sync_time / K` (data
   parallel; `sync_time` is one all-reduce of the model, K the steps between synchronisations
   of `sync`: 1 for ddp, K for `local_sgd:K` / `diloco:K`, and for `auto` what
-  `spotnb.sync.choose_sync` picks from the all-reduce's share of a step with k replicas).
+  `spotnb.core.sync.choose_sync` picks from the all-reduce's share of a step with k replicas).
   A kill without notice costs the survivors `pause` seconds (the lighthouse's detection;
   measured by benchmarks/bench_elastic.py) and the work the failed synchronisation undoes: the
   step in flight in ddp, the window in flight with K > 1 (`runtime.elastic` restores the
@@ -45,9 +45,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from spotnb.core.sync import SAMPLES, choose_sync, parse_sync
+from spotnb.market.preempt import PreemptionProcess
 from spotnb.policy.group import group_mttp
 from spotnb.policy.intervals import daly_interval
-from spotnb.preempt import PreemptionProcess
 from spotnb.sim.bounds import (
     MAX_EVENTS,
     PLAN_EVENTS,
@@ -59,7 +60,6 @@ from spotnb.sim.bounds import (
     fitting_steps,
 )
 from spotnb.sim.scenario import Scenario, mean_of
-from spotnb.sync import SAMPLES, choose_sync, parse_sync
 
 __all__ = [  # the bounds are `sim.bounds`'s, shared with `spotnb simulate`
     "FleetResult",

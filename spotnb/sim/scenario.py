@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from spotnb.preempt import Exponential, Never, Piecewise, PreemptionProcess
+from spotnb.market.preempt import Exponential, Never, Piecewise, PreemptionProcess
 
 __all__ = ["Scenario", "ScenarioError", "Dist", "as_range", "mean_of", "MAX_STEPS", "MAX_SECONDS"]
 

@@ -2,8 +2,8 @@
 several zones, each with its own price over time and its own preemptions (issue 10's
 DeepSpotCloud-style table: `benchmarks/bench_migration.py`).
 
-The decisions are the controller's own code — `spotnb.placement.rank_zones` picks a zone at
-each (re)launch, `spotnb.migration.best_move` behind `MoveGate` decides a voluntary move — so
+The decisions are the controller's own code — `spotnb.market.placement.rank_zones` picks a zone at
+each (re)launch, `spotnb.market.migration.best_move` behind `MoveGate` decides a voluntary move — so
 the table measures the policies spotnb runs, not a model of them. The run itself is the checkpoint model of
 ARCHITECTURE.md at the level of zones (the step-level engine, `spotnb.sim.engine`, is for one
 market): the job needs `work` seconds of compute; in a zone with mean time to preemption M it
@@ -41,11 +41,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spotnb.billing import CONTINUOUS, Billing
-from spotnb.migration import MoveGate, best_move, move_start
-from spotnb.placement import rank_zones
+from spotnb.core.billing import CONTINUOUS, Billing
+from spotnb.market.migration import MoveGate, best_move, move_start
+from spotnb.market.placement import rank_zones
+from spotnb.market.preempt import PreemptionProcess
 from spotnb.policy.intervals import daly_interval
-from spotnb.preempt import PreemptionProcess
 
 __all__ = [
     "POLICIES",

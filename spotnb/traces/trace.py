@@ -16,7 +16,7 @@ from datetime import datetime
 from importlib import resources
 from pathlib import Path
 
-from spotnb.preempt import Piecewise, TraceReplay
+from spotnb.market.preempt import Piecewise, TraceReplay
 from spotnb.traces.formats import RawTrace, parse
 
 __all__ = ["Trace", "load_trace", "trace_process", "bundled_traces", "BUNDLED"]

@@ -33,8 +33,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[tupl
 @pytest.fixture
 def ckpt(store_url: str):
     """A real checkpointer on a real directory store, with its events recorded."""
-    from spotnb.runtime.checkpoint import Checkpointer
-    from spotnb.store import Store
+    from spotnb.core.store import Store
+    from spotnb.runtime.checkpoint.checkpointer import Checkpointer
 
     rec = Recorder()
     c = Checkpointer(Store(store_url), "job", 1, rec, keep_last=2)

@@ -68,10 +68,10 @@ def ckpt_save(c: Any, step: int, kind: str = "periodic", size: int = 64) -> None
 def running_job_in_store(job_id: str) -> tuple[Any, Any, Any]:
     """A job the store and the job DB say is running, with no controller and no instance:
     (store, db, the api EventWriter, flushed)."""
-    from spotnb import protocol as ev
-    from spotnb.events import EventWriter
-    from spotnb.jobdb import JobDB
-    from spotnb.store import Store
+    from spotnb.control.jobdb import JobDB
+    from spotnb.core import protocol as ev
+    from spotnb.core.events import EventWriter
+    from spotnb.core.store import Store
 
     config = spot.Config()
     store, db = Store(config.store_url()), JobDB()

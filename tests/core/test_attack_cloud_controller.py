@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb import api, supervise
+from spotnb import api
+from spotnb.control import supervise
+from spotnb.control.jobdb import JobDB
+from spotnb.core.signing import load_key
 from spotnb.job import Job
-from spotnb.jobdb import JobDB
 from spotnb.providers.bootstrap import controller_script
-from spotnb.signing import load_key
 from tests.core import jobfns
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,7 +210,7 @@ def test_a_hosting_error_that_echoes_the_boot_script_does_not_leak_the_job_key(
     carries the job key). The job is refused with the error's text, in the store's event log
     and in what the notebook shows: the key must appear in neither. (The cloud's refusal is
     stood in for: the local market's host raises it.)"""
-    from spotnb.providers.local import LocalProvider
+    from spotnb.providers.local.provider import LocalProvider
 
     def refuse(self: Any, job_id: str, store_url: str, job_key: str) -> None:
         raise RuntimeError(f"InvalidParameterValue: UserData 'export SPOTNB_JOB_KEY={job_key}' is too long")
@@ -243,7 +244,7 @@ def test_a_hosted_job_that_ended_while_no_notebook_watched_is_not_hosted_again(
     )
     assert job.result(timeout=60) == 5
     JobDB().update_job(job.id, status="running")  # what a notebook that was closed knew
-    from spotnb.providers.local import LocalProvider
+    from spotnb.providers.local.provider import LocalProvider
 
     asked: list[str] = []
     monkeypatch.setattr(LocalProvider, "host_controller", lambda self, job_id, *a: asked.append(job_id))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import spotnb as spot
-from spotnb.runtime.checkpoint import BLOBS
+from spotnb.runtime.checkpoint.checkpointer import BLOBS
 from spotnb.runtime.context import _backup_files
 from tests.core import jobfns
 

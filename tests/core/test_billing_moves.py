@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.billing import CONTINUOUS, charge, parse_billing
+from spotnb.core.billing import CONTINUOUS, charge, parse_billing
 from tests.core import jobfns
 from tests.core.helpers import assert_matches_reference
 

@@ -93,8 +93,8 @@ def test_a_save_behind_a_queued_one_takes_its_buffers_not_a_third_copy(store_url
     times in RAM (and the training thread never page-faults a fresh copy in)."""
     import threading
 
-    from spotnb.runtime import checkpoint
-    from spotnb.store import Store
+    from spotnb.core.store import Store
+    from spotnb.runtime.checkpoint import checkpointer as checkpoint
     from tests.core.helpers import Recorder
 
     writing, release = threading.Event(), threading.Event()

@@ -20,12 +20,12 @@ import pytest
 
 import spotnb as spot
 from spotnb import api
+from spotnb.control.jobdb import JobDB
+from spotnb.control.supervise import ensure_controller
+from spotnb.core.signing import load_key
 from spotnb.errors import ConfigError
 from spotnb.job import Job
-from spotnb.jobdb import JobDB
 from spotnb.providers.bootstrap import controller_script
-from spotnb.signing import load_key
-from spotnb.supervise import ensure_controller
 from tests.core import jobfns
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import sys
 import time
 
 import spotnb as spot
-from spotnb.jobdb import JobDB
+from spotnb.control.jobdb import JobDB
 from tests.core import jobfns
 from tests.core.helpers import assert_matches_reference, wait_progress
 
@@ -80,7 +80,7 @@ def test_a_sigkilled_controller_is_replaced(reference, monkeypatch) -> None:
 
 
 def test_two_controllers_never_drive_one_job(monkeypatch) -> None:
-    from spotnb.supervise import start_controller
+    from spotnb.control.supervise import start_controller
 
     job = spot.train(
         __import__("functools").partial(jobfns.slow_steps, steps=150, step_time=0.01),

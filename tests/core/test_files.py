@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 import spotnb as spot
+from spotnb.core.store import Store
 from spotnb.errors import ConfigError
-from spotnb.store import Store
 
 SHIP = [__name__]  # this module by value: its helpers run on the instance
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,9 +93,9 @@ def test_too_many_bytes_are_refused_before_anything_is_submitted(
     notebook: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     nb, src = notebook
-    import spotnb.files
+    import spotnb.core.files
 
-    monkeypatch.setattr(spotnb.files, "FILES_MAX_BYTES", 200)
+    monkeypatch.setattr(spotnb.core.files, "FILES_MAX_BYTES", 200)
     with pytest.raises(
         ConfigError,
         match=r"Config.files: '.*data' \(.*\) brings the files .* to "
@@ -111,9 +111,9 @@ def test_the_boot_script_lays_the_files_out_in_its_workdir(
     """The cloud path without a cloud: the real boot script runs the real agent, which finds
     the files in the store and writes them under SPOTNB_WORKDIR."""
     from spotnb import api
+    from spotnb.core.signing import load_key
     from spotnb.providers.base import LaunchSpec
     from spotnb.providers.bootstrap import bootstrap_script
-    from spotnb.signing import load_key
 
     nb, src = notebook
     config = spot.Config(ship_modules=SHIP, files=["conf/params.json", str(src / "data")])
@@ -160,13 +160,13 @@ def test_the_boot_script_lays_the_files_out_in_its_workdir(
         "PYTHONPATH": str(ROOT),
     }
     subprocess.run(["bash", str(script)], env=env, cwd=elsewhere, timeout=300, check=True)
-    from spotnb.events import read_all
+    from spotnb.core.events import read_all
 
     kinds = [e["kind"] for e in read_all(store, job.id)]  # no controller: read the log itself
     assert "done" in kinds and "error" not in kinds, kinds
     import cloudpickle
 
-    from spotnb.signing import unseal
+    from spotnb.core.signing import unseal
 
     seen = cloudpickle.loads(
         unseal(key, job.id, "result.pkl", store.read_bytes(store.job(job.id, "result.pkl")))
@@ -187,7 +187,7 @@ def _tree(root: Path) -> Path:
 
 
 def _collect(paths: list[str], cwd: Path) -> dict[str, bytes]:
-    from spotnb.files import collect
+    from spotnb.core.files import collect
 
     return {e["path"]: Path(e["source"]).read_bytes() for e in collect(paths, str(cwd))}
 
@@ -222,7 +222,7 @@ def test_a_dangling_link_in_a_folder_is_refused_naming_the_link_its_target_and_t
     ids=["self", "pair", "to-ancestor", "to-dot"],
 )
 def test_a_loop_of_links_is_refused(tmp_path: Path, make: Any, words: str) -> None:
-    from spotnb.files import FilesError, collect
+    from spotnb.core.files import FilesError, collect
 
     data = _tree(tmp_path)
     make(data)
@@ -257,20 +257,20 @@ def test_an_unreadable_file_or_folder_is_refused_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """chmod 0 does not stop root (the test may run as root): the refusals are made to happen."""
-    import spotnb.files
-    from spotnb.files import FilesError, collect
+    import spotnb.core.files
+    from spotnb.core.files import FilesError, collect
 
     data = _tree(tmp_path)
     (data / "sub" / "secret.key").write_bytes(b"k")
     (data / "locked").mkdir()
-    real_hash, real_scandir = spotnb.files._sha256, os.scandir
+    real_hash, real_scandir = spotnb.core.files._sha256, os.scandir
 
     def hash_(path: str, most: int | None = None) -> str:
         if path.endswith("secret.key"):
             raise PermissionError(13, "Permission denied", path)
         return real_hash(path, most)
 
-    monkeypatch.setattr(spotnb.files, "_sha256", hash_)
+    monkeypatch.setattr(spotnb.core.files, "_sha256", hash_)
     with pytest.raises(
         FilesError, match=r"secret.key cannot be read \(Permission denied\); make it readable"
     ):
@@ -282,7 +282,7 @@ def test_an_unreadable_file_or_folder_is_refused_naming_it(
             raise PermissionError(13, "Permission denied", path)
         return real_scandir(path)
 
-    monkeypatch.setattr(spotnb.files.os, "scandir", scandir)
+    monkeypatch.setattr(spotnb.core.files.os, "scandir", scandir)
     # os.walk skipped such a folder silently: the job ran without its files
     with pytest.raises(FilesError, match=r"the folder .*locked cannot be listed \(Permission denied\)"):
         collect(["data"], str(tmp_path))
@@ -293,14 +293,14 @@ def test_pipes_and_sockets_are_left_out_with_a_warning_and_refused_when_named(
 ) -> None:
     import socket
 
-    from spotnb.files import FilesError, collect
+    from spotnb.core.files import FilesError, collect
 
     data = _tree(tmp_path)
     os.mkfifo(data / "fifo")  # opening it to hash it would block for ever
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(data / "sub" / "s.sock"))
     try:
-        with caplog.at_level("WARNING", logger="spotnb.files"):
+        with caplog.at_level("WARNING", logger="spotnb.core.files"):
             got = _collect(["data"], tmp_path)
         assert set(got) == {"data/a.txt", "data/sub/b.txt"}
         assert "2 entries left out" in caplog.text and "named pipe" in caplog.text and "socket" in caplog.text
@@ -317,17 +317,17 @@ def test_too_many_files_are_refused_before_any_is_hashed(
 ) -> None:
     """100,000 small files made a 13 MB signed spec and 100,000 uploads: refused, naming the
     fix (the count is checked as the tree is walked, not after hashing it all)."""
-    import spotnb.files
-    from spotnb.files import FilesError, collect
+    import spotnb.core.files
+    from spotnb.core.files import FilesError, collect
 
     data = tmp_path / "many"
     data.mkdir()
     for i in range(60):
         (data / f"f{i:03d}.txt").write_bytes(b"%d" % i)
-    monkeypatch.setattr(spotnb.files, "FILES_MAX_COUNT", 50)
+    monkeypatch.setattr(spotnb.core.files, "FILES_MAX_COUNT", 50)
     hashed = []
-    real = spotnb.files._sha256
-    monkeypatch.setattr(spotnb.files, "_sha256", lambda p, most=None: hashed.append(p) or real(p, most))
+    real = spotnb.core.files._sha256
+    monkeypatch.setattr(spotnb.core.files, "_sha256", lambda p, most=None: hashed.append(p) or real(p, most))
     with pytest.raises(FilesError, match=r"more than 50, spotnb's limit .* pack them \(tar or zip"):
         collect(["many"], str(tmp_path))
     assert len(hashed) == 50
@@ -337,7 +337,7 @@ def test_too_many_files_are_refused_before_any_is_hashed(
 def test_a_file_that_grows_while_it_is_read_is_refused(tmp_path: Path) -> None:
     """A /proc file says 0 bytes and holds more (/proc/self/pagemap holds terabytes): reading
     it to its end hashed for ever; a log being written would ship other bytes than it hashed."""
-    from spotnb.files import FilesError, collect
+    from spotnb.core.files import FilesError, collect
 
     data = _tree(tmp_path)
     (data / "status").symlink_to("/proc/self/status")

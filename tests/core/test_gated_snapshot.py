@@ -19,10 +19,10 @@ import threading
 import pytest
 import torch
 
-from spotnb.runtime import chunked
-from spotnb.runtime.checkpoint import Checkpointer
-from spotnb.runtime.chunked import DATA_NAME
-from spotnb.store import Store
+from spotnb.core.store import Store
+from spotnb.runtime.checkpoint import chunked
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer
+from spotnb.runtime.checkpoint.chunked import DATA_NAME
 from tests.core.helpers import Recorder, assert_same_state
 
 MB = 1024 * 1024
@@ -241,7 +241,7 @@ def test_a_step_waiting_mid_write_stops_the_inline_hash_and_the_rest_is_hashed_a
     (restore verifies it), and the wait was not spent hashing."""
     from blake3 import blake3
 
-    from spotnb.runtime import digest
+    from spotnb.runtime.checkpoint import digest
 
     model, opt = _model()
     c = Checkpointer(Store(store_url), "job", 1, Recorder())
@@ -310,9 +310,9 @@ def test_a_full_spool_disk_during_the_gated_write_opens_the_gate_and_fails_the_s
 
 _KILLED = """
 import sys, threading, torch
-from spotnb.runtime import chunked
-from spotnb.runtime.checkpoint import Checkpointer
-from spotnb.store import Store
+from spotnb.runtime.checkpoint import chunked
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer
+from spotnb.core.store import Store
 
 torch.manual_seed(0)
 w = torch.nn.Linear(1024, 1024)

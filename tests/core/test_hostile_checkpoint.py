@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import spotnb as spot
-from spotnb.runtime.checkpoint import Checkpointer, InvalidManifest, Manifest
-from spotnb.store import Store
+from spotnb.core.store import Store
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer, InvalidManifest, Manifest
 from tests.core import jobfns
 from tests.core.helpers import Recorder, ckpt_save, ckpt_state, mounted_tmpfs
 

@@ -15,9 +15,9 @@ import pytest
 
 import spotnb as spot
 from spotnb.cli import main as cli
+from spotnb.control.jobdb import JobDB
 from spotnb.errors import SpotnbError
-from spotnb.jobdb import JobDB
-from spotnb.server.data import JobViews
+from spotnb.views.server.data import JobViews
 from tests.core import jobfns
 from tests.core.helpers import (
     Until,
@@ -212,7 +212,7 @@ def test_a_store_full_for_a_few_seconds_does_not_end_the_job(monkeypatch) -> Non
     disk full while the agent's checkpoint took the space): it keeps the events and retries."""
     import errno
 
-    from spotnb.store import Store
+    from spotnb.core.store import Store
 
     full_until = [0.0]
     real = Store.write_bytes
@@ -245,12 +245,12 @@ def test_spotnb_stop_ends_a_job_whose_controller_cannot_run(capsys, monkeypatch)
     import subprocess
     import sys
 
-    import spotnb.supervise
+    import spotnb.control.supervise
 
     def crashing_controller(job_id: str, store_url: str) -> int:
         return subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"]).pid
 
-    monkeypatch.setattr(spotnb.supervise, "start_controller", crashing_controller)
+    monkeypatch.setattr(spotnb.control.supervise, "start_controller", crashing_controller)
     job_id = "job-no-controller"
     store, db, _ = running_job_in_store(job_id)
     store.write_bytes(store.job(job_id, "spec.json"), b"{}")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.ledger import CATEGORIES
+from spotnb.core.ledger import CATEGORIES
 from tests.core import jobfns
 
 SHIP = ["tests.core.jobfns", __name__]
@@ -87,7 +87,7 @@ def test_values_json_cannot_carry_reach_no_reader_as_an_error() -> None:
     for args in (("show", job.id), ("logs", job.id)):
         out = _cli(*args)
         assert out.returncode == 0, out.stderr
-    from spotnb.server.data import JobViews
+    from spotnb.views.server.data import JobViews
 
     detail = JobViews().detail(job.id)
     assert detail is not None and detail["status"] == "succeeded"
@@ -126,10 +126,10 @@ def test_readers_survive_a_corrupt_or_foreign_event_log() -> None:
     b = again.breakdown()
     assert sum(getattr(b, c) for c in CATEGORIES) == pytest.approx(b.total, rel=1e-6)
     assert [s for s, _ in again.metrics["step_value"]] == list(range(20))
-    from spotnb.server.data import JobViews
+    from spotnb.views.server.data import JobViews
 
     assert JobViews().detail(job.id)["status"] == "succeeded"
-    from spotnb.state import JobState
+    from spotnb.core.state import JobState
 
     state = JobState()
     state.feed_events(again.events)
@@ -222,7 +222,7 @@ def test_a_restart_from_zero_after_every_checkpoint_vanished_is_said(tmp_path: P
     warnings = [e for e in job.events if e["kind"] == "warning" and e.get("restart_from_zero")]
     assert len(warnings) == 1 and warnings[0]["incarnation"] == 2
     assert warnings[0]["high_water"] >= 30 and "step 0" in warnings[0]["message"]
-    from spotnb.widget.text import event_line
+    from spotnb.views.widget.text import event_line
 
     assert "step 0" in (event_line(warnings[0]) or "")  # the feed shows it
 
@@ -241,8 +241,8 @@ def test_a_failing_pre_commit_flush_aborts_the_commit(tmp_path: Path) -> None:
     when that fails, the checkpoint is not committed (and the previous one stays)."""
     import torch
 
-    from spotnb.runtime.checkpoint import Checkpointer
-    from spotnb.store import Store
+    from spotnb.core.store import Store
+    from spotnb.runtime.checkpoint.checkpointer import Checkpointer
 
     store = Store(tmp_path.as_uri())
     events: list[tuple[str, dict]] = []

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import spotnb as spot
+from spotnb.core.store import Store
 from spotnb.policy.base import Observation, emergency_feasible
-from spotnb.runtime.checkpoint import Checkpointer
-from spotnb.runtime.incremental import frozen_tensors
-from spotnb.store import Store
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer
+from spotnb.runtime.checkpoint.incremental import frozen_tensors
 from tests.core import jobfns
 from tests.core.helpers import Recorder, assert_matches_reference
 

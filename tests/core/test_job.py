@@ -10,8 +10,8 @@ import sys
 import pytest
 
 import spotnb as spot
-from spotnb.ledger import CATEGORIES
-from spotnb.prices import lookup_price
+from spotnb.core.ledger import CATEGORIES
+from spotnb.market.prices import lookup_price
 from tests.core import jobfns
 
 SHIP = ["tests.core.jobfns"]

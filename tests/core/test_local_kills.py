@@ -19,8 +19,8 @@ import pytest
 
 import spotnb as spot
 from spotnb.providers.base import InstanceState, LaunchSpec
-from spotnb.providers.local import LocalProvider
-from spotnb.providers.local import injector as injector_mod
+from spotnb.providers.local.provider import LocalProvider
+from spotnb.providers.local.provider import injector as injector_mod
 from spotnb.providers.local.zygote import Forked, Zygote, _stat
 
 

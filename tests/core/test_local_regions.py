@@ -95,10 +95,10 @@ def test_bad_zones_are_refused_before_anything_launches(fields: dict[str, Any], 
 def test_the_timeline_names_the_zone_of_each_instance_once_the_job_moved() -> None:
     """The lanes of a job that ran in two zones say where each instance ran (the instance
     type, the same for all, is in the hover); a job in one zone keeps the type."""
-    from spotnb.protocol import from_json
-    from spotnb.state import JobState
-    from spotnb.widget.figures import static_figures_from_state
-    from spotnb.widget.synthetic import synthetic_events
+    from spotnb.core.protocol import from_json
+    from spotnb.core.state import JobState
+    from spotnb.views.widget.figures import static_figures_from_state
+    from spotnb.views.widget.synthetic import synthetic_events
 
     def lanes(state: JobState) -> list[str]:  # the names the timeline's lanes are ticked with
         return list(static_figures_from_state(state)["timeline"].layout.yaxis.ticktext)
@@ -116,7 +116,7 @@ def test_the_configs_prices_price_the_local_market_and_its_dry_run() -> None:
     """Config.price_spot / price_on_demand were ignored by the local market: its prices (the
     widget's price lines, the placement) and the dry run showed the table's $0.158/$0.526 for
     g4dn.xlarge. Nothing is launched here."""
-    from spotnb.providers.local import LocalProvider
+    from spotnb.providers.local.provider import LocalProvider
 
     config = spot.Config(price_spot=5.0, price_on_demand=9.0, ship_modules=SHIP)
     prices = LocalProvider(config).prices(config.instance_type_name())

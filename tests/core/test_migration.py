@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.migration import MIN_GAIN, best_move
-from spotnb.placement import rank_zones
-from spotnb.widget.figures import timeline_traces
-from spotnb.widget.text import event_line
+from spotnb.market.migration import MIN_GAIN, best_move
+from spotnb.market.placement import rank_zones
+from spotnb.views.widget.figures import timeline_traces
+from spotnb.views.widget.text import event_line
 from tests.core import jobfns
 from tests.core.helpers import assert_matches_reference
 

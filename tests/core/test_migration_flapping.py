@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from spotnb.migration import MoveGate, best_move, best_replica_move
-from spotnb.placement import rank_zones
+from spotnb.market.migration import MoveGate, best_move, best_replica_move
+from spotnb.market.placement import rank_zones
 
 NAN = float("nan")
 LOW, HIGH = 0.02, 0.30
@@ -83,7 +83,7 @@ def test_the_wait_says_how_often_the_zone_flipped_and_how_long_it_must_stay_chea
     said: list[str] = []
     gate, here = MoveGate(), "zone-a"
     prices = flapping()
-    with caplog.at_level(logging.INFO, logger="spotnb.migration"):
+    with caplog.at_level(logging.INFO, logger="spotnb.market.migration"):
         for t in range(60):
             move = gate.admit(best_move(_ranked(prices(t)), here, 0.5), float(t))
             if move is not None:
@@ -95,7 +95,7 @@ def test_the_wait_says_how_often_the_zone_flipped_and_how_long_it_must_stay_chea
     assert last.startswith("waiting: zone-") and "flipped" in last and "times in the last" in last
     assert "it must stay cheaper for 12 s" in last, last  # twice its usual 6 s spell
     # logged once a spell, not once a look
-    logged = [r.getMessage() for r in caplog.records if r.name == "spotnb.migration"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "spotnb.market.migration"]
     assert logged and len(logged) < len(said), (len(logged), len(said))
 
 

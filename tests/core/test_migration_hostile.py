@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.migration import MoveGate, best_move
-from spotnb.placement import rank_zones
+from spotnb.market.migration import MoveGate, best_move
+from spotnb.market.placement import rank_zones
 from tests.core import jobfns
 from tests.core.helpers import assert_matches_reference
 
@@ -82,11 +82,11 @@ def test_prices_that_flap_every_second_do_not_make_the_job_move_back_and_forth()
 
 # -- the move's save fails ----------------------------------------------------------------------
 def _context(store_url: str) -> tuple[Any, Any, list[tuple[str, dict]]]:
+    from spotnb.core.store import Store
     from spotnb.policy import resolve_policy
     from spotnb.runtime.beacon import Beacon
-    from spotnb.runtime.checkpoint import Checkpointer
+    from spotnb.runtime.checkpoint.checkpointer import Checkpointer
     from spotnb.runtime.context import Context
-    from spotnb.store import Store
 
     events: list[tuple[str, dict]] = []
 
@@ -163,7 +163,7 @@ def test_a_store_refusing_the_move_request_and_save_and_a_new_instance_that_gave
     the overlaps included."""
     import errno
 
-    from spotnb.store import Store
+    from spotnb.core.store import Store
 
     refused: list[str] = []
     real = Store.write_bytes
@@ -226,9 +226,9 @@ def test_a_successor_controller_does_not_count_the_moves_waiting_instance_as_a_p
     else lost (its controller died while it trained, as for any job). Recovery is driven here
     on the job's log in the store, in this process: the old log is exactly what the real run
     left."""
-    from spotnb import protocol as ev
-    from spotnb.controller import Controller
-    from spotnb.events import EventWriter
+    from spotnb.control.controller import Controller
+    from spotnb.core import protocol as ev
+    from spotnb.core.events import EventWriter
     from spotnb.job import Job
     from spotnb.providers import get_provider_class
     from tests.core.helpers import running_job_in_store

@@ -13,19 +13,19 @@ import pytest
 import torch
 
 import spotnb as spot
-from spotnb import protocol as ev
-from spotnb.controller import Controller
-from spotnb.events import EventWriter
+from spotnb.control.controller import Controller
+from spotnb.core import protocol as ev
+from spotnb.core.events import EventWriter
+from spotnb.core.store import Store
 from spotnb.job import Job
 from spotnb.policy import resolve_policy
 from spotnb.policy.base import SaveKind
 from spotnb.providers import get_provider_class
 from spotnb.providers.local.injector import Injector
 from spotnb.runtime.beacon import Beacon
-from spotnb.runtime.checkpoint import Checkpointer
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer
 from spotnb.runtime.context import Context, Evacuate
 from spotnb.runtime.notice import Notice
-from spotnb.store import Store
 from tests.core.helpers import running_job_in_store
 
 
@@ -197,7 +197,7 @@ def test_a_restarted_controller_ends_a_job_its_predecessor_had_finished(reason, 
     ctl.emit(ev.Exited(instance_id="local-gone", reason=ev.Outcome(reason), code=0))
     ctl.flush()
     if reason == "done":
-        from spotnb.signing import new_key, save_key, seal
+        from spotnb.core.signing import new_key, save_key, seal
 
         key = new_key()
         save_key(job_id, key)

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.jobdb import JobDB
-from spotnb.store import Store
+from spotnb.control.jobdb import JobDB
+from spotnb.core.store import Store
 from tests.core import jobfns
 from tests.core.helpers import assert_matches_reference
 

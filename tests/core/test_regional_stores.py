@@ -1,4 +1,4 @@
-"""Checkpoints in several stores (`Config.regional_stores`, `spotnb.regional`): the copy, the
+"""Checkpoints in several stores (`Config.regional_stores`, `spotnb.market.regional`): the copy, the
 restore across stores with its fall-backs, pruning across stores, the cost rule and the
 refusals. Real checkpointers on real folders; no job runs here (tests/core/test_regional.py
 runs jobs)."""
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import spotnb as spot
-from spotnb.regional import CopyFailed, Regional, choose, copy_checkpoint, newest_committed
-from spotnb.runtime.checkpoint import Checkpointer
-from spotnb.store import Store
+from spotnb.core.store import Store
+from spotnb.market.regional import CopyFailed, Regional, choose, copy_checkpoint, newest_committed
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer
 from tests.core.helpers import Recorder, ckpt_save, mounted_tmpfs
 
 KEY = b"k" * 32
@@ -308,7 +308,7 @@ def test_an_instance_whose_regional_store_cannot_be_opened_saves_at_home_and_sti
 
 
 def _agent_events(store: Store) -> list[Any]:
-    from spotnb.events import EventReader
+    from spotnb.core.events import EventReader
 
     return EventReader(store, JOB).poll()
 
@@ -477,7 +477,7 @@ def test_temp_files_a_killed_copy_or_save_left_among_the_blobs_are_removed_once_
     may be a live writer's and stays."""
     import time
 
-    from spotnb.store import STALE_TEMP_S
+    from spotnb.core.store import STALE_TEMP_S
 
     home, reg = stores
     ck, _ = _ck(home)

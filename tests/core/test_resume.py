@@ -64,7 +64,7 @@ def test_bit_exact_resume_after_kills_during_steps_saves_and_uploads(reference) 
 
 def test_partial_uploads_never_become_checkpoints(reference, store_url: str) -> None:
     """A kill during an upload leaves files without a manifest; restore never uses them."""
-    from spotnb.store import Store
+    from spotnb.core.store import Store
 
     config = spot.Config(
         checkpoint="static:20",

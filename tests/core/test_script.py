@@ -19,16 +19,16 @@ import cloudpickle
 import pytest
 
 import spotnb as spot
+from spotnb.control.jobdb import JobDB
+from spotnb.core.spec import ScriptSpec
+from spotnb.core.store import Store
 from spotnb.errors import ConfigError
-from spotnb.jobdb import JobDB
 from spotnb.policy import resolve_policy
 from spotnb.runtime.beacon import Beacon
-from spotnb.runtime.checkpoint import Checkpointer
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer
 from spotnb.runtime.context import Context, Evacuate
 from spotnb.runtime.notice import Notice
-from spotnb.runtime.script import ScriptFailed, ScriptRunner
-from spotnb.spec import ScriptSpec
-from spotnb.store import Store
+from spotnb.runtime.script.runner import ScriptFailed, ScriptRunner
 from tests.core.helpers import wait_for
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -206,7 +206,7 @@ def test_a_script_that_never_reaches_spotnb_is_said_ready_after_a_while(
 ) -> None:
     """A script that never calls spotnb.ctx() marks no step: it is said ready (the job reads
     running) once it has run `PLAIN_READY_S` without reaching spotnb, not never."""
-    import spotnb.runtime.script as script_mod
+    import spotnb.runtime.script.runner as script_mod
 
     monkeypatch.setattr(script_mod, "PLAIN_READY_S", 0.3)
     make, ctx, events = runner
@@ -278,7 +278,7 @@ def _dead(pid: int) -> bool:
 def test_the_script_dies_with_its_agent() -> None:
     """A script whose agent died (killed alone, crashed) must not train on unseen on a paid
     instance: it is started so that the kernel ends it with its parent."""
-    from spotnb.runtime.script import _BOOT
+    from spotnb.runtime.script.runner import _BOOT
 
     agent = subprocess.Popen(
         [

@@ -13,7 +13,7 @@ import pytest
 
 from spotnb.runtime.context import Evacuate
 from spotnb.runtime.notice import Notice
-from spotnb.runtime.script import ScriptFailed
+from spotnb.runtime.script.runner import ScriptFailed
 from tests.core import test_script
 from tests.core.helpers import wait_for
 
@@ -35,7 +35,7 @@ def test_a_script_that_ignores_sigterm_is_killed_at_the_deadline_and_preempted(
     """A notice whose deadline passes without the instance ending (a market that is late): the
     script that ignored its SIGTERM must not train on past it, unseen by the policy; it is
     killed and the instance reported evacuated, so that the job goes on elsewhere."""
-    import spotnb.runtime.script as script_mod
+    import spotnb.runtime.script.runner as script_mod
 
     monkeypatch.setattr(script_mod, "PAST_DEADLINE_S", 0.5)
     make, ctx, events = runner
@@ -111,7 +111,7 @@ def test_on_the_market_a_stubborn_script_with_an_odd_name_is_preempted_and_relau
     second run gets its name (spaces, non-ASCII) and arguments (empty, `--`, non-ASCII) as
     given, and neither it nor its parent's environment holds the job key."""
     import spotnb as spot
-    from spotnb.home import spotnb_home as spot_home
+    from spotnb.core.home import spotnb_home as spot_home
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "my train ü.py").write_text(STUBBORN, encoding="utf-8")
@@ -142,7 +142,7 @@ def test_the_cli_refuses_bad_input_before_launching(tmp_path: Path, argv: list[s
     import subprocess
     import sys
 
-    from spotnb.jobdb import JobDB
+    from spotnb.control.jobdb import JobDB
 
     (tmp_path / "train.py").write_text("print('hi')\n")
     done = subprocess.run(

@@ -18,9 +18,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from spotnb.runtime.checkpoint import Checkpointer, Manifest
-from spotnb.runtime.sharded import MARKER, ShardedCheckpointer, is_sharded
-from spotnb.store import Store
+from spotnb.core.store import Store
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer, Manifest
+from spotnb.runtime.checkpoint.sharded import MARKER, ShardedCheckpointer, is_sharded
 from tests.core.helpers import EventList, free_port, gloo_mesh
 
 ROWS, COLS = 12, 5

@@ -20,9 +20,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from spotnb.runtime.checkpoint import Checkpointer, Manifest
-from spotnb.runtime.sharded import SHARD_DIR, ShardedCheckpointer
-from spotnb.store import Store
+from spotnb.core.store import Store
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer, Manifest
+from spotnb.runtime.checkpoint.sharded import SHARD_DIR, ShardedCheckpointer
 from tests.core.helpers import EventList, free_port, gloo_mesh
 
 # 128 kB per process's shard on 2 processes: above the small-entry threshold (64 kB)
@@ -233,7 +233,7 @@ def _full_disk_worker(rank: int, world: int, port: int, url: str, out: str) -> N
     DCP writes its shard of step 4 (before any upload)."""
     import torch.distributed as dist
 
-    from spotnb.runtime import sharded as sharded_mod
+    from spotnb.runtime.checkpoint import sharded as sharded_mod
 
     mesh = gloo_mesh(rank, world, port)
     events = EventList()
@@ -327,7 +327,7 @@ def _old_format_worker(rank: int, world: int, port: int, url: str) -> None:
     """Saves as the version before the split did: one file per process holding everything."""
     import torch.distributed as dist
 
-    from spotnb.runtime import sharded as sharded_mod
+    from spotnb.runtime.checkpoint import sharded as sharded_mod
 
     sharded_mod._SplitWriter = sharded_mod.dcp.FileSystemWriter  # type: ignore[misc, assignment]
     mesh = gloo_mesh(rank, world, port)

@@ -12,12 +12,12 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from spotnb.core.store import Store
 from spotnb.policy import resolve_policy
 from spotnb.runtime.beacon import Beacon
-from spotnb.runtime.checkpoint import Checkpointer
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer
 from spotnb.runtime.context import Context
-from spotnb.runtime.local_group import Group
-from spotnb.store import Store
+from spotnb.runtime.group.local import Group
 from tests.core.helpers import free_port
 from tests.elastic import procfns
 

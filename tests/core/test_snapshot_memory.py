@@ -13,14 +13,14 @@ import pytest
 import torch
 
 import spotnb as spot
+from spotnb.core.store import Store
 from spotnb.errors import ConfigError
 from spotnb.policy import resolve_policy
-from spotnb.runtime import checkpoint
 from spotnb.runtime.beacon import Beacon
-from spotnb.runtime.checkpoint import Checkpointer
-from spotnb.runtime.chunked import DATA_NAME
+from spotnb.runtime.checkpoint import checkpointer as checkpoint
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer
+from spotnb.runtime.checkpoint.chunked import DATA_NAME
 from spotnb.runtime.context import Context
-from spotnb.store import Store
 from tests.core import jobfns
 from tests.core.helpers import Recorder, assert_same_state
 
@@ -265,7 +265,7 @@ def test_a_job_with_a_small_snapshot_budget_is_preempted_and_resumes_bit_exactly
     import functools
 
     import spotnb as spot
-    from spotnb.store import Store
+    from spotnb.core.store import Store
     from tests.core import jobfns
     from tests.core.helpers import assert_matches_reference
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 import spotnb as spot
+from spotnb.core.store import Store
 from spotnb.errors import SpotnbError
-from spotnb.store import Store
 from tests.core import jobfns
 
 SHIP = ["tests.core.jobfns", __name__]  # this module by value: its helpers run on the instance
@@ -106,7 +106,7 @@ def test_a_forged_result_is_refused_and_never_runs(tmp_path: Path, spotnb_home: 
     job.store.write_bytes(path, genuine)
     assert job.result() == 5
     # the key stays on this machine, owner-only, and is nowhere in the store or the logs
-    from spotnb.signing import key_path, load_key
+    from spotnb.core.signing import key_path, load_key
 
     assert stat.S_IMODE(key_path(job.id).stat().st_mode) == 0o600
     assert stat.S_IMODE(key_path(job.id).parent.stat().st_mode) == 0o700
@@ -196,8 +196,8 @@ def test_a_job_of_the_previous_spotnb_is_read_without_unpickling_its_config(
     controller reads it as JSON, never unpickles config.pkl, and the instance refuses to run
     the unsigned job with a clear error."""
     from spotnb.api import run_controller
-    from spotnb.jobdb import JobDB
-    from spotnb.spec import load_spec
+    from spotnb.control.jobdb import JobDB
+    from spotnb.core.spec import load_spec
 
     store = Store(store_url)
     job_id = json.loads((FIXTURE / "spec.json").read_text())["job_id"]
@@ -231,8 +231,8 @@ def test_a_job_of_the_previous_spotnb_is_read_without_unpickling_its_config(
 
 def test_a_forged_unsigned_spec_is_refused_for_a_job_with_a_key(store_url: str) -> None:
     """Downgrading a signed job to the old layout (to steer its settings) is caught."""
-    from spotnb.signing import load_key
-    from spotnb.spec import SpecError, load_spec
+    from spotnb.core.signing import load_key
+    from spotnb.core.spec import SpecError, load_spec
 
     job = spot.train(
         functools.partial(jobfns.slow_steps, steps=3, step_time=0.0),
@@ -297,8 +297,8 @@ def test_a_controller_ends_a_job_whose_spec_was_tampered_with(store_url: str) ->
 
 
 def test_a_spec_of_an_unknown_version_is_refused_clearly(store_url: str) -> None:
-    from spotnb.signing import new_key
-    from spotnb.spec import JobSpec, SpecError, load_spec, write_spec
+    from spotnb.core.signing import new_key
+    from spotnb.core.spec import JobSpec, SpecError, load_spec, write_spec
 
     store, key = Store(store_url), new_key()
     spec = JobSpec(job_id="j1", created=1.0, spotnb_version="9", cwd="/", config={}, spec_version=2)

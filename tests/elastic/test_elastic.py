@@ -15,7 +15,7 @@ import pytest
 
 import spotnb as spot
 from spotnb.errors import ConfigError
-from spotnb.widget.figures import REPLICA_LANE
+from spotnb.views.widget.figures import REPLICA_LANE
 from tests.core import jobfns
 
 SHIP = ["tests.core.jobfns"]
@@ -191,7 +191,7 @@ def test_a_provider_without_a_coordinator_refuses_several_instances(monkeypatch:
     """Every built-in provider has a coordinator now; a provider that has none (a third-party
     one that does not implement `Provider.coordinator`) refuses before anything launches."""
     from spotnb.providers.base import Feature, Provider
-    from spotnb.providers.local import LocalProvider
+    from spotnb.providers.local.provider import LocalProvider
 
     class NoCoordinator(LocalProvider):
         name = "nocoord"

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 import spotnb as spot
-from spotnb.runtime.elastic import COLLECTIVE_TIMEOUT
+from spotnb.runtime.group.elastic import COLLECTIVE_TIMEOUT
 from tests.core import jobfns
 from tests.core.helpers import wait_for, wait_progress
 
@@ -24,7 +24,7 @@ def _lighthouses(job_id: str) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "spotnb.runtime.lighthouse" in cmd and job_id in cmd:
+        if "spotnb.runtime.group.lighthouse" in cmd and job_id in cmd:
             out.append(p)
     return out
 
@@ -87,7 +87,7 @@ def test_a_sigkilled_controller_is_replaced_and_the_fleet_starts_again(monkeypat
     from the store. Nothing is applied twice."""
     import time
 
-    from spotnb.jobdb import JobDB
+    from spotnb.control.jobdb import JobDB
 
     monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
     steps = 120

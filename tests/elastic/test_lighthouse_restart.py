@@ -23,8 +23,8 @@ pytest.importorskip("torchft", reason="spotnb[elastic] is installed by scripts/s
 
 import torch  # noqa: E402
 
-from spotnb.runtime import elastic  # noqa: E402
-from spotnb.sync import SyncSpec  # noqa: E402
+from spotnb.core.sync import SyncSpec  # noqa: E402
+from spotnb.runtime.group import elastic  # noqa: E402
 
 WIDTH = 4
 
@@ -85,8 +85,16 @@ class _Replica:
 
 
 def _lighthouse(port: int = 0) -> tuple[subprocess.Popen, int]:
-    """The job's coordinator as the local market runs it (`spotnb.runtime.lighthouse`)."""
-    cmd = [sys.executable, "-m", "spotnb.runtime.lighthouse", "--min-replicas", "2", "--bind", f"[::]:{port}"]
+    """The job's coordinator as the local market runs it (`spotnb.runtime.group.lighthouse`)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "spotnb.runtime.group.lighthouse",
+        "--min-replicas",
+        "2",
+        "--bind",
+        f"[::]:{port}",
+    ]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     line = proc.stdout.readline().decode().strip()

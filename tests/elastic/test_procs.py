@@ -22,7 +22,7 @@ import pytest
 
 import spotnb as spot
 from spotnb.errors import ConfigError
-from spotnb.gpus import gpu_count
+from spotnb.market.gpus import gpu_count
 from tests.core.helpers import wait_for, wait_progress
 from tests.elastic import procfns
 
@@ -55,7 +55,7 @@ def _children(job_id: str) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "spotnb.runtime.local_rank" in cmd and job_id in cmd:
+        if "spotnb.runtime.group.local_rank" in cmd and job_id in cmd:
             found.append(p)
     return found
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import spotnb as spot
-from spotnb.signing import load_key
+from spotnb.core.signing import load_key
 from tests.core.helpers import wait_for, wait_progress
 from tests.elastic import procfns
 
@@ -29,7 +29,7 @@ def _ranks(job_id: str) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "spotnb.runtime.local_rank" in cmd and job_id in cmd:
+        if "spotnb.runtime.group.local_rank" in cmd and job_id in cmd:
             found.append(p)
     return found
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.sync import SAMPLES, SWITCH_DOWN, SWITCH_UP, choose_sync, parse_sync
+from spotnb.core.sync import SAMPLES, SWITCH_DOWN, SWITCH_UP, choose_sync, parse_sync
 from tests.core import jobfns
 from tests.elastic.test_elastic import _by, _config, _finals, _rows, _slots
 

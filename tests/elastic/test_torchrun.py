@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 import spotnb as spot
+from spotnb.control.jobdb import JobDB
 from spotnb.errors import ConfigError
-from spotnb.jobdb import JobDB
 
 pytest.importorskip("torchft", reason="spotnb[elastic] is installed by scripts/setup.sh")
 
@@ -65,7 +65,7 @@ def test_a_lost_instance_the_group_resumes_from_the_checkpoint_and_the_replaceme
     replacement = max(e["incarnation"] for e in _by(job, "allocated"))
     assert replacement == 3 and any(r["incarnation"] == 3 for r in resumed)  # it joined a round
     # the feed tells the survivor's restart (same instance, a later round) from a relaunch
-    from spotnb.widget.text import event_text
+    from spotnb.views.widget.text import event_text
 
     first_of_3 = next(r for r in resumed if r["incarnation"] == 3)
     assert first_of_3["group_round"] == 1 and "relaunched" in event_text(first_of_3)
@@ -165,7 +165,7 @@ def _coordinator(job_id: str) -> list[int]:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if b"spotnb.runtime.lighthouse" in argv and job_id.encode() in argv:
+        if b"spotnb.runtime.group.lighthouse" in argv and job_id.encode() in argv:
             found.append(int(name))
     return found
 
@@ -190,7 +190,7 @@ def test_a_script_that_fails_ends_the_job_failed_with_its_error_not_a_restart_lo
 
 def _logs(job: spot.Job, n: int | None = None) -> str:
     """The instance logs of the job (of incarnation n)."""
-    from spotnb.home import spotnb_home
+    from spotnb.core.home import spotnb_home
 
     pattern = f"{n:04d}-*.log" if n is not None else "0*.log"
     return "".join(p.read_text(errors="replace") for p in (spotnb_home() / "logs" / job.id).glob(pattern))
@@ -227,7 +227,7 @@ def test_what_a_lost_peer_raises_is_told_from_a_bug() -> None:
     other exception fails the job (the texts are the ones gloo and c10d raise)."""
     from torch.distributed import DistNetworkError
 
-    from spotnb.runtime.torchrun_worker import is_collective_error
+    from spotnb.runtime.group.torchrun_worker import is_collective_error
 
     lost = "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:31439"
     assert is_collective_error(RuntimeError(lost))
@@ -239,7 +239,7 @@ def test_what_a_lost_peer_raises_is_told_from_a_bug() -> None:
 
 
 def test_the_rendezvous_is_beside_the_lighthouse() -> None:
-    from spotnb.runtime.lighthouse import rendezvous_endpoint
+    from spotnb.runtime.group.lighthouse import rendezvous_endpoint
 
     assert rendezvous_endpoint("http://10.0.0.7:29510") == "10.0.0.7:29511"
     assert rendezvous_endpoint("http://[fd00::7]:29510/") == "[fd00::7]:29511"

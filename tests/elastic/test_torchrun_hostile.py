@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import spotnb as spot
-from spotnb.signing import load_key
+from spotnb.core.signing import load_key
 from tests.core.helpers import wait_for
 
 pytest.importorskip("torchft", reason="spotnb[elastic] is installed by scripts/setup.sh")
@@ -157,7 +157,7 @@ def test_no_key_reaches_the_workers_and_nothing_is_left_once_the_job_is_done(
     assert result == {"argv": args, "world": 2}
     wait_for(lambda: not any(psutil.pid_exists(p) for p in ours), 30, f"leftover processes {ours}")
     assert not [n for n in os.listdir(tempfile.gettempdir()) if job.id in n]
-    from spotnb.home import spotnb_home
+    from spotnb.core.home import spotnb_home
 
     logs = "".join(p.read_text(errors="replace") for p in (spotnb_home() / "logs" / job.id).glob("*.log"))
     assert "round" in logs and key.hex() not in logs  # the instance logs never print the key
@@ -173,7 +173,7 @@ def _worker(job_id: str, rank: int) -> int | None:
             continue
         try:
             with open(f"/proc/{name}/cmdline", "rb") as f:
-                if b"spotnb.runtime.torchrun_worker" not in f.read():
+                if b"spotnb.runtime.group.torchrun_worker" not in f.read():
                     continue
             with open(f"/proc/{name}/environ", "rb") as f:
                 env = f.read().split(b"\0")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spotnb.providers.local import LocalProvider
+from spotnb.providers.local.provider import LocalProvider
 
 
 class ToyProvider(LocalProvider):

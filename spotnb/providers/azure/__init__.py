@@ -1,0 +1,1 @@
+"""Azure Spot VMs: the provider and its cloud-side coordinator."""
