@@ -2,7 +2,7 @@
 
     python benchmarks/bench_fleet_move.py [--steps 800] [--instances 2]
 
-The job (`tests/elastic/movefns.paced_dp`: exact data parallel, its first replicas paced so the
+The job (`tests/support/movefns.paced_dp`: exact data parallel, its first replicas paced so the
 moves happen before it ends) starts in zone-a ($0.10/h); zone-b drops from $0.30/h to
 $0.005/h 4 s into the market; `migrate="best-price"` moves each replica in turn. Printed, per
 move: the new instance's start until it trained (allocation, boot, join and heal), the hand-over
@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import spotnb as spot  # noqa: E402
-from tests.core import jobfns  # noqa: E402
-from tests.elastic.movefns import paced_dp  # noqa: E402
+from tests.support import jobfns  # noqa: E402
+from tests.support.movefns import paced_dp  # noqa: E402
 
 
 def main() -> None:
@@ -38,7 +38,7 @@ def main() -> None:
     job = spot.train(
         functools.partial(paced_dp, steps=args.steps, first=args.instances, slow=0.06),
         spot.Config(
-            ship_modules=["tests.core.jobfns", "tests.elastic.movefns"],
+            ship_modules=["tests.support.jobfns", "tests.support.movefns"],
             instances=args.instances,
             local_regions=zones,
             regions="cheapest",

@@ -141,7 +141,7 @@ def flapping_local(period: float, steps: int) -> None:
     that the rule can be swapped): zone prices swapping every `period` s."""
     import spotnb as spot
     import spotnb.control.controller as controller
-    from tests.core import jobfns
+    from tests.support import jobfns
 
     horizon = 600.0
     a, b = _swaps([period * k for k in range(1, int(horizon / period))], horizon)
@@ -159,7 +159,7 @@ def flapping_local(period: float, steps: int) -> None:
             job = spot.train(
                 functools.partial(jobfns.seeded_mlp, steps=steps, width=32, step_delay=0.01),
                 spot.Config(
-                    ship_modules=["tests.core.jobfns"],
+                    ship_modules=["tests.support.jobfns"],
                     local_regions=zones,
                     regions="cheapest",
                     migrate="never" if rule == "never" else "best-price",

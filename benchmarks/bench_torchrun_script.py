@@ -3,7 +3,7 @@ preemption without notice costs, on the local market (real processes, a real SIG
 
     python benchmarks/bench_torchrun_script.py [--steps 200] [--every 20] [--kill 110]
 
-Runs `tests/core/scripts/ddp_train.py` twice, calm and with instance 1 killed at step `--kill`,
+Runs `tests/support/scripts/ddp_train.py` twice, calm and with instance 1 killed at step `--kill`,
 and prints: wall times, the pause (rank 0's last metric row before the kill to its first after:
 the survivors' restart, the lone round, the replacement's join), the steps redone (the kill's
 step minus the checkpoint every round restarted from), and the wall time a preemption cost
@@ -24,7 +24,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-SCRIPT = HERE.parent / "tests" / "core" / "scripts" / "ddp_train.py"
+SCRIPT = HERE.parent / "tests" / "support" / "scripts" / "ddp_train.py"
 
 
 def run(steps: int, every: int, kill: int | None) -> dict[str, Any]:

@@ -12,7 +12,7 @@ Writes, from `spotnb.core.protocol.json_schema()` and `spotnb.views.palette`:
 Why a small generator here rather than json-schema-to-typescript: the schema is flat (one
 object per kind, four string enums) and the TypeScript must also carry constants (TERMINAL,
 the palette), which a types-only generator does not emit; this keeps the build free of
-another npm tool. tests/test_protocol_schema.py fails when a checked-in file drifts.
+another npm tool. tests/core/test_protocol_schema.py fails when a checked-in file drifts.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ export SPOTNB_GPU_REPORT="$OUT/report.jsonl"
 "$PY" -c 'import torch; print("gpu-check:", torch.cuda.get_device_name(0), "x", torch.cuda.device_count(), "| torch", torch.__version__, "| CUDA", torch.version.cuda)' | tee "$OUT/device.txt"
 
 echo "== the gpu tests"
-timeout -k 10 150 "$PY" -m pytest tests/gpu tests/core/test_gated_snapshot.py -p no:cacheprovider -q \
+timeout -k 10 150 "$PY" -m pytest tests/gpu tests/runtime/checkpoint/test_gated_snapshot.py -p no:cacheprovider -q \
   -o addopts="" --timeout 140 --junitxml "$OUT/tests.xml" -r fEs 2>&1 | tee "$OUT/tests.log"
 echo "== the checkpoint benchmark, 2 GB (stall and throughput)"
 timeout -k 10 150 "$PY" benchmarks/bench_checkpoint.py --device cuda --mb 2000 --rounds 2 --steps 30 \

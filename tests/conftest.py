@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+import spotnb as spot
+
 if TYPE_CHECKING:
-    from tests.widget_helpers import FakeClock
+    from tests.support.widget_helpers import FakeClock
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -29,10 +31,10 @@ def store_url(tmp_path: Path) -> str:
     return (tmp_path / "store").as_uri()
 
 
-# -- the widget tests' recording comm (tests/widget_helpers.py) ----------------------------------
+# -- the widget tests' recording comm (tests/support/widget_helpers.py) ----------------------------------
 @pytest.fixture
 def clock() -> FakeClock:
-    from tests.widget_helpers import FakeClock
+    from tests.support.widget_helpers import FakeClock
 
     return FakeClock()
 
@@ -42,7 +44,7 @@ def sent(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> list[tuple[float,
     """Every comm message widgets send during the test: (clock, comm id, data)."""
     import comm
 
-    from tests.widget_helpers import RecordingComm
+    from tests.support.widget_helpers import RecordingComm
 
     log: list[tuple[float, str, dict[str, Any]]] = []
     monkeypatch.setattr(comm, "create_comm", lambda **kw: RecordingComm(clock, log, **kw))
@@ -58,3 +60,41 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     lines = [s.strip() for s in listed.read_text().splitlines() if s.strip() and not s.startswith("#")]
     rank = {nodeid: i for i, nodeid in enumerate(lines)}
     items.sort(key=lambda item: rank.get(item.nodeid, len(rank)))
+
+
+# -- jobs on the local market: the uninterrupted reference run, a real checkpointer ------------
+SHIP = ["tests.support.jobfns"]
+
+
+def _losses(job: spot.Job) -> list[tuple[int, float]]:
+    return job.metrics["loss"]
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[tuple[int, float]]]:
+    """The uninterrupted run, on the same market with no preemption."""
+    from tests.support import jobfns
+
+    home = tmp_path_factory.mktemp("ref-home")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPOTNB_HOME", str(home))
+    try:
+        job = spot.train(jobfns.seeded_mlp, spot.Config(checkpoint="static:20", ship_modules=SHIP))
+        result = job.result(timeout=180)
+        assert job.breakdown().preemptions == 0
+        return result, _losses(job)
+    finally:
+        mp.undo()
+
+
+@pytest.fixture
+def ckpt(store_url: str):
+    """A real checkpointer on a real directory store, with its events recorded."""
+    from spotnb.core.store import Store
+    from spotnb.runtime.checkpoint.checkpointer import Checkpointer
+    from tests.support.jobs import Recorder
+
+    rec = Recorder()
+    c = Checkpointer(Store(store_url), "job", 1, rec, keep_last=2)
+    yield c, rec
+    c.close()

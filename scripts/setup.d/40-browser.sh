@@ -1,4 +1,4 @@
-# Sourced by the CI setup script: what tests/test_browser.py needs (idempotent).
+# Sourced by the CI setup script: what tests/views/test_browser.py needs (idempotent).
 # Headless Chromium from Debian at /usr/bin/chromium (Playwright drives it via executable_path,
 # so no `playwright install` download is needed), plus the Python side of the notebook tests.
 if ! command -v chromium >/dev/null 2>&1 || [ ! -x /usr/bin/chromium ]; then

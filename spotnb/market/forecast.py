@@ -267,7 +267,7 @@ class StatsmodelsRate(Forecaster):
         optimistic: with the raw rates ETS's 1 h error was up to 1.9 times the naive one
         (a100x1-east1b, where bins with one or two live instances swing it); shrunk toward the
         whole history's rate, the level lagged a step change (0.72 of a new rate of 1.0 three
-        hours after it, tests/test_forecast.py); toward the trailing 3 h, 0.98."""
+        hours after it, tests/market/test_forecast.py); toward the trailing 3 h, 0.98."""
         if not self.shrink:
             return history.rates
         alive = sorted(x for x in history.exposure if x > 0)

@@ -30,7 +30,7 @@ What breaks the model: preemptions that come in waves (a zone reclaims all its s
 at once) are correlated, and then N instances in one zone are lost together about as often as
 one. The Bamboo and Parcae traces show such waves; spread the instances over zones, or
 expect the store checkpoint to matter more than this rate says. `simulate_group_losses`
-checks the formula (tests/test_group_loss.py).
+checks the formula (tests/policy/test_group_loss.py).
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ import spotnb as spot
 from spotnb.core.store import Store
 from spotnb.errors import ConfigError
 
+pytestmark = pytest.mark.jobs
+
 SHIP = [__name__]  # this module by value: its helpers run on the instance
 ROOT = Path(__file__).resolve().parents[2]
 FILES = {"conf/params.json": b'{"lr": 0.1}', "data/a.txt": b"alpha\n", "data/sub/b.bin": bytes(range(256))}

@@ -22,10 +22,13 @@ import pytest
 import spotnb as spot
 from spotnb.core.store import Store
 from spotnb.errors import SpotnbError
-from tests.core import jobfns
+from tests.support import jobfns
+from tests.support.paths import FIXTURES
 
-SHIP = ["tests.core.jobfns", __name__]  # this module by value: its helpers run on the instance
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "legacy-job"
+pytestmark = pytest.mark.jobs
+
+SHIP = ["tests.support.jobfns", __name__]  # this module by value: its helpers run on the instance
+FIXTURE = FIXTURES / "legacy-job"
 
 
 class _Evil:
@@ -216,7 +219,7 @@ def test_a_job_of_the_previous_spotnb_is_read_without_unpickling_its_config(
         config.notice_poll,
         config.max_retries,
         config.ship_modules,
-    ) == ("legacy-job", "static:10", 5, 3, 300.0, 2.0, 1, ["tests.core.jobfns"])
+    ) == ("legacy-job", "static:10", 5, 3, 300.0, 2.0, 1, ["tests.support.jobfns"])
     JobDB().add_job(
         job_id, name="legacy-job", provider="local", region=None, instance_type="g4dn.xlarge", store=store.url
     )

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import spotnb as spot
-from tests.core.helpers import assert_same_state
 from tests.gpu import gpufns
+from tests.support.jobs import assert_same_state
 
 SHIP = ["tests.gpu.gpufns"]
 STEPS = 160

@@ -20,7 +20,7 @@ from spotnb.core.store import Store
 from spotnb.runtime.checkpoint import chunked
 from spotnb.runtime.checkpoint.checkpointer import Checkpointer
 from spotnb.runtime.checkpoint.chunked import DATA_NAME
-from tests.core.helpers import Recorder, assert_same_state
+from tests.support.jobs import Recorder, assert_same_state
 
 MB = 1024 * 1024
 
@@ -182,7 +182,7 @@ def test_a_sharded_dcp_save_of_cuda_state_commits_and_loads_back(store_url: str)
     from torch.distributed.tensor import Shard, distribute_tensor
 
     from spotnb.runtime.checkpoint.sharded import ShardedCheckpointer
-    from tests.core.helpers import EventList, free_port
+    from tests.support.jobs import EventList, free_port
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("cpu:gloo,cuda:nccl", rank=0, world_size=1)

@@ -16,7 +16,7 @@ def tiny_gpt2(
 ) -> dict[str, Any]:
     """A 2-layer GPT-2 built from a config (no download), synthetic token ids, dropout on, a
     shuffled sampler over 2.5 epochs, AdamW with a linear schedule: every piece of state the
-    Trainer's resume must restore exactly. One intra-op thread (see tests/core/jobfns.py).
+    Trainer's resume must restore exactly. One intra-op thread (see tests/support/jobfns.py).
     `plain`: call `trainer.train()` as code written without spotnb does; `accum`: micro-batches
     per optimizer step (gradient accumulation)."""
     import torch

@@ -70,7 +70,7 @@ def tiny(
     sigterm_at: int | None = None,
 ) -> dict[str, Any]:
     """`steps` optimizer steps over 10 batches an epoch, through `lightning.fit`. One intra-op
-    thread (see tests/core/jobfns.py)."""
+    thread (see tests/support/jobfns.py)."""
     import lightning as L
     import torch
 

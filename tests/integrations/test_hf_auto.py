@@ -14,6 +14,8 @@ import torch
 
 import spotnb as spot
 
+pytestmark = pytest.mark.jobs
+
 pytest.importorskip("transformers")
 
 from tests.integrations import hfjobs  # noqa: E402

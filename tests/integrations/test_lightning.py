@@ -13,6 +13,8 @@ import torch
 import spotnb as spot
 from tests.integrations import lightningjobs
 
+pytestmark = pytest.mark.jobs
+
 SHIP = ["tests.integrations.lightningjobs"]
 STEPS = 30  # three epochs of 10 batches
 

@@ -9,7 +9,7 @@ optimizer's kernels (`Gate`, `runtime/chunked.py`), so forward and backward over
 `step()` never blocks the host for it. The drain waits for the event and writes the host copies.
 
 Written without a GPU to run it on: the CPU paths are what the tests here exercise; the CUDA
-tests (tests/core/test_gated_snapshot.py) run where CUDA exists.
+tests (tests/runtime/checkpoint/test_gated_snapshot.py) run where CUDA exists.
 """
 
 from __future__ import annotations
