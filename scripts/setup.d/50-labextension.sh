@@ -56,7 +56,7 @@ _spotnb_labext() {
     jupyter labextension list >&2 || true
     return 1
   fi
-  if ! jupyter server extension list 2>&1 | grep -E 'spotnb\.server .*enabled' >/dev/null; then
+  if ! jupyter server extension list 2>&1 | grep -E 'spotnb\.views\.server .*enabled' >/dev/null; then
     echo "setup: 50-labextension: jupyter server extension list does not show spotnb.views.server:" >&2
     jupyter server extension list >&2 || true
     return 1

@@ -75,8 +75,8 @@ def test_labextensions_enabled(python: Path) -> None:
 
 def test_server_extension_enabled(python: Path) -> None:
     out = run(python, "jupyter", "server", "extension", "list")
-    assert re.search(r"spotnb\.server\s+enabled", out), out
-    assert re.search(r"spotnb\.server\s+OK", out), out
+    assert re.search(r"spotnb\.views\.server\s+enabled", out), out
+    assert re.search(r"spotnb\.views\.server\s+OK", out), out
 
 
 def test_start_sets_fast_mode(python: Path) -> None:
@@ -142,7 +142,7 @@ def test_every_tutorial_import_resolves(python: Path) -> None:
     several = bool(re.search(r"instances=([2-9]|\d\d)", text))
     probe = (
         "import importlib, json, sys\n"
-        "from spotnb.providers import get_provider_class\n"
+        "from spotnb.settings.registry import get_provider_class\n"
         "bad = {}\n"
         "for m in json.loads(sys.argv[1]):\n"
         "    try: importlib.import_module(m)\n"
