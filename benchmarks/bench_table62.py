@@ -9,7 +9,7 @@ nothing on a notice (the VM trains on until it is killed). `static:N` adds the e
 whenever the notice leaves room for it, which is already most of Adaptive's gain on a long
 notice, so it cannot stand in for the baseline. Both are shown, so the difference is visible.
 
-Scenarios: the bundled `gpu-azure` (the thesis's Azure NC12s_v3 figures from ARCHITECTURE.md,
+Scenarios: the bundled `gpu-azure` (the thesis's Azure NC12s_v3 figures from docs/dev/notices.md,
 "Cloud notices": $6.2/h on demand, $2.3/h spot, MTTP ≈ 3 h, 30 s notice) and `gpu-aws` (the same
 job with a 120 s notice). Every policy faces the same preemption draws (common seed).
 """

@@ -28,7 +28,7 @@ fi
 echo "torch==2.13.0" > "$work/torch.txt"
 echo "uv" > "$work/tools.txt"
 "${uv[@]}" pip compile -q --python-version "${PYTHON_VERSION:-3.11}" --no-header --no-annotate \
-  pyproject.toml "$work/tools.txt" --extra test --extra aws --extra azure --extra gcp --extra forecast --extra lightning --extra dev \
+  pyproject.toml "$work/tools.txt" --extra test --extra aws --extra azure --extra gcp --extra forecast --extra lightning --extra dev --extra docs \
   -c "$work/torch.txt" -o "$work/compiled.txt"
 {
   echo "# Versions known to install together, for scripts/setup.sh (-c constraints.txt)."

@@ -1,4 +1,4 @@
-"""Preemption-notice watchers: one per cloud protocol (ARCHITECTURE.md, "Cloud notices"); the
+"""Preemption-notice watchers: one per cloud protocol (docs/dev/notices.md, "Cloud notices"); the
 same code polls the
 real metadata endpoint on a VM and the local market's emulator (only the base URL differs).
 

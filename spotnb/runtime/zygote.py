@@ -13,7 +13,7 @@ Protocol (JSON lines): the market writes one request per instance on stdin
 `{"forked": pid}` per request, in order, and `{"exit": pid, "code": c}` when one of its
 instances ends (`c` as `Popen.returncode`: negative for a signal). It exits when its stdin
 closes (its market closed, or the market's process died); its instances live on, as orphans of
-a dead controller always do (`LocalProvider.reclaim`). See ARCHITECTURE.md "The local market".
+a dead controller always do (`LocalProvider.reclaim`). See docs/dev/local-market.md.
 
 `claim`: a file the child creates, with its pid, before it becomes an instance. A market that
 got no answer (the zygote died or stopped between its fork and its answer) creates it first

@@ -1,6 +1,6 @@
 """The three notice watchers against spotnb's metadata emulator, protocol detail by protocol
-detail (ARCHITECTURE.md, "Cloud notices"): IMDSv2 tokens that expire (401 → new token), the rebalance hint;
-Azure's DocumentIncarnation and the acknowledgement; GCP's etag long poll and 503 retries.
+detail (docs/dev/notices.md, "Cloud notices"): IMDSv2 tokens that expire (401 → new token), the
+rebalance hint; Azure's DocumentIncarnation and the acknowledgement; GCP's etag long poll and 503 retries.
 Nothing is mocked: real HTTP on 127.0.0.1. Waits are on events with a bound, not sleeps."""
 
 from __future__ import annotations

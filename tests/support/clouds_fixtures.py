@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 # gcsfs reads this at import time: without it, it asks each bucket's type over gRPC/TLS,
-# which the emulator cannot answer, and waits a minute per bucket (ARCHITECTURE.md, "Cloud notices").
+# which the emulator cannot answer, and waits a minute per bucket (docs/dev/notices.md, "Cloud notices").
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
 __all__ = [

@@ -1,5 +1,5 @@
 """A metadata server on 127.0.0.1 that speaks the clouds' exact notice protocols
-(ARCHITECTURE.md, "Cloud notices"), one URL prefix per local instance: `http://127.0.0.1:PORT/i/<instance-id>`.
+(docs/dev/notices.md, "Cloud notices"), one URL prefix per local instance: `http://127.0.0.1:PORT/i/<instance-id>`.
 
 The agent's real NoticeWatcher polls it unchanged. The injector schedules notices here; an
 Azure acknowledgement (StartRequests) lets the "platform" proceed at once, as on Azure.

@@ -22,7 +22,7 @@ Douillard et al. 2023) are averaged at its end, and a window that cannot commit 
 window. `sync="auto"` starts with ddp and switches at commit points, from the measured cost
 of the all-reduce against the step (`spotnb.core.sync.choose_sync`), without a restart.
 
-ARCHITECTURE.md, "Several instances", has the whole picture (what the controller does, who
+docs/dev/fleet.md ("Several instances") has the whole picture (what the controller does, who
 writes the store's checkpoints, the group loss rate the policies use).
 """
 
