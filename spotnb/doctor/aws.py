@@ -138,7 +138,7 @@ def checks(config: Any, provider_cls: Any, session: Any = None, **_: Any) -> lis
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from spotnb.providers.aws.provider import DEFAULT_IMAGE, split_zone
+    from spotnb.providers.aws.requests import DEFAULT_IMAGE, split_zone
 
     session = session or boto3.session.Session()
     clients = _Clients(session)

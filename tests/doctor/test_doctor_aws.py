@@ -19,7 +19,7 @@ import boto3
 import pytest
 
 from spotnb.doctor.report import FAIL, OK, SKIP, UNKNOWN, Report, doctor
-from spotnb.providers.aws.provider import DEFAULT_IMAGE
+from spotnb.providers.aws.requests import DEFAULT_IMAGE
 from tests.support.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.support.clouds_fixtures import _forget_s3fs, free_port
 from tests.support.doctor_proxy import HANG, ProxyRequest, RuleProxy

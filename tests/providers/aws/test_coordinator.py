@@ -39,18 +39,13 @@ from spotnb.core.signing import KEY_ENV, new_key, save_key
 from spotnb.core.state import JobState
 from spotnb.core.store import Store
 from spotnb.errors import ConfigError
-from spotnb.providers.aws.provider import (
-    COORDINATOR_ROLE,
-    MAX_COORDINATOR_LAUNCHES,
-    ROLE_TAG,
-    SECURITY_GROUP,
-    AWSProvider,
-    coordinator_request,
-    job_group_name,
-)
+from spotnb.providers.aws.coordinator import coordinator_request, job_group_name
+from spotnb.providers.aws.provider import AWSProvider
+from spotnb.providers.aws.requests import SECURITY_GROUP
 from spotnb.providers.base import Feature, InstanceState, LaunchSpec
 from spotnb.providers.bootstrap import coordinator_script
 from spotnb.providers.cleanup import JOB_TAG, gc
+from spotnb.providers.coordinator import COORDINATOR_ROLE, MAX_COORDINATOR_LAUNCHES, ROLE_TAG
 from tests.support.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.support.clouds_fixtures import CANARIES, free_port
 from tests.support.paths import REPO

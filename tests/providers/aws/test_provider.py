@@ -17,7 +17,8 @@ from spotnb.control.jobdb import JobDB
 from spotnb.errors import CapacityError, ConfigError
 from spotnb.market.prices import lookup_price
 from spotnb.providers import get_provider_class
-from spotnb.providers.aws.provider import DEFAULT_IMAGE, SECURITY_GROUP, AWSProvider, split_zone
+from spotnb.providers.aws.provider import AWSProvider
+from spotnb.providers.aws.requests import DEFAULT_IMAGE, SECURITY_GROUP, split_zone
 from spotnb.providers.base import Feature, InstanceState, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, gc
 from tests.support.clouds_fixtures import *  # noqa: F401,F403 - fixtures
