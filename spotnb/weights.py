@@ -32,7 +32,7 @@ from spotnb.core.store import Store
 from spotnb.errors import CheckpointError, SpotnbError
 
 if TYPE_CHECKING:
-    from spotnb.runtime.checkpoint.checkpointer import Manifest
+    from spotnb.runtime.checkpoint.manifest import Manifest
 
 __all__ = [
     "Checkpoint",

@@ -27,15 +27,17 @@ file (`tensors/<sha256>`), so restore verifies it and pruning keeps it while any
 checkpoint lists it. `Checkpointer.bandwidth` (bytes written per second of upload, measured)
 and `pending_bytes` (what a save now would write) let the policy tell whether an emergency
 save fits a notice before starting one.
+
+`Checkpointer` is the facade the script's context uses: it takes snapshots (phase 1, and the
+buffers they hold) and queues them for its one worker thread, and leaves the rest to its
+collaborators: `upload.Uploader` (phases 2 and 3: write, upload, commit), `restore.Catalog`
+and `restore.Restorer` (find the job's checkpoints in its stores, load the newest that
+verifies), `prune.Pruner` (retention), all over the pure `manifest.Manifest`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -43,52 +45,44 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import IO, Any, cast
+from typing import Any
 
 import torch
 
 from spotnb.core import protocol as ev
 from spotnb.core.files import remove_orphaned
 from spotnb.core.protocol import SaveKind
-from spotnb.core.signing import BadSignature, sign_doc, verify_doc
 from spotnb.core.sizes import available_memory, human_bytes, total_memory
-from spotnb.core.store import Store, is_safe_name
+from spotnb.core.store import Store
 from spotnb.policy.base import EMERGENCY_MARGIN, Observation, snapshot_estimate, upload_estimate
 from spotnb.runtime.beacon import Beacon, Phase
-from spotnb.runtime.checkpoint import digest
 from spotnb.runtime.checkpoint.chunked import (
     ALIGN,
-    DATA_NAME,
     ChunkBuffers,
     Drain,
     Gate,
     Gated,
-    TensorRef,
     copy_chunked,
     dense_layout,
-    fill_refs,
     split_bytes,
 )
-from spotnb.runtime.checkpoint.incremental import BlobRef, Incremental, Seen, fill_blobs, map_tensors
+from spotnb.runtime.checkpoint.incremental import Incremental, Seen
+from spotnb.runtime.checkpoint.manifest import Found, Manifest
+from spotnb.runtime.checkpoint.prune import Pruner
+from spotnb.runtime.checkpoint.restore import Catalog, Restorer
 from spotnb.runtime.checkpoint.staging import CudaStage
+from spotnb.runtime.checkpoint.upload import (
+    SaveCancelled,
+    Snapshot,
+    Uploader,
+    copy_hashing,
+    remove_spooled,
+)
 
-__all__ = [
-    "Checkpointer",
-    "Snapshot",
-    "Manifest",
-    "SaveCancelled",
-    "InvalidManifest",
-    "CHUNK",
-    "emergency_skipped",
-]
+__all__ = ["Checkpointer", "emergency_skipped", "ewm"]
 
 log = logging.getLogger(__name__)
 
-CHUNK = 4 * 1024 * 1024
-#: the folder of backed-up files, by content, beside the numbered checkpoint folders
-BLOBS = "blobs"
-_PERSISTENT = ("periodic", "final")
 #: the default snapshot budget keeps this much of the host's RAM free: 10 % of it, at least
 #: MARGIN_MIN (the training step's own allocations grow and shrink between saves)
 MARGIN_MIN = 256 * 1024 * 1024
@@ -96,132 +90,6 @@ MARGIN_MIN = 256 * 1024 * 1024
 BANDWIDTH_MIN = 256 * 1024
 #: the default budget never goes below this (a host already short of memory still saves, slowly)
 AUTO_MIN = 16 * 1024 * 1024
-
-
-class SaveCancelled(Exception):
-    """An upload was abandoned because a newer (emergency) checkpoint superseded it."""
-
-
-class InvalidManifest(ValueError):
-    """A MANIFEST.json that exists but cannot describe a checkpoint (unparseable, wrong shape).
-
-    The checkpoint it names is skipped like one whose files fail their hash: restore falls
-    back to the one before, and pruning treats it as debris instead of giving up."""
-
-
-@dataclass
-class Snapshot:
-    state: Any
-    step: int
-    kind: SaveKind
-    snapshot_s: float
-    nbytes: int
-    files: list[tuple[str, str]] = field(default_factory=list)  # (spooled local copy, manifest name)
-    dests: dict[str, str] = field(default_factory=dict)  # manifest name -> restore path
-    hashes: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (sha256, size)
-    dirs: dict[str, str] = field(default_factory=dict)  # manifest name prefix -> folder restored
-    #: a chunked snapshot: (its tensors.bin in the spool, the drain writing it); `state` is then
-    #: the skeleton that points into it
-    data: tuple[str, Drain] | None = None
-    #: tensors stored by content (runtime/incremental.py): unchanged ones, already `BlobRef`s in
-    #: `state`, and changed ones, copied, which the writer turns into new blobs
-    referenced: dict[tuple, Seen] = field(default_factory=dict)
-    fresh: dict[tuple, Seen] = field(default_factory=dict)
-
-
-@dataclass
-class Manifest:
-    seq: int
-    step: int
-    kind: SaveKind  # (a newer writer's kind this spotnb does not know stays a string)
-    files: dict[str, dict[str, Any]]
-    incarnation: int
-    created: float
-    snapshot_s: float = 0.0
-    upload_s: float = 0.0
-    nbytes: int = 0  # "bytes" in MANIFEST.json: bytes this checkpoint wrote
-    #: bytes it lists but did not write: blobs an earlier checkpoint stored (unchanged tensors,
-    #: backed-up files); a restore reads nbytes + referenced
-    referenced: int = 0
-    dests: dict[str, str] = field(default_factory=dict)
-    #: folders backed up whole: name prefix -> path. Restore makes each folder what it was
-    #: (files written after the checkpoint go), so a trainer resuming from "the newest
-    #: checkpoint folder in it" finds the one that was committed
-    dirs: dict[str, str] = field(default_factory=dict)
-
-    def blobs(self) -> set[str]:
-        """The sha256 of every backed-up file this checkpoint lists by content."""
-        return {meta["sha256"] for meta in self.files.values() if meta.get("blob")}
-
-    def to_json(self, key: bytes | None = None, job_id: str = "") -> bytes:
-        """The manifest as written; with a key, signed (it holds every file's digest, so the
-        signature covers the state that restore will torch.load)."""
-        doc = dict(self.__dict__)
-        doc["bytes"] = doc.pop("nbytes")
-        if key is not None:
-            doc = sign_doc(key, job_id, _manifest_name(self.seq), doc)
-        return json.dumps(doc, indent=1, sort_keys=True).encode()
-
-    @classmethod
-    def parse(cls, raw: bytes, folder: str, key: bytes | None = None, job_id: str = "") -> Manifest:
-        """A manifest from the bytes of `<folder>/MANIFEST.json`, checked field by field.
-
-        Anything in the store may have been damaged or rewritten between incarnations, and a
-        KeyError or TypeError deep inside restore would fail the whole job; refusing the shape
-        here turns every such damage into "this checkpoint is invalid, take the previous one".
-        Raises `InvalidManifest` saying what is wrong."""
-        try:
-            doc = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InvalidManifest(f"MANIFEST.json is not JSON ({exc})") from None
-        if not isinstance(doc, dict):
-            raise InvalidManifest(f"MANIFEST.json is a {type(doc).__name__}, not an object")
-        if key is not None:  # signed by this job's agent, for this folder, or not a checkpoint
-            try:
-                doc = verify_doc(key, job_id, _manifest_name(folder if folder.isdigit() else 0), doc)
-            except BadSignature as exc:
-                raise InvalidManifest(str(exc)) from None
-        missing = [k for k in ("seq", "step", "kind", "files", "incarnation", "created") if k not in doc]
-        if missing:
-            raise InvalidManifest(f"MANIFEST.json lacks {', '.join(missing)}")
-        for name in ("seq", "step", "incarnation"):
-            if not _is_int(doc[name]) or doc[name] < 0:
-                raise InvalidManifest(f"MANIFEST.json {name} is {doc[name]!r}, not a non-negative int")
-        if not folder.isdigit() or doc["seq"] != int(folder):
-            raise InvalidManifest(f"MANIFEST.json seq {doc['seq']} does not match its folder {folder}")
-        if not isinstance(doc["kind"], str):
-            raise InvalidManifest(f"MANIFEST.json kind is {doc['kind']!r}, not a string")
-        for name in ("created", "snapshot_s", "upload_s", "bytes", "referenced"):
-            if name in doc and (not isinstance(doc[name], (int, float)) or isinstance(doc[name], bool)):
-                raise InvalidManifest(f"MANIFEST.json {name} is {doc[name]!r}, not a number")
-        files = doc["files"]
-        if not isinstance(files, dict) or "state.pt" not in files:
-            raise InvalidManifest("MANIFEST.json files does not list state.pt")
-        for name, meta in files.items():
-            if not is_safe_name(name):
-                raise InvalidManifest(f"MANIFEST.json lists a file outside its folder: {name!r}")
-            wrong = digest.problem(meta)
-            if wrong is not None:
-                raise InvalidManifest(f"MANIFEST.json entry {name!r} {wrong}")
-        dests = doc.get("dests", {})
-        if not isinstance(dests, dict) or not all(
-            isinstance(k, str) and k in files and isinstance(v, str) and v for k, v in dests.items()
-        ):
-            raise InvalidManifest("MANIFEST.json dests must map listed files to paths")
-        dirs = doc.get("dirs", {})
-        if not isinstance(dirs, dict) or not all(
-            is_safe_name(k) and isinstance(v, str) and v for k, v in dirs.items()
-        ):
-            raise InvalidManifest("MANIFEST.json dirs must map name prefixes to folders")
-        fields = set(cls.__dataclass_fields__)
-        values = {k: v for k, v in doc.items() if k in fields}
-        values["kind"] = SaveKind(doc["kind"]) if doc["kind"] in _SAVE_KINDS else doc["kind"]
-        if "bytes" in doc:
-            values["nbytes"] = doc["bytes"]
-        return cls(**values)
-
-
-_SAVE_KINDS = {k.value for k in SaveKind}
 
 
 def emergency_skipped(obs: Observation, step: int, time_left: float) -> ev.EmergencySkipped:
@@ -244,113 +112,12 @@ def emergency_skipped(obs: Observation, step: int, time_left: float) -> ev.Emerg
     return ev.EmergencySkipped(step=step, time_left=time_left, needed=needed, nbytes=size, reason=reason)
 
 
-def _manifest_name(seq: int | str) -> str:
-    """What a manifest's signature binds it to: its place, so it cannot be moved to another."""
-    return f"ckpt/{int(seq):08d}/MANIFEST.json"
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _copy_hashing(src: str, dest: str) -> tuple[str, int]:
-    """Copy `src` to `dest`; its sha256 and size, from the one read."""
-    sha = hashlib.sha256()
-    size = 0
-    with open(src, "rb") as fin, open(dest, "wb") as fout:
-        while chunk := fin.read(CHUNK):
-            sha.update(chunk)
-            fout.write(chunk)
-            size += len(chunk)
-    return sha.hexdigest(), size
-
-
-def _write_tensor_hashing(t: torch.Tensor, dest: str) -> str:
-    """Write a copied (contiguous, CPU) tensor's bytes to `dest`; their sha256."""
-    sha = hashlib.sha256()
-    raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().data if t.nelement() else memoryview(b"")
-    with open(dest, "wb") as out:
-        for i in range(0, len(raw), CHUNK):
-            part = raw[i : i + CHUNK]
-            sha.update(part)
-            out.write(part)
-    return sha.hexdigest()
-
-
-def _copy_slice_hashing(src: str, offset: int, nbytes: int, dest: str) -> str:
-    """Copy `nbytes` of `src` from `offset` to `dest`; their sha256."""
-    sha = hashlib.sha256()
-    with open(src, "rb") as fin, open(dest, "wb") as fout:
-        fin.seek(offset)
-        left = nbytes
-        while left:
-            chunk = fin.read(min(CHUNK, left))
-            if not chunk:
-                raise ValueError(f"{DATA_NAME} ends before a tensor at {offset} (+{nbytes})")
-            sha.update(chunk)
-            fout.write(chunk)
-            left -= len(chunk)
-    return sha.hexdigest()
-
-
-def _step_of(found: Manifest | Exception | None) -> float:
-    return float(found.step) if isinstance(found, Manifest) else -math.inf
-
-
-def _restore_dir(folder: str, files: dict[str, str]) -> None:
-    """Make `folder` hold exactly `files` (verified local copy -> path inside it): built beside
-    it, then swapped in, so a kill leaves either the old folder or the restored one whole."""
-    folder = os.path.abspath(folder)
-    parent = os.path.dirname(folder)
-    os.makedirs(parent, exist_ok=True)
-    fresh = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.restore-", dir=parent)
-    for local, dest in files.items():
-        rel = os.path.relpath(os.path.abspath(dest), folder)
-        target = os.path.join(fresh, rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.copyfile(local, target)
-    old = None
-    if os.path.lexists(folder):
-        old = f"{fresh}.old"
-        os.replace(folder, old)
-    os.replace(fresh, folder)
-    if old is not None and os.path.isdir(old):
-        shutil.rmtree(old, ignore_errors=True)
-    elif old is not None:
-        os.unlink(old)
-
-
-def _put_back(manifest: Manifest, paths: dict[str, str]) -> None:
-    """Copy a restored checkpoint's backed-up files (verified local copies: `paths`) to the
-    paths they were backed up from, each backed-up folder made whole again."""
-    in_dirs = {n for n in manifest.dests if any(n.startswith(p + "/") for p in manifest.dirs)}
-    for name, dest in manifest.dests.items():
-        if name not in in_dirs:
-            os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
-            shutil.copyfile(paths[name], dest)
-    for prefix, folder_path in manifest.dirs.items():
-        _restore_dir(
-            folder_path, {paths[n]: manifest.dests[n] for n in in_dirs if n.startswith(prefix + "/")}
-        )
-
-
-class _HashingFile:
-    """A write-only file that hashes what passes through (torch.save only calls write)."""
-
-    def __init__(self, f: Any) -> None:
-        self.f, self.size = f, 0
-        self.algo, self.sha = digest.fresh()
-
-    def write(self, data: bytes) -> int:
-        self.sha.update(data)
-        self.size += len(data)
-        return self.f.write(data)
-
-    def flush(self) -> None:
-        self.f.flush()
-
-    def digest(self) -> dict[str, Any]:
-        return {"size": self.size, self.algo: self.sha.hexdigest()}
+def ewm(mean: float, var: float, x: float, alpha: float = 0.3) -> tuple[float, float]:
+    """Exponentially weighted mean and variance (recent saves count most)."""
+    if not mean:
+        return x, 0.0
+    diff = x - mean
+    return mean + alpha * diff, (1 - alpha) * (var + alpha * diff * diff)
 
 
 class _BufferPool:
@@ -396,38 +163,12 @@ class _BufferPool:
         return _plain_copy(obj)
 
 
-def _remove_spooled(snap: Snapshot) -> None:
-    """Delete a snapshot's spooled files (the script's, and a chunked snapshot's tensors)."""
-    locals_ = [f for f, _ in snap.files] + ([snap.data[0]] if snap.data is not None else [])
-    for local in locals_:
-        if os.path.exists(local):
-            os.unlink(local)
-
-
 def _plain_copy(obj: Any) -> Any:
     if obj is None or isinstance(obj, (int, float, str, bytes, bool)):
         return obj
     import copy
 
     return copy.deepcopy(obj)
-
-
-def _ewm(mean: float, var: float, x: float, alpha: float = 0.3) -> tuple[float, float]:
-    """Exponentially weighted mean and variance (recent saves count most)."""
-    if not mean:
-        return x, 0.0
-    diff = x - mean
-    return mean + alpha * diff, (1 - alpha) * (var + alpha * diff * diff)
-
-
-def _nbytes(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.element_size() * obj.nelement()
-    if isinstance(obj, dict):
-        return sum(_nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(v) for v in obj)
-    return 0
 
 
 class Checkpointer:
@@ -448,38 +189,43 @@ class Checkpointer:
         snapshot_memory: int | None = None,
         read_stores: Sequence[Store] = (),
     ) -> None:
+        #: fixed for the checkpointer's life (its collaborators hold them too)
         self.store, self.job_id, self.incarnation = store, job_id, incarnation
-        #: every store that may hold this job's checkpoints, the one this checkpointer writes
-        #: first (`Config.regional_stores`: the home store and the regions' stores). Restore
-        #: takes the newest committed, verified checkpoint among them; a checkpoint copied to
-        #: several is one checkpoint (one seq), its copies tried in this order
-        self.stores = [store] + [s for s in read_stores if s.url != store.url]
-        self.stores = [s for i, s in enumerate(self.stores) if s.url not in {t.url for t in self.stores[:i]}]
-        #: the URL of the store the last `load_latest` restored from (None: nothing restored)
-        self.restored_from: str | None = None
-        self._unreachable: set[str] = set()  # stores whose listing failed (warned once)
-        #: blobs of the write store that failed verification at restore: a save writes them
-        #: again instead of reusing them (same size, so `_upload_blob` would take them as good)
-        self._damaged_blobs: set[str] = set()
         #: most bytes of host RAM snapshot buffers may hold at once (None: what is free, see
         #: `budget`)
         self.snapshot_memory = snapshot_memory
         self.peak_bytes = 0  # the most `held_bytes` reached (tests and benchmarks read it)
-        # called with the step just before a manifest is written; raising aborts the commit
-        self.before_commit = before_commit
-        # with a key, manifests are signed at commit and only signed ones are restored (the
-        # agent always has one; without, as in unit tests, nothing is authenticated)
-        self.key = key
         self.emit = emit
         self.beacon = beacon or Beacon(None)
-        self.keep_last = keep_last
-        self.upload_bps = upload_bps
         if spool_dir is None and store.local:  # beside the store, so a save can be renamed in
             spool_dir = store.path(".spool")
             os.makedirs(spool_dir, exist_ok=True)
         remove_orphaned(spool_dir or tempfile.gettempdir(), "spotnb-spool-")
         self.spool = tempfile.mkdtemp(prefix=f"spotnb-spool-{os.getpid()}-", dir=spool_dir)
-        self.root = store.job(job_id, "ckpt")
+        self.incremental = Incremental()
+        # blobs of the write store that failed verification at restore: a save writes them
+        # again instead of reusing them (same size, so the uploader would take them as good)
+        damaged: set[str] = set()
+        #: the job's checkpoint folders in every store that may hold them (`catalog.stores`:
+        #: this one first, then `read_stores`), read by restore and pruning
+        self.catalog = Catalog(store, job_id, emit, key, read_stores)
+        self.stores, self.root = self.catalog.stores, self.catalog.root
+        self.uploader = Uploader(
+            store,
+            self.root,
+            self.spool,
+            job_id,
+            incarnation,
+            self.beacon,
+            self.incremental,
+            damaged,
+            self._cancelled,
+            key=key,
+            upload_bps=upload_bps,
+            before_commit=before_commit,
+        )
+        self.restorer = Restorer(self.catalog, self.spool, emit, self.incremental, damaged)
+        self.pruner = Pruner(self.catalog, emit, keep_last)
         self._pools: list[_BufferPool] = []
         self._chunks: ChunkBuffers | None = None
         self._cv = threading.Condition()
@@ -496,7 +242,6 @@ class Checkpointer:
         #: bytes per second a save's upload achieved (EWMA over saves that wrote BANDWIDTH_MIN
         #: or more; 0.0 until one has): β of a save of n bytes is about n / bandwidth
         self.bandwidth = 0.0
-        self.incremental = Incremental()
         #: holds back the tracked optimizers' `step()` while a snapshot's drain writes their
         #: tensors in place (`runtime/chunked.py`); `gate.waited` is stall time spent there
         self.gate = Gate()
@@ -510,9 +255,52 @@ class Checkpointer:
         self.stream = True
         self.committed: list[Manifest] = []
         self.failures = 0
-        self._seq = max(self._existing_seqs(), default=0)
+        self._seq = max(self.catalog.seqs(), default=0)
         self._worker = threading.Thread(target=self._work, name="spotnb-checkpoint", daemon=True)
         self._worker.start()
+
+    # -- settings its collaborators hold -----------------------------------------------------
+    @property
+    def key(self) -> bytes | None:
+        """With a key, manifests are signed at commit and only signed ones are restored (the
+        agent always has one; without, as in unit tests, nothing is authenticated)."""
+        return self.catalog.key
+
+    @key.setter
+    def key(self, value: bytes | None) -> None:
+        self.catalog.key = self.uploader.key = value
+
+    @property
+    def upload_bps(self) -> float | None:
+        """Bytes per second uploads are throttled to (None: as fast as the store takes them)."""
+        return self.uploader.upload_bps
+
+    @upload_bps.setter
+    def upload_bps(self, value: float | None) -> None:
+        self.uploader.upload_bps = value
+
+    @property
+    def before_commit(self) -> Callable[[int], None] | None:
+        """Called with the step just before a manifest is written; raising aborts the commit."""
+        return self.uploader.before_commit
+
+    @before_commit.setter
+    def before_commit(self, value: Callable[[int], None] | None) -> None:
+        self.uploader.before_commit = value
+
+    @property
+    def keep_last(self) -> int:
+        """How many periodic (or final) checkpoints pruning keeps (`prune.retained`)."""
+        return self.pruner.keep_last
+
+    @keep_last.setter
+    def keep_last(self, value: int) -> None:
+        self.pruner.keep_last = value
+
+    @property
+    def restored_from(self) -> str | None:
+        """The URL of the store the last `load_latest` restored from (None: nothing restored)."""
+        return self.restorer.restored_from
 
     # -- phase 1 -------------------------------------------------------------------------
     @property
@@ -599,7 +387,7 @@ class Checkpointer:
             hashes: dict[str, tuple[str, int]] = {}
             for src, name in files or []:
                 local = os.path.join(self.spool, f"user-{uuid.uuid4().hex[:8]}")
-                hashes[name] = _copy_hashing(src, local)  # the upload then knows if the store has it
+                hashes[name] = copy_hashing(src, local)  # the upload then knows if the store has it
                 spooled.append((local, name))
                 dests[name] = src
         finally:
@@ -610,7 +398,7 @@ class Checkpointer:
         )
         if pool is not None:
             snap._pool = pool  # type: ignore[attr-defined]
-        self.snapshot_ema, self.snapshot_var = _ewm(self.snapshot_ema, self.snapshot_var, dt)
+        self.snapshot_ema, self.snapshot_var = ewm(self.snapshot_ema, self.snapshot_var, dt)
         self._snapshots += 1
         return snap
 
@@ -785,7 +573,7 @@ class Checkpointer:
         with self._cv:
             if self._pending is not None:
                 self._release(self._pending)
-                _remove_spooled(self._pending)
+                remove_spooled(self._pending)
                 self._pending = None
             if self._busy:
                 self._cancel.set()
@@ -826,7 +614,7 @@ class Checkpointer:
         """A queued snapshot a newer one supersedes: its buffers back, its spooled files gone,
         and the event that says so."""
         self._release(snap)
-        _remove_spooled(snap)
+        remove_spooled(snap)
         self.emit(
             ev.CheckpointSkipped(
                 step=snap.step,
@@ -874,111 +662,38 @@ class Checkpointer:
                     self._busy = False
                     self._cv.notify_all()
 
+    def _cancelled(self) -> bool:
+        """Whether the upload in progress is to be abandoned: the worker's, when an emergency
+        save (`save_now`) wants the store (a sharded save's uploads are never cancelled)."""
+        return self._cancel.is_set() and threading.current_thread() is self._worker
+
     def _next_seq(self) -> int:
         """A number no checkpoint folder has: another incarnation may have committed one (an
         emergency save during this one's start) since this checkpointer was made."""
-        existing = self._existing_seqs()
+        existing = self.catalog.seqs()
         with self._cv:
             self._seq = max(self._seq, *existing, 0) + 1
             return self._seq
 
-    def _existing_seqs(self) -> list[int]:
-        """Every checkpoint folder's number in every store: a number is one checkpoint across
-        them (a copy keeps its number), so a new save must take one no store has."""
-        out = [int(n) for n in self.store.ls(self.root) if n.isdigit()]
-        for other in self.stores[1:]:
-            try:
-                out += [int(n) for n in other.ls(self._root_of(other)) if n.isdigit()]
-            except OSError:
-                pass  # a store out of reach now: its numbers are older than the write store's
-        return out
-
-    def _root_of(self, store: Store) -> str:
-        return store.job(self.job_id, "ckpt")
-
     def _write(self, snap: Snapshot) -> Manifest:
-        seq = self._next_seq()
-        folder = f"{self.root}/{seq:08d}"
-        t0 = time.perf_counter()
-        committed = False
-        spool = os.path.join(self.spool, f"state-{seq}.pt")
-        blobs: list[tuple[str, BlobRef]] = []
-        written: dict[tuple, Seen] = {}
-        try:
-            self.beacon.set_phase(Phase.SAVE)
-            state = snap.state
-            if snap.fresh:  # changed candidates: each to its own spool file, hashed once
-                state, blobs, written = self._spool_blobs(snap)
-            with open(spool, "wb") as f:
-                hashed = _HashingFile(f)
-                torch.save(state, cast(IO[bytes], hashed))  # hashed as it is written: no second read
-            self._release(snap)
-            files: dict[str, dict[str, Any]] = {}
-            self.beacon.set_phase(Phase.UPLOAD)
-            if snap.referenced:
-                files.update(self._referenced(snap.referenced))
-            for local, ref in blobs:
-                files[ref.name] = self._upload_blob(local, ref.sha256, ref.nbytes)
-            files["state.pt"] = self._upload(spool, f"{folder}/state.pt", hashed.digest())
-            if snap.data is not None:  # a chunked snapshot: its tensors, once the drain is done
-                data, drain = snap.data
-                files[DATA_NAME] = self._upload(data, f"{folder}/{DATA_NAME}", drain.result())
-            for local, name in snap.files:
-                files[name] = self._upload_blob(local, *snap.hashes[name])
-                if os.path.exists(local):
-                    os.unlink(local)
-            upload_s = time.perf_counter() - t0
-            total = sum(f["size"] for f in files.values() if not f.get("reused"))
-            reused = sum(f["size"] for f in files.values() if f.get("reused"))
-            manifest = Manifest(
-                seq=seq,
-                step=snap.step,
-                kind=snap.kind,
-                files=files,
-                incarnation=self.incarnation,
-                created=time.time(),
-                snapshot_s=snap.snapshot_s,
-                upload_s=upload_s,
-                nbytes=total,
-                referenced=reused,
-                dests=snap.dests,
-                dirs=snap.dirs,
-            )
-            if self.before_commit is not None:
-                # what the run logged up to this step becomes durable no later than the state:
-                # a kill right after the commit must not leave a hole in the loss curve that
-                # the resume (which starts after this step) would never fill
-                self.before_commit(snap.step)
-            self.beacon.set_phase(Phase.COMMIT)
-            self.store.write_bytes(f"{folder}/MANIFEST.json", manifest.to_json(self.key, self.job_id))
-            committed = True
-            self.incremental.commit(snap.referenced, written)
-        finally:
-            for local, _ in blobs:
-                if os.path.exists(local):
-                    os.unlink(local)
-            self._release(snap)
-            if not committed:
-                self.beacon.set_phase(Phase.IDLE)
-            if os.path.exists(spool):
-                os.unlink(spool)  # a failed save must not leave its copy in the spool
-            if snap.data is not None:
-                snap.data[1].wait()  # a failed save still ends with its chunk buffers given back
-            _remove_spooled(snap)
-        self.upload_ema, self.upload_var = _ewm(self.upload_ema, self.upload_var, upload_s)
+        """Commit `snap` (`Uploader.write`), then what a commit means here: the estimates the
+        policy reads (δ, β, bandwidth, sizes), the `checkpoint` event, and pruning."""
+        manifest = self.uploader.write(snap, self._next_seq(), self._release)
+        upload_s, total = manifest.upload_s, manifest.nbytes
+        self.upload_ema, self.upload_var = ewm(self.upload_ema, self.upload_var, upload_s)
         if total >= BANDWIDTH_MIN and upload_s > 0:  # smaller ones measure latency, not bandwidth
-            self.bandwidth = _ewm(self.bandwidth, 0.0, total / upload_s)[0]
-        self.last_bytes, self.last_written = total + reused, total
+            self.bandwidth = ewm(self.bandwidth, 0.0, total / upload_s)[0]
+        self.last_bytes, self.last_written = total + manifest.referenced, total
         self.committed.append(manifest)
         self.emit(
             ev.Checkpoint(
-                seq=seq,
+                seq=manifest.seq,
                 save_kind=snap.kind,
                 step=snap.step,
                 snapshot_s=snap.snapshot_s,
                 upload_s=upload_s,
                 nbytes=total,
-                referenced_bytes=reused,
+                referenced_bytes=manifest.referenced,
             )
         )
         # COMMIT lasts until the checkpoint is announced, so the local market can land a kill
@@ -987,238 +702,25 @@ class Checkpointer:
         self._prune(manifest)
         return manifest
 
-    def _spool_blobs(self, snap: Snapshot) -> tuple[Any, list[tuple[str, BlobRef]], dict[tuple, Seen]]:
-        """The snapshot's state with every changed candidate replaced by its `BlobRef`, each
-        written to a spool file and hashed on the way: (state, [(file, ref)], path -> the
-        candidate with its blob, for the next save to reference once this one commits)."""
-        data = None
-        if snap.data is not None:  # chunked: the candidates' bytes are slices of tensors.bin
-            data = snap.data[0]
-            snap.data[1].result()
-        blobs: list[tuple[str, BlobRef]] = []
-        written: dict[tuple, Seen] = {}
-
-        def leaf(path: tuple, obj: Any) -> Any:
-            seen = snap.fresh.get(path)
-            if seen is None or not isinstance(obj, (torch.Tensor, TensorRef)):
-                return obj
-            local = os.path.join(self.spool, f"blob-{uuid.uuid4().hex[:8]}")
-            blobs.append((local, BlobRef("", 0, "", ())))  # listed first: removed even if this fails
-            if isinstance(obj, TensorRef):
-                assert data is not None
-                sha = _copy_slice_hashing(data, obj.offset, obj.nbytes, local)
-            else:
-                sha = _write_tensor_hashing(obj, local)
-            written[path] = dataclasses.replace(seen, sha256=sha)
-            ref = written[path].ref()
-            blobs[-1] = (local, ref)
-            return ref
-
-        return map_tensors(snap.state, leaf), blobs, written
-
-    def _referenced(self, referenced: dict[tuple, Seen]) -> dict[str, dict[str, Any]]:
-        """Manifest entries of the unchanged tensors a save references, after one listing of
-        the blobs folder shows each is still there (one missing cannot be written from here:
-        its bytes were not copied, so the save fails and the next one writes them again)."""
-        have = set(self.store.ls(f"{self.root}/{BLOBS}"))
-        out: dict[str, dict[str, Any]] = {}
-        for seen in referenced.values():
-            ref = seen.ref()
-            if ref.sha256 not in have:
-                self.incremental.forget()
-                raise RuntimeError(
-                    f"{BLOBS}/{ref.sha256[:12]}…, an unchanged tensor this save references, is no "
-                    "longer in the store: save abandoned, the next one writes every tensor again"
-                )
-            out[ref.name] = {"size": ref.nbytes, "sha256": ref.sha256, "blob": True, "reused": True}
-        return out
-
-    def _upload_blob(self, local: str, sha256: str, size: int) -> dict[str, Any]:
-        """A backed-up file, stored by content: not uploaded again when the store has it (an
-        earlier checkpoint's copy, checked by size; restore checks its hash)."""
-        path = f"{self.root}/{BLOBS}/{sha256}"
-        try:
-            damaged = sha256 in self._damaged_blobs
-            if not damaged and self.store.exists(path) and self.store.fs.size(path) == size:
-                return {"size": size, "sha256": sha256, "blob": True, "reused": True}
-        except OSError:
-            pass  # cannot tell: upload it
-        meta = self._upload(local, path, {"size": size, "sha256": sha256})
-        self._damaged_blobs.discard(sha256)
-        return {**meta, "blob": True}
-
+    # -- the collaborators, as sharded saves (`sharded.py`) and readers (`spotnb.weights`,
+    # -- `runtime/group/torchrun.py`) use them through this checkpointer --------------------
     def _upload(self, local: str, dest: str, known: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Copy a spooled file to the store in chunks, hashing as it goes (throttled if asked).
-        On a local store a file already hashed is simply renamed into place when it can be."""
-        if known is not None and self.store.local and not self.upload_bps:
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            try:
-                os.replace(local, dest)  # same filesystem: atomic, and no copy at all
-                return known
-            except OSError:
-                pass  # another filesystem: copy below
-        algo, hasher = digest.fresh()  # a file written by value (not a blob: those come `known`)
-        start = time.perf_counter()
-        target = f"{dest}.tmp-{uuid.uuid4().hex[:8]}" if self.store.local else dest
-        if self.store.local:
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-        try:
-            size = self._copy(local, target, known is None, hasher, start)
-        except BaseException:
-            if self.store.local and os.path.exists(target):
-                os.unlink(target)  # a full disk or a cancel must not leave debris in the store
-            raise
-        if self.store.local:
-            os.replace(target, dest)
-        return known if known is not None else {"size": size, algo: hasher.hexdigest()}
+        """`Uploader.upload`: a spooled file copied into the write store; its manifest entry."""
+        return self.uploader.upload(local, dest, known)
 
-    def _copy(self, local: str, target: str, hash_it: bool, hasher: Any, start: float) -> int:
-        """Chunked, cancellable, throttled copy into the store; returns the bytes copied."""
-        size = 0
-        with open(local, "rb") as src, self.store.fs.open(target, "wb") as out:
-            while True:
-                if self._cancel.is_set() and threading.current_thread() is self._worker:
-                    raise SaveCancelled()
-                chunk = src.read(CHUNK)
-                if not chunk:
-                    break
-                if hash_it:
-                    hasher.update(chunk)
-                out.write(chunk)
-                size += len(chunk)
-                if self.upload_bps:
-                    ahead = size / self.upload_bps - (time.perf_counter() - start)
-                    if ahead > 0:
-                        time.sleep(ahead)
-        return size
+    def _prune(self, newest: Manifest) -> None:
+        """`Pruner.prune`, after `newest` was committed."""
+        self.pruner.prune(newest)
 
-    # -- retention -----------------------------------------------------------------------
-    def _scan(self) -> list[tuple[int, Manifest | Exception | None, Store]]:
-        """Every checkpoint folder of every store, newest first (a number found in several
-        stores: the write store's copy first, then in `stores` order), with its manifest, None
-        when it has none (a partial upload or copy), or the exception that reading or
-        checking it raised. A store other than the write store that cannot be listed now (a
-        region's bucket out of reach) is left out of this scan, with a warning."""
-        out: list[tuple[int, int, Manifest | Exception | None, Store]] = []
-        for rank, store in enumerate(self.stores):
-            try:
-                found = self._scan_store(store)
-            except OSError as exc:
-                if store is self.store:
-                    raise
-                if store.url not in self._unreachable:  # once per store, not at every save
-                    self._unreachable.add(store.url)
-                    self.emit(
-                        ev.JobWarning(message=f"checkpoints in {store.url} cannot be listed now: {exc!r}")
-                    )
-                continue
-            self._unreachable.discard(store.url)
-            out += [(seq, rank, manifest, store) for seq, manifest in found]
-        # one number in two stores is one checkpoint's copies (same step), or two checkpoints
-        # numbered while one store was out of reach (`_existing_seqs`): the one further on first
-        out.sort(key=lambda item: (-item[0], -_step_of(item[2]), item[1]))
-        return [(seq, manifest, store) for seq, _, manifest, store in out]
-
-    def _scan_store(self, store: Store) -> list[tuple[int, Manifest | Exception | None]]:
-        store.invalidate()
-        root = self._root_of(store)
-        out: list[tuple[int, Manifest | Exception | None]] = []
-        for name in reversed(store.ls(root)):
-            if not name.isdigit():
-                continue
-            try:
-                raw = store.read_bytes(f"{root}/{name}/MANIFEST.json")
-                found: Manifest | Exception | None = Manifest.parse(raw, name, self.key, self.job_id)
-            except FileNotFoundError:
-                found = None
-            except (ValueError, OSError) as exc:  # InvalidManifest is a ValueError
-                found = exc
-            out.append((int(name), found))
-        return out
+    def _scan(self) -> list[tuple[int, Found, Store]]:
+        """`Catalog.scan`: every checkpoint folder of every store, newest first."""
+        return self.catalog.scan()
 
     def list_manifests(self, strict: bool = False) -> list[Manifest]:
         """Committed checkpoints (a well-formed manifest present), newest first. With `strict`,
         a manifest that exists but cannot be read (a transient store error, not a bad shape)
         raises instead of being skipped."""
-        out: list[Manifest] = []
-        for seq, found, _ in self._scan():
-            if strict and isinstance(found, Exception) and not isinstance(found, InvalidManifest):
-                raise found
-            if isinstance(found, Manifest) and not any(m.seq == seq for m in out):
-                out.append(found)  # one entry per checkpoint, whatever its copies
-        return out
-
-    def _prune(self, newest: Manifest) -> None:
-        """Keep the newest two checkpoints of any kind (one to fall back to) and `keep_last`
-        periodic ones; drop superseded insurance/emergency ones, abandoned partial uploads and
-        checkpoints whose manifest is damaged.
-
-        Decided folder by folder: one manifest that cannot be read right now is kept and left
-        out of the count (it might be committed), never a reason to stop pruning the rest.
-        Across stores (`Config.regional_stores`) the count is of checkpoints, not copies: a
-        kept checkpoint keeps every copy, so the only copy of a kept one is never deleted."""
-        try:
-            scan = self._scan()
-        except Exception as exc:  # noqa: BLE001 - pruning is housekeeping, never fatal
-            self.emit(ev.JobWarning(message=f"checkpoint pruning failed: {exc!r}"))
-            return
-        manifests: list[Manifest] = []
-        for _, m, _ in scan:
-            if isinstance(m, Manifest) and not any(k.seq == m.seq for k in manifests):
-                manifests.append(m)
-        try:  # blobs' temp files of uploads and copies that died (a live one's is younger)
-            self.store.clean_temp(f"{self.root}/{BLOBS}")
-        except OSError:
-            pass
-        gone: dict[str, set[str]] = {}
-        keep = {m.seq for m in manifests[:2]}
-        keep |= {m.seq for m in [m for m in manifests if m.kind in _PERSISTENT][: self.keep_last]}
-        for seq, found, store in scan:
-            if seq in keep or seq == newest.seq:
-                continue
-            root = self._root_of(store)
-            if isinstance(found, Manifest):
-                doomed = True
-            elif found is None:
-                # a partial upload a preemption or cancel left behind (older than this save,
-                # and still without a manifest: not one committing right now)
-                doomed = seq < newest.seq and not store.exists(f"{root}/{seq:08d}/MANIFEST.json")
-            else:
-                # a damaged manifest is never restorable; one unreadable for now may be fine
-                doomed = isinstance(found, InvalidManifest) and seq < newest.seq
-            if not doomed:
-                continue
-            try:
-                self._delete(seq, store)
-            except Exception as exc:  # noqa: BLE001 - the next save prunes again
-                self.emit(ev.JobWarning(message=f"checkpoint pruning could not delete {seq}: {exc!r}"))
-                continue
-            if isinstance(found, Manifest):
-                gone.setdefault(store.url, set()).update(found.blobs())
-        # a blob goes with the last checkpoint of its store that listed it (only blobs of
-        # checkpoints just deleted: one a save of another writer has uploaded but not
-        # committed yet stays)
-        for store in self.stores:
-            kept = set().union(
-                *(
-                    m.blobs()
-                    for _, m, s in scan
-                    if s is store and isinstance(m, Manifest) and m.seq in keep | {newest.seq}
-                )
-            )
-            for sha in sorted(gone.get(store.url, set()) - kept):
-                try:
-                    store.rm(f"{self._root_of(store)}/{BLOBS}/{sha}")
-                except Exception as exc:  # noqa: BLE001 - the next prune does not see it again: say so
-                    self.emit(
-                        ev.JobWarning(message=f"checkpoint pruning could not delete blob {sha[:12]}: {exc!r}")
-                    )
-
-    def _delete(self, seq: int, store: Store | None = None) -> None:
-        store = store or self.store
-        folder = f"{self._root_of(store)}/{seq:08d}"
-        store.rm(f"{folder}/MANIFEST.json")  # manifest first: never a valid-looking half
-        store.rm(folder, recursive=True)
+        return self.catalog.list_manifests(strict)
 
     # -- restore -------------------------------------------------------------------------
     def load_latest(self) -> tuple[Manifest, Any] | None:
@@ -1226,86 +728,14 @@ class Checkpointer:
         its state; None if there is none. Every checkpoint passed over is reported as a
         `checkpoint_invalid` event saying why. With several stores, a checkpoint whose copy in
         one fails is taken from its copy in the next before an older one is tried."""
-        several = len(self.stores) > 1
-        for seq, manifest, store in self._scan():
-            where = f" in {store.url}" if several else ""
-            if manifest is None:
-                continue
-            if isinstance(manifest, Exception):
-                self.emit(
-                    ev.CheckpointInvalid(
-                        seq=seq, step=None, reason=f"checkpoint {seq:08d}{where}: {manifest}"
-                    )
-                )
-                continue
-            found = self._load(manifest, store)
-            if found is not None:
-                self.restored_from = store.url
-                return manifest, found
-        return None
+        return self.restorer.load_latest()
 
     def _load(
         self, manifest: Manifest, store: Store | None = None, files: dict[str, str] | None = None
     ) -> Any | None:
-        """The state of `manifest` once every file it lists verified (None, with a
-        `checkpoint_invalid` event, when one does not), its backed-up files put back at their
-        paths. With `files` (a reader outside the job: `spotnb.weights`) they are not put back:
-        their verified copies stay in the spool, listed in `files` (manifest name -> local path)
-        for the caller to use before `close`."""
-        store = store or self.store
-        root = self._root_of(store)
-        folder = f"{root}/{manifest.seq:08d}"
-        paths: dict[str, str] = {}
-        read: dict[tuple, tuple[BlobRef, torch.Tensor]] = {}  # tensors read from blobs: to adopt
-        try:
-            for name, meta in manifest.files.items():
-                where = f"{root}/{BLOBS}/{meta['sha256']}" if meta.get("blob") else f"{folder}/{name}"
-                try:
-                    paths[name] = self._fetch_verified(where, meta, store)
-                except ValueError:  # its bytes do not match its hash
-                    if meta.get("blob") and store is self.store:
-                        self._damaged_blobs.add(meta["sha256"])
-                    raise
-            state = torch.load(paths["state.pt"], map_location="cpu", weights_only=False)
-            if DATA_NAME in paths:  # written chunked: the skeleton's tensors are in tensors.bin
-                state = fill_refs(state, paths[DATA_NAME])
-            if any(name.startswith("tensors/") for name in paths):  # stored by content
-                state = fill_blobs(state, paths, read)
-            if files is not None:
-                files.update({name: paths[name] for name in manifest.dests})
-            else:
-                _put_back(manifest, paths)
-        except Exception as exc:  # noqa: BLE001 - any damage means: take the previous checkpoint
-            reason = str(exc) if len(self.stores) == 1 else f"in {store.url}: {exc}"
-            self.emit(ev.CheckpointInvalid(seq=manifest.seq, step=manifest.step, reason=reason))
-            return None
-        finally:
-            kept = set((files or {}).values())
-            for path in paths.values():
-                if path.startswith(self.spool) and os.path.exists(path) and path not in kept:
-                    os.unlink(path)
-        # for `adopt`, once the caller has loaded the state: only blobs the write store holds
-        # can be referenced by the next save (one restored from another store is written anew)
-        self.incremental.restored = read if store is self.store else {}
-        return state
+        """`Restorer.load`: the state of `manifest` once every file it lists verified, or None."""
+        return self.restorer.load(manifest, store, files)
 
     def _fetch_verified(self, path: str, meta: dict[str, Any], store: Store | None = None) -> str:
-        """Copy `path` to the spool, checking its size and the digest its entry carries (sha256
-        or BLAKE3, `digest.of`); ValueError when they differ. The local copy's path."""
-        algo, want = digest.of(meta)
-        hasher = digest.new(algo)
-        local = os.path.join(self.spool, f"restore-{uuid.uuid4().hex[:8]}")
-        size = 0
-        with (store or self.store).fs.open(path, "rb") as src, open(local, "wb") as out:
-            while chunk := src.read(CHUNK):
-                hasher.update(chunk)
-                out.write(chunk)
-                size += len(chunk)
-        got = hasher.hexdigest()
-        if size != meta["size"] or got != want:
-            os.unlink(local)
-            raise ValueError(
-                f"{path}: size {size} / {algo} {got[:12]} do not match the "
-                f"manifest ({meta['size']} / {want[:12]})"
-            )
-        return local
+        """`Restorer.fetch_verified`: `path` copied to the spool and verified; the copy's path."""
+        return self.restorer.fetch_verified(path, meta, store)

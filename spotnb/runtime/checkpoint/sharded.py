@@ -61,7 +61,8 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from spotnb.core import protocol as ev
 from spotnb.core.protocol import SaveKind
-from spotnb.runtime.checkpoint.checkpointer import Checkpointer, Manifest, _ewm
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer, ewm
+from spotnb.runtime.checkpoint.manifest import Manifest
 
 __all__ = ["ShardedCheckpointer", "SHARD_DIR", "MARKER", "is_sharded", "needed_files", "whole_state"]
 
@@ -407,8 +408,8 @@ class ShardedCheckpointer:
             ck.emit(ev.CheckpointFailed(step=step, save_kind=kind, error=f"commit: {exc!r}"))
             return None
         # the policy's δ and β (`Observation`): rank 0's write and upload, the whole size
-        ck.snapshot_ema, ck.snapshot_var = _ewm(ck.snapshot_ema, ck.snapshot_var, snapshot_s)
-        ck.upload_ema, ck.upload_var = _ewm(ck.upload_ema, ck.upload_var, max(0.0, upload_s - snapshot_s))
+        ck.snapshot_ema, ck.snapshot_var = ewm(ck.snapshot_ema, ck.snapshot_var, snapshot_s)
+        ck.upload_ema, ck.upload_var = ewm(ck.upload_ema, ck.upload_var, max(0.0, upload_s - snapshot_s))
         ck.last_bytes = ck.last_written = manifest.nbytes
         ck.committed.append(manifest)
         ck.emit(

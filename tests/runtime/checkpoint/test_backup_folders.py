@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import spotnb as spot
-from spotnb.runtime.checkpoint.checkpointer import BLOBS
-from spotnb.runtime.context import _backup_files
+from spotnb.runtime.checkpoint.manifest import BLOBS
+from spotnb.runtime.context import backup_files
 from tests.support import jobfns
 
 pytestmark = pytest.mark.jobs
@@ -27,7 +27,7 @@ def _state(step: int) -> dict:
 
 
 def _save(c, step: int, folder: Path) -> None:
-    files, dirs = _backup_files((str(folder),))
+    files, dirs = backup_files((str(folder),))
     c.save_now(c.snapshot(_state(step), step, "periodic", files=files, dirs=dirs))
 
 
@@ -97,7 +97,7 @@ def test_a_damaged_blob_falls_back_to_the_previous_checkpoint(ckpt, tmp_path: Pa
 
 def test_backing_up_a_path_that_is_not_there_says_which() -> None:
     with pytest.raises(FileNotFoundError, match="nope/ckpt"):
-        _backup_files(("nope/ckpt",))
+        backup_files(("nope/ckpt",))
 
 
 def test_a_trainer_with_its_own_checkpoint_folder_resumes_exactly_after_a_kill(tmp_path: Path) -> None:

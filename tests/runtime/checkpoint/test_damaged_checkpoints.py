@@ -21,7 +21,8 @@ import torch
 
 import spotnb as spot
 from spotnb.core.store import Store
-from spotnb.runtime.checkpoint.checkpointer import Checkpointer, InvalidManifest, Manifest
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer
+from spotnb.runtime.checkpoint.manifest import InvalidManifest, Manifest
 from tests.support import jobfns
 from tests.support.jobs import Recorder, ckpt_save, ckpt_state, mounted_tmpfs
 

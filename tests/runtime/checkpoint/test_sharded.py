@@ -19,7 +19,8 @@ import torch
 import torch.multiprocessing as mp
 
 from spotnb.core.store import Store
-from spotnb.runtime.checkpoint.checkpointer import Checkpointer, Manifest
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer
+from spotnb.runtime.checkpoint.manifest import Manifest
 from spotnb.runtime.checkpoint.sharded import MARKER, ShardedCheckpointer, is_sharded
 from tests.support.jobs import EventList, free_port, gloo_mesh
 

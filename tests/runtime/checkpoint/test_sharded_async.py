@@ -21,7 +21,8 @@ import torch
 import torch.multiprocessing as mp
 
 from spotnb.core.store import Store
-from spotnb.runtime.checkpoint.checkpointer import Checkpointer, Manifest
+from spotnb.runtime.checkpoint.checkpointer import Checkpointer
+from spotnb.runtime.checkpoint.manifest import Manifest
 from spotnb.runtime.checkpoint.sharded import SHARD_DIR, ShardedCheckpointer
 from tests.support.jobs import EventList, free_port, gloo_mesh
 
