@@ -13,20 +13,43 @@ completion inside a loop that is already running. Nothing here does: the synchro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
+from spotnb.core.events import EventSink
 from spotnb.core.protocol import TERMINAL, Event, Status
 
-if TYPE_CHECKING:
-    from spotnb.job import Job
+__all__ = ["wait_async", "result_async", "stream", "AwaitableJob"]
 
-__all__ = ["wait_async", "result_async", "stream"]
+
+class AwaitableJob(Protocol):
+    """What these functions need of a job (`spotnb.job.Job` is one). Named as a protocol, not
+    imported, so that `job` imports `aio` and `aio` imports nothing of `job`: no circle."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    def result(self, timeout: float | None = None) -> Any: ...
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None: ...
+
+    def remove_done_callback(self, callback: Callable[[], None]) -> None: ...
+
+    def add_sink(self, sink: EventSink, replay: bool = True) -> None: ...
+
+    def remove_sink(self, sink: EventSink) -> None: ...
+
 
 _END = object()
 
 
-async def wait_async(job: Job, timeout: float | None = None) -> bool:
+async def wait_async(job: AwaitableJob, timeout: float | None = None) -> bool:
     """True once the job has ended; False if `timeout` seconds pass first."""
     if job.done:
         return True
@@ -46,7 +69,7 @@ async def wait_async(job: Job, timeout: float | None = None) -> bool:
         job.remove_done_callback(on_end)
 
 
-async def result_async(job: Job, timeout: float | None = None) -> Any:
+async def result_async(job: AwaitableJob, timeout: float | None = None) -> Any:
     """What `job.result()` returns (or raises), awaited: `await job`."""
     if not await wait_async(job, timeout):
         raise TimeoutError(f"job {job.id} still {job.status} after {timeout} s")
@@ -54,7 +77,7 @@ async def result_async(job: Job, timeout: float | None = None) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, job.result, 0)
 
 
-async def stream(job: Job) -> AsyncIterator[Event]:
+async def stream(job: AwaitableJob) -> AsyncIterator[Event]:
     """Every event of the job so far, then each new one as it arrives; ends after the status
     event that ends the job (or at once after the last one, for a job already ended; a job
     found `lost` ends the stream without an event). Leaving the loop early detaches."""

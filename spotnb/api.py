@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import inspect
 import os
-import secrets
-import sys
-import threading
-import time
-import weakref
 from collections.abc import Callable
-from importlib import import_module
 from typing import Any
 
 from spotnb.control.fleet import make_controller
 from spotnb.control.jobdb import JobDB
 from spotnb.control.supervise import (
     ensure_controller,
-    hosting_error,
     job_vanished,
     mark_lost,
     start_controller,
@@ -25,25 +18,33 @@ from spotnb.control.supervise import (
 from spotnb.core import protocol as ev
 from spotnb.core.events import EventReader, EventWriter
 from spotnb.core.files import FilesError, collect, upload
-from spotnb.core.protocol import TERMINAL, JobStatus
-from spotnb.core.signing import key_path, load_key, new_key, save_key, seal
+from spotnb.core.protocol import JobStatus
+from spotnb.core.signing import key_path, load_key, seal
 from spotnb.core.spec import (
-    JobSpec,
-    RuntimeSettings,
-    ScriptSpec,
     ShippedFile,
     SpecError,
-    config_json,
     load_spec,
     write_spec,
 )
 from spotnb.core.store import Store
 from spotnb.errors import ConfigError, SpotnbError
 from spotnb.job import Job
-from spotnb.providers import get_provider_class, registry
 from spotnb.providers.base import LaunchSpec
-from spotnb.providers.shipping import ship
 from spotnb.settings.config import Config
+from spotnb.settings.registry import get_provider_class, registry
+from spotnb.submit import (
+    LIVE_JOBS,
+    LIVE_LOCK,
+    check_inputs,
+    drive_job,
+    job_spec,
+    merge_config,
+    pickle_payload,
+    public_config,
+    refuse,
+    spotnb_version,
+    submit_job,
+)
 from spotnb.views.plan_view import Plan
 
 __all__ = [
@@ -60,24 +61,6 @@ __all__ = [
     "EXIT_LEASE_HELD",
 ]
 
-_LIVE: weakref.WeakValueDictionary[str, Job] = weakref.WeakValueDictionary()
-_LIVE_LOCK = threading.Lock()
-
-
-def _version() -> str:
-    from spotnb import __version__
-
-    return __version__
-
-
-def _merge(config: Config | None, overrides: dict[str, Any]) -> Config:
-    if config is None:
-        return Config(**overrides)
-    if not isinstance(config, Config):
-        raise ConfigError(f"config must be a spot.Config, got {type(config).__name__}")
-    base = {k: getattr(config, k) for k in config.model_fields_set}
-    return Config(**{**base, **overrides})
-
 
 def _check_fn(fn: Any) -> None:
     if not callable(fn):
@@ -93,128 +76,14 @@ def _check_fn(fn: Any) -> None:
         pass  # builtins without a signature: let the call decide
 
 
-def _pickle_payload(fn: Callable[..., Any] | None, config: Config) -> bytes:
-    """The signed payload the instance unpickles: the function (None for a script job) and a
-    Policy object given as Config.checkpoint."""
-    import cloudpickle
-
-    for name in config.ship_modules:
-        try:
-            module = import_module(name)
-        except ImportError as exc:
-            raise ConfigError(
-                f"Config.ship_modules: cannot import {name!r} here ({exc}); list "
-                "modules importable in this kernel"
-            ) from None
-        cloudpickle.register_pickle_by_value(module)
-    policy = config.checkpoint if not isinstance(config.checkpoint, str) else None
-    try:
-        return cloudpickle.dumps({"fn": fn, "policy": policy})
-    except Exception as exc:  # noqa: BLE001 - cloudpickle raises many kinds
-        raise ConfigError(
-            f"fn: {getattr(fn, '__name__', 'the function')!r} cannot be pickled to ship "
-            f"to the instance: {type(exc).__name__}: {exc}. It (or something it uses "
-            "from the notebook) holds an object that cannot be pickled, such as an "
-            "open file, lock, socket or CUDA stream; create it inside the function."
-        ) from None
-    finally:
-        for name in config.ship_modules:
-            cloudpickle.unregister_pickle_by_value(sys.modules[name])
-
-
-def _check_inputs(config: Config) -> None:
-    for i, path in enumerate(config.files):
-        if os.path.islink(path) and not os.path.exists(path):
-            raise ConfigError(
-                f"Config.files[{i}]: {path!r} is a symbolic link to {os.readlink(path)!r}, which "
-                "does not exist (or leads back to itself); point it at a file, or remove it from "
-                "Config.files"
-            )
-        if not os.path.exists(path):
-            raise ConfigError(
-                f"Config.files[{i}]: {path!r} does not exist (relative paths are taken from {os.getcwd()!r})"
-            )
-    _check_local_procs(config)
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    for i, spec in enumerate(config.requirements):
-        try:
-            Requirement(spec)
-        except InvalidRequirement as exc:
-            raise ConfigError(f"Config.requirements[{i}]: {spec!r} is not a pip requirement: {exc}") from None
-
-
-def _check_local_procs(config: Config) -> None:
-    """On the local market every process of an instance runs on this machine: refuse more of
-    them than it can run (its GPUs with CUDA, else its cores). Checked at submit, not when the
-    Config is made: a saved spec read back on another machine stays valid."""
-    procs = config.procs_per_instance
-    if config.provider != "local" or procs is None or procs <= 1:
-        return
-    from spotnb.market.gpus import local_capacity
-
-    most, what = local_capacity()
-    if procs > most:
-        raise ConfigError(
-            f"Config.procs_per_instance: {procs} processes per instance on the local market is "
-            f"more than {what} (each local-market instance runs on it); give at most "
-            f"procs_per_instance={most}, or leave it None (the GPU count, 1 on CPU)"
-        )
-
-
-def _new_job_id() -> str:
-    """Sortable by submission time, unique across processes and machines sharing a store."""
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-
-
-def _spec(
-    job_id: str,
-    config: Config,
-    files: list[dict[str, Any]],
-    created: float | None = None,
-    script: ScriptSpec | None = None,
-) -> JobSpec:
-    """The job's JSON spec: the whole Config (a Policy object stays in the fn payload), what
-    the instance needs in typed form, and the shipped files."""
-    return JobSpec(
-        job_id=job_id,
-        name=config.name,
-        created=created or time.time(),
-        spotnb_version=_version(),
-        cwd=os.getcwd(),
-        config=config_json(config),
-        runtime=RuntimeSettings(
-            policy=config.checkpoint if isinstance(config.checkpoint, str) else None,
-            save_every=config.save_every,
-            keep_last=config.keep_last,
-            snapshot_memory=config.snapshot_memory,
-            notice_poll=config.notice_poll,
-            flush_interval=0.5,
-            heartbeat_interval=max(0.5, min(5.0, config.heartbeat_timeout / 4)),
-            instances=config.instances,
-            min_instances=config.min_instances,
-            sync=config.sync,
-            procs_per_instance=config.procs_per_instance,
-        ),
-        files=[ShippedFile(**{k: v for k, v in f.items() if k != "source"}) for f in files],
-        script=script,
-    )
-
-
-def _public_config(config: Config) -> dict[str, Any]:
-    data = config.model_dump(mode="json", exclude={"checkpoint"})
-    data["checkpoint"] = config.checkpoint if isinstance(config.checkpoint, str) else repr(config.checkpoint)
-    return data
-
-
 def _prepare(fn: Any, config: Config) -> tuple[Any, bytes, list[dict[str, Any]]]:
     """Everything that can fail on bad input, before anything is written or launched:
     the provider's checks, the function's pickle and the files to ship (hashed, size-limited)."""
     _check_fn(fn)
-    _check_inputs(config)
+    check_inputs(config)
     provider = get_provider_class(config.provider)(config)
     provider.validate()
-    payload = _pickle_payload(fn, config)
+    payload = pickle_payload(fn, config)
     try:
         files = collect(config.files, os.getcwd())
     except FilesError as exc:
@@ -246,7 +115,7 @@ def dry_run_plan(fn: Any, config: Config) -> Plan:
             "1",
         ],
         requirements=list(config.requirements),
-        spotnb_version=_version(),
+        spotnb_version=spotnb_version(),
     )
     plan = provider.plan_launch(spec)
     if isinstance(plan, dict) and (regions == "cheapest" or len(regions) > 1):
@@ -348,59 +217,6 @@ def _placement_rows(provider: Any, config: Config, regions: list[str] | str) -> 
     ]
 
 
-def _open_store(url: str) -> Any:
-    try:
-        return Store(url)
-    except Exception as exc:  # noqa: BLE001
-        raise ConfigError(f"Config.store: cannot open {url!r}: {exc}") from None
-
-
-def _submit(
-    fn_payload: bytes,
-    config: Config,
-    files: list[dict[str, Any]],
-    detach: bool,
-    script: ScriptSpec | None = None,
-) -> Job:
-    """Write a new job to the store and the job DB (key, signed fn and spec, shipped files,
-    `submitted` event); start nothing."""
-
-    store = _open_store(config.store_url())
-    db = JobDB()
-    job_id = _new_job_id()
-    key = new_key()
-    save_key(job_id, key)
-    upload(store, files)
-    store.write_bytes(store.job(job_id, "fn.pkl"), seal(key, job_id, "fn.pkl", fn_payload))
-    ship(store, job_id, key, config, get_provider_class(config.provider).ships_code)  # the VMs' spotnb
-    write_spec(store, _spec(job_id, config, files, script=script), key)
-    db.add_job(
-        job_id,
-        name=config.name,
-        provider=config.provider,
-        region=config.region,
-        instance_type=config.instance_type_name(),
-        store=store.url,
-    )
-    if config.controller == "cloud":
-        db.update_job(job_id, controller="cloud")  # never driven from this machine
-    submitted = EventWriter(store, job_id, 0, "api")
-    submitted.emit(
-        ev.Submitted(
-            name=config.name,
-            provider=config.provider,
-            instance_type=config.instance_type_name(),
-            config=_public_config(config),
-            spotnb_version=_version(),
-            detached=detach,
-            files=[{"path": f["path"], "size": f["size"]} for f in files],
-        )
-    )
-    submitted.emit(ev.Status(status=JobStatus.PENDING))
-    submitted.flush()
-    return Job(job_id, store, db, {"name": config.name})
-
-
 def train(
     fn: Callable[[Any], Any],
     config: Config | None = None,
@@ -419,45 +235,15 @@ def train(
     dead notebook do not stop a job that may run for days, and `spot.attach(id)` picks it up
     from anywhere. `detach=False` drives it from a thread of this process instead.
     """
-    config = _merge(config, overrides)
+    config = merge_config(config, overrides)
     if dry_run:
         # A Plan shows itself as a readable summary (HTML in a notebook, text in a terminal);
         # printing the whole JSON here made the notebook show every request twice.
         return dry_run_plan(fn, config)  # type: ignore[return-value]
     provider, payload, files = _prepare(fn, config)
-    job = _submit(payload, config, files, detach)
-    _drive(job, config, provider, detach)
+    job = submit_job(payload, config, files, detach)
+    drive_job(job, config, provider, detach)
     return job
-
-
-def _drive(job: Job, config: Config, provider: Any, detach: bool) -> None:
-    with _LIVE_LOCK:
-        _LIVE[job.id] = job
-    if config.controller == "cloud":
-        _host(job, provider)
-    elif detach:
-        provider.close()
-        start_controller(job.id, job.store.url)
-        job.follow()
-    else:
-        controller = make_controller(job, config, provider, job.store, job.db or JobDB())
-        job.driver = controller  # kept alive with the job
-        controller.start()
-
-
-def _host(job: Job, provider: Any) -> None:
-    """`Config.controller="cloud"`: the job's coordinator drives it; this notebook follows."""
-    key = load_key(job.id)
-    assert key is not None  # _submit saved it
-    try:
-        provider.host_controller(job.id, job.store.url, key.hex())
-    except Exception as exc:
-        safe = hosting_error(exc, key.hex())  # a refusal quoting the boot script: no key
-        _refuse(job, f"the job's controller could not be started on its coordinator: {safe}", "no controller")
-        raise safe from None
-    finally:
-        provider.close()
-    job.follow()
 
 
 def run_controller(job_id: str, store_url: str | None = None) -> int:
@@ -476,11 +262,11 @@ def run_controller(job_id: str, store_url: str | None = None) -> int:
         config = spec.to_config()
     except (SpecError, ConfigError) as exc:
         # end it visibly: a controller that raised here would be restarted, and fail, forever
-        _refuse(Job(job_id, store, db), f"the job spec cannot be used: {exc}", "bad spec")
+        refuse(Job(job_id, store, db), f"the job spec cannot be used: {exc}", "bad spec")
         return 1
     job = Job(job_id, store, db, {"name": config.name})
     if spec.legacy:
-        _refuse(
+        refuse(
             job,
             "this job was submitted by an older spotnb and is not signed; an instance "
             "runs only signed jobs: submit it again",
@@ -493,20 +279,6 @@ def run_controller(job_id: str, store_url: str | None = None) -> int:
     # a live lease held by another (or a just-killed) controller is not the job's end: the
     # coordinator's boot script powers off on 0, so it must retry until the lease runs out
     return 0 if controller.generation else EXIT_LEASE_HELD
-
-
-def _refuse(job: Job, message: str, reason: str) -> None:
-    """End a job no instance could run (an unsigned job of an older spotnb, a spec that does
-    not verify) with an error, instead of launching one for nothing."""
-    job._ingest(EventReader(job.store, job.id).poll())
-    if job.status in TERMINAL:
-        return
-    writer = EventWriter(job.store, job.id, 0, "ctl")
-    writer.emit(ev.Error(exc_type="UnrunnableJob", traceback="", message=message))
-    writer.emit(ev.Status(status=JobStatus.FAILED, reason=reason))
-    writer.flush()
-    if job.db is not None:
-        job.db.update_job(job.id, status=JobStatus.FAILED.value)
 
 
 RESUMABLE = frozenset({JobStatus.FAILED, JobStatus.STOPPED})
@@ -570,7 +342,7 @@ def resume(
             f"{changes['provider']!r} (its instances and checkpoints belong there); "
             "submit a new job with spot.train instead"
         )
-    new = _merge(old, changes)
+    new = merge_config(old, changes)
     if new.store_url().rstrip("/") != store.url:
         raise ConfigError(
             f"Config.store: job {full_id} keeps its checkpoints in {store.url!r}; it cannot "
@@ -585,10 +357,10 @@ def resume(
                 "(to run a changed script, submit it again with spot.run)"
             )
         _check_fn(fn)
-    _check_inputs(new)
+    check_inputs(new)
     provider = get_provider_class(new.provider)(new)
     provider.validate()
-    payload = _pickle_payload(fn, new) if fn is not None else None
+    payload = pickle_payload(fn, new) if fn is not None else None
     files = spec.files
     if "files" in changes:
         try:
@@ -607,14 +379,14 @@ def resume(
         )
     if payload is not None:
         store.write_bytes(store.job(full_id, "fn.pkl"), seal(key, full_id, "fn.pkl", payload))
-    fresh = _spec(full_id, new, [], created=spec.created)
+    fresh = job_spec(full_id, new, [], created=spec.created)
     write_spec(store, fresh.model_copy(update={"cwd": spec.cwd, "files": files, "script": spec.script}), key)
     store.rm(store.job(full_id, "STOP"))
     changed = sorted(k for k in changes if getattr(old, k, None) != getattr(new, k))
     writer = EventWriter(store, full_id, 0, "api")
     writer.emit(
         ev.JobResumed(
-            from_status=job.status, new_fn=fn is not None, changed=changed, config=_public_config(new)
+            from_status=job.status, new_fn=fn is not None, changed=changed, config=public_config(new)
         )
     )
     writer.emit(ev.Status(status=JobStatus.PENDING))
@@ -624,9 +396,9 @@ def resume(
         full_id, status=JobStatus.PENDING.value, controller="cloud" if new.controller == "cloud" else None
     )
     fresh_job = Job(full_id, store, db, {"name": new.name})
-    with _LIVE_LOCK:
-        _LIVE.pop(full_id, None)
-    _drive(fresh_job, new, provider, detach)
+    with LIVE_LOCK:
+        LIVE_JOBS.pop(full_id, None)
+    drive_job(fresh_job, new, provider, detach)
     return fresh_job
 
 
@@ -637,8 +409,8 @@ def attach(job_id: str, store: str | None = None) -> Job:
     row = db.job(job_id)
     if row is not None:
         ensure_controller(row)
-    with _LIVE_LOCK:
-        live = _LIVE.get(row["id"] if row else job_id)
+    with LIVE_LOCK:
+        live = LIVE_JOBS.get(row["id"] if row else job_id)
     if row is not None and row.get("status") == JobStatus.LOST:  # its store is gone: the DB says so
         job = live or Job(row["id"], None, db, {"name": row.get("name")})  # type: ignore[arg-type]
         job._mark_lost(row.get("status_reason") or "its store vanished")
@@ -672,9 +444,9 @@ def _went_on_elsewhere(live: Job, db: JobDB) -> bool:
     newer = EventReader(live.store, live.id).poll()
     if len(newer) <= len(live.events):
         return False
-    with _LIVE_LOCK:
-        if _LIVE.get(live.id) is live:
-            del _LIVE[live.id]
+    with LIVE_LOCK:
+        if LIVE_JOBS.get(live.id) is live:
+            del LIVE_JOBS[live.id]
     return True
 
 

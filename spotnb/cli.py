@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from spotnb.core.protocol import JobStatus
-from spotnb.providers import registry
+from spotnb.settings.registry import registry
 
 __all__ = ["main"]
 
@@ -242,7 +242,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
 def cmd_providers(args: argparse.Namespace) -> int:
     """Every registered provider (built-in or from another package's entry point), whether its
     SDK is installed, what it cannot do and its Config fields."""
-    from spotnb.providers import describe_providers
+    from spotnb.settings.registry import describe_providers
 
     rows = describe_providers()
     if args.json:

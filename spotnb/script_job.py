@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from spotnb.api import _check_inputs, _drive, _merge, _pickle_payload, _submit
 from spotnb.core.files import FilesError, collect
 from spotnb.core.spec import ScriptSpec
 from spotnb.errors import ConfigError
 from spotnb.job import Job
-from spotnb.providers import get_provider_class
 from spotnb.settings.config import Config
+from spotnb.settings.registry import get_provider_class
+from spotnb.submit import check_inputs, drive_job, merge_config, pickle_payload, submit_job
 
 __all__ = ["run", "check_script", "check_group"]
 
@@ -144,20 +144,20 @@ def run(
     ConfigError before anything is written or launched.
     """
     path, argv = check_script(script, args)
-    config = _merge(config, overrides)
+    config = merge_config(config, overrides)
     check_group(path, argv, config)
     if config.name is None:
-        config = _merge(config, {"name": os.path.basename(path)[:40]})
-    _check_inputs(config)
+        config = merge_config(config, {"name": os.path.basename(path)[:40]})
+    check_inputs(config)
     provider = get_provider_class(config.provider)(config)
     provider.validate()
-    payload = _pickle_payload(None, config)  # no function: the policy object, if one was given
+    payload = pickle_payload(None, config)  # no function: the policy object, if one was given
     try:
         files = collect([path, *config.files], os.getcwd())
     except FilesError as exc:
         raise ConfigError(str(exc)) from None
     source = os.path.realpath(path)
     dest = next(f["path"] for f in files if f["source"] == source)
-    job = _submit(payload, config, files, detach, script=ScriptSpec(path=dest, args=argv))
-    _drive(job, config, provider, detach)
+    job = submit_job(payload, config, files, detach, script=ScriptSpec(path=dest, args=argv))
+    drive_job(job, config, provider, detach)
     return job

@@ -112,7 +112,7 @@ def ensure_hosted_controller(row: dict[str, Any]) -> bool:
     Returns True if this call asked for it. The job's settings come from its signed spec."""
     from spotnb.core.signing import load_key
     from spotnb.core.spec import load_spec
-    from spotnb.providers import get_provider_class
+    from spotnb.settings.registry import get_provider_class
 
     job_id = row["id"]
     now = time.monotonic()

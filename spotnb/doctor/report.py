@@ -177,7 +177,7 @@ def doctor(
     `hooks` are passed to the cloud's checks (tests: an Azure SDK transport, a `requests`
     adapter for Google's REST APIs)."""
     from spotnb.errors import ConfigError, ProviderUnavailable
-    from spotnb.providers import get_provider_class
+    from spotnb.settings.registry import get_provider_class
 
     t0 = time.monotonic()
     if provider is not None:

@@ -7,13 +7,24 @@ cloud providers when live spot prices cannot be read. Its date and source are in
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from spotnb.providers.base import Price
+__all__ = ["Price", "price_table", "lookup_price", "table_date"]
 
-__all__ = ["price_table", "lookup_price", "table_date"]
+
+@dataclass(frozen=True)
+class Price:
+    """A zone's price for one instance type, $/h, and where it was read (a provider's
+    `prices()` answers these; the built-in table below is the fallback). It lives with the
+    market, not the provider contract, so that the settings and the market can price a run
+    without importing a provider."""
+
+    spot: float  # $/h
+    on_demand: float  # $/h
+    source: str = ""
 
 
 @lru_cache(maxsize=1)

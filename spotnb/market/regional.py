@@ -53,11 +53,14 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotnb.core.store import Store, is_safe_name
 from spotnb.market.placement import Transfer
 from spotnb.runtime.checkpoint import digest
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = [
     "CKPT_DOC",
@@ -84,7 +87,7 @@ class CopyFailed(RuntimeError):
 
 
 # -- configuration --------------------------------------------------------------------------
-def check_config(config: Any, check_url: Callable[[str], object]) -> None:
+def check_config(config: Config, check_url: Callable[[str], object]) -> None:
     """Refuse `Config.regional_stores` that could not work, before anything is launched:
     raises ValueError naming the field, the entry and the fix. `check_url`: the home store's
     URL check (`Config.store`'s: no credentials, a writable filesystem, an absolute path)."""
@@ -195,7 +198,7 @@ def _same_place(a: Store, b: Store) -> bool:
     return a.fs.protocol == b.fs.protocol and a.root.strip("/") == b.root.strip("/")
 
 
-def _runnable(config: Any) -> list[str] | None:
+def _runnable(config: Config) -> list[str] | None:
     """The zones the job may run in, when known without asking a cloud (None: any)."""
     regions = config.candidate_regions()
     if config.provider == "local":
@@ -441,7 +444,7 @@ def _copy_file(
 class Regional:
     """The job's stores and the choice for one incarnation (`Controller._place_checkpoint`)."""
 
-    def __init__(self, config: Any, provider: Any, home: Store, job_id: str) -> None:
+    def __init__(self, config: Config, provider: Any, home: Store, job_id: str) -> None:
         self.config, self.provider, self.home, self.job_id = config, provider, home, job_id
         self.urls: dict[str, str] = {k: v.rstrip("/") for k, v in (config.regional_stores or {}).items()}
         self._stores: dict[str, Store] = {home.url: home}

@@ -10,7 +10,7 @@ from abc import abstractmethod
 
 from spotnb.policy.base import BatchPlan, Observation, Plan, Policy, SaveKind, steps_for
 from spotnb.policy.intervals import daly2_interval, daly_interval, young_interval
-from spotnb.policy.static import _FOREVER, periodic_plan, snapshot_estimate
+from spotnb.policy.static import FOREVER, periodic_plan, snapshot_estimate
 
 __all__ = ["Young", "Daly"]
 
@@ -28,14 +28,14 @@ class _Interval(Policy):
         return periodic if periodic is not None and periodic.step <= plan.step else plan
 
     def stationary_until(self, obs: Observation) -> int:
-        return 0 if obs.save_every else _FOREVER
+        return 0 if obs.save_every else FOREVER
 
     def batch_plan(self, obs: Observation) -> BatchPlan | None:
         rules = self._notice_rules(obs, _Interval)
         if rules is None or obs.save_every or self._overrides(_Interval, "next_save"):
             return None
         stride = steps_for(self.interval(obs), obs.step_time)
-        return BatchPlan(stride, SaveKind.INSURANCE, _FOREVER, *rules)
+        return BatchPlan(stride, SaveKind.INSURANCE, FOREVER, *rules)
 
 
 class Young(_Interval):

@@ -18,9 +18,11 @@ from spotnb.policy.base import (
 )
 from spotnb.policy.intervals import daly_interval
 
-_FOREVER = 2**62
+#: A step no job reaches: the `until` of a plan that never ends on its own.
+FOREVER = 2**62
 
 __all__ = [
+    "FOREVER",
     "Static",
     "Periodic",
     "Adaptive",
@@ -53,13 +55,13 @@ class Static(Policy):
         return Plan(last_save_step + self.every, SaveKind.PERIODIC)
 
     def stationary_until(self, obs: Observation) -> int:
-        return _FOREVER
+        return FOREVER
 
     def batch_plan(self, obs: Observation) -> BatchPlan | None:
         rules = self._notice_rules(obs, Static)
         if rules is None or self._overrides(Static, "next_save"):
             return None
-        return BatchPlan(self.every, SaveKind.PERIODIC, _FOREVER, *rules)
+        return BatchPlan(self.every, SaveKind.PERIODIC, FOREVER, *rules)
 
     def __repr__(self) -> str:
         return f"Static(every={self.every})"
@@ -82,7 +84,7 @@ class Periodic(Static):
             or cls.allocate_on_notice is not Policy.allocate_on_notice
         ):
             return None
-        return BatchPlan(self.every, SaveKind.PERIODIC, _FOREVER, math.inf, False)
+        return BatchPlan(self.every, SaveKind.PERIODIC, FOREVER, math.inf, False)
 
     def __repr__(self) -> str:
         return f"Periodic(every={self.every})"
@@ -122,7 +124,7 @@ class Adaptive(Policy):
     def stationary_until(self, obs: Observation) -> int:
         if obs.save_every or self.hazard is not None:  # periodic saves align to multiples
             return 0
-        return _FOREVER
+        return FOREVER
 
     def batch_plan(self, obs: Observation) -> BatchPlan | None:
         rules = self._notice_rules(obs, Adaptive)
@@ -134,9 +136,9 @@ class Adaptive(Policy):
         ):
             return None
         if self.emergency_expected(obs):
-            return BatchPlan(None, SaveKind.INSURANCE, _FOREVER, *rules)
+            return BatchPlan(None, SaveKind.INSURANCE, FOREVER, *rules)
         tau = daly_interval(snapshot_estimate(obs), obs.mttp, obs.restart_time)
-        return BatchPlan(steps_for(tau, obs.step_time), SaveKind.INSURANCE, _FOREVER, *rules)
+        return BatchPlan(steps_for(tau, obs.step_time), SaveKind.INSURANCE, FOREVER, *rules)
 
     def __repr__(self) -> str:
         return f"Adaptive(hazard={self.hazard!r})" if self.hazard is not None else "Adaptive()"

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from spotnb.core.billing import CLOUD_BILLING, CONTINUOUS, Billing
 from spotnb.errors import CapacityError, ConfigError
-from spotnb.providers.info import NOTICE_GRACE
+from spotnb.market.prices import Price
+from spotnb.settings.base import NOTICE_GRACE
 
 if TYPE_CHECKING:
     from spotnb.settings.config import Config
@@ -99,13 +100,6 @@ class InstanceStatus:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Price:
-    spot: float  # $/h
-    on_demand: float  # $/h
-    source: str = ""
-
-
 class Provider(ABC):
     """Launches, watches and ends spot instances for one job."""
 
@@ -170,7 +164,7 @@ class Provider(ABC):
         """(provider, zone, instance type, priors) the job DB keys a zone's market by (its
         preemptions and restart times, `JobDB.market`); a provider across clouds answers
         with the zone's own cloud, so that its jobs and single-cloud jobs share their history."""
-        from spotnb.providers import provider_info
+        from spotnb.settings.registry import provider_info
 
         priors = provider_info(self.name).settings.market_priors(self.config, zone)
         return (self.name, zone, str(self.config.instance_type), priors)

@@ -34,12 +34,15 @@ import dataclasses
 import re
 import shlex
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotnb.core.signing import KEY_ENV
 from spotnb.providers.base import LaunchSpec
-from spotnb.providers.info import COORDINATOR_IDLE_MINUTES, LIGHTHOUSE_PORT
 from spotnb.providers.shipping import pinned, store_extra
+from spotnb.settings.base import COORDINATOR_IDLE_MINUTES, LIGHTHOUSE_PORT
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 KEY_PLACEHOLDER = "<the job key, added at launch>"
 #: What `pip install spotnb[elastic]` adds, if spotnb's own metadata cannot be read (a source
@@ -653,7 +656,7 @@ def coordinator_script(
             "# this notebook's spotnb/runtime/group/lighthouse.py: the one module this coordinator runs\n"
             "SPOTNB_LIGHTHOUSE=$(mktemp -d /tmp/spotnb-XXXXXX)/spotnb.runtime.group.lighthouse.py\n"
             "cat > \"$SPOTNB_LIGHTHOUSE\" <<'SPOTNB_MODULE'\n"
-            + _embedded("runtime/lighthouse.py", "SPOTNB_MODULE")
+            + _embedded("runtime/group/lighthouse.py", "SPOTNB_MODULE")
             + "\nSPOTNB_MODULE\n"
         )
     env = [
@@ -683,7 +686,7 @@ def gcp_startup_script(spec: LaunchSpec) -> str:
     return bootstrap_script(spec, "gcp")
 
 
-def require_remote_store(config: Any, provider: str) -> None:
+def require_remote_store(config: Config, provider: str) -> None:
     """A cloud VM reaches the store over the network: refuse file:// and memory:// early."""
     from spotnb.errors import ConfigError
 

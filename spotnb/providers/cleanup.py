@@ -77,9 +77,9 @@ def gc(
     """
     from spotnb.control.jobdb import JobDB
     from spotnb.errors import ConfigError
-    from spotnb.providers import get_provider_class
     from spotnb.providers.base import Feature
     from spotnb.settings.config import Config
+    from spotnb.settings.registry import get_provider_class
 
     config = config or Config(provider=provider_name)
     provider = get_provider_class(provider_name)(config)

@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from spotnb.market.prices import lookup_price
-from spotnb.providers.base import Price
+from spotnb.market.prices import Price, lookup_price
 from spotnb.providers.bootstrap import controller_script, coordinator_script
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = [
     "ROLE_TAG",
@@ -63,12 +65,12 @@ class KnownCoordinator:
     extra: dict[str, Any] = field(default_factory=dict)  # the cloud's ids (NIC, address, …)
 
 
-def coordinator_type(config: Any, default: str) -> str:
+def coordinator_type(config: Config, default: str) -> str:
     """Config.coordinator_instance_type, else the cloud's small default."""
     return str(config.coordinator_instance_type or default)
 
 
-def coordinator_price(config: Any, cloud: str, itype: str, figures: dict[str, float]) -> Price | None:
+def coordinator_price(config: Config, cloud: str, itype: str, figures: dict[str, float]) -> Price | None:
     """The coordinator's on-demand $/h: Config.coordinator_price, else the built-in table,
     else spotnb's figures for the cloud's small types (`figures`); None if unknown."""
     if config.coordinator_price is not None:
@@ -111,7 +113,7 @@ class HostedController:
 
 
 def coordinator_boot_script(
-    config: Any,
+    config: Config,
     job_id: str,
     cloud: str,
     min_replicas: int | None = None,

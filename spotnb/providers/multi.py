@@ -22,14 +22,18 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from spotnb.core.billing import CLOUD_BILLING, CONTINUOUS, Billing
 from spotnb.errors import ConfigError, ProviderUnavailable
-from spotnb.providers import get_provider_class, provider_info
-from spotnb.providers.base import Feature, Instance, InstanceStatus, LaunchSpec, Price, Provider
-from spotnb.providers.info import NOTICE_GRACE
+from spotnb.market.prices import Price
+from spotnb.providers.base import Feature, Instance, InstanceStatus, LaunchSpec, Provider
 from spotnb.settings.any import ANY_CLOUDS, split_zone, sub_config
+from spotnb.settings.base import NOTICE_GRACE
+from spotnb.settings.registry import get_provider_class, provider_info
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = ["AnyCloudProvider", "PRICE_WAIT"]
 
@@ -54,7 +58,7 @@ class AnyCloudProvider(Provider):
     }
     price_wait: float = PRICE_WAIT
 
-    def __init__(self, config: Any, providers: dict[str, Provider] | None = None) -> None:
+    def __init__(self, config: Config, providers: dict[str, Provider] | None = None) -> None:
         """`providers`: a cloud's provider to use instead of building one (tests hand in
         providers whose compute control plane is mocked)."""
         super().__init__(config)

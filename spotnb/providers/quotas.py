@@ -168,7 +168,7 @@ _GCP_QUOTA = re.compile(
 def gcp_quota_error(
     texts: list[str], *, project: str, region: str, codes: tuple[str, ...] = ()
 ) -> QuotaError | None:
-    """The QuotaError in a GCE error's messages (`gcp_errors._texts`), or None. `codes`: the
+    """The QuotaError in a GCE error's messages (`gcp.errors.error_texts`), or None. `codes`: the
     error items' codes and reasons: QUOTA_EXCEEDED / quotaExceeded with a message that names no
     quota is still one (of the region: GCE's words quoted)."""
     for text in texts:

@@ -54,12 +54,15 @@ import zipfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotnb.core.signing import BadSignature, load_key, sign_doc, verify_doc
 from spotnb.core.store import Store
 from spotnb.errors import ConfigError, SpotnbError
 from spotnb.market.transfer import store_cloud
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = [
     "CODE_DIR",
@@ -319,13 +322,13 @@ def own_requirement(requirements: Any) -> bool:
     return any(re.match(r"^\s*spotnb\b", str(r)) for r in requirements or ())
 
 
-def source_requirement(config: Any) -> list[str]:
+def source_requirement(config: Config) -> list[str]:
     """`Config.spotnb_source` as a pip requirement to add (a spec), or nothing ("store", "index")."""
     source = getattr(config, "spotnb_source", "store")
     return [] if source in ("store", "index") else [source]
 
 
-def needs_code(config: Any) -> bool:
+def needs_code(config: Config) -> bool:
     """Whether a VM of this job that installs spotnb (a cloud's: `Provider.ships_code`) installs
     the store's wheel: `spotnb_source="store"` and no spotnb in the requirements."""
     return getattr(config, "spotnb_source", "store") == "store" and not own_requirement(config.requirements)
@@ -374,7 +377,7 @@ def _upload(store: Store, wheel: Wheel) -> None:
     _VERIFIED.add((store.url, path))
 
 
-def ship(store: Store, job_id: str, key: bytes, config: Any, vms: bool = True) -> CodeRef | None:
+def ship(store: Store, job_id: str, key: bytes, config: Config, vms: bool = True) -> CodeRef | None:
     """At submit: build this process's spotnb, upload it by content and write the job's signed
     `code.json`. None when the job's VMs do not install it: `vms` is False (a provider whose
     instances run this machine's Python: the local market), or not `needs_code`."""
@@ -458,14 +461,16 @@ def _check_object(store: Store, ref: CodeRef) -> None:
     )
 
 
-def planned_code(config: Any) -> CodeRef | None:
+def planned_code(config: Config) -> CodeRef | None:
     """A dry run's reference: this process's wheel where the submit would put it (nothing sent)."""
     if not needs_code(config):
         return None
     return _ref(config.store_url(), build_wheel(), planned=True)
 
 
-def code_for_launch(config: Any, job_id: str, extras: Any = (), key: bytes | None = None) -> CodeRef | None:
+def code_for_launch(
+    config: Config, job_id: str, extras: Any = (), key: bytes | None = None
+) -> CodeRef | None:
     """What a VM of `job_id` installs spotnb from, for its boot script: the job's verified
     `code.json` (shipped now if the job has none, e.g. submitted by an older spotnb), its wheel
     checked in the store; None when the job installs spotnb another way. Without the job's key

@@ -10,14 +10,17 @@ Instance type names differ between clouds, so a job on "any" gives one per cloud
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field, field_validator
 
-from spotnb.providers.info import ProviderSettings
 from spotnb.settings.aws import AWSSettings
 from spotnb.settings.azure import AzureSettings
+from spotnb.settings.base import ProviderSettings
 from spotnb.settings.gcp import GCPSettings
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = ["ANY_CLOUDS", "AnySettings", "split_zone", "sub_config"]
 
@@ -40,7 +43,7 @@ def split_zone(name: str | None) -> tuple[str | None, str | None]:
     return cloud, zone or None
 
 
-def sub_config(config: Any, cloud: str) -> Any:
+def sub_config(config: Config, cloud: str) -> Config:
     """The Config a job on "any" has on `cloud`: that cloud as the provider, its instance
     type, and the candidate zones of that cloud (copied, not validated again: the clouds'
     fields are set beside each other, which only provider="any" allows)."""
@@ -76,7 +79,7 @@ class AnySettings(ProviderSettings):
         return v
 
     @classmethod
-    def check_config(cls, config: Any) -> None:
+    def check_config(cls, config: Config) -> None:
         mapping = config.instance_type
         if not isinstance(mapping, dict):
             raise ValueError(
@@ -86,11 +89,11 @@ class AnySettings(ProviderSettings):
         bad = [c for c in mapping if c not in ANY_CLOUDS]
         if bad:
             raise ValueError(f"instance_type: {bad} are not clouds; the keys are among {list(ANY_CLOUDS)}")
-        for cloud in config.any_clouds or []:
-            if cloud not in mapping:
+        for wanted in config.any_clouds or []:
+            if wanted not in mapping:
                 raise ValueError(
-                    f"any_clouds: {cloud!r} has no instance type; add instance_type[{cloud!r}] "
-                    f"(e.g. {_EXAMPLE}) or leave {cloud!r} out"
+                    f"any_clouds: {wanted!r} has no instance type; add instance_type[{wanted!r}] "
+                    f"(e.g. {_EXAMPLE}) or leave {wanted!r} out"
                 )
         named = [config.region] if config.region else []
         if isinstance(config.regions, list):
@@ -130,7 +133,7 @@ class AnySettings(ProviderSettings):
             )
 
     @classmethod
-    def market_priors(cls, config: Any, zone: str | None = None) -> dict[str, float]:
+    def market_priors(cls, config: Config, zone: str | None = None) -> dict[str, float]:
         """The zone's cloud's priors."""
         cloud, inner = split_zone(zone)
         settings = _CLOUD_SETTINGS.get(cloud or "")

@@ -1,6 +1,6 @@
 """Settings of the AWS EC2 Spot provider.
 
-Fields carry the provider's prefix; `spot.Config` inherits them (see `spotnb.providers.info`).
+Fields carry the provider's prefix; `spot.Config` inherits them (see `spotnb.settings.base`).
 Imports no SDK: `import spotnb` reads this module to compose `Config`.
 """
 
@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
-from spotnb.providers.info import ProviderSettings, no_bool
+from spotnb.settings.base import ProviderSettings, no_bool
 
 __all__ = ["AWSSettings"]
 

@@ -3,8 +3,8 @@
 Generic fields apply to every provider; fields prefixed with a provider name (`local_*`,
 `aws_*`, `azure_*`, `gcp_*`, or a third-party provider's) apply to that provider only
 (submitit's convention). Each provider owns its fields: they are declared by its settings
-model (`spotnb/providers/<name>_settings.py`) and `Config` is composed from the settings of
-every registered provider (`spotnb.providers.registry`), so adding a provider edits nothing
+model (`spotnb/settings/<name>.py`) and `Config` is composed from the settings of
+every registered provider (`spotnb.settings.registry`), so adding a provider edits nothing
 here. An unknown field, or a field of another provider, is a `ConfigError` that names it and
 lists the valid ones.
 """
@@ -35,13 +35,13 @@ from spotnb.core.durations import DAY, Duration, bounded, parse_duration
 from spotnb.core.home import spotnb_home
 from spotnb.core.sizes import parse_size
 from spotnb.errors import ConfigError
-from spotnb.providers import registry
-from spotnb.providers.info import COORDINATOR_IDLE_MINUTES, LIGHTHOUSE_PORT
 from spotnb.settings.any import ANY_CLOUDS, AnySettings
 from spotnb.settings.aws import AWSSettings
 from spotnb.settings.azure import AzureSettings
+from spotnb.settings.base import COORDINATOR_IDLE_MINUTES, LIGHTHOUSE_PORT
 from spotnb.settings.gcp import GCPSettings
 from spotnb.settings.local import LocalSettings
+from spotnb.settings.registry import registry
 
 __all__ = ["Config", "parse_duration", "spotnb_home", "provider_prefixes"]
 
@@ -567,8 +567,9 @@ class _GenericConfig(BaseModel):
         if self.regional_stores is not None:
             from spotnb.market.regional import check_config
 
-            check_config(self, lambda url: self._store(url))
-        registry()[self.provider].settings.check_config(self)
+            check_config(cast("Config", self), lambda url: self._store(url))
+        # the validator runs on a Config (the only model built from _GenericConfig)
+        registry()[self.provider].settings.check_config(cast("Config", self))
         return self
 
     def _check_instances(self) -> None:

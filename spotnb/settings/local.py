@@ -1,12 +1,12 @@
 """Settings of the local spot market (real processes on this machine, really killed).
 
-Fields carry the `local_` prefix; `spot.Config` inherits them (see `spotnb.providers.info`).
+Fields carry the `local_` prefix; `spot.Config` inherits them (see `spotnb.settings.base`).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -21,7 +21,10 @@ from spotnb.core.durations import (
     lifetime,
     parse_duration,
 )
-from spotnb.providers.info import NOTICE_GRACE, ProviderSettings, no_bool
+from spotnb.settings.base import NOTICE_GRACE, ProviderSettings, no_bool
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = ["LocalSettings", "MAX_ZONES"]
 
@@ -273,7 +276,7 @@ class LocalSettings(ProviderSettings):
         return NOTICE_GRACE[self.local_notice_format]
 
     @classmethod
-    def check_config(cls, config: Any) -> None:
+    def check_config(cls, config: Config) -> None:
         links = config.local_link_delay or {}
         if links and (config.instances <= 1 or max(links) >= config.instances):
             raise ValueError(
@@ -303,7 +306,8 @@ class LocalSettings(ProviderSettings):
         if config.price_spot is None or config.price_on_demand is None:
             from spotnb.market.prices import lookup_price
 
-            if lookup_price(config.instance_type) is None:
+            # a mapping per cloud is refused for provider='local' before this check runs
+            if lookup_price(config.instance_type_name()) is None:
                 raise ValueError(
                     f"instance_type {config.instance_type!r} is not in the price table, so "
                     "the local market cannot price it: pick a listed type (e.g. "
@@ -311,7 +315,7 @@ class LocalSettings(ProviderSettings):
                 )
 
     @classmethod
-    def market_priors(cls, config: Any, zone: str | None = None) -> dict[str, float]:
+    def market_priors(cls, config: Config, zone: str | None = None) -> dict[str, float]:
         """The market is configured, not measured: its own mean lifetime and allocation delay
         (plus ~2 s of process start) are the priors."""
         lo, hi = config.local_alloc_delay

@@ -35,7 +35,7 @@ from spotnb.sim.bounds import PLAN_EVENTS, STALL_EVENTS, Budget, NoProgress
 from spotnb.sim.lifetime import Consts, Lives, lifetimes
 from spotnb.sim.scenario import Scenario, as_range
 
-__all__ = ["plan_for", "simulate_batch", "consts_for"]
+__all__ = ["plan_for", "simulate_batch", "consts_for", "mean_obs"]
 
 #: VM attempts ("slots") and expected planned saves evaluated per pass and chunk of runs:
 #: bounds memory (tens of MB) without giving up long array operations.
@@ -43,7 +43,7 @@ _SLOT_BUDGET = 1 << 17
 _SAVE_BUDGET = 1 << 21
 
 
-def _mean_obs(sc: Scenario, process: PreemptionProcess) -> Observation:
+def mean_obs(sc: Scenario, process: PreemptionProcess) -> Observation:
     """The observation the engine shows the policy at the job's start (step 0, age 0)."""
     st_lo, st_hi = as_range(sc.step_time)
     d_lo, d_hi = as_range(sc.save_time)
@@ -74,7 +74,7 @@ def plan_for(sc: Scenario, policy: Policy, process: PreemptionProcess | None = N
     st_lo, st_hi = as_range(sc.step_time)
     if sc.step_time_per == "instance" and st_hi > st_lo:
         return None
-    return policy.batch_plan(_mean_obs(sc, process))
+    return policy.batch_plan(mean_obs(sc, process))
 
 
 def consts_for(sc: Scenario, plan: BatchPlan, process: PreemptionProcess) -> Consts:

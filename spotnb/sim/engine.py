@@ -268,13 +268,13 @@ def estimate_events(
     the job) and, per preemption, a kill and an allocation; a lower bound (recompute is left
     out), as `spotnb plan`'s."""
     from spotnb.policy import resolve_policy
-    from spotnb.sim.batch import _mean_obs
+    from spotnb.sim.batch import mean_obs
 
     pol = resolve_policy(policy)
     process = scenario.process() if process is None else process
     mttp = float(getattr(process, "mttp", math.inf) or math.inf)
     kills = scenario.work / mttp if math.isfinite(mttp) else 0.0
-    plan = pol.next_save(_mean_obs(scenario, process), 0)
+    plan = pol.next_save(mean_obs(scenario, process), 0)
     saves = scenario.steps / plan.step if plan is not None and plan.step > 0 else 0.0
     return 1.0 + min(saves, float(scenario.steps)) + 2.0 * kills
 

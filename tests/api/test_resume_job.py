@@ -168,13 +168,13 @@ def test_two_concurrent_resumes_of_one_job_let_one_through(monkeypatch: pytest.M
     with pytest.raises(spot.JobFailed):
         job.result(timeout=120)
     checked = threading.Barrier(2)
-    real_check = api._check_inputs
+    real_check = api.check_inputs
 
     def check_then_meet(config: Any) -> None:
         real_check(config)
         checked.wait(60)
 
-    monkeypatch.setattr(api, "_check_inputs", check_then_meet)
+    monkeypatch.setattr(api, "check_inputs", check_then_meet)
     go = threading.Barrier(2)
     outcomes: list[Any] = []
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import spotnb as spot
-from spotnb import api
+from spotnb import api, submit
 from spotnb.control.jobdb import JobDB
 from spotnb.control.supervise import ensure_controller
 from spotnb.core.signing import load_key
@@ -44,7 +44,7 @@ def _submit(store_url: str, **fields) -> Job:
     )
     fn = functools.partial(jobfns.slow_steps, steps=40, step_time=0.01, hold_at=25)  # until the kill
     _, payload, files = api._prepare(fn, config)
-    return api._submit(payload, config, files, detach=True)
+    return submit.submit_job(payload, config, files, detach=True)
 
 
 def test_the_coordinator_script_drives_the_job_to_its_end(

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb import api
+from spotnb import api, submit
 from spotnb.control import supervise
 from spotnb.control.jobdb import JobDB
 from spotnb.core.signing import load_key
@@ -41,7 +41,7 @@ def _submit(store_url: str, steps: int, step_time: float, **fields: Any) -> Job:
     )
     fn = functools.partial(jobfns.slow_steps, steps=steps, step_time=step_time)
     _, payload, files = api._prepare(fn, config)
-    return api._submit(payload, config, files, detach=True)
+    return submit.submit_job(payload, config, files, detach=True)
 
 
 def _wait(what: str, cond: Any, timeout: float = 60.0) -> Any:

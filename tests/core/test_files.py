@@ -112,7 +112,7 @@ def test_the_boot_script_lays_the_files_out_in_its_workdir(
 ) -> None:
     """The cloud path without a cloud: the real boot script runs the real agent, which finds
     the files in the store and writes them under SPOTNB_WORKDIR."""
-    from spotnb import api
+    from spotnb import api, submit
     from spotnb.core.signing import load_key
     from spotnb.providers.base import LaunchSpec
     from spotnb.providers.bootstrap import bootstrap_script
@@ -120,7 +120,7 @@ def test_the_boot_script_lays_the_files_out_in_its_workdir(
     nb, src = notebook
     config = spot.Config(ship_modules=SHIP, files=["conf/params.json", str(src / "data")])
     _, payload, files = api._prepare(read_back, config)
-    job = api._submit(payload, config, files, detach=True)  # submitted; no controller
+    job = submit.submit_job(payload, config, files, detach=True)  # submitted; no controller
     store = job.store
     store.write_bytes(
         store.job(job.id, "incarnations", "0001.json"),

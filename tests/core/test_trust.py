@@ -282,11 +282,11 @@ def test_the_boot_script_carries_the_key_only_when_launching() -> None:
 def test_a_controller_ends_a_job_whose_spec_was_tampered_with(store_url: str) -> None:
     """No instance is launched for a spec that does not verify, and the job ends visibly (a
     controller that crashed instead would be restarted, and crash, at every `spotnb jobs`)."""
-    from spotnb import api
+    from spotnb import api, submit
 
     config = spot.Config(ship_modules=SHIP, store=store_url)
     _, payload, files = api._prepare(jobfns.fails_at, config)
-    job = api._submit(payload, config, files, detach=True)  # submitted; no controller yet
+    job = submit.submit_job(payload, config, files, detach=True)  # submitted; no controller yet
     path = job.store.job(job.id, "spec.json")
     doc = json.loads(job.store.read_bytes(path))
     doc["config"]["requirements"] = ["evil-package"]

@@ -232,7 +232,7 @@ def test_a_successor_controller_does_not_count_the_moves_waiting_instance_as_a_p
     from spotnb.core import protocol as ev
     from spotnb.core.events import EventWriter
     from spotnb.job import Job
-    from spotnb.providers import get_provider_class
+    from spotnb.settings.registry import get_provider_class
     from tests.support.jobs import running_job_in_store
 
     config = spot.Config(

@@ -20,7 +20,7 @@ from spotnb.core.store import Store
 from spotnb.market.migration import best_move
 from spotnb.market.placement import Transfer, rank_zones
 from spotnb.market.regional import Regional
-from spotnb.providers import get_provider_class
+from spotnb.settings.registry import get_provider_class
 
 GB = 1e9
 BIG = 50 * GB  # a checkpoint whose crossings dwarf a 1 % price gap

@@ -206,7 +206,7 @@ def test_the_controllers_choice_copies_and_falls_back_to_reading_across_when_the
     """`Regional.place` on the local market: with saves expected in zone-b it copies and
     points the instance there; into a store that refuses the copy (a full disk) it reads
     across, with a warning and the read's cost."""
-    from spotnb.providers import get_provider_class
+    from spotnb.settings.registry import get_provider_class
 
     home = Store((tmp_path / "home").as_uri())
     ck, _ = _ck(home)
@@ -522,7 +522,7 @@ def test_a_manifest_with_bad_numbers_is_passed_over_by_the_controller_not_fatal(
     signatures). `Regional.place` raised (ValueError, OverflowError, TypeError) in the
     controller's loop, or billed a negative transfer. It is passed over, as the agent would
     refuse it, and the newest good checkpoint is placed."""
-    from spotnb.providers import get_provider_class
+    from spotnb.settings.registry import get_provider_class
 
     home = Store((tmp_path / "home").as_uri())
     ck, _ = _ck(home)

@@ -24,11 +24,12 @@ import pytest
 import spotnb as spot
 from spotnb.control.jobdb import JobDB
 from spotnb.errors import ConfigError
+from spotnb.market.prices import Price
 from spotnb.providers import multi
 from spotnb.providers.aws.provider import AWSProvider
 from spotnb.providers.azure import provider as azure
 from spotnb.providers.azure.provider import AzureProvider
-from spotnb.providers.base import InstanceState, LaunchSpec, Price
+from spotnb.providers.base import InstanceState, LaunchSpec
 from spotnb.providers.gcp.provider import GCPProvider
 from tests.providers.azure.test_provider import IDENTITY, RG, SUB, SUBNET
 from tests.providers.gcp.test_provider import PROJECT

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import spotnb as spot
-from spotnb.api import _public_config
 from spotnb.providers.base import LaunchSpec
 from spotnb.providers.bootstrap import SecretInBootstrap, bootstrap_script
+from spotnb.submit import public_config as _public_config
 
 CANARY = {
     "AWS_ACCESS_KEY_ID": "AKIASPOTNBCANARY7Q2X",

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import spotnb as spot
-from spotnb.providers import provider_info, registry
 from spotnb.settings.config import provider_prefixes
+from spotnb.settings.registry import provider_info, registry
 from tests.support.paths import REPO, TOY_PROVIDER
 
 TOY = TOY_PROVIDER
@@ -108,7 +108,7 @@ def test_a_broken_plugin_does_not_stop_import(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import spotnb as spot; from spotnb.providers "
+            "import spotnb as spot; from spotnb.settings.registry "
             "import registry; print(sorted(registry())); spot.Config()",
         ],
         capture_output=True,

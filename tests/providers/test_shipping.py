@@ -30,10 +30,11 @@ import spotnb as spot
 from spotnb.core.signing import new_key, save_key
 from spotnb.core.store import Store
 from spotnb.errors import ConfigError
-from spotnb.providers import code_fetch, get_provider_class, shipping
+from spotnb.providers import code_fetch, shipping
 from spotnb.providers.base import LaunchSpec
 from spotnb.providers.bootstrap import TORCH_SPEC, bootstrap_script, coordinator_script
 from spotnb.providers.shipping import CodeError, CodeRef
+from spotnb.settings.registry import get_provider_class
 from tests.support.clouds_fixtures import *  # noqa: F401,F403 - fixtures (moto for the S3 read)
 from tests.support.paths import REPO
 

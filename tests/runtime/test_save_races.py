@@ -20,12 +20,12 @@ from spotnb.core.store import Store
 from spotnb.job import Job
 from spotnb.policy import resolve_policy
 from spotnb.policy.base import SaveKind
-from spotnb.providers import get_provider_class
 from spotnb.providers.local.injector import Injector
 from spotnb.runtime.beacon import Beacon
 from spotnb.runtime.checkpoint.checkpointer import Checkpointer
 from spotnb.runtime.context import Context, Evacuate
 from spotnb.runtime.notice import Notice
+from spotnb.settings.registry import get_provider_class
 from tests.support.jobs import running_job_in_store
 
 

@@ -165,9 +165,9 @@ def test_batch_plan_is_what_next_save_does(policy, name) -> None:  # type: ignor
     sc = SCENARIOS[name]
     plan = plan_for(sc, policy)
     assert plan is not None
-    from spotnb.sim.batch import _mean_obs
+    from spotnb.sim.batch import mean_obs
 
-    obs = _mean_obs(sc, sc.process())
+    obs = mean_obs(sc, sc.process())
     for last in sorted(
         {0, 1, 13, 999, sc.steps // 2, sc.steps - 700, sc.steps - 300, sc.steps - 50, sc.steps - 2}
     ):

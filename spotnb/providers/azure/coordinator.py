@@ -35,7 +35,7 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.mgmt.compute import models as m
 
 from spotnb.errors import ConfigError
-from spotnb.providers.base import Price
+from spotnb.market.prices import Price
 from spotnb.providers.bootstrap import azure_cloud_config
 from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG
 from spotnb.providers.coordinator import (
@@ -52,6 +52,9 @@ from spotnb.providers.coordinator import (
     failed_starts,
     host_on_coordinator,
 )
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = [
     "AzureCoordinator",
@@ -325,7 +328,7 @@ class AzureCoordinator:
     `AzureProvider`, which gives `config`, `compute`, `resources`, `subscription`, `ssh_key`,
     `_ensure_group`, `resource_group`, `coordinator_image` and `_terminated`)."""
 
-    config: Any
+    config: Config
     compute: Any
     resources: Any
     describe_interval: ClassVar[float]

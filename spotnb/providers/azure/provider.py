@@ -39,7 +39,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.mgmt.compute import models as m
@@ -68,6 +68,9 @@ from spotnb.providers.bootstrap import azure_custom_data, require_remote_store
 from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG, job_tags
 from spotnb.providers.coordinator import ROLE_TAG, planned_hosting
 from spotnb.providers.quotas import azure_quota_error
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = [
     "AzureProvider",
@@ -154,7 +157,7 @@ def _image(ref: str) -> m.ImageReference:
 
 def build_vm(
     spec: LaunchSpec,
-    config: Any,
+    config: Config,
     location: str,
     ssh_key: str,
     job_network: JobNetwork | None = None,
@@ -271,7 +274,7 @@ class AzureProvider(AzureCoordinator, Provider):
             for name in ("msal_token_cache.json", "msal_token_cache.bin")
         )
 
-    def __init__(self, config: Any, compute: Any = None, resources: Any = None) -> None:
+    def __init__(self, config: Config, compute: Any = None, resources: Any = None) -> None:
         """`compute` is a ComputeManagementClient and `resources` a ResourceManagementClient
         (each built from DefaultAzureCredential if None)."""
         super().__init__(config)

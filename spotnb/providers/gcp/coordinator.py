@@ -29,7 +29,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 
 from spotnb.errors import ConfigError
-from spotnb.providers.base import Price
+from spotnb.market.prices import Price
 from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG
 from spotnb.providers.coordinator import (
     COORDINATOR_ROLE,
@@ -46,6 +46,9 @@ from spotnb.providers.coordinator import (
     host_on_coordinator,
 )
 from spotnb.providers.gcp.errors import missing_resource, missing_resource_error
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = [
     "GCPCoordinator",
@@ -163,7 +166,7 @@ def address_resource(job_id: str, subnetwork: str | None) -> compute_v1.Address:
 
 def build_coordinator_instance(
     job_id: str,
-    config: Any,
+    config: Config,
     *,
     zone: str,
     machine_type: str,
@@ -233,7 +236,7 @@ class GCPCoordinator:
     `GCPProvider`, which gives `config`, `instances`, `project`, `zones`, `coordinator_image`
     and `_terminated`)."""
 
-    config: Any
+    config: Config
     instances: Any
     describe_interval: ClassVar[float]
     _terminated: set[str]

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 
 from spotnb.errors import ConfigError
 
-__all__ = ["MissingResource", "ZONAL_KINDS", "missing_resource", "missing_resource_error", "zone_lacks"]
+__all__ = [
+    "MissingResource",
+    "ZONAL_KINDS",
+    "error_texts",
+    "missing_resource",
+    "missing_resource_error",
+    "zone_lacks",
+]
 
 #: Resource kinds (`…/zones/<zone>/<kind>/<name>`) that one zone may lack and another offer.
 ZONAL_KINDS = frozenset({"machineTypes", "acceleratorTypes", "diskTypes"})
@@ -36,7 +43,7 @@ class MissingResource:
     field: str | None  # the Config field that names it (None: not one spotnb knows)
 
 
-def _texts(exc: BaseException) -> list[str]:
+def error_texts(exc: BaseException) -> list[str]:
     """The exception's message and those of its error items (an operation's errors)."""
     texts = [str(exc)]
     for item in getattr(exc, "errors", None) or []:
@@ -53,7 +60,7 @@ def missing_resource(
 ) -> MissingResource | None:
     """What `exc` (a GCE error) says is missing, unless that is zone-specific (the zone itself,
     a machine, accelerator or disk type there) or it names nothing: then None."""
-    for text in _texts(exc):
+    for text in error_texts(exc):
         sa = _SA_MISSING.search(text)
         if sa:
             return MissingResource("service account", sa.group("email"), service_account_field)
@@ -82,7 +89,7 @@ def missing_resource(
 def zone_lacks(exc: BaseException) -> bool:
     """True when `exc` says the zone itself, or a machine, accelerator or disk type in it, was
     not found: another zone of the region may have it."""
-    for text in _texts(exc):
+    for text in error_texts(exc):
         found = _NOT_FOUND.search(text)
         if found:
             path = found.group("path")

@@ -35,7 +35,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from google.api_core import exceptions as gexc
 from google.auth.exceptions import GoogleAuthError
@@ -57,9 +57,12 @@ from spotnb.providers.bootstrap import gcp_startup_script, require_remote_store
 from spotnb.providers.cleanup import JOB_TAG, job_tags
 from spotnb.providers.coordinator import COORDINATOR_ROLE, ROLE_TAG, planned_hosting
 from spotnb.providers.gcp.coordinator import GCPCoordinator, job_network_tag
-from spotnb.providers.gcp.errors import _texts, missing_resource, missing_resource_error, zone_lacks
+from spotnb.providers.gcp.errors import error_texts, missing_resource, missing_resource_error, zone_lacks
 from spotnb.providers.gcp.zones import ZONES_AS_OF, table_zones
 from spotnb.providers.quotas import gcp_quota_error
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = [
     "GCPProvider",
@@ -130,7 +133,7 @@ def _labels(spec: LaunchSpec) -> dict[str, str]:
     }
 
 
-def build_instance(spec: LaunchSpec, config: Any, zone: str) -> compute_v1.Instance:
+def build_instance(spec: LaunchSpec, config: Config, zone: str) -> compute_v1.Instance:
     """The exact Instance resource sent to `InstancesClient.insert` for one incarnation. A job
     on several instances tags it with the job's network tag (its firewall rules open TCP
     between the job's VMs only)."""
@@ -192,7 +195,7 @@ def build_instance(spec: LaunchSpec, config: Any, zone: str) -> compute_v1.Insta
 
 
 def insert_request(
-    spec: LaunchSpec, config: Any, project: str, zone: str
+    spec: LaunchSpec, config: Config, project: str, zone: str
 ) -> compute_v1.InsertInstanceRequest:
     return compute_v1.InsertInstanceRequest(
         project=project, zone=zone, instance_resource=build_instance(spec, config, zone)
@@ -280,7 +283,7 @@ class GCPProvider(GCPCoordinator, Provider):
 
     def __init__(
         self,
-        config: Any,
+        config: Config,
         instances: Any = None,
         zones: Any = None,
         addresses: Any = None,
@@ -496,7 +499,7 @@ class GCPProvider(GCPCoordinator, Provider):
                 # a quota (the region's GPUs or CPUs, or the project's GPUS_ALL_REGIONS) refuses
                 # every zone of the region alike: final, not a shortage to wait out
                 quota = gcp_quota_error(
-                    _texts(exc), project=project, region=_region_of(zone), codes=_codes(exc)
+                    error_texts(exc), project=project, region=_region_of(zone), codes=_codes(exc)
                 )
                 if quota is not None:
                     raise quota from exc

@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from spotnb.core.billing import Billing
 from spotnb.core.files import remove_orphaned
@@ -43,6 +43,9 @@ from spotnb.providers.local.injector import Injector
 from spotnb.providers.local.metadata import MetadataEmulator
 from spotnb.providers.local.zygote import ZYGOTE_ENV, Forked, Zygote
 
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
+
 __all__ = ["LocalProvider"]
 
 
@@ -58,7 +61,7 @@ class LocalProvider(Provider):
         Feature.CLEANUP: "local instances are processes of their controller and end with it",
     }
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.rng = random.Random(config.local_seed)
         self.emulator: MetadataEmulator | None = None

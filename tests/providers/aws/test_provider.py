@@ -16,11 +16,11 @@ import spotnb as spot
 from spotnb.control.jobdb import JobDB
 from spotnb.errors import CapacityError, ConfigError
 from spotnb.market.prices import lookup_price
-from spotnb.providers import get_provider_class
 from spotnb.providers.aws.provider import AWSProvider
 from spotnb.providers.aws.requests import DEFAULT_IMAGE, SECURITY_GROUP, split_zone
 from spotnb.providers.base import Feature, InstanceState, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, gc
+from spotnb.settings.registry import get_provider_class
 from tests.support.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 
 

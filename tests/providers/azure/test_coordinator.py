@@ -338,7 +338,7 @@ def test_gc_reaps_the_coordinator_and_network_of_an_ended_job(
         def __init__(self, config: Any) -> None:
             super().__init__(config, **arm.clients())
 
-    monkeypatch.setattr("spotnb.providers.get_provider_class", lambda name: Wired)
+    monkeypatch.setattr("spotnb.settings.registry.get_provider_class", lambda name: Wired)
     assert gc("azure", _config(instances=1, min_instances=1)) == [coordinator["name"]]
     assert arm.compute.vms == {} and res.store == {}
 

@@ -100,8 +100,8 @@ def test_the_notebook_opens_its_store_with_the_configured_account(monkeypatch: p
     """adlfs needs the account; only the VM got it ("Must provide either a connection_string or
     account_name" at submit). The store's URL now carries it, so every process that opens the
     store by URL (this notebook, a detached controller, the VM, a later kernel) finds it."""
-    from spotnb.api import _open_store
     from spotnb.providers.code_fetch import azure_request
+    from spotnb.submit import open_store as _open_store
 
     for name in (
         "AZURE_STORAGE_ACCOUNT_NAME",
@@ -174,7 +174,9 @@ def test_gc_deletes_spotnb_s_network_only(ship: Any, monkeypatch: pytest.MonkeyP
     JobDB().add_job(JOB, name="j", provider="azure", region="eastus", instance_type="x", store="az://s/j")
     JobDB().update_job(JOB, status="running", heartbeat=time.time())
 
-    monkeypatch.setattr("spotnb.providers.get_provider_class", lambda name: lambda cfg: _provider(arm))
+    monkeypatch.setattr(
+        "spotnb.settings.registry.get_provider_class", lambda name: lambda cfg: _provider(arm)
+    )
     gc("azure", _config())
     assert VNET in arm.generic.store
     JobDB().update_job(JOB, status="succeeded")

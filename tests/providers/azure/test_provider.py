@@ -21,10 +21,10 @@ from azure.mgmt.compute import models as m
 
 import spotnb as spot
 from spotnb.errors import CapacityError, ConfigError
-from spotnb.providers import get_provider_class
 from spotnb.providers.azure.provider import DEFAULT_IMAGE, AzureProvider, build_vm, throwaway_ssh_key, vm_name
 from spotnb.providers.base import InstanceState, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG
+from spotnb.settings.registry import get_provider_class
 from tests.support.azure_transport import ArmCompute, ArmRequest, compute_client, resource_client
 from tests.support.paths import FIXTURES
 

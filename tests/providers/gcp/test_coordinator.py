@@ -267,7 +267,7 @@ def test_gc_reaps_a_powered_off_coordinator_and_its_network(
         def __init__(self, config: Any) -> None:
             super().__init__(config, **gce.clients())
 
-    monkeypatch.setattr("spotnb.providers.get_provider_class", lambda name: Wired)
+    monkeypatch.setattr("spotnb.settings.registry.get_provider_class", lambda name: Wired)
     assert gc("gcp", _config(instances=1, min_instances=1)) == [coordinator["name"]]
     assert gce.instances == {} and gce.addresses == {} and gce.firewalls == {}
 

@@ -19,7 +19,6 @@ from google.cloud import compute_v1
 
 import spotnb as spot
 from spotnb.errors import CapacityError, ConfigError, QuotaError
-from spotnb.providers import get_provider_class
 from spotnb.providers.base import InstanceState, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG
 from spotnb.providers.gcp.provider import (
@@ -32,6 +31,7 @@ from spotnb.providers.gcp.provider import (
     simulate_request,
 )
 from spotnb.providers.gcp.zones import REGION_ZONES
+from spotnb.settings.registry import get_provider_class
 from tests.support.gce_fake import FakeCompute
 from tests.support.gcp_transport import compute_clients, done_operation, gce_error
 

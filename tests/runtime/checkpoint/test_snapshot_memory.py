@@ -252,7 +252,7 @@ def test_an_emergency_save_abandons_a_chunked_upload_and_leaves_no_spool_behind(
 
 
 def test_the_budget_travels_to_the_instance_in_the_spec() -> None:
-    from spotnb.api import _spec
+    from spotnb.submit import job_spec as _spec
 
     spec = _spec("job", spot.Config(snapshot_memory="64MB"), [])
     assert spec.runtime.snapshot_memory == 64_000_000

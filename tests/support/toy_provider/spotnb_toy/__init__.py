@@ -11,7 +11,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from spotnb.providers.info import ProviderInfo, ProviderSettings
+from spotnb.settings.base import ProviderSettings
+from spotnb.settings.registry import ProviderInfo
 
 
 class ToySettings(ProviderSettings):

@@ -1,27 +1,25 @@
-"""What spotnb knows about a provider before importing it: its settings and how to load it.
+"""The base of every provider's settings, and the constants both settings and providers read.
 
 A provider is two things: its `Provider` class (which imports a cloud SDK, so it is loaded only
 when a job runs there) and its *settings*: a pydantic model whose fields all carry the
 provider's prefix (`aws_image_id`, `local_mttp`, …). `spot.Config` is composed from every
-registered provider's settings (see `spotnb.settings.config`), so the settings module must import no
-SDK. A third-party provider ships a `ProviderInfo` in its package and names it in the
-`spotnb.providers` entry-point group; nothing in spotnb is edited.
+registered provider's settings (see `spotnb.settings.config`), so a settings module must import
+no SDK. This module sits at the bottom of `spotnb.settings` (it imports nothing of spotnb), so
+that the settings models, the registry (`spotnb.settings.registry`) and the providers can all
+read it without a circle.
 """
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from spotnb.providers.base import Provider
+    from spotnb.settings.config import Config
 
 __all__ = [
     "ProviderSettings",
-    "ProviderInfo",
     "NOTICE_GRACE",
     "LIGHTHOUSE_PORT",
     "COORDINATOR_IDLE_MINUTES",
@@ -48,44 +46,16 @@ class ProviderSettings(BaseModel):
     prefix: ClassVar[str] = ""
 
     @classmethod
-    def check_config(cls, config: Any) -> None:
+    def check_config(cls, config: Config) -> None:
         """Raise ValueError for a Config this provider cannot run (called only when
         `config.provider` is this provider, after every field validated)."""
 
     @classmethod
-    def market_priors(cls, config: Any, zone: str | None = None) -> dict[str, float]:
+    def market_priors(cls, config: Config, zone: str | None = None) -> dict[str, float]:
         """Prior mean time to preemption (`prior_mttp`) and restart time (`prior_restart`),
         seconds, before the job DB has measured this market (`zone`: one of the job's
         candidate regions, else the job's own); {} for spotnb's defaults."""
         return {}
-
-
-@dataclass(frozen=True)
-class ProviderInfo:
-    """One registered provider. `provider`: "module:Class", imported on first use;
-    `settings`: its settings model (light); `install`: what to install for its SDK."""
-
-    name: str
-    provider: str
-    settings: type[ProviderSettings]
-    install: str = ""
-    description: str = ""
-    builtin: bool = field(default=False, compare=False)
-
-    def __post_init__(self) -> None:
-        prefix = f"{self.name}_"
-        bad = [f for f in self.settings.model_fields if not f.startswith(prefix)]
-        if bad:
-            raise ValueError(
-                f"provider {self.name!r}: settings fields {bad} do not start with "
-                f"{prefix!r} (every provider's fields carry its prefix)"
-            )
-
-    def load(self) -> type[Provider]:
-        module_name, _, cls_name = self.provider.partition(":")
-        module = importlib.import_module(module_name)
-        cls: type[Provider] = getattr(module, cls_name)
-        return cls
 
 
 def no_bool(v: Any) -> Any:
