@@ -219,7 +219,7 @@ def test_a_job_of_the_previous_spotnb_is_read_without_unpickling_its_config(
         config.notice_poll,
         config.max_retries,
         config.ship_modules,
-    ) == ("legacy-job", "static:10", 5, 3, 300.0, 2.0, 1, ["tests.support.jobfns"])
+    ) == ("legacy-job", "static:10", 5, 3, 300.0, 2.0, 1, ["tests.core.jobfns"])
     JobDB().add_job(
         job_id, name="legacy-job", provider="local", region=None, instance_type="g4dn.xlarge", store=store.url
     )

@@ -22,7 +22,7 @@ import torch
 
 from spotnb.core import protocol as ev
 from spotnb.core.store import Store
-from spotnb.runtime.checkpoint import digest
+from spotnb.runtime.checkpoint import digest, moved
 from spotnb.runtime.checkpoint.chunked import DATA_NAME, fill_refs
 from spotnb.runtime.checkpoint.incremental import BlobRef, Incremental, fill_blobs
 from spotnb.runtime.checkpoint.manifest import (
@@ -235,7 +235,9 @@ class Restorer:
                     if meta.get("blob") and store is self.catalog.store:
                         self.damaged.add(meta["sha256"])
                     raise
-            state = torch.load(paths["state.pt"], map_location="cpu", weights_only=False)
+            state = torch.load(
+                paths["state.pt"], map_location="cpu", weights_only=False, pickle_module=moved.pickle_module
+            )
             if DATA_NAME in paths:  # written chunked: the skeleton's tensors are in tensors.bin
                 state = fill_refs(state, paths[DATA_NAME])
             if any(name.startswith("tensors/") for name in paths):  # stored by content

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from spotnb.runtime.checkpoint import moved
+
 __all__ = ["has_dtensors", "save_state", "load_template", "apply_loaded", "SHARED", "rng_key"]
 
 SHARED = "spotnb.shared"
@@ -71,7 +73,7 @@ def _pickled(value: Any) -> bytes:
 
 
 def _unpickled(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), weights_only=False)
+    return torch.load(io.BytesIO(data), weights_only=False, pickle_module=moved.pickle_module)
 
 
 def _parts(tracked: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
