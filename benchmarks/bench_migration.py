@@ -140,7 +140,7 @@ def flapping_local(period: float, steps: int) -> None:
     """One job per rule on the real local market (one instance, driven from this process so
     that the rule can be swapped): zone prices swapping every `period` s."""
     import spotnb as spot
-    import spotnb.control.controller as controller
+    import spotnb.control.moves as moves
     from tests.support import jobfns
 
     horizon = 600.0
@@ -151,9 +151,9 @@ def flapping_local(period: float, steps: int) -> None:
     }
     print(f"the local market, one instance, {steps} steps of ~10 ms, prices swapping every {period:g} s")
     print(f"{'rule':<10}{'moves':>7}{'spot $':>10}{'time s':>8}")
-    original = controller.MoveGate
+    original = moves.MoveGate
     for rule in ("never", "payback", "history"):
-        controller.MoveGate = functools.partial(MoveGate, hysteresis=rule == "history")  # type: ignore[misc]
+        moves.MoveGate = functools.partial(MoveGate, hysteresis=rule == "history")  # type: ignore[misc]
         try:
             t0 = time.time()
             job = spot.train(
@@ -170,7 +170,7 @@ def flapping_local(period: float, steps: int) -> None:
             job.result(timeout=600)
             wall = time.time() - t0
         finally:
-            controller.MoveGate = original  # type: ignore[misc]
+            moves.MoveGate = original  # type: ignore[misc]
         moves = sum(1 for e in job.events if e["kind"] == "moving")
         print(f"{rule:<10}{moves:>7}{job.breakdown().spot_cost:>10.5f}{wall:>8.1f}")
 

@@ -23,24 +23,26 @@ survivor:
   next step boundary, as after a notice, and ends as `moved`. One replica moves at a time, so
   the quorum goes N → N+1 → N and nobody restarts or redoes a step.
 
-Everything else (leases, fencing, events, the job DB, stopping, classifying how an instance
-ended) is the one-instance `Controller`'s.
+Everything else (leases, fencing, events, the job DB, stopping) is the one-instance
+`Controller`'s, whose `loop`, `pump` and `market` this class replaces; it shares the
+controller's collaborators through their public methods: the `ZonePlanner` (`planner`:
+allocation), the `MoveAdvisor` (`moves`: whether and when a replica moves) and
+`spotnb.control.outcome` (how an instance ended).
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from spotnb.control.controller import _FAILURES, EXIT_GRACE, MOVE_POLL, MOVE_POLL_REMOTE, Controller, _Outcome
+from spotnb.control.controller import EXIT_GRACE, Controller, orphan
+from spotnb.control.outcome import FAILURES, Ending
 from spotnb.core import protocol as ev
 from spotnb.core.protocol import TERMINAL, JobStatus, Outcome
-from spotnb.market.migration import MOVING_POLICIES, Move, best_replica_move, move_start
-from spotnb.market.transfer import checkpoint_bytes, transfer_to
+from spotnb.market.migration import MOVING_POLICIES, Move
 from spotnb.policy.group import group_mttp
 from spotnb.providers.base import Instance, InstanceState, InstanceStatus
 
@@ -80,8 +82,8 @@ class _Slot:
 class FleetController(Controller):
     """Drives a job on several instances; see the module docstring."""
 
-    def _run(self) -> None:
-        if self._vanished():
+    def loop(self) -> None:
+        if self.vanished():
             return
         self.pump()
         if self.job.status in TERMINAL:
@@ -93,7 +95,7 @@ class FleetController(Controller):
         self._succeeded = False
         self._succeeded_at: float | None = None
         self.crashes = 0  # replicas that died without an error (Config.max_crashes)
-        self._failure: tuple[int, _Outcome] | None = None  # the last (incarnation, failure)
+        self._failure: tuple[int, Ending] | None = None  # the last (incarnation, failure)
         self._looked = time.time()  # the last look at the prices for a move
         self._status(JobStatus.PENDING if self._next_n == 1 else JobStatus.RESTORING)
         for slot in self.slots:
@@ -104,9 +106,9 @@ class FleetController(Controller):
             # again at the same address (the replicas' quorum requests retry until it answers)
             self.provider.coordinator(self.job.id, self.config.min_instances)
             self.pump()  # each new event goes through `_on_event`
-            if self._stop_requested():
+            if self.stop_requested():
                 self._end_all(Outcome.STOPPED)
-                self._end_stopped()
+                self.end_stopped()
                 return
             for slot in list(self.slots):  # (a slot that ended for good leaves the list)
                 verdict = self._tend(slot)
@@ -121,7 +123,7 @@ class FleetController(Controller):
                         self._survivors_save()
                     self._end_all(Outcome.NOT_NEEDED if verdict == JobStatus.SUCCEEDED else Outcome.STOPPED)
                     if verdict == JobStatus.STOPPED:
-                        self._end_stopped()
+                        self.end_stopped()
                     elif verdict == JobStatus.FAILED:
                         self._fail_job()
                     else:
@@ -157,20 +159,7 @@ class FleetController(Controller):
         }
         slot.n, slot.instance, slot.noticed, slot.ready, slot.heard = n, None, False, False, False
         slot.reported_end = None
-        slot.pending = self._allocate_async(n, slot.index, extra)
-
-    def _allocate_async(self, n: int, slot: int, extra: dict[str, Any], only: str | None = None) -> Future:
-        fut: Future = Future()
-        fut.cancel_event = cancel = threading.Event()  # type: ignore[attr-defined]
-
-        def run() -> None:
-            try:
-                fut.set_result(self._allocate(n, cancel, extra=extra, slot=slot, only=only))
-            except BaseException as exc:  # noqa: BLE001 - seen by the main loop
-                fut.set_exception(exc)
-
-        threading.Thread(target=run, name=f"spotnb-alloc-{self.job.id}-{n}", daemon=True).start()
-        return fut
+        slot.pending = self.planner.allocate_async(n, f"spotnb-alloc-{self.job.id}-{n}", extra, slot.index)
 
     def pump(self) -> list[ev.Event]:
         """Read new events, and let each tell its slot what happened: every pump, not only the
@@ -235,10 +224,10 @@ class FleetController(Controller):
             if instance is None:  # stopped, max_wait without capacity, or a quota everywhere
                 if self._succeeded:
                     return None
-                return JobStatus.FAILED if self._quota_failed else JobStatus.STOPPED
+                return JobStatus.FAILED if self.planner.quota_failed else JobStatus.STOPPED
             slot.instance, slot.last_seen = instance, time.time()
             if self._succeeded:  # too late: the job is done
-                self._finish_incarnation(slot.n, instance, _Outcome(Outcome.NOT_NEEDED))
+                self.finish_incarnation(slot.n, instance, Ending(Outcome.NOT_NEEDED))
                 slot.instance = None
             return None
         if slot.instance is None:
@@ -246,7 +235,7 @@ class FleetController(Controller):
         outcome = self._ended(slot)
         if outcome is None:
             return None
-        self._finish_incarnation(slot.n, slot.instance, outcome)
+        self.finish_incarnation(slot.n, slot.instance, outcome)
         slot.instance = None
         if slot.target is not None:  # moved (or lost while moving): its new instance takes over
             slot.target.replaces, slot.target = None, None
@@ -259,7 +248,7 @@ class FleetController(Controller):
             if not old.asked and not old.noticed and old.instance is not None:
                 # before the old replica was asked to leave: it still trains, the move is off
                 self.slots.remove(slot)
-                self._move_gate.admit(None, time.time())  # wait a whole payback again
+                self.moves.abandon(time.time())  # wait a whole payback again
                 self.emit(
                     ev.JobWarning(
                         message=f"the move of slot {slot.index}'s replica is abandoned: its new "
@@ -273,7 +262,7 @@ class FleetController(Controller):
             return None
         return self._after(slot, outcome)
 
-    def _ended(self, slot: _Slot) -> _Outcome | None:
+    def _ended(self, slot: _Slot) -> Ending | None:
         """How the slot's instance ended, or None while it runs (as `Controller._watch`)."""
         instance = slot.instance
         assert instance is not None
@@ -283,24 +272,24 @@ class FleetController(Controller):
             status = self.provider.describe(instance)
             if status.state in (InstanceState.EXITED, InstanceState.PREEMPTED, InstanceState.TERMINATED):
                 self.pump()
-                return self._classify(slot.n, instance, status)
+                return self.classify(slot.n, instance, status)
         if slot.reported_end is not None and now - slot.reported_end > EXIT_GRACE:
-            self._fence()
+            self.fence()
             self.provider.terminate(instance)
             self.pump()
-            return self._classify(slot.n, instance, InstanceStatus(InstanceState.EXITED))
+            return self.classify(slot.n, instance, InstanceStatus(InstanceState.EXITED))
         limit = (
             self.config.heartbeat_timeout
             if slot.heard
             else max(self.config.heartbeat_timeout, self.provider.boot_timeout)
         )
         if now - slot.last_seen > limit:
-            self._fence()
+            self.fence()
             self.provider.terminate(instance)
-            return _Outcome(Outcome.LOST, detail={"why": f"no event for {limit:.0f} s"})
+            return Ending(Outcome.LOST, detail={"why": f"no event for {limit:.0f} s"})
         return None
 
-    def _after(self, slot: _Slot, outcome: _Outcome, refill: bool = True) -> JobStatus | None:
+    def _after(self, slot: _Slot, outcome: Ending, refill: bool = True) -> JobStatus | None:
         """What the job does after one slot's instance ended (`refill`: start another one in
         the slot when the job goes on; not when a move's other instance fills it)."""
         if outcome.reason == Outcome.DONE:
@@ -330,7 +319,7 @@ class FleetController(Controller):
             if refill:
                 self._refill(slot)
             return None
-        if outcome.reason in _FAILURES:
+        if outcome.reason in FAILURES:
             self._failure = (slot.n, outcome)
             if self.retries >= self.config.max_retries:
                 return JobStatus.FAILED
@@ -342,11 +331,11 @@ class FleetController(Controller):
             self.preemptions += 1
             limit = self.config.max_preemptions
             if limit is not None and self.preemptions > limit:
-                self._stop_reason = f"max_preemptions={limit} reached"
+                self.stop_reason = f"max_preemptions={limit} reached"
                 return JobStatus.STOPPED
             cost = self.job.breakdown().total_cost  # the coordinator's on-demand spend too
             if self.config.max_cost is not None and cost >= self.config.max_cost:
-                self._stop_reason = f"max_cost=${self.config.max_cost} reached (spent ${cost:.4f})"
+                self.stop_reason = f"max_cost=${self.config.max_cost} reached (spent ${cost:.4f})"
                 return JobStatus.STOPPED
             if refill:
                 self._refill(slot)
@@ -381,10 +370,10 @@ class FleetController(Controller):
     def _fail_job(self) -> None:
         """End the job as failed, saying which instance ended it and how: a crash has no
         error event of its own, so one is written (the instance, its exit code, its log)."""
-        if self._quota_failed:  # a slot's instance was refused by a quota in every region
-            self._end_for_quota(max((s.n for s in self.slots), default=0))
+        if self.planner.quota_failed:  # a slot's instance was refused by a quota in every region
+            self.end_for_quota(max((s.n for s in self.slots), default=0))
             return
-        n, outcome = self._failure or (0, _Outcome(Outcome.USER_ERROR))
+        n, outcome = self._failure or (0, Ending(Outcome.USER_ERROR))
         if outcome.reason == Outcome.CRASHED and self.job.state.error is None:
             log_path = str(outcome.detail.get("log", ""))
             self.emit(
@@ -418,7 +407,7 @@ class FleetController(Controller):
             finishing = inc is not None and bool(total) and inc.reached >= int(total or 0) - 1
             late = since > AFTER_DONE_GRACE * (10 if finishing else 1)
             if slot.instance is not None and slot.reported_end is None and (not slot.ready or late):
-                self._finish_incarnation(slot.n, slot.instance, _Outcome(Outcome.NOT_NEEDED))
+                self.finish_incarnation(slot.n, slot.instance, Ending(Outcome.NOT_NEEDED))
                 slot.instance = None
 
     def _end_all(self, reason: Outcome) -> None:
@@ -436,8 +425,8 @@ class FleetController(Controller):
                 if instance is not None:
                     slot.instance = instance
             if slot.instance is not None:
-                outcome = self._ended(slot) or _Outcome(reason)
-                self._finish_incarnation(slot.n, slot.instance, outcome)
+                outcome = self._ended(slot) or Ending(reason)
+                self.finish_incarnation(slot.n, slot.instance, outcome)
                 slot.instance = None
 
     # -- moves (Config.migrate="best-price") -----------------------------------------------
@@ -451,39 +440,20 @@ class FleetController(Controller):
             if ready and not (new.noticed or new.reported_end or old.asked or old.noticed):
                 self._ask_to_leave(old, new)
         now = time.time()
-        due = self._move_at is not None and now >= self._move_at
+        due = self.moves.move_at is not None and now >= self.moves.move_at
         if now - self._looked < self.provider.price_interval and not due:
             return
         self._looked = now
         # the gate keeps looking during a move (the next replica's wait goes on), but a move
         # starts only when every slot trains: none moving, starting, leaving or allocating
-        found = self._consider_replica_move()
+        found = self.moves.consider_replica(
+            (s, s.instance.region if s.instance is not None else None) for s in self.slots if self._trains(s)
+        )
         every = len(self.slots) == self.config.instances and all(self._trains(s) for s in self.slots)
         if found is None:
-            self._move_at = None
-        elif new is None and every and self._due(*found, now):
+            self.moves.move_at = None
+        elif new is None and every and self.moves.due(found[0].n, found[0].instance, found[1], now):
             self._start_move(*found)
-
-    def _due(self, old: _Slot, move: Move, now: float) -> bool:
-        """Whether the replica move may start now: at once, except with migrate="billing-aware",
-        which starts it so that the old instance leaves just before the end of its billing
-        increment (`migration.move_start`; its lead: the new instance's start and heal and the
-        old one's leave), and not at all when the group's work ends within the paid time."""
-        self._move_at = None
-        if self.config.migrate != "billing-aware" or old.instance is None:
-            return True
-        st = self.job.state
-        inc = st.incs.get(old.n)
-        if inc is None or inc.allocated is None:
-            return True
-        step = st.step_time or 0.0
-        lead = move.there.restart + step + (MOVE_POLL if self.store.local else MOVE_POLL_REMOTE)
-        work = max(0, int(st.total or 0) - int(st.step)) * step
-        start = move_start(self.provider.billing(old.instance.region), inc.allocated, now, lead, work)
-        if start is not None and start <= now:
-            return True
-        self._move_at = start
-        return False
 
     @staticmethod
     def _trains(slot: _Slot) -> bool:
@@ -496,36 +466,6 @@ class FleetController(Controller):
             and slot.target is None
             and slot.replaces is None
         )
-
-    def _consider_replica_move(self) -> tuple[_Slot, Move] | None:
-        """The replica worth moving now and its move (`best_replica_move` through the gate),
-        once the remaining work is known: of the replicas that train, the one whose move saves
-        the most."""
-        st = self.job.state
-        live = [s for s in self.slots if self._trains(s)]
-        if not (st.total and st.step_time) or not live:
-            return None
-        prices = self._move_prices()
-        if prices is None or len(prices) < 2:
-            return None
-        ranked = self._placement({zone: p.spot for zone, p in prices.items()})
-        # the old replica is billed until it sees the request and ends its step
-        poll = MOVE_POLL if self.store.local else MOVE_POLL_REMOTE
-        leave_s = float(st.step_time) + poll + self.store.poll_interval
-        nbytes, _ = checkpoint_bytes(st)
-        best: tuple[_Slot, Move] | None = None
-        for s in live:
-            here = s.instance.region if s.instance is not None else None
-            if here not in prices:
-                continue
-            peer = transfer_to(
-                self.provider.zone_location(here), self.provider.zone_location(ranked[0].zone), nbytes, True
-            )
-            move = best_replica_move(ranked, here, leave_s, peer.gb * peer.per_gb, peer.seconds)
-            if move is not None and (best is None or move.saving > best[1].saving):
-                best = (s, move)
-        admitted = self._move_gate.admit(best[1] if best else None, time.time(), keep=True)
-        return (best[0], admitted) if best is not None and admitted is not None else None
 
     def _start_move(self, old: _Slot, move: Move) -> None:
         """Say so (`moving`, on the old instance's lane) and allocate the new instance in the
@@ -549,36 +489,22 @@ class FleetController(Controller):
         old.target = new
         self.slots.append(new)
         extra = {"slot": old.index, "lighthouse": self.lighthouse, "join": True, "wait_for": []}
-        new.pending = self._allocate_async(n, old.index, extra, only=move.there.zone)
+        new.pending = self.planner.allocate_async(
+            n, f"spotnb-alloc-{self.job.id}-{n}", extra, old.index, only=move.there.zone
+        )
 
     def _ask_to_leave(self, old: _Slot, new: _Slot) -> None:
         """The new instance has committed a step with the group: ask the old one to leave the
         quorum at its next step boundary (`incarnations/<n>.move`; the agent's move watcher)."""
-        self._fence()  # a controller that lost the job must not move its instance
-        try:
-            self.store.write_bytes(
-                self.store.job(self.job.id, "incarnations", f"{old.n:04d}.move"),
-                json.dumps(
-                    {
-                        "to": new.instance.region if new.instance else None,
-                        "incarnation": new.n,
-                        "t": time.time(),
-                    }
-                ).encode(),
-            )
-        except OSError as exc:  # the store refused it (full, briefly down): ask again next poll
-            self.log.warning(
-                "job %s: could not ask incarnation %d to move (%r); asking again", self.job.id, old.n, exc
-            )
-            return
-        old.asked = True
+        if self.moves.request_move(old.n, new.instance.region if new.instance else None, new.n):
+            old.asked = True
 
     def _abandon_move(self, new: _Slot, why: str) -> None:
         """The move's new instance could not be had: the replica stays where it is, and a move
         waits a whole payback again (the zone's failure also counts against it in the ranking)."""
         old = new.replaces
         new.replaces = None
-        self._move_gate.admit(None, time.time())
+        self.moves.abandon(time.time())
         if new in self.slots:
             self.slots.remove(new)
         if old is not None:
@@ -609,10 +535,10 @@ class FleetController(Controller):
             self.set_status(status)
 
     # -- the incarnation document ----------------------------------------------------------
-    def _market(self) -> dict[str, float]:
+    def market(self) -> dict[str, float]:
         """The market as one replica's policy should see it: the job is lost only when every
         instance is down at once, so its MTTP is the group's (`spotnb.policy.group`)."""
-        market = super()._market()
+        market = super().market()
         market["instance_mttp"] = market["mttp"]
         if self._runs_script():
             # torchrun (`runtime/torchrun_group.py`): any lost instance sends every worker back
@@ -643,8 +569,8 @@ class FleetController(Controller):
             if n in ended:
                 continue
             instance = self.provider.reclaim(record.to_json())
-            orphan = instance or self._orphan(record)
-            self._finish_incarnation(n, orphan, _Outcome(Outcome.LOST, detail={"why": "its controller died"}))
+            gone = instance or orphan(record, self.provider.name)
+            self.finish_incarnation(n, gone, Ending(Outcome.LOST, detail={"why": "its controller died"}))
         self.preemptions = sum(e["kind"] == "preempted" for e in events)
 
 

@@ -318,13 +318,13 @@ def test_a_preemption_while_a_billing_aware_move_waits_is_a_relaunch_in_the_best
 
 
 def test_a_replica_move_is_timed_to_its_old_instance_s_increment_too() -> None:
-    """`FleetController._due`, the fleet's gate for a replica move, on a stand-in controller
+    """`MoveAdvisor.due`, the fleet's gate for a replica move, on a stand-in advisor
     (the decision is arithmetic on the job's state; the fleet's real moves run in
     tests/control/test_fleet_moves.py): billing-aware waits for the end of the old instance's hour
     and says when; best-price goes at once."""
     from types import SimpleNamespace
 
-    from spotnb.control.fleet import FleetController
+    from spotnb.control.moves import MoveAdvisor
     from spotnb.market.placement import ZoneEstimate
 
     hourly = parse_billing("test", "1h")
@@ -334,7 +334,7 @@ def test_a_replica_move_is_timed_to_its_old_instance_s_increment_too() -> None:
 
     def stand_in(migrate: str) -> Any:
         return SimpleNamespace(
-            _move_at=None,
+            move_at=None,
             config=SimpleNamespace(migrate=migrate),
             job=SimpleNamespace(state=st),
             store=SimpleNamespace(local=True),
@@ -344,12 +344,12 @@ def test_a_replica_move_is_timed_to_its_old_instance_s_increment_too() -> None:
     old = SimpleNamespace(n=4, instance=SimpleNamespace(region="zone-a"))
     move = SimpleNamespace(there=there)
     fleet = stand_in("billing-aware")
-    assert FleetController._due(fleet, old, move, now) is False
-    assert fleet._move_at is not None and now < fleet._move_at < T0 + 3600.0
-    leave = fleet._move_at + there.restart + 1.0  # its lead: the start there, a step, the poll
+    assert MoveAdvisor.due(fleet, old.n, old.instance, move, now) is False
+    assert fleet.move_at is not None and now < fleet.move_at < T0 + 3600.0
+    leave = fleet.move_at + there.restart + 1.0  # its lead: the start there, a step, the poll
     assert T0 + 3600.0 - 900.0 <= leave < T0 + 3600.0
-    assert FleetController._due(fleet, old, move, fleet._move_at) is True
-    assert FleetController._due(stand_in("best-price"), old, move, now) is True
+    assert MoveAdvisor.due(fleet, old.n, old.instance, move, fleet.move_at) is True
+    assert MoveAdvisor.due(stand_in("best-price"), old.n, old.instance, move, now) is True
 
 
 def test_a_copy_placed_before_the_controller_died_stays_in_the_bill_when_its_successor_places_again() -> None:

@@ -338,7 +338,7 @@ def test_the_controller_launches_on_the_zone_s_cloud_with_its_notices_and_record
     p = multi.AnyCloudProvider(cfg)
     ctl = Controller(job, cfg, p, store, db)
     assert ctl._take_lease() is not None
-    inst = ctl._allocate(1)
+    inst = ctl.planner.allocate(1)
     ctl.writer.flush()
     events = ctl.pump()
     assert inst is not None and inst.region == "gcp/us-central1-a"

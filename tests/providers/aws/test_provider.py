@@ -173,7 +173,7 @@ def test_controller_moves_to_next_region(ec2_faults, s3_store_url: str) -> None:
     p = AWSProvider(cfg)
     ctl = Controller(job, cfg, p, store, db)
     assert ctl._take_lease() is not None  # as the controller's main loop does first
-    inst = ctl._allocate(1)
+    inst = ctl.planner.allocate(1)
     ctl.writer.flush()
     p.close()
     events = [e for e in ctl.pump() if e["kind"] in ("allocating", "alloc_failed", "allocated")]

@@ -232,7 +232,7 @@ def test_a_vm_that_deallocated_itself_after_its_agent_exited_is_no_eviction(tmp_
     boot.flush()
     ctl.pump()
     inst = Instance("vm", "azure", "eastus", "x", time.time())
-    out = ctl._classify(
+    out = ctl.classify(
         1, inst, InstanceStatus(InstanceState.PREEMPTED, detail={"azure": ["PowerState/deallocated"]})
     )
     assert out.reason == Outcome.USER_ERROR and out.code == 1
@@ -245,7 +245,7 @@ def test_a_vm_that_deallocated_itself_after_its_agent_exited_is_no_eviction(tmp_
             boot.flush()
         other = Controller(Job(job_id, store, db, {}), _config(), AzureProvider(_config()), store, db)
         other.pump()
-        assert other._classify(1, inst, InstanceStatus(InstanceState.PREEMPTED)).reason == Outcome.PREEMPTED
+        assert other.classify(1, inst, InstanceStatus(InstanceState.PREEMPTED)).reason == Outcome.PREEMPTED
 
 
 def test_azure_scripts_end_their_vm_by_deallocation(ship: Any) -> None:
