@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from spotnb.errors import ConfigError
-from spotnb.market.prices import lookup_price
+from spotnb.market.prices import Price, lookup_price
 from spotnb.providers.aws.requests import split_zone
-from spotnb.providers.base import Price
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = ["AWSCatalog", "PRICE_TTL", "OFFERING_TTL"]
 
@@ -34,7 +36,7 @@ class AWSCatalog:
     """`Provider._prices` and `offering_regions` on AWS (a mixin of `AWSProvider`, which gives
     `config`, `client` and `default_region`)."""
 
-    config: Any
+    config: Config
 
     if TYPE_CHECKING:  # what AWSProvider supplies; declared for mypy, never defined here
 

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from botocore.exceptions import BotoCoreError, ClientError
 
 from spotnb.errors import ConfigError
+from spotnb.market.prices import Price
 from spotnb.providers.aws.requests import CAPACITY_CODES, DEFAULT_IMAGE, split_zone
-from spotnb.providers.base import LaunchSpec, Price
+from spotnb.providers.base import LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG
 from spotnb.providers.coordinator import (
     COORDINATOR_ROLE,
@@ -39,6 +40,9 @@ from spotnb.providers.coordinator import (
     failed_starts,
     host_on_coordinator,
 )
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = [
     "AWSCoordinator",
@@ -195,7 +199,7 @@ class AWSCoordinator:
     """`Provider.coordinator` on AWS, and the cleanup of the job's network (a mixin of
     `AWSProvider`, which gives `config`, `client`, `default_region`, `_vpc_id` and `_terminated`)."""
 
-    config: Any
+    config: Config
     describe_interval: ClassVar[float]
     network_cleanup_timeout: ClassVar[float] = 300.0  # seconds `close` waits to delete the network
     _terminated: set[str]

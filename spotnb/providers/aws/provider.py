@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import boto3
 from botocore.config import Config as BotoConfig
@@ -52,6 +52,9 @@ from spotnb.providers.bootstrap import aws_user_data, require_remote_store
 from spotnb.providers.cleanup import JOB_TAG
 from spotnb.providers.coordinator import ROLE_TAG, planned_hosting
 from spotnb.providers.quotas import aws_quota_error, aws_spot_quota
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = ["AWSProvider"]
 
@@ -87,7 +90,7 @@ class AWSProvider(AWSCoordinator, AWSCatalog, Provider):
         except BotoCoreError:  # a broken profile: no usable credentials
             return False
 
-    def __init__(self, config: Any, session: Any = None) -> None:
+    def __init__(self, config: Config, session: Any = None) -> None:
         super().__init__(config)
         self.session = session or boto3.session.Session()
         self._clients: dict[tuple[str, str], Any] = {}

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotnb.providers.base import LaunchSpec
 from spotnb.providers.cleanup import job_tags
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = [
     "DEFAULT_IMAGE",
@@ -75,7 +78,7 @@ def run_instances_request(
     zone: str | None,
     security_group_ids: list[str],
     instance_profile: str | None,
-    config: Any,
+    config: Config,
     user_data: str,
 ) -> dict[str, Any]:
     """The exact keyword arguments of `ec2.run_instances` for one incarnation."""
