@@ -250,7 +250,7 @@ class Agent:
         from spotnb.policy import resolve_policy
         from spotnb.runtime.beacon import Beacon
         from spotnb.runtime.checkpoint.checkpointer import Checkpointer
-        from spotnb.runtime.context import Context, Evacuate, GroupFinished, _set_current
+        from spotnb.runtime.context import Context, Evacuate, GroupFinished, set_current
         from spotnb.runtime.group.torchrun import group_from
         from spotnb.runtime.notice import make_watcher
         from spotnb.runtime.script.runner import ScriptFailed, ScriptRunner
@@ -361,7 +361,7 @@ class Agent:
                 on_notice=on_notice,
                 on_hint=on_hint,
             )
-            ctx._acknowledge = watcher.acknowledge
+            ctx._saves.acknowledge = watcher.acknowledge
             watcher.start()
         if self.inc.get("move_poll"):
             threading.Thread(
@@ -371,7 +371,7 @@ class Agent:
                 daemon=True,
             ).start()
         signal.signal(signal.SIGTERM, lambda *_: self._sigterm(ctx, market))
-        _set_current(ctx)  # spotnb.ctx() from anywhere in the function
+        set_current(ctx)  # spotnb.ctx() from anywhere in the function
         if self.job_spec is None or self.job_spec.script is None:
             from spotnb.integrations.autohf import install as hf_autoinstall
 
@@ -533,7 +533,7 @@ class Agent:
         boundary and leaves, like after a notice but with no market deadline (and no notice
         event: nothing preempts it). A replica of a job on several instances is asked once its
         successor has joined the group: it saves nothing and leaves the quorum at the boundary
-        (`Context._on_notice_at_boundary`), so its peers train on without a failed step."""
+        (`SaveScheduler._on_notice_at_boundary`), so its peers train on without a failed step."""
         from spotnb.runtime.notice import Notice
 
         path = self.store.job(self.job_id, "incarnations", f"{self.incarnation:04d}.move")

@@ -124,7 +124,7 @@ def test_low_level_emergency_is_not_downgraded_by_a_planned_save(store_url, tmp_
                 if i == 4:  # the notice lands in the step that ends at the planned save
                     ctx._receive_notice(_notice())
             if ctx.should_save():
-                asked.append(ctx._save_due.value)
+                asked.append(ctx._saves.save_due.value)
                 path.write_text(str(i))
                 ctx.backup(str(path))
     assert asked == ["emergency"]

@@ -52,7 +52,7 @@ def _member(store_url: str, job_id: str, incarnation: int) -> int:
     from spotnb.policy import resolve_policy
     from spotnb.runtime.beacon import Beacon
     from spotnb.runtime.checkpoint.checkpointer import Checkpointer
-    from spotnb.runtime.context import Context, Evacuate, GroupFinished, _set_current
+    from spotnb.runtime.context import Context, Evacuate, GroupFinished, set_current
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # rank 0 hears the soft shutdown for the group
     os.environ[KEY_ENV] = sys.stdin.readline().strip()
@@ -84,7 +84,7 @@ def _member(store_url: str, job_id: str, incarnation: int) -> int:
         elastic=member._elastic(),
         group=group,
     )
-    _set_current(ctx)
+    set_current(ctx)
     try:
         payload["fn"](ctx)
         ctx.wait_saves()  # rank 0 commits a sharded save only with this rank's files in

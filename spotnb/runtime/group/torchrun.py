@@ -193,7 +193,7 @@ class Rounds:
             raise ValueError("group_round: no round given")
         with self._lock:
             if nonce not in self._replies:
-                reached = self.ctx._step  # what the last round counted (local rank 0's steps)
+                reached = self.ctx.step_index  # what the last round counted (local rank 0's steps)
                 self._rounds += 1
                 reply = self._restore(bool(request.get("choose")), request.get("seq"), nonce)
                 self._replies = {nonce: reply}
@@ -271,10 +271,9 @@ class Rounds:
                 f.write(nonce)
             os.replace(f"{base}.round.tmp", f"{base}.round")
         step = found.step if found is not None else 0
-        ctx._step = ctx._last_save_step = step
+        ctx._saves.restart_at(step)  # a save asked of the last round: this one starts saved
         ctx.resumed_from = step if found is not None else None
-        ctx._restored, ctx._in_loop = True, False
-        ctx._requested = ctx._save_due = None  # a save asked of the last round: this one starts saved
+        ctx._restored = True
         if found is not None:
             self._emit(
                 ev.Resumed(

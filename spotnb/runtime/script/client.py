@@ -39,6 +39,7 @@ __all__ = [
     "RESULT_ENV",
     "WORKDIR_ENV",
     "EXIT_EVACUATED",
+    "OUTSIDE_JOB",
     "encode",
 ]
 
@@ -48,7 +49,7 @@ RESULT_ENV = "SPOTNB_RESULT_FILE"
 WORKDIR_ENV = "SPOTNB_JOB_WORKDIR"
 EXIT_EVACUATED = 3  # the agent's code for "left after an emergency checkpoint"
 
-_OUTSIDE = (
+OUTSIDE_JOB = (
     "spotnb.ctx() is only available inside a spotnb job: in a function run by spot.train (which "
     "also receives the context as its argument) or in a script run by spot.run / `spotnb run`"
 )
@@ -270,4 +271,4 @@ def ctx() -> Any:
     context = sys.modules.get("spotnb.runtime.context")  # loaded where a function runs
     if context is not None:
         return context.ctx()
-    raise SpotnbError(_OUTSIDE)
+    raise SpotnbError(OUTSIDE_JOB)

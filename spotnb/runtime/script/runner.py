@@ -201,7 +201,7 @@ class CtxServer:
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
         with self._lock:
-            if self.ctx._evacuating:
+            if self.ctx._saves.evacuating:
                 return {"evacuate": True}
             try:
                 return self._dispatch(op, request)
@@ -213,7 +213,7 @@ class CtxServer:
         if op == "group_round" and self._rounds is not None:
             return self._rounds.handle(request)
         if op == "group_backup_skipped":  # a rank other than 0 answered should_save(): asked
-            ctx._save_due = None
+            ctx._saves.save_due = None
             return {}
         if op == "attr":
             name = str(request.get("name", ""))
@@ -271,10 +271,10 @@ class CtxServer:
         notice = ctx.notice
         if notice is None:
             return
-        if not ctx._notice_handled:
-            ctx._notice_handled = True
+        if not ctx._saves.notice_handled:
+            ctx._saves.notice_handled = True
             self._emit(ev.Evacuating(step=ctx.step_index, time_left=notice.deadline - time.time()))
-        ctx._due(SaveKind.EMERGENCY)
+        ctx._saves.due(SaveKind.EMERGENCY)
 
 
 class ScriptRunner:
@@ -377,7 +377,7 @@ class ScriptRunner:
             command = self.group.command(epoch, self.script.path, self.script.args)
             started = time.monotonic()
             code = self._start(self._argv(command[1:]), env, server)
-            if code == 0 or self.signalled or ctx.notice is not None or ctx._evacuating:
+            if code == 0 or self.signalled or ctx.notice is not None or ctx._saves.evacuating:
                 break
             lost = 1 if time.monotonic() - started > RELAUNCH_RESET_S else lost + 1
             if os.path.exists(self.failed_file) or lost > TORCHRUN_RELAUNCHES or self._stuck():
@@ -427,7 +427,7 @@ class ScriptRunner:
                 # on several instances the group saves first (`_group_notice`)
                 if notice is not None and not self.signalled and (self.group is None or self._group_notice()):
                     self._deliver(proc, server)
-                if self.group is not None and ctx._evacuating:
+                if self.group is not None and ctx._saves.evacuating:
                     proc.kill()  # rank 0 ran here and made the emergency checkpoint: leave now
                 if notice is not None and time.time() > notice.deadline + PAST_DEADLINE_S:
                     # it ignored the SIGTERM (or is stopped, or never steps) and the instance
@@ -549,7 +549,7 @@ class ScriptRunner:
 
     def _ended(self, code: int, result_file: str) -> ScriptResult:
         ctx = self.ctx
-        if ctx._evacuating:  # the emergency backup is committed (Evacuated was written)
+        if ctx._saves.evacuating:  # the emergency backup is committed (Evacuated was written)
             raise Evacuate()
         if self.signalled or (code != 0 and ctx.notice is not None):
             if self.group_saved:  # the group's rank 0 saved after the notice: nothing is lost

@@ -56,7 +56,7 @@ def _hold_uploads(ctx: Context, ckpt: Checkpointer, steps: int) -> None:
     import threading
 
     moved = threading.Condition()
-    end_step, save, upload = ctx._end_step, ctx._save_sharded, ckpt._upload
+    end_step, save, upload = ctx._end_step, ctx._saves.save_sharded, ckpt._upload
 
     def notify() -> None:
         with moved:
@@ -78,7 +78,7 @@ def _hold_uploads(ctx: Context, ckpt: Checkpointer, steps: int) -> None:
         return upload(*args, **kw)
 
     ctx._end_step = stepped  # type: ignore[method-assign]
-    ctx._save_sharded = saving  # type: ignore[method-assign]
+    ctx._saves.save_sharded = saving  # type: ignore[method-assign]
     ckpt._upload = held  # type: ignore[method-assign]
 
 
