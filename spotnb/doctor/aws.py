@@ -14,7 +14,7 @@ import difflib
 import itertools
 import json
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotnb.doctor.checks import (
     CONNECT_TIMEOUT,
@@ -31,6 +31,9 @@ from spotnb.doctor.checks import (
     unexpected,
     unknown,
 )
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = ["checks", "spot_quota_of", "SOURCES"]
 
@@ -133,7 +136,7 @@ class _Clients:
             return self._made[key]
 
 
-def checks(config: Any, provider_cls: Any, session: Any = None, **_: Any) -> list[Check]:
+def checks(config: Config, provider_cls: Any, session: Any = None, **_: Any) -> list[Check]:
     """The AWS checks for `config`; `session`: a boto3 Session (default: boto3's standard one)."""
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotnb.doctor.checks import (
     CONNECT_TIMEOUT,
@@ -31,6 +31,9 @@ from spotnb.doctor.checks import (
     unexpected,
     unknown,
 )
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = ["checks", "BLOB_WRITER_ROLES", "credential_source"]
 
@@ -112,7 +115,7 @@ def _error_code(exc: BaseException) -> str:
 
 
 def checks(
-    config: Any,
+    config: Config,
     provider_cls: Any,
     transport: Any = None,
     arm_endpoint: str | None = None,

@@ -13,7 +13,10 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = [
     "Check",
@@ -248,7 +251,7 @@ def _skip(check: Check, inputs: dict[str, Result]) -> Result | None:
 
 
 # -- the store -----------------------------------------------------------------------------------
-def store_options(config: Any, url: str) -> dict[str, Any]:
+def store_options(config: Config, url: str) -> dict[str, Any]:
     """fsspec options for a store probe: short timeouts and no retries where the driver takes
     them, and an az:// store's account name (as the VM gets it) when no connection string is set."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else "file"
@@ -374,7 +377,7 @@ def _no_retries(fs: Any) -> None:
         policy.total_retries = 0
 
 
-def store_check(config: Any, opener: Callable[[str, dict[str, Any]], Any] | None = None) -> Result:
+def store_check(config: Config, opener: Callable[[str, dict[str, Any]], Any] | None = None) -> Result:
     """Write a small probe object under the store's root, read it back, delete it: what every
     job's controller does first, with the credentials of this machine."""
     from spotnb.core.store import Store

@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotnb.doctor.checks import (
     READ_TIMEOUT,
@@ -31,6 +31,9 @@ from spotnb.doctor.checks import (
     unexpected,
     unknown,
 )
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = ["checks", "gpu_quota_metric", "WRITER_ROLES"]
 
@@ -83,7 +86,7 @@ def _reason(exc: BaseException) -> str:
     return str(reason or "")
 
 
-def checks(config: Any, provider_cls: Any, http_adapter: Any = None, **_: Any) -> list[Check]:
+def checks(config: Config, provider_cls: Any, http_adapter: Any = None, **_: Any) -> list[Check]:
     """The Google Cloud checks for `config`. `http_adapter`: a `requests` transport adapter
     mounted on every session of the checks' Google API clients (tests)."""
     from google.api_core import exceptions as gexc

@@ -29,7 +29,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotnb.doctor.checks import (
     ASCII_SYMBOLS,
@@ -50,6 +50,9 @@ from spotnb.doctor.checks import (
     store_check,
     unknown,
 )
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = ["Report", "doctor", "add_parser", "cmd_doctor", "OK", "FAIL", "UNKNOWN", "SKIP", "CLOUD_NAMES"]
 
@@ -117,7 +120,7 @@ class Report:
 
 
 # -- the Config ----------------------------------------------------------------------------------
-def _config_check(config: Any, provider_cls: Any) -> Result:
+def _config_check(config: Config, provider_cls: Any) -> Result:
     """Validate as `spot.train` does: the Config's own validators ran when it was made; the
     provider's `validate` is the rest (the store's kind, the fields it needs)."""
     from spotnb.errors import ConfigError
@@ -137,7 +140,7 @@ def _config_check(config: Any, provider_cls: Any) -> Result:
     return ok(f"valid for provider={config.provider!r} ({config.instance_type_name()})")
 
 
-def make_config(config: Any = None, **fields: Any) -> Any:
+def make_config(config: Config | None = None, **fields: Any) -> Config:
     """The Config `spot.train(fn, config, **fields)` would run: `config` (or the defaults) with
     `fields` set (None values are left out)."""
     from spotnb.settings.config import Config
@@ -148,12 +151,12 @@ def make_config(config: Any = None, **fields: Any) -> Any:
     return config.model_copy(update={}) if not given else Config(**{**_set_fields(config), **given})
 
 
-def _set_fields(config: Any) -> dict[str, Any]:
+def _set_fields(config: Config) -> dict[str, Any]:
     return {name: getattr(config, name) for name in config.model_fields_set}
 
 
 # -- entry points --------------------------------------------------------------------------------
-def _cloud_checks(cloud: str, config: Any, provider_cls: Any, hooks: dict[str, Any]) -> list[Check]:
+def _cloud_checks(cloud: str, config: Config, provider_cls: Any, hooks: dict[str, Any]) -> list[Check]:
     if cloud == "aws":
         from spotnb.doctor import aws as module
     elif cloud == "azure":
@@ -164,7 +167,7 @@ def _cloud_checks(cloud: str, config: Any, provider_cls: Any, hooks: dict[str, A
 
 
 def doctor(
-    config: Any = None,
+    config: Config | None = None,
     *,
     provider: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
