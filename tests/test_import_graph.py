@@ -260,21 +260,6 @@ def test_area_is_imported_only_from_above(name: str) -> None:
 
 # --- no private name across modules (#27) ----------------------------------------------------
 
-#: (importing file, imported module, name): private imports other helpers of #27 are removing
-#: right now. Being removed by #27's split (the controller/fleet split, the checkpointer and
-#: Context splits); an entry that no longer occurs is harmless, delete it when you see it.
-PRIVATE_ALLOWED: frozenset[tuple[str, str, str]] = frozenset(
-    {
-        ("spotnb/control/fleet.py", "spotnb.control.controller", "_FAILURES"),
-        ("spotnb/control/fleet.py", "spotnb.control.controller", "_Outcome"),
-        ("spotnb/runtime/checkpoint/sharded.py", "spotnb.runtime.checkpoint.checkpointer", "_ewm"),
-        ("spotnb/runtime/context.py", "spotnb.runtime.script.client", "_OUTSIDE"),
-        # context.py's own name, which the Context split makes public
-        ("spotnb/runtime/agent.py", "spotnb.runtime.context", "_set_current"),
-        ("spotnb/runtime/group/local_rank.py", "spotnb.runtime.context", "_set_current"),
-    }
-)
-
 
 def private_imports() -> list[tuple[str, str, str]]:
     """Every `from spotnb.a import _b` (also relative, also inside functions) where `spotnb.a` is
@@ -287,7 +272,7 @@ def private_imports() -> list[tuple[str, str, str]]:
             if not isinstance(node, ast.ImportFrom):
                 continue
             source = _resolve(node, module, is_pkg)
-            if source != "spotnb" and not source.startswith("spotnb.") or source == module:
+            if not (source == "spotnb" or source.startswith("spotnb.")) or source == module:
                 continue
             for alias in node.names:
                 if alias.name.startswith("_") and not alias.name.startswith("__"):
@@ -297,7 +282,7 @@ def private_imports() -> list[tuple[str, str, str]]:
 
 def test_no_private_name_is_imported_across_modules() -> None:
     """A name another module needs is part of an interface: make it public (and document it)."""
-    bad = [f"{f}: from {m} import {n}" for f, m, n in private_imports() if (f, m, n) not in PRIVATE_ALLOWED]
+    bad = [f"{f}: from {m} import {n}" for f, m, n in private_imports()]
     assert not bad, "private names imported across modules (make them public): " + "; ".join(bad)
 
 
