@@ -8,4 +8,11 @@ export SPOTNB_FAST=1
 # two workers: most tests wait on real processes (instances, JupyterLab, emulators), so two
 # at once roughly halve the wall time on 2 cores (measured: 17:22 -> 11:00, on a busy machine)
 # the slowest tests are listed at the end, so a suite creeping towards its budget says where
-exec python -m pytest -n 2 --durations=25 "$@"
+status=0
+python -m pytest -n 2 --durations=25 "$@" || status=$?
+# then the docs site, warnings as errors, its tutorials executed (scripts/docs.sh); the exit
+# status is the tests' when they failed, else the docs build's
+docs_status=0
+bash scripts/docs.sh || docs_status=$?
+[ "$status" -ne 0 ] || status=$docs_status
+exit "$status"
