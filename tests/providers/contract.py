@@ -28,6 +28,10 @@ What is asked of every provider (the `Provider` interface, `spotnb/providers/bas
 A feature the provider declares unsupported skips its behaviour with the declared reason;
 the binding's `declared_unsupported` pins which ones that is, so a feature that silently
 disappears from a provider fails here.
+
+`CoordinatorContract` does the same for the coordinator of a job on several instances (what
+every cloud's must do; tests/providers/test_coordinator_contract.py binds it to AWS, Azure and
+GCP, and each cloud's test_coordinator.py keeps what is its own).
 """
 
 from __future__ import annotations
@@ -42,8 +46,10 @@ import pytest
 
 from spotnb.errors import ConfigError
 from spotnb.providers.base import Feature, Instance, InstanceState, LaunchSpec, Provider
+from spotnb.providers.cleanup import JOB_TAG
+from spotnb.providers.coordinator import COORDINATOR_ROLE, MAX_COORDINATOR_LAUNCHES, ROLE_TAG
 
-__all__ = ["ProviderContract", "new_job_id", "wait_state"]
+__all__ = ["ProviderContract", "CoordinatorContract", "new_job_id", "wait_state"]
 
 
 def new_job_id() -> str:
@@ -210,3 +216,135 @@ class ProviderContract:
         plan = provider.plan_launch(self.spec(new_job_id()))
         assert isinstance(plan, dict) and plan
         assert self.asked_of_cloud() == before
+
+
+class CoordinatorContract:
+    """The coordinator contract (`Provider.coordinator`, Feature.ELASTIC): what every cloud's
+    coordinator of a job on several instances must do, whatever it is built of (AWS: a network
+    interface and a security group; Azure: a NIC with a static IP and its security groups; GCP:
+    a reserved address and firewall rules). A binding subclasses it as
+    `Test<Cloud>CoordinatorContract`; the cloud-specific checks (request bodies, the order of
+    deletes, the other ways a coordinator dies) stay in each cloud's test_coordinator.py.
+
+    - a provider with a coordinator supports several instances;
+    - a second controller finds the job's coordinator instead of starting another, and creates
+      none of its network again;
+    - the coordinator carries the job id and the coordinator role, where the cloud keeps tags;
+    - one that died is replaced at the address the replicas already know;
+    - one that never stays up ends the job after `MAX_COORDINATOR_LAUNCHES` starts, leaving no
+      coordinator behind;
+    - `close` ends the coordinator and deletes its network;
+    - a job on several instances is refused across regions, or on "cheapest", naming the field
+      (and accepted across the zones of one region);
+    - a dry run lists the coordinator, on demand, with its price.
+    """
+
+    #: the cloud's default coordinator type, and the $/h on demand a dry run shows for it
+    default_type: ClassVar[str]
+    expected_price: ClassVar[float]
+    #: two candidates in different regions (one job's network cannot span them), and
+    #: candidates within one region (it can)
+    two_regions: ClassVar[list[str]]
+    one_region: ClassVar[list[str]]
+
+    # -- hooks a binding supplies ---------------------------------------------------------
+    @pytest.fixture
+    def cloud(self) -> Any:
+        raise NotImplementedError
+
+    def make_provider(self, **overrides: Any) -> Provider:
+        """A provider for a job on 3 instances (2 at least), describing at every call, not validated."""
+        raise NotImplementedError
+
+    def spec(self, job_id: str) -> LaunchSpec:
+        raise NotImplementedError
+
+    def coordinators(self, job_id: str) -> list[str]:
+        """The job's coordinator VMs the cloud holds alive (ids or names)."""
+        raise NotImplementedError
+
+    def coordinator_tags(self, job_id: str, name: str) -> dict[str, str]:
+        """The tags (labels) the cloud keeps on the coordinator `name`."""
+        raise NotImplementedError
+
+    def network(self, job_id: str) -> list[str]:
+        """What of the job's network (addresses, interfaces, groups, rules) the cloud holds."""
+        raise NotImplementedError
+
+    def delete(self, name: str) -> None:
+        """The platform deletes (terminates) the coordinator `name`."""
+        raise NotImplementedError
+
+    def power_off(self, name: str) -> None:
+        """The coordinator `name` powers itself off (its boot script failed)."""
+        raise NotImplementedError
+
+    # -- the behaviours -------------------------------------------------------------------
+    @pytest.fixture
+    def job(self) -> str:
+        return new_job_id()
+
+    def provider_for(self, **overrides: Any) -> Provider:
+        p = self.make_provider(**overrides)
+        p.validate()
+        p.describe_interval = 0.0  # type: ignore[misc]  # describe at every call
+        return p
+
+    def test_supports_several_instances(self, cloud: Any) -> None:
+        assert self.provider_for().supports(Feature.ELASTIC)
+
+    def test_a_second_controller_finds_the_same_coordinator(self, cloud: Any, job: str) -> None:
+        first = self.provider_for().coordinator(job, 2)
+        network = self.network(job)
+        assert network
+        assert self.provider_for().coordinator(job, 2) == first
+        assert len(self.coordinators(job)) == 1
+        assert sorted(self.network(job)) == sorted(network)
+
+    def test_the_coordinator_carries_the_job_and_its_role(self, cloud: Any, job: str) -> None:
+        self.provider_for().coordinator(job, 2)
+        (name,) = self.coordinators(job)
+        tags = self.coordinator_tags(job, name)
+        assert tags[JOB_TAG].lower() == job.lower() and tags[ROLE_TAG] == COORDINATOR_ROLE
+
+    def test_a_dead_coordinator_is_replaced_at_the_same_address(self, cloud: Any, job: str) -> None:
+        p = self.provider_for()
+        address = p.coordinator(job, 2)
+        (dead,) = self.coordinators(job)
+        self.delete(dead)
+        assert p.coordinator(job, 2) == address
+        (replacement,) = self.coordinators(job)
+        assert replacement != dead
+
+    def test_a_coordinator_that_never_stays_up_ends_the_job(self, cloud: Any, job: str) -> None:
+        p = self.provider_for()
+        for _ in range(MAX_COORDINATOR_LAUNCHES):
+            p.coordinator(job, 2)
+            for name in self.coordinators(job):
+                self.power_off(name)
+        with pytest.raises(
+            RuntimeError, match=f"started {MAX_COORDINATOR_LAUNCHES} times and did not stay up"
+        ):
+            p.coordinator(job, 2)
+        assert self.coordinators(job) == []
+
+    def test_close_ends_the_coordinator_and_deletes_its_network(self, cloud: Any, job: str) -> None:
+        p = self.provider_for()
+        p.coordinator(job, 2)
+        assert self.coordinators(job) and self.network(job)
+        p.close()
+        assert self.coordinators(job) == []
+        assert self.network(job) == []
+
+    def test_several_instances_need_one_region(self, cloud: Any) -> None:
+        for regions in (self.two_regions, "cheapest"):
+            with pytest.raises(ConfigError, match=r"\bConfig\.regions\b"):
+                self.make_provider(region=None, regions=regions).validate()
+        self.make_provider(region=None, regions=self.one_region).validate()
+
+    def test_a_dry_run_lists_the_coordinator_on_demand_with_its_price(self, cloud: Any, job: str) -> None:
+        plan = self.provider_for().plan_launch(self.spec(job))
+        coordinator = plan["coordinator"]
+        assert coordinator["market"] == "on-demand" and coordinator["instance_type"] == self.default_type
+        assert coordinator["price_on_demand"] == pytest.approx(self.expected_price)
+        assert self.coordinators(job) == []

@@ -1,4 +1,5 @@
-"""The coordinator of a job on several instances on AWS, against moto_server over real HTTP
+"""The coordinator of a job on several instances on AWS (what every cloud's coordinator must do
+runs in tests/providers/test_coordinator_contract.py), against moto_server over real HTTP
 (boto3 via AWS_ENDPOINT_URL): a small on-demand instance tagged with the job, on a network
 interface in the job's security group, whose only inbound rule opens TCP to members of that
 group; found again rather than duplicated; replaced behind the same address when it dies;
@@ -42,10 +43,10 @@ from spotnb.errors import ConfigError
 from spotnb.providers.aws.coordinator import coordinator_request, job_group_name
 from spotnb.providers.aws.provider import AWSProvider
 from spotnb.providers.aws.requests import SECURITY_GROUP
-from spotnb.providers.base import Feature, InstanceState, LaunchSpec
+from spotnb.providers.base import InstanceState, LaunchSpec
 from spotnb.providers.bootstrap import coordinator_script
 from spotnb.providers.cleanup import JOB_TAG, gc
-from spotnb.providers.coordinator import COORDINATOR_ROLE, MAX_COORDINATOR_LAUNCHES, ROLE_TAG
+from spotnb.providers.coordinator import COORDINATOR_ROLE, ROLE_TAG
 from tests.support.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.support.clouds_fixtures import CANARIES, free_port
 from tests.support.paths import REPO
@@ -137,10 +138,6 @@ def provider(s3_store_url: str) -> Iterator[AWSProvider]:
     p.close()
 
 
-def test_aws_supports_several_instances(s3_store_url: str) -> None:
-    assert AWSProvider(_config(s3_store_url)).supports(Feature.ELASTIC)
-
-
 def test_coordinator_is_on_demand_tagged_and_in_the_job_group(provider: AWSProvider, job: str) -> None:
     address = provider.coordinator(job, 2)
     (data,) = _coordinators(job)
@@ -212,18 +209,6 @@ def test_a_terminated_coordinator_is_replaced_at_the_same_address(provider: AWSP
     assert replacement["NetworkInterfaces"][0]["NetworkInterfaceId"] == _interface(job)["NetworkInterfaceId"]
 
 
-def test_a_coordinator_that_never_stays_up_ends_the_job_visibly(provider: AWSProvider, job: str) -> None:
-    """A coordinator that dies at every boot (a bad image, a failed install) is not started on
-    demand forever: after `MAX_COORDINATOR_LAUNCHES` starts the fleet controller's call raises."""
-    provider.describe_interval = 0.0
-    for _ in range(MAX_COORDINATOR_LAUNCHES):
-        provider.coordinator(job, 2)
-        _ec2().terminate_instances(InstanceIds=[d["InstanceId"] for d in _coordinators(job)])
-    with pytest.raises(RuntimeError, match="did not stay up"):
-        provider.coordinator(job, 2)
-    assert _coordinators(job) == []
-
-
 def test_close_terminates_the_coordinator_and_removes_the_network(s3_store_url: str, job: str) -> None:
     p = AWSProvider(_config(s3_store_url))
     p.coordinator(job, 2)
@@ -274,20 +259,6 @@ def test_coordinator_user_data_holds_no_credential_and_no_job_key(provider: AWSP
     assert "<<'SPOTNB_MODULE'" in script and "pip install --quiet torchft-nightly==" in script
     assert not [name for name, value in CANARIES.items() if value in script]
     assert key.hex() not in script and KEY_ENV not in script
-
-
-def test_several_instances_need_one_region(s3_store_url: str) -> None:
-    with pytest.raises(ConfigError, match="share one region"):
-        AWSProvider(
-            spot.Config(provider="aws", store=s3_store_url, instances=2, regions=["us-east-1a", "us-west-2a"])
-        ).validate()
-    with pytest.raises(ConfigError, match="instead of 'cheapest'"):
-        AWSProvider(
-            spot.Config(provider="aws", store=s3_store_url, instances=2, regions="cheapest")
-        ).validate()
-    AWSProvider(
-        spot.Config(provider="aws", store=s3_store_url, instances=2, regions=["us-east-1a", "us-east-1c"])
-    ).validate()
 
 
 def test_dry_run_lists_the_coordinator_and_its_price(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,5 @@
-"""The coordinator of a job on several instances on Azure.
+"""The coordinator of a job on several instances on Azure: what is Azure's own (what every cloud's
+coordinator must do runs in tests/providers/test_coordinator_contract.py).
 
 Azure Resource Manager has no emulator, so it is the one thing faked, and at the HTTP layer:
 AzureProvider drives the REAL `azure.mgmt.compute.ComputeManagementClient` and
@@ -40,7 +41,7 @@ from spotnb.providers.azure.coordinator import (
     job_network_ids,
 )
 from spotnb.providers.azure.provider import AzureProvider
-from spotnb.providers.base import Feature, LaunchSpec
+from spotnb.providers.base import LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, gc
 from spotnb.providers.coordinator import COORDINATOR_ROLE, MAX_COORDINATOR_LAUNCHES, ROLE_TAG
 from tests.support.azure_transport import ArmCompute, ArmRequest, arm_error, compute_client, resource_client
@@ -195,10 +196,6 @@ def test_the_network_goes_through_the_real_resource_sdk_with_api_version_as_a_ke
     assert res.store == {}
 
 
-def test_azure_supports_several_instances(arm: Arm) -> None:
-    assert _provider(arm).supports(Feature.ELASTIC)
-
-
 def test_coordinator_is_regular_priority_on_a_static_address_in_the_job_groups(
     arm: Arm,
     monkeypatch: pytest.MonkeyPatch,
@@ -275,14 +272,6 @@ def test_security_group_opens_tcp_to_the_members_only(arm: Arm) -> None:
     assert instance.info["coordinator"]["price"] == pytest.approx(COORDINATOR_PRICES["Standard_B1ms"])
 
 
-def test_a_second_controller_finds_the_same_coordinator(arm: Arm) -> None:
-    res = arm.res
-    first = _provider(arm).coordinator(JOB, 2)
-    puts = len(res.puts)
-    assert _provider(arm).coordinator(JOB, 2) == first
-    assert len(arm.coordinators()) == 1 and len(res.puts) == puts  # nothing created again
-
-
 @pytest.mark.parametrize("death", ["deleted", "powered_off"])
 def test_a_dead_coordinator_is_replaced_on_the_same_nic(arm: Arm, death: str) -> None:
     p = _provider(arm)
@@ -343,16 +332,6 @@ def test_gc_reaps_the_coordinator_and_network_of_an_ended_job(
     assert arm.compute.vms == {} and res.store == {}
 
 
-def test_a_coordinator_that_never_stays_up_ends_the_job(arm: Arm) -> None:
-    arm.coordinators_die = True
-    p = _provider(arm)
-    for _ in range(MAX_COORDINATOR_LAUNCHES):
-        p.coordinator(JOB, 2)
-    with pytest.raises(RuntimeError, match=f"started {MAX_COORDINATOR_LAUNCHES} times and did not stay up"):
-        p.coordinator(JOB, 2)
-    assert arm.coordinators() == []  # the last powered-off one was deleted too
-
-
 def _fit(ctx: Any) -> int:
     return 1
 
@@ -383,13 +362,6 @@ def test_a_coordinator_that_never_stays_up_fails_the_job_and_leaves_nothing(
     assert len([c for c in arm.calls() if c[0] == "create" and "-coord-" in c[1]]) == MAX_COORDINATOR_LAUNCHES
     assert arm.compute.vms == {}  # Spot VMs and coordinators alike
     assert res.store == {}
-
-
-def test_several_instances_need_one_location(arm: Arm) -> None:
-    with pytest.raises(ConfigError, match="share its location"):
-        AzureProvider(_config(region=None, regions=["eastus", "westus2"])).validate()
-    with pytest.raises(ConfigError, match="instead of 'cheapest'"):
-        AzureProvider(_config(region=None, regions="cheapest")).validate()
 
 
 def test_dry_run_lists_the_coordinator_and_its_price() -> None:
