@@ -358,7 +358,7 @@ def azure_custom_data(spec: LaunchSpec) -> str:
 # until something deallocates or deletes it. On Azure the scripts therefore end the VM through
 # Resource Manager with its managed identity (deallocate: no compute billed; the controller or
 # `spotnb gc` deletes it), and power it off only when that is refused (the identity lacks
-# Microsoft.Compute/virtualMachines/deallocate/action: README's Azure set-up). Scheduled Events
+# Microsoft.Compute/virtualMachines/deallocate/action: docs/guide/clouds.md, Azure). Scheduled Events
 # answers its first call only once it is on (up to two minutes), so the script asks at once, in
 # the background: by the time the agent's notice watcher looks, it answers.
 _AZURE_END = r"""spotnb_azure_end() {  # deallocate this VM with its managed identity; else power off
@@ -370,7 +370,7 @@ _AZURE_END = r"""spotnb_azure_end() {  # deallocate this VM with its managed ide
     -H "Content-Length: 0" "https://management.azure.com$id/deallocate?api-version=2023-03-01" >/dev/null; then
     echo "spotnb: Azure deallocates this VM (a Stopped VM is still billed)"; sleep 300
   else
-    echo "spotnb: this VM's identity may not deallocate it (see README, Azure); powering off"
+    echo "spotnb: this VM's identity may not deallocate it (see docs/guide/clouds.md, Azure); powering off"
   fi
   shutdown -h now
 }

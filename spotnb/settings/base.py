@@ -26,7 +26,7 @@ __all__ = [
     "no_bool",
 ]
 
-#: Seconds between a cloud's preemption notice and the kill (ARCHITECTURE.md, "Cloud notices": EC2's
+#: Seconds between a cloud's preemption notice and the kill (docs/dev/notices.md, "Cloud notices": EC2's
 #: two-minute warning, Azure Scheduled Events' 30 s minimum, GCP's 30 s ACPI soft-off).
 NOTICE_GRACE = {"aws": 120.0, "azure": 30.0, "gcp": 30.0}
 #: The port a cloud coordinator's lighthouse listens on (fixed, so a replaced coordinator at the

@@ -117,7 +117,9 @@ class _GenericConfig(BaseModel):
     )
     region: str | None = Field(None, description="One region (or zone) to launch in.")
     regions: list[str] | Literal["cheapest"] | None = Field(
-        None, description="Candidate regions in order, or 'cheapest' to order them by spot price."
+        None,
+        description="Candidate regions in order (at least one, each once, no spaces around a name), or "
+        "'cheapest' to rank them by the expected cost of the remaining work.",
     )
     migrate: Literal["never", "on-interrupt", "best-price", "billing-aware"] = Field(
         "on-interrupt",
@@ -143,7 +145,9 @@ class _GenericConfig(BaseModel):
         "static:N, young, daly, daly2) or a Policy object.",
     )
     save_every: int | None = Field(None, ge=1, description="User periodic save every N steps.")
-    keep_last: int = Field(2, ge=1, description="Periodic checkpoints kept.")
+    keep_last: int = Field(
+        2, ge=1, description="Periodic checkpoints kept (plus the newest two of any kind)."
+    )
     snapshot_memory: int | None = Field(
         None,
         description="Most host RAM a checkpoint's snapshot may hold: bytes or '512MB', '2GiB' "
@@ -187,11 +191,22 @@ class _GenericConfig(BaseModel):
         "a wheel through the store), 'index' (the release of this version on the package index) "
         "or a pip spec of spotnb, e.g. 'spotnb @ git+https://github.com/you/spotnb@main'.",
     )
-    files: list[str] = Field(default_factory=list, description="Local files or folders to ship.")
+    files: list[str] = Field(
+        default_factory=list,
+        description="Local files or folders to ship through the store (at most 1 GiB and 10,000 "
+        "files in all), laid out relative to the job's working directory; links are followed.",
+    )
     ship_modules: list[str] = Field(default_factory=list, description="Modules pickled by value.")
-    price_spot: float | None = Field(None, ge=0, description="Override the spot $/h of the price table.")
-    price_on_demand: float | None = Field(None, ge=0, description="Override the on-demand $/h.")
-    # --- several instances (elastic data parallel on torchft; ARCHITECTURE.md "Several instances")
+    price_spot: float | None = Field(
+        None,
+        ge=0,
+        description="Override the spot $/h of the price table; the ledger bills it on every provider, "
+        "and on the local market it is also the market's price.",
+    )
+    price_on_demand: float | None = Field(
+        None, ge=0, description="Override the on-demand $/h of the price table (the baseline of the savings)."
+    )
+    # --- several instances (elastic data parallel on torchft; docs/dev/fleet.md "Several instances")
     instances: int = Field(
         1, ge=1, le=MAX_INSTANCES, description="Instances training together (data parallel)."
     )

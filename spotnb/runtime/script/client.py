@@ -9,7 +9,7 @@ socket to the agent's real `Context` and run there. Outside a job it raises `Spo
 This module is what a script imports: standard library only (no torch), so a script that does
 not use torch does not pay for importing it.
 
-The environment a script sees (documented in the README's "Scripts" section):
+The environment a script sees (documented in docs/guide/scripts.md):
 
 - `SPOTNB_NOTICE_FILE`: a path that appears, as JSON `{"deadline", "time_left", "source",
   "action"}`, when a preemption notice arrives; it is written before the script gets SIGTERM.
