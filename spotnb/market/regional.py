@@ -3,7 +3,7 @@
 The job's home store keeps what it keeps (spec, function, events, incarnation documents,
 result); its checkpoints may also live in a store near a zone, `regional_stores={"<region or
 zone>": "<url>"}`. Before an incarnation restores, the controller decides where it reads and
-writes (`Regional.place`, from `Controller._place_checkpoint`), by cost, with B the newest
+writes (`Regional.place`, from `ZonePlanner.place_checkpoint`), by cost, with B the newest
 committed checkpoint's bytes (written + referenced: what a restore reads), b the bytes one
 save writes, S the policy's expected number of later saves over the remaining work there
 (`expected_saves`) and r(x→y) the $/GB between two places (`Provider.egress_per_gb`):
@@ -442,7 +442,7 @@ def _copy_file(
 
 # -- the controller's helper ------------------------------------------------------------------
 class Regional:
-    """The job's stores and the choice for one incarnation (`Controller._place_checkpoint`)."""
+    """The job's stores and the choice for one incarnation (`ZonePlanner.place_checkpoint`)."""
 
     def __init__(self, config: Config, provider: Any, home: Store, job_id: str) -> None:
         self.config, self.provider, self.home, self.job_id = config, provider, home, job_id
