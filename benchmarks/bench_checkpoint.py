@@ -23,7 +23,7 @@ prints:
 * bytes written per save, and how many of the saves asked for were committed (spotnb drops a
   queued save that a newer one supersedes; the others block until theirs is written).
 
-**spotnb** tracks the model and its optimizer, so its saves are gated (`runtime/chunked.py`):
+**spotnb** tracks the model and its optimizer, so its saves are gated (`runtime/checkpoint/chunked.py`):
 the parameters are written from their own memory while the next forward/backward runs.
 **spotnb copy** is spotnb with `Checkpointer.stream = False`: the whole-state copy +
 `torch.save` writer of earlier versions, for comparison. **spotnb read-back** hashes the

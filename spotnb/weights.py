@@ -5,9 +5,9 @@ that other tools read.
     model.load_state_dict(ckpt["model"])  # what ctx.track(model=...) tracked; ckpt.step, ckpt.state
     spotnb export JOB_ID out/             # out/model.safetensors (safetensors.torch.load_file)
 
-A checkpoint is read by the code that restores it on an instance (`runtime/checkpoint.py`:
+A checkpoint is read by the code that restores it on an instance (`runtime/checkpoint/checkpointer.py`:
 every file checked against its signed manifest, chunked and incremental saves put together;
-`runtime/sharded.py` for DCP checkpoints, loaded whole into this one process), never a second
+`runtime/checkpoint/sharded.py` for DCP checkpoints, loaded whole into this one process), never a second
 reader. The manifest's signature is checked with the job's key, as `job.result()` does, so
 from another machine the key file must be copied to the same place first. Nothing a checkpoint
 backed up (`ctx.backup`) is put back where the instance had it: only `export` writes files,
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 FORMATS = ("safetensors", "torch")
 #: the prefix of the folders a Hugging Face Trainer writes (`checkpoint-<step>/`)
 _HF_PREFIX = "checkpoint-"
-_SYNC_KEY = "_spotnb_sync"  # the state `ctx.replicate` tracks itself (runtime/elastic.py)
+_SYNC_KEY = "_spotnb_sync"  # the state `ctx.replicate` tracks itself (runtime/group/elastic.py)
 
 
 class Checkpoint(dict):

@@ -17,7 +17,7 @@ import time
 import traceback
 import uuid
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotnb.control.fencing import LeaseHolder, LeaseLost
 from spotnb.control.jobdb import JobDB
@@ -34,6 +34,9 @@ from spotnb.job import Job
 from spotnb.market.migration import MOVING_POLICIES
 from spotnb.policy import resolve_policy
 from spotnb.providers.base import Instance, InstanceState, InstanceStatus, Provider
+
+if TYPE_CHECKING:
+    from spotnb.settings.config import Config
 
 __all__ = [
     "EXIT_GRACE",
@@ -82,7 +85,7 @@ class Controller:
     are its `planner`'s (`ZonePlanner`), moves its `moves`' (`MoveAdvisor`), and how an
     incarnation ended is `spotnb.control.outcome.classify`'s."""
 
-    def __init__(self, job: Job, config: Any, provider: Provider, store: Store, db: JobDB) -> None:
+    def __init__(self, job: Job, config: Config, provider: Provider, store: Store, db: JobDB) -> None:
         self.job, self.config, self.provider, self.store, self.db = job, config, provider, store, db
         # every record names the job, so a view of it can show what this controller says
         self.log = logging.LoggerAdapter(log, {"job_id": job.id})

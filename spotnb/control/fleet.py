@@ -36,7 +36,7 @@ import json
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from spotnb.control.controller import EXIT_GRACE, Controller, orphan
 from spotnb.control.outcome import FAILURES, Ending
@@ -45,6 +45,13 @@ from spotnb.core.protocol import TERMINAL, JobStatus, Outcome
 from spotnb.market.migration import MOVING_POLICIES, Move
 from spotnb.policy.group import group_mttp
 from spotnb.providers.base import Instance, InstanceState, InstanceStatus
+
+if TYPE_CHECKING:
+    from spotnb.control.jobdb import JobDB
+    from spotnb.core.store import Store
+    from spotnb.job import Job
+    from spotnb.providers.base import Provider
+    from spotnb.settings.config import Config
 
 __all__ = ["FleetController", "make_controller", "AFTER_DONE_GRACE"]
 
@@ -541,7 +548,7 @@ class FleetController(Controller):
         market = super().market()
         market["instance_mttp"] = market["mttp"]
         if self._runs_script():
-            # torchrun (`runtime/torchrun_group.py`): any lost instance sends every worker back
+            # torchrun (`runtime/group/torchrun.py`): any lost instance sends every worker back
             # to the checkpoint, so the group rolls back N times as often as one instance dies
             market["mttp"] = market["mttp"] / self.config.instances
         else:
@@ -574,7 +581,7 @@ class FleetController(Controller):
         self.preemptions = sum(e["kind"] == "preempted" for e in events)
 
 
-def make_controller(job: Any, config: Any, provider: Any, store: Any, db: Any) -> Controller:
+def make_controller(job: Job, config: Config, provider: Provider, store: Store, db: JobDB) -> Controller:
     """The controller for `config`: a fleet for several instances, else the one-instance one."""
     cls = FleetController if config.instances > 1 else Controller
     return cls(job, config, provider, store, db)

@@ -32,6 +32,7 @@ from spotnb.providers.base import Instance, Provider
 if TYPE_CHECKING:
     from spotnb.control.planner import PlannerHost, ZonePlanner
     from spotnb.job import Job
+    from spotnb.settings.config import Config
 
 __all__ = ["MOVE_POLL", "MOVE_POLL_REMOTE", "MoveAdvisor", "move_poll"]
 
@@ -54,7 +55,7 @@ class MoveAdvisor:
         self,
         host: PlannerHost,
         job: Job,
-        config: Any,
+        config: Config,
         provider: Provider,
         store: Store,
         planner: ZonePlanner,

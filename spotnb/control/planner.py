@@ -47,6 +47,7 @@ from spotnb.providers.base import Instance, InstanceState, LaunchSpec, Provider
 
 if TYPE_CHECKING:
     from spotnb.job import Job
+    from spotnb.settings.config import Config
 
 __all__ = ["BACKOFF", "PlannerHost", "ZonePlanner", "backoff"]
 
@@ -102,7 +103,7 @@ class ZonePlanner:
         self,
         host: PlannerHost,
         job: Job,
-        config: Any,
+        config: Config,
         provider: Provider,
         store: Store,
         db: JobDB,
@@ -146,7 +147,7 @@ class ZonePlanner:
         inc_path = self.store.job(self.job.id, "incarnations", f"{n:04d}.json")
         self.store.write_bytes(inc_path, json.dumps(inc_doc).encode())
         regions: list[str | None] = [only] if only else self.regions(n)
-        spec_base = dict(
+        spec_base: dict[str, Any] = dict(
             job_id=self.job.id,
             incarnation=n,
             store_url=self.store.url,

@@ -232,7 +232,7 @@ class Agent:
                 except Exception as exc:  # noqa: BLE001 - a region's store out of reach now
                     self.emit(ev.JobWarning(message=f"checkpoint store {url} cannot be opened: {exc!r}"))
         if self.local_group is not None:
-            # a group's other ranks restore from the home store alone (runtime/local_rank.py):
+            # a group's other ranks restore from the home store alone (runtime/group/local_rank.py):
             # rank 0 must restore what they restore, so the whole group stays at home (Config
             # refuses regional_stores with procs_per_instance > 1; a VM with more GPUs than its
             # type was known to have may still start a group)

@@ -273,7 +273,7 @@ class Context:
 
     def _detect_sharded(self) -> None:
         """A tracked model with DTensor parameters (FSDP2 inside the instance's group) is
-        saved and restored by every rank in DCP's format (`runtime/sharded_state.py`)."""
+        saved and restored by every rank in DCP's format (`runtime/checkpoint/sharded_state.py`)."""
         if self._saves.sharded is not None or not holds_dtensors(self._tracked.objects):
             return
         if self._peers.elastic is not None:

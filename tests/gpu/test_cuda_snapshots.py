@@ -1,5 +1,5 @@
-"""Snapshots of CUDA state (`runtime/chunked.py`, `runtime/staging.py`), on a real GPU: the
-gated save of parameters and optimizer state (host copies on a side stream, the optimizer's
+"""Snapshots of CUDA state (`runtime/checkpoint/chunked.py`, `runtime/checkpoint/staging.py`), on
+a real GPU: the gated save of parameters and optimizer state (host copies on a side stream, the optimizer's
 kernels queued behind the copy's event) commits with the optimizers a GPU user runs (SGD,
 AdamW foreach and fused, a GradScaler), holds the save's step bit for bit while training goes
 on, and stays gated from save to save; a state larger than the budget streams through pinned
@@ -173,7 +173,7 @@ def test_a_write_to_a_gpu_weight_outside_the_optimizer_is_still_caught(
 
 
 def test_a_sharded_dcp_save_of_cuda_state_commits_and_loads_back(store_url: str) -> None:
-    """FSDP's format on the GPU (`runtime/sharded.py`, one process, NCCL for CUDA): DCP's
+    """FSDP's format on the GPU (`runtime/checkpoint/sharded.py`, one process, NCCL for CUDA): DCP's
     `DefaultStager` copies the CUDA shards to pinned host memory. torch 2.11's stager failed on
     some state dicts in the checkpoint benchmark (`KeyError: <class 'type'>`): this saves model and
     optimizer-like state the way a sharded job does and reads it back, bit for bit."""

@@ -8,7 +8,7 @@ from typing import Any
 
 def tied_lm(ctx: Any, steps: int = 20, every: int = 5) -> dict[str, Any]:
     """A tiny language model whose output layer shares the embedding's weight (tied, as GPT-2's
-    are) and that carries a frozen 64 kB projection (stored by content, `runtime/incremental.py`),
+    are) and that carries a frozen 64 kB projection (stored by content, `runtime/checkpoint/incremental.py`),
     trained with Adam; `ctx.state` counts the steps. Its checkpoints take every format a save
     writes: the first a whole-state copy with a new blob, the later ones gated into
     `tensors.bin` with the blob referenced. Each save commits before the next step (none is

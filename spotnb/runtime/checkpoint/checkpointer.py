@@ -6,11 +6,11 @@ background thread) serialises the copy to a local spool file and uploads it in c
 hashing as it goes. Phase 3 writes `MANIFEST.json` (size and digest of every file, step,
 kind) last: a checkpoint exists only once its manifest does. Restore takes the newest
 checkpoint whose files verify and falls back to the one before. Files a save writes by value
-carry a BLAKE3 digest, blobs stored by content their sha256 (`runtime/digest.py` says why);
+carry a BLAKE3 digest, blobs stored by content their sha256 (`runtime/checkpoint/digest.py` says why);
 restore checks whichever an entry carries.
 
 A state larger than the snapshot memory budget (`Config.snapshot_memory`) is not copied whole:
-`runtime/chunked.py` streams it through two half-budget buffers into `tensors.bin`, and
+`runtime/checkpoint/chunked.py` streams it through two half-budget buffers into `tensors.bin`, and
 `state.pt` holds the skeleton that points into it. Every buffer a snapshot holds (whole-state
 pools and chunk buffers) is counted in `Checkpointer.held_bytes`; their sum never exceeds
 the budget, and `peak_bytes` records the highest it reached.
@@ -20,7 +20,7 @@ Files the script backs up (`ctx.backup(path)`, a file or a whole folder such as 
 that needs them. A file unchanged since an earlier checkpoint (a frozen base model, a tokenizer)
 is not uploaded again; pruning deletes a blob when the last checkpoint that listed it goes.
 
-Saves are incremental (`runtime/incremental.py`): a large tensor no optimizer trains is stored
+Saves are incremental (`runtime/checkpoint/incremental.py`): a large tensor no optimizer trains is stored
 the same way, as a blob, and a later save references it, neither copied nor hashed again,
 while it is unchanged since the last committed save; the manifest lists it like a backed-up
 file (`tensors/<sha256>`), so restore verifies it and pruning keeps it while any kept
@@ -243,7 +243,7 @@ class Checkpointer:
         #: or more; 0.0 until one has): β of a save of n bytes is about n / bandwidth
         self.bandwidth = 0.0
         #: holds back the tracked optimizers' `step()` while a snapshot's drain writes their
-        #: tensors in place (`runtime/chunked.py`); `gate.waited` is stall time spent there
+        #: tensors in place (`runtime/checkpoint/chunked.py`); `gate.waited` is stall time spent there
         self.gate = Gate()
         self.gate.on_wait = self._gate_waited
         self._snapshots = 0  # samples in snapshot_ema
@@ -341,7 +341,7 @@ class Checkpointer:
 
         `optimizers`: the tracked optimizers. Their parameters and state are not copied: a drain
         writes them from their own memory after this returns, and their `step()` waits until it
-        has (`runtime/chunked.py`). The rest (or everything, without optimizers or after a torn
+        has (`runtime/checkpoint/chunked.py`). The rest (or everything, without optimizers or after a torn
         snapshot) is copied before this returns: whole into a pool of buffers when it fits the
         budget and nothing is gated, else streamed through two buffers of at most half the
         budget to a spool file. Either way the buffers held never exceed the budget: a snapshot

@@ -24,7 +24,7 @@ falls back to copying everything before releasing the step. Not seen at all: wri
 optimizer's `step()` while the drain runs. A tracked optimizer's own `step()` may write through
 `.data`: it is gated, not detected.
 
-**The digest.** `tensors.bin` is hashed with BLAKE3 (`runtime/digest.py`) as it is written,
+**The digest.** `tensors.bin` is hashed with BLAKE3 (`runtime/checkpoint/digest.py`) as it is written,
 piece by piece (each piece hashed, then written while it is still in the CPU's cache): one
 pass over the gated tensors' memory instead of a write and a read-back of the whole file, at
 the price of the hash's time inside the gate (~0.3 s per 2 GB on one core). Only while nobody
@@ -143,7 +143,7 @@ class Gated:
     storage address: the ones a snapshot may leave in place and write later, behind the gate.
 
     Only contiguous, non-empty tensors with a version counter qualify, on the CPU, or on a GPU
-    when `cuda` (their host copies fit the budget: `runtime/staging.py`); anything else (a view,
+    when `cuda` (their host copies fit the budget: `runtime/checkpoint/staging.py`); anything else (a view,
     an inference tensor) is copied before the step is released."""
 
     def __init__(self, optimizers: Iterable[torch.optim.Optimizer], cuda: bool = False) -> None:
@@ -455,7 +455,7 @@ def copy_chunked(
     """The skeleton of `state` (dense tensors replaced by `TensorRef`), having copied every
     dense tensor's bytes through the drain's buffers, except the `gated` ones: those are placed
     after the rest and handed to the drain to write from their own memory, before the gate opens
-    (gated CUDA tensors last, from the host copies `stage` queues: `runtime/staging.py`).
+    (gated CUDA tensors last, from the host copies `stage` queues: `runtime/checkpoint/staging.py`).
     Runs in the training thread."""
     chunk = drain.buffers.chunk
     buf = drain.take()

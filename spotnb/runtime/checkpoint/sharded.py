@@ -8,7 +8,7 @@ for, so a job that ran on 4 processes resumes on 1 and the reverse.
 What spotnb adds is what DCP leaves to its caller, the same guarantees as `checkpoint.py`:
 
 - **Commit last.** Every process uploads its files to `ckpt/<seq>/dcp/` and reports their
-  digest (BLAKE3, `runtime/digest.py`) and size; process 0 gathers them and writes
+  digest (BLAKE3, `runtime/checkpoint/digest.py`) and size; process 0 gathers them and writes
   `MANIFEST.json` only once it has every process's entries (a process that dies mid-save
   fails the collective, and no manifest is written: the half-written folder is never
   restored and the next prune removes it).
@@ -77,7 +77,7 @@ SMALL = 64 * 1024
 #: how long the background group waits for a peer inside one collective. The gather of "my
 #: files are up" waits for the slowest process's whole upload (25 GB at 20 MB/s: 21 min), so
 #: this must exceed any upload; a peer that died closes its sockets and fails the collective
-#: at once, and one that hangs is caught by the instance's group (`runtime/local_group.py`)
+#: at once, and one that hangs is caught by the instance's group (`runtime/group/local.py`)
 BACKGROUND_TIMEOUT = timedelta(hours=6)
 
 

@@ -5,7 +5,7 @@ its own memory: it needs a host copy. `CudaStage` makes it in pinned host buffer
 save to save, on its own CUDA stream, so the host thread does not wait for it at all. The side
 stream first waits for the current (compute) stream, so the copy sees every kernel queued before
 the save; the optimizer gate then makes the compute stream wait for the copy's event before the
-optimizer's kernels (`Gate`, `runtime/chunked.py`), so forward and backward overlap the copy and
+optimizer's kernels (`Gate`, `runtime/checkpoint/chunked.py`), so forward and backward overlap the copy and
 `step()` never blocks the host for it. The drain waits for the event and writes the host copies.
 
 Written without a GPU to run it on: the CPU paths are what the tests here exercise; the CUDA

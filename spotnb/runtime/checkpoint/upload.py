@@ -51,7 +51,7 @@ class Snapshot:
     #: a chunked snapshot: (its tensors.bin in the spool, the drain writing it); `state` is then
     #: the skeleton that points into it
     data: tuple[str, Drain] | None = None
-    #: tensors stored by content (runtime/incremental.py): unchanged ones, already `BlobRef`s in
+    #: tensors stored by content (runtime/checkpoint/incremental.py): unchanged ones, already `BlobRef`s in
     #: `state`, and changed ones, copied, which the writer turns into new blobs
     referenced: dict[tuple, Seen] = field(default_factory=dict)
     fresh: dict[tuple, Seen] = field(default_factory=dict)

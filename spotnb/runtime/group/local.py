@@ -9,7 +9,7 @@ same function with its own `Context` and writes no events: rank 0 speaks for the
 Inside the group, torch.distributed is set up as torchrun would (RANK, LOCAL_RANK,
 WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; gloo on CPU, nccl for CUDA tensors),
 and `ctx.replicate` averages the gradients over the group (`Group.average`) before they
-cross instances (torchft, `runtime/elastic.py`: each rank has its own Manager with
+cross instances (torchft, `runtime/group/elastic.py`: each rank has its own Manager with
 group_rank / group_world_size, and should_commit answers for the group as a whole).
 
 The group lives and dies as one:

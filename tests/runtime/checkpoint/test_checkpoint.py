@@ -55,7 +55,7 @@ def test_manifest_lists_sizes_and_hashes(ckpt) -> None:
     _save(c, 5, "insurance")
     m = c.list_manifests()[0]
     raw = c.store.read_bytes(f"{c.root}/{m.seq:08d}/state.pt")
-    # written by value: BLAKE3 (runtime/digest.py); blobs stored by content keep their sha256
+    # written by value: BLAKE3 (runtime/checkpoint/digest.py); blobs stored by content keep their sha256
     assert m.files["state.pt"] == {"size": len(raw), "blake3": blake3(raw).hexdigest()}
     doc = json.loads(c.store.read_bytes(f"{c.root}/{m.seq:08d}/MANIFEST.json"))
     assert doc["kind"] == "insurance" and doc["step"] == 5

@@ -1,4 +1,4 @@
-"""Gated snapshots (`runtime/chunked.py`): the training step is released before the tracked
+"""Gated snapshots (`runtime/checkpoint/chunked.py`): the training step is released before the tracked
 optimizers' tensors are written; their `step()` waits for the drain, forward and backward do
 not. The checkpoint holds the tensors as they were at the save's step, bit for bit; a write
 the gate cannot see makes that save fail (never a torn commit) and later saves block.
