@@ -21,25 +21,11 @@ from spotnb.providers.cleanup import JOB_TAG
 from spotnb.providers.gcp.provider import GCPProvider
 from spotnb.providers.local.provider import LocalProvider
 from spotnb.runtime.notice import make_watcher
-from tests.providers.contract import ProviderContract
+from tests.providers.contract import ProviderContract, agent_command
 from tests.support.azure_transport import ArmCompute, ArmRequest, compute_client, resource_client
 from tests.support.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.support.clouds_fixtures import FaultProxy
 from tests.support.gce_fake import FakeCompute
-
-
-def _agent(store_url: str, job_id: str, incarnation: int) -> list[str]:
-    return [
-        "python",
-        "-m",
-        "spotnb.runtime.agent",
-        "--store",
-        store_url,
-        "--job",
-        job_id,
-        "--incarnation",
-        str(incarnation),
-    ]
 
 
 # -- the local market ----------------------------------------------------------------------------
@@ -175,7 +161,7 @@ class TestAWSContract(ProviderContract):
             store_url=self.store,
             instance_type="g4dn.xlarge",
             region="us-east-1b",
-            command=_agent(self.store, job_id, incarnation),
+            command=agent_command(self.store, job_id, incarnation),
             spotnb_version="0.1.0",
         )
 
@@ -261,7 +247,7 @@ class TestAzureContract(ProviderContract):
             store_url="az://spotnb/jobs",
             instance_type="Standard_NC4as_T4_v3",
             region="eastus",
-            command=_agent("az://spotnb/jobs", job_id, incarnation),
+            command=agent_command("az://spotnb/jobs", job_id, incarnation),
             spotnb_version="0.1.0",
         )
 
@@ -325,7 +311,7 @@ class TestGCPContract(ProviderContract):
             store_url="gs://spotnb/jobs",
             instance_type="g2-standard-4",
             region="us-central1-a",
-            command=_agent("gs://spotnb/jobs", job_id, incarnation),
+            command=agent_command("gs://spotnb/jobs", job_id, incarnation),
             spotnb_version="0.1.0",
         )
 

@@ -22,24 +22,10 @@ from spotnb.providers.cleanup import JOB_TAG
 from spotnb.providers.coordinator import COORDINATOR_ROLE, ROLE_TAG
 from spotnb.providers.gcp import coordinator as gcp_coordinator
 from spotnb.providers.gcp.provider import GCPProvider
-from tests.providers.contract import CoordinatorContract
+from tests.providers.contract import CoordinatorContract, agent_command
 from tests.support.azure_transport import ArmCompute, compute_client, resource_client
 from tests.support.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.support.gce_fake import FakeCompute
-
-
-def _agent(store_url: str, job_id: str) -> list[str]:
-    return [
-        "python",
-        "-m",
-        "spotnb.runtime.agent",
-        "--store",
-        store_url,
-        "--job",
-        job_id,
-        "--incarnation",
-        "1",
-    ]
 
 
 class _Made:
@@ -95,7 +81,7 @@ class TestAWSCoordinatorContract(_Made, CoordinatorContract):
             store_url=self.store,
             instance_type="g4dn.xlarge",
             region="us-east-1b",
-            command=_agent(self.store, job_id),
+            command=agent_command(self.store, job_id),
             spotnb_version="0.1.0",
         )
 
@@ -187,7 +173,7 @@ class TestAzureCoordinatorContract(_Made, CoordinatorContract):
             store_url="az://spotnb/jobs",
             instance_type="Standard_NC4as_T4_v3",
             region="eastus",
-            command=_agent("az://spotnb/jobs", job_id),
+            command=agent_command("az://spotnb/jobs", job_id),
             spotnb_version="0.1.0",
         )
 
@@ -256,7 +242,7 @@ class TestGCPCoordinatorContract(_Made, CoordinatorContract):
             store_url="gs://spotnb/jobs",
             instance_type="g2-standard-4",
             region=ZONE,
-            command=_agent("gs://spotnb/jobs", job_id),
+            command=agent_command("gs://spotnb/jobs", job_id),
             spotnb_version="0.1.0",
         )
 
