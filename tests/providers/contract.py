@@ -36,6 +36,7 @@ GCP, and each cloud's test_coordinator.py keeps what is its own).
 
 from __future__ import annotations
 
+import abc
 import re
 import time
 import uuid
@@ -82,7 +83,7 @@ def wait_state(provider: Provider, instance: Instance, state: InstanceState, tim
         time.sleep(0.1)
 
 
-class ProviderContract:
+class ProviderContract(abc.ABC):
     """The provider contract; a binding subclasses it as `Test<Provider>Contract` and
     supplies the hooks. Not collected itself (no `Test` prefix)."""
 
@@ -95,43 +96,41 @@ class ProviderContract:
     bad_inputs: ClassVar[list[tuple[dict[str, Any], str]]] = []
 
     # -- hooks a binding supplies ---------------------------------------------------------
-    @pytest.fixture
-    def cloud(self) -> Any:
-        """The binding's cloud (its fakes and fixtures), set up before the provider."""
-        raise NotImplementedError
+    # `cloud`: a fixture every binding defines (its fakes and fixtures), set up before the
+    # provider; pytest names it if a binding forgets it.
 
+    @abc.abstractmethod
     def make_provider(self, **overrides: Any) -> Provider:
         """A provider on the binding's cloud, its Config changed by `overrides`, not validated."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def spec(self, job_id: str, incarnation: int = 1) -> LaunchSpec:
         """One incarnation's launch spec for this provider."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def asked_of_cloud(self) -> list[Any]:
         """Everything asked of the cloud's control plane so far, in order (SDK requests; the
         local market: the processes it started)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def job_id_on(self, instance: Instance) -> str | None:
         """The job id as the cloud keeps it on the launched instance (read from the cloud)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def alive_in_cloud(self, instance: Instance) -> bool:
         """Whether the cloud still holds the instance alive (billed, or about to be)."""
-        raise NotImplementedError
 
     def bring_up(self, provider: Provider, instance: Instance) -> None:
         """The cloud finishes booting the instance (a no-op where it runs at once)."""
 
+    @abc.abstractmethod
     def take_back(self, provider: Provider, instance: Instance) -> None:
         """The market reclaims the instance, as the platform does after a notice."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def notice_seen(self, provider: Provider, instance: Instance) -> bool:
         """After `provider.inject(instance)`: whether the notice was given, as far as the
         binding can observe it."""
-        raise NotImplementedError
 
     # -- shared fixtures ------------------------------------------------------------------
     @pytest.fixture
@@ -233,7 +232,7 @@ class ProviderContract:
         assert self.asked_of_cloud() == before
 
 
-class CoordinatorContract:
+class CoordinatorContract(abc.ABC):
     """The coordinator contract (`Provider.coordinator`, Feature.ELASTIC): what every cloud's
     coordinator of a job on several instances must do, whatever it is built of (AWS: a network
     interface and a security group; Azure: a NIC with a static IP and its security groups; GCP:
@@ -263,36 +262,34 @@ class CoordinatorContract:
     one_region: ClassVar[list[str]]
 
     # -- hooks a binding supplies ---------------------------------------------------------
-    @pytest.fixture
-    def cloud(self) -> Any:
-        raise NotImplementedError
+    # `cloud`: a fixture every binding defines (its fakes and fixtures).
 
+    @abc.abstractmethod
     def make_provider(self, **overrides: Any) -> Provider:
         """A provider for a job on 3 instances (2 at least), describing at every call, not validated."""
-        raise NotImplementedError
 
-    def spec(self, job_id: str) -> LaunchSpec:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def spec(self, job_id: str) -> LaunchSpec: ...
 
+    @abc.abstractmethod
     def coordinators(self, job_id: str) -> list[str]:
         """The job's coordinator VMs the cloud holds alive (ids or names)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def coordinator_tags(self, job_id: str, name: str) -> dict[str, str]:
         """The tags (labels) the cloud keeps on the coordinator `name`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def network(self, job_id: str) -> list[str]:
         """What of the job's network (addresses, interfaces, groups, rules) the cloud holds."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def delete(self, name: str) -> None:
         """The platform deletes (terminates) the coordinator `name`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def power_off(self, name: str) -> None:
         """The coordinator `name` powers itself off (its boot script failed)."""
-        raise NotImplementedError
 
     # -- the behaviours -------------------------------------------------------------------
     @pytest.fixture
