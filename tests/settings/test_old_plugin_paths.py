@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import importlib
 
-import pytest
 
-
-@pytest.mark.xfail(strict=True, reason="#27 moved the plugin API out of spotnb.providers.info, no re-export")
 def test_the_pre_relayout_plugin_imports_still_resolve_to_the_same_classes() -> None:
     from spotnb.providers.local.provider import LocalProvider
     from spotnb.settings.base import ProviderSettings
