@@ -400,3 +400,29 @@ def test_a_metrics_figure_without_metrics_says_so_instead_of_empty_axes() -> Non
     fig = static_figures_from_state(st)["metrics"]
     assert [a.text for a in fig.layout.annotations] == ["no metrics logged yet"]
     assert fig.layout.xaxis.visible is False and fig.layout.yaxis.visible is False
+
+
+def test_the_widgets_text_repr_never_walks_the_live_figure(
+    sent: list[Any], clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`job` as a cell's last line displays the widget, and ipywidgets makes its text/plain
+    part with `repr(box)`, which reprs every child. A plotly figure's repr deep-copies its whole
+    dict while the job's feed thread updates that dict: the cell failed with "RuntimeError:
+    dictionary changed size during iteration" (tutorial 08, once in a rehearsal). The repr must
+    not read the figure at all, so no update can race it."""
+    from plotly.basedatatypes import BaseFigure
+
+    from spotnb.views.widget.view import JobView
+
+    job = EventsJob(events_of(steps=600, preempt_at=(450,)))
+    view = JobView(job, autostart=False, clock=clock)
+    view.flush(force=True)
+
+    def walked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("repr walked the live figure")
+
+    monkeypatch.setattr(BaseFigure, "to_plotly_json", walked)
+    monkeypatch.setattr(BaseFigure, "to_dict", walked)
+    text = repr(view.box)
+    assert "JobWidget" in text and "figure" in text
+    assert view.box._repr_mimebundle_()["text/plain"]

@@ -111,7 +111,11 @@ _FIXED_LAYOUT = frozenset({"template", "barmode", "uniformtext", "margin", "lege
 
 
 class _Figure(_Counted, ResponsiveFigureWidget):
-    pass
+    def __repr__(self) -> str:
+        """Not plotly's: it deep-copies the figure's dict, which the job's feed thread updates
+        meanwhile ("dictionary changed size during iteration" in a cell that displays `job`,
+        whose text/plain part ipywidgets makes by repr-ing every child)."""
+        return f"{type(self).__name__}(live figure)"
 
 
 class _HTML(_Counted, widgets.HTML):
