@@ -23,6 +23,7 @@ import io
 from collections.abc import Collection
 from typing import Any
 
+import cloudpickle
 import torch
 
 from spotnb.runtime.checkpoint import moved
@@ -68,7 +69,7 @@ def _owner(tracked: dict[str, Any], name: str, optim: torch.optim.Optimizer) -> 
 
 def _pickled(value: Any) -> bytes:
     buf = io.BytesIO()
-    torch.save(value, buf)
+    torch.save(value, buf, pickle_module=cloudpickle)  # the notebook's classes by value, as upload's
     return buf.getvalue()
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
+import cloudpickle
 import torch
 
 from spotnb.core.protocol import SaveKind
@@ -173,7 +174,10 @@ class Uploader:
                 state, blobs, written = self._spool_blobs(snap)
             with open(spool, "wb") as f:
                 hashed = _HashingFile(f)
-                torch.save(state, cast(IO[bytes], hashed))  # hashed as it is written: no second read
+                # hashed as it is written: no second read. cloudpickle, as the function came: a
+                # class or function defined in the notebook (or a shipped module) that the state
+                # holds has no importable home here, and plain pickle refuses it
+                torch.save(state, cast(IO[bytes], hashed), pickle_module=cloudpickle)
             release(snap)
             files: dict[str, dict[str, Any]] = {}
             self.beacon.set_phase(Phase.UPLOAD)
