@@ -229,13 +229,38 @@ def test_a_restart_from_zero_after_every_checkpoint_vanished_is_said(tmp_path: P
     assert "step 0" in (event_line(warnings[0]) or "")  # the feed shows it
 
 
-def test_a_kill_can_land_during_a_restore() -> None:
+def killed_in_its_first_restore(ctx: Any, armed: str, store_root: str) -> int:
+    """Incarnation 1 waits at step 24 for its checkpoint of step 20, then holds at step 25 for
+    the market's kill; incarnation 2 arms the tracked gate before its restore, which then holds
+    in the restore phase until the second kill; incarnation 3 disarms it."""
+    import torch
+
+    if ctx.incarnation == 2:
+        Path(armed).touch()
+    else:
+        Path(armed).unlink(missing_ok=True)
+    ctx.track(model=torch.nn.Linear(8, 8), gate=jobfns.HoldInRestore(armed))
+    for step in ctx.steps(40):
+        if step == 24 and ctx.incarnation == 1:
+            jobfns.wait_for_checkpoint(ctx, store_root, 20)
+        if step == 25 and ctx.incarnation == 1:
+            jobfns.hold_for_the_market(ctx)
+    return ctx.step_index
+
+
+def test_a_kill_can_land_during_a_restore(tmp_path: Path) -> None:
     schedule = [{"step": 25, "phase": "step"}, {"step": 0, "phase": "restore"}]
-    fn = functools.partial(jobfns.slow_steps, steps=40, step_time=0.002, hold_at=25)
-    job = spot.train(fn, spot.Config(ship_modules=SHIP, checkpoint="static:10", local_schedule=schedule))
+    store = tmp_path / "store"
+    fn = functools.partial(killed_in_its_first_restore, armed=str(tmp_path / "armed"), store_root=str(store))
+    config = spot.Config(
+        ship_modules=SHIP, store=store.as_uri(), checkpoint="static:10", local_schedule=schedule
+    )
+    job = spot.train(fn, config)
     assert job.result(timeout=120) == 40
     kills = [(e["step"], e["phase"]) for e in job.events if e["kind"] == "preempted"]
-    assert len(kills) == 2 and kills[0][0] == 25 and kills[1][1] == "restore"
+    assert kills[0][0] == 25 and [k[1] for k in kills] == ["idle", "restore"]
+    # the third incarnation restores what the killed restore was loading
+    assert [e["from_step"] for e in job.events if e["kind"] == "resumed"] == [20]
 
 
 def test_a_failing_pre_commit_flush_aborts_the_commit(tmp_path: Path) -> None:

@@ -120,6 +120,63 @@ def hold_for_the_market(ctx: Any, timeout: float = 120) -> None:
         time.sleep(0.01)
 
 
+def wait_for_checkpoint(ctx: Any, store_root: str, step: int, timeout: float = 120) -> None:
+    """Wait until this job's checkpoint of `step` is committed (its MANIFEST.json, written
+    last, is in the store): a kill after this finds it, whatever the load. Saves upload in
+    the background, and a job with fast steps reaches a scheduled kill before they land."""
+    import glob
+    import json
+    import os
+
+    pattern = os.path.join(store_root, "jobs", ctx.job_id, "ckpt", "*", "MANIFEST.json")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path in glob.glob(pattern):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    if json.load(f).get("step") == step:
+                        return
+            except (OSError, ValueError):
+                pass  # being written
+        time.sleep(0.01)
+    raise TimeoutError(f"no checkpoint of step {step} in {pattern} after {timeout} s")
+
+
+class HoldInRestore:
+    """A tracked object whose restore holds until the market kills the instance, so a kill
+    scheduled for the restore phase lands there whatever the load (a small checkpoint loads
+    in a few ms, which a busy machine's injector can miss). It holds only while the file
+    `armed` exists: the job creates it before the restore it wants held and removes it in
+    the incarnations that must go through (the kill may land before the hold starts)."""
+
+    def __init__(self, armed: str) -> None:
+        self.armed = armed
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"gate": _Gate(self.armed)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class _Gate:
+    def __init__(self, armed: str) -> None:
+        self.armed = armed
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (_open_gate, (self.armed,))
+
+
+def _open_gate(armed: str, timeout: float = 120) -> _Gate:
+    """Runs as the checkpoint unpickles, inside the restore phase."""
+    import os
+
+    deadline = time.monotonic() + timeout
+    while os.path.exists(armed) and time.monotonic() < deadline:  # the kill ends the wait
+        time.sleep(0.01)
+    return _Gate(armed)
+
+
 def fails_at(ctx: Any, step_fail: int = 5) -> None:
     for step in ctx.steps(100):
         if step == step_fail:
