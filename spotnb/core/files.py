@@ -330,7 +330,8 @@ def remove_orphaned(parent: str, prefix: str) -> None:
     """Remove the folders `<prefix><pid>-*` in `parent` whose process is gone: a process that
     was SIGKILLed (a preemption, `Job.stop`) cannot remove its own scratch, spool or market
     folder, so the next one of its kind does. A live process, or one of another user, keeps its
-    folder."""
+    folder; a zombie (killed, its parent has not reaped it yet) or a process that started
+    after the folder was last changed (the pid came round again) is not its owner."""
     try:
         names = os.listdir(parent)
     except OSError:
@@ -339,9 +340,30 @@ def remove_orphaned(parent: str, prefix: str) -> None:
         pid = name[len(prefix) :].split("-", 1)[0]
         if not name.startswith(prefix) or not pid.isdigit():
             continue
+        path = os.path.join(parent, name)
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)
+            continue
         except OSError:
             continue  # alive under another user: not ours to judge
+        if _not_the_owner(int(pid), path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _not_the_owner(pid: int, path: str) -> bool:
+    """Whether live-looking `pid` is not the process that made `path`: a zombie, or one that
+    started after `path` was last modified (Linux /proc; False where it cannot say)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[-1].split()
+        if fields[0] in ("Z", "X"):
+            return True
+        with open("/proc/stat", encoding="ascii") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith("btime "))
+        started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        # btime is whole seconds: a margin of 2 s keeps the owner of a fresh folder its owner
+        return started > os.stat(path).st_mtime + 2.0
+    except (OSError, IndexError, ValueError, StopIteration):
+        return False

@@ -354,3 +354,39 @@ def test_unicode_and_odd_names_keep_their_path(tmp_path: Path) -> None:
         (data / name).write_bytes(name.encode())
     got = _collect(["données"], tmp_path)
     assert got == {f"données/{n}": n.encode() for n in os.listdir(data)}
+
+
+def test_a_killed_process_s_folder_goes_while_it_is_still_a_zombie(tmp_path: Path) -> None:
+    """`Job.stop` returns once the killed instance is a zombie (the local market reads its
+    end from /proc before its parent reaps it): the next script to start must already count
+    its scratch folder as orphaned, or one folder per stopped job stays in /tmp."""
+    from spotnb.core.files import remove_orphaned
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    folder = tmp_path / f"spotnb-script-{child.pid}-abc"
+    folder.mkdir()
+    mine = tmp_path / f"spotnb-script-{os.getpid()}-def"  # a live owner keeps its folder
+    mine.mkdir()
+    try:
+        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z":
+            os.sched_yield()  # until it has exited, unreaped
+        remove_orphaned(str(tmp_path), "spotnb-script-")
+        assert not folder.exists() and mine.exists()
+    finally:
+        child.wait()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process start times from /proc (Linux)")
+def test_a_folder_whose_pid_came_round_again_is_orphaned(tmp_path: Path) -> None:
+    """A pid is reused once the counter wraps (at 32768 on many machines, which a test suite
+    does): a live process that started after the folder was last changed did not make it."""
+    from spotnb.core.files import remove_orphaned
+
+    folder = tmp_path / f"spotnb-spool-{os.getpid()}-abc"
+    folder.mkdir()
+    remove_orphaned(str(tmp_path), "spotnb-spool-")
+    assert folder.exists()  # made by this process, which still runs
+    day_ago = folder.stat().st_mtime - 86400  # before this process started
+    os.utime(folder, (day_ago, day_ago))
+    remove_orphaned(str(tmp_path), "spotnb-spool-")
+    assert not folder.exists()
