@@ -156,13 +156,17 @@ def test_a_controller_killed_mid_copy_leaves_nothing_taken_for_committed(
     """Attack: SIGKILL the controller while it copies the move's checkpoint into zone-b's
     store (the local market's emulated link holds the copy at 2 MB/s). The half copy has no
     manifest, so nothing restores from it; the next controller ends the waiting instance,
-    relaunches in zone-b, copies again and the job resumes from the move's committed save."""
+    relaunches in zone-b, copies again and the job resumes from the move's committed save.
+
+    The move must pay for its slow save whenever the controller weighs it: once the save of
+    step 50 is measured (3.4 MB at 2 MB/s: 1.7 s), the 140 steps left must be worth more (0.05 s
+    each, 7 s). At 0.01 s (1.4 s) they were not, and on a loaded machine, where the controller
+    first weighed the move after that save, the job held at step 60 unmoved."""
     monkeypatch.setenv("SPOTNB_LEASE_TTL", "2")
     zone_b = tmp_path / "zone-b-bucket"
-    # zone-a dear: the move pays for its slow save (2 MB/s) at once
     zones = {"zone-a": {"price": 4.0}, "zone-b": {"price": [[0, 12.0], ["1s", 0.02]], "egress": EGRESS}}
     job = spot.train(
-        functools.partial(jobfns.seeded_mlp, step_delay=0.01, hold_at=60),
+        functools.partial(jobfns.seeded_mlp, step_delay=0.05, hold_at=60),
         spot.Config(
             ship_modules=SHIP,
             local_regions=zones,
