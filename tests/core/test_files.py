@@ -376,7 +376,7 @@ def test_a_killed_process_s_folder_goes_while_it_is_still_a_zombie(tmp_path: Pat
         child.wait()
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process start times from /proc (Linux)")
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads start times in /proc")
 def test_a_folder_whose_pid_came_round_again_is_orphaned(tmp_path: Path) -> None:
     """A pid is reused once the counter wraps (at 32768 on many machines, which a test suite
     does): a live process that started after the folder was last changed did not make it."""
