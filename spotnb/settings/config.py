@@ -34,14 +34,14 @@ from pydantic import (
 from spotnb.core.durations import DAY, Duration, bounded, parse_duration
 from spotnb.core.home import spotnb_home
 from spotnb.core.sizes import parse_size
-from spotnb.errors import ConfigError
+from spotnb.errors import ConfigError, ProviderUnavailable
 from spotnb.settings.any import ANY_CLOUDS, AnySettings
 from spotnb.settings.aws import AWSSettings
 from spotnb.settings.azure import AzureSettings
 from spotnb.settings.base import COORDINATOR_IDLE_MINUTES, LIGHTHOUSE_PORT
 from spotnb.settings.gcp import GCPSettings
 from spotnb.settings.local import LocalSettings
-from spotnb.settings.registry import registry
+from spotnb.settings.registry import provider_info, registry
 
 __all__ = ["Config", "parse_duration", "spotnb_home", "provider_prefixes"]
 
@@ -507,8 +507,10 @@ class _GenericConfig(BaseModel):
     @field_validator("provider")
     @classmethod
     def _provider(cls, v: str) -> str:
-        if v not in registry():
-            raise ValueError(f"unknown provider {v!r}; choose one of {sorted(registry())}")
+        try:
+            provider_info(v)
+        except ProviderUnavailable as exc:
+            raise ValueError(str(exc)) from None
         return v
 
     @field_validator("store")

@@ -115,6 +115,8 @@ _BUILTIN = (
 )
 _KNOWN: dict[str, ProviderInfo] = {info.name: info for info in _BUILTIN}
 _entry_points_loaded = False
+#: plugins that failed to load, by name: what went wrong, for "unknown provider"
+_BROKEN: dict[str, str] = {}
 
 
 def _load_entry_points() -> None:
@@ -135,6 +137,7 @@ def _load_entry_points() -> None:
             log.warning(
                 "provider %r (entry point %s) could not be loaded and is left out: %r", ep.name, ep.value, exc
             )
+            _BROKEN[ep.name] = f"its plugin (entry point {ep.value}) failed to load: {exc!r}"
             continue
         if not isinstance(info, ProviderInfo) or info.name != ep.name:
             log.warning(
@@ -143,6 +146,7 @@ def _load_entry_points() -> None:
                 ep.value,
                 ep.name,
             )
+            _BROKEN[ep.name] = f"its plugin's entry point {ep.value} is not a ProviderInfo named {ep.name!r}"
             continue
         _KNOWN[info.name] = info
 
@@ -156,7 +160,12 @@ def registry() -> Mapping[str, ProviderInfo]:
 def provider_info(name: str) -> ProviderInfo:
     info = registry().get(name)
     if info is None:
-        raise ProviderUnavailable(f"unknown provider {name!r}; known: {sorted(registry())}")
+        if name in _BROKEN:  # installed, but broken: "unknown" would send the user to the wrong fix
+            raise ProviderUnavailable(
+                f"provider {name!r} is installed, but {_BROKEN[name]}; fix or reinstall the package "
+                f"that provides it (the providers that load: {sorted(registry())})"
+            )
+        raise ProviderUnavailable(f"unknown provider {name!r}; choose one of {sorted(registry())}")
     return info
 
 

@@ -98,7 +98,9 @@ def test_a_provider_from_another_package_is_validated_listed_and_runs(tmp_path: 
 
 
 def test_a_broken_plugin_does_not_stop_import(tmp_path: Path) -> None:
-    """A plugin whose module fails to import is left out with a warning naming it."""
+    """A plugin whose module fails to import is left out with a warning naming it; a Config
+    that asks for it says it is installed but broken, with the import error (not "unknown
+    provider", which sends the user to install it again or look for a typo)."""
     dist = tmp_path / "broken-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken\nVersion: 0.1\n")
@@ -109,7 +111,8 @@ def test_a_broken_plugin_does_not_stop_import(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             "import spotnb as spot; from spotnb.settings.registry "
-            "import registry; print(sorted(registry())); spot.Config()",
+            "import registry; print(sorted(registry())); spot.Config()\n"
+            "try:\n    spot.Config(provider='broken')\nexcept Exception as e:\n    print('refused:', e)",
         ],
         capture_output=True,
         text=True,
@@ -117,5 +120,8 @@ def test_a_broken_plugin_does_not_stop_import(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert "broken" not in done.stdout and "'local'" in done.stdout
+    listed = done.stdout.splitlines()[0]
+    assert "broken" not in listed and "'local'" in listed
     assert "provider 'broken'" in done.stderr and "no_such_module" in done.stderr
+    (refused,) = [line for line in done.stdout.splitlines() if line.startswith("refused:")]
+    assert "'broken' is installed" in refused and "no_such_module" in refused and "unknown" not in refused
