@@ -160,7 +160,26 @@ class _BufferPool:
             items = [self.copy(v, path + (i,)) for i, v in enumerate(obj)]
             return type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
         # plain values (ints, floats, strings, numpy RNG tuples): copy so later mutation can't leak in
-        return _plain_copy(obj)
+        try:
+            return _plain_copy(obj)
+        except Exception as exc:  # noqa: BLE001 - deepcopy raises what the object's reduce raises
+            raise TypeError(
+                f"{_where(path)} cannot be checkpointed ({type(exc).__name__}: {exc}): keep only values "
+                "that can be pickled there, and make a lock, an open file or a connection again "
+                "after the restore instead"
+            ) from exc
+
+
+def _where(path: tuple) -> str:
+    """A snapshot path as the user wrote it: ctx.state['x'], ctx.track(model=...)['w']."""
+    head, rest = (path[0], path[1:]) if path else ("", ())
+    if head == "user":
+        name = "ctx.state"
+    elif head == "objects" and rest:
+        name, rest = f"ctx.track({rest[0]}=...).state_dict()", rest[1:]
+    else:
+        name, rest = "the checkpoint's state", path
+    return name + "".join(f"[{k!r}]" for k in rest)
 
 
 def _plain_copy(obj: Any) -> Any:

@@ -126,3 +126,26 @@ def test_a_save_behind_a_queued_one_takes_its_buffers_not_a_third_copy(store_url
     finally:
         release.set()
         c.close()
+
+
+def test_a_value_that_cannot_be_checkpointed_is_named_as_the_user_wrote_it(ckpt) -> None:
+    """A lock (an open file, a connection) in ctx.state fails the save on the training thread:
+    the error must say which value, where the user put it, and what to do, not only
+    "cannot pickle '_thread.lock' object" from deep inside the snapshot."""
+    import threading
+
+    import pytest
+
+    c, _ = ckpt
+    state = {"step": 3, "user": {"loader": {"pos": 5, "lock": threading.Lock()}}, "objects": {}}
+    with pytest.raises(
+        TypeError, match=r"ctx\.state\['loader'\]\['lock'\] cannot be checkpointed.*_thread\.lock"
+    ):
+        c.snapshot(state, 3, "periodic")
+    tracked = {"step": 3, "user": {}, "objects": {"sampler": {"gen": (i for i in range(3))}}}
+    with pytest.raises(TypeError, match=r"ctx\.track\(sampler=\.\.\.\)\.state_dict\(\)\['gen'\] cannot"):
+        c.snapshot(tracked, 3, "periodic")
+    # a lambda or a class of the notebook's is not refused: saves pickle with cloudpickle
+    c.save_now(c.snapshot({"step": 4, "user": {"f": lambda x: x + 1}, "objects": {}}, 4, "periodic"))
+    _, restored = c.load_latest()
+    assert restored["user"]["f"](1) == 2
