@@ -16,6 +16,7 @@ import pytest
 import spotnb as spot
 from spotnb.core.store import Store
 from spotnb.errors import ConfigError
+from tests.support.jobs import agent_command
 
 pytestmark = pytest.mark.jobs
 
@@ -134,17 +135,7 @@ def test_the_boot_script_lays_the_files_out_in_its_workdir(
         store_url=store.url,
         instance_type="x",
         region=None,
-        command=[
-            "python",
-            "-m",
-            "spotnb.runtime.agent",
-            "--store",
-            store.url,
-            "--job",
-            job.id,
-            "--incarnation",
-            "1",
-        ],
+        command=agent_command(store.url, job.id),
         spotnb_version=spot.__version__,
         job_key=key.hex(),
     )
@@ -356,6 +347,13 @@ def test_unicode_and_odd_names_keep_their_path(tmp_path: Path) -> None:
     assert got == {f"données/{n}": n.encode() for n in os.listdir(data)}
 
 
+#: zombie states and start times come from /proc; elsewhere the pid check alone decides
+NEEDS_PROC = pytest.mark.skipif(
+    not Path("/proc/self/stat").exists(), reason="reads process states from /proc, which only Linux has"
+)
+
+
+@NEEDS_PROC
 def test_a_killed_process_s_folder_goes_while_it_is_still_a_zombie(tmp_path: Path) -> None:
     """`Job.stop` returns once the killed instance is a zombie (the local market reads its
     end from /proc before its parent reaps it): the next script to start must already count
@@ -376,7 +374,7 @@ def test_a_killed_process_s_folder_goes_while_it_is_still_a_zombie(tmp_path: Pat
         child.wait()
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads start times in /proc")
+@NEEDS_PROC
 def test_a_folder_whose_pid_came_round_again_is_orphaned(tmp_path: Path) -> None:
     """A pid is reused once the counter wraps (at 32768 on many machines, which a test suite
     does): a live process that started after the folder was last changed did not make it."""

@@ -50,22 +50,7 @@ from spotnb.providers.base import Feature, Instance, InstanceState, LaunchSpec, 
 from spotnb.providers.cleanup import JOB_TAG
 from spotnb.providers.coordinator import COORDINATOR_ROLE, MAX_COORDINATOR_LAUNCHES, ROLE_TAG
 
-__all__ = ["ProviderContract", "CoordinatorContract", "agent_command", "new_job_id", "wait_state"]
-
-
-def agent_command(store_url: str, job_id: str, incarnation: int = 1) -> list[str]:
-    """The command a provider launches: the agent of this job's incarnation."""
-    return [
-        "python",
-        "-m",
-        "spotnb.runtime.agent",
-        "--store",
-        store_url,
-        "--job",
-        job_id,
-        "--incarnation",
-        str(incarnation),
-    ]
+__all__ = ["ProviderContract", "CoordinatorContract", "new_job_id", "wait_state"]
 
 
 def new_job_id() -> str:

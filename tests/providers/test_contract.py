@@ -21,11 +21,12 @@ from spotnb.providers.cleanup import JOB_TAG
 from spotnb.providers.gcp.provider import GCPProvider
 from spotnb.providers.local.provider import LocalProvider
 from spotnb.runtime.notice import make_watcher
-from tests.providers.contract import ProviderContract, agent_command
+from tests.providers.contract import ProviderContract
 from tests.support.azure_transport import ArmCompute, ArmRequest, compute_client, resource_client
 from tests.support.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.support.clouds_fixtures import FaultProxy
 from tests.support.gce_fake import FakeCompute
+from tests.support.jobs import agent_command
 
 
 # -- the local market ----------------------------------------------------------------------------

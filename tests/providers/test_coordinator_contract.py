@@ -22,10 +22,11 @@ from spotnb.providers.cleanup import JOB_TAG
 from spotnb.providers.coordinator import COORDINATOR_ROLE, ROLE_TAG
 from spotnb.providers.gcp import coordinator as gcp_coordinator
 from spotnb.providers.gcp.provider import GCPProvider
-from tests.providers.contract import CoordinatorContract, agent_command
+from tests.providers.contract import CoordinatorContract
 from tests.support.azure_transport import ArmCompute, compute_client, resource_client
 from tests.support.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.support.gce_fake import FakeCompute
+from tests.support.jobs import agent_command
 
 
 class _Made:

@@ -39,6 +39,7 @@ from tests.support.azure_transport import SUBSCRIPTION, ArmCompute, compute_clie
 from tests.support.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.support.clouds_fixtures import ship_fake
 from tests.support.gcp_transport import compute_clients, done_operation, gce_error
+from tests.support.jobs import agent_command
 
 _MAX_SPOT = "Max spot instance count exceeded"
 
@@ -58,17 +59,7 @@ def _spec(
         store_url=store,
         instance_type=itype,
         region=region,
-        command=[
-            "python",
-            "-m",
-            "spotnb.runtime.agent",
-            "--store",
-            store,
-            "--job",
-            job,
-            "--incarnation",
-            "1",
-        ],
+        command=agent_command(store, job),
         spotnb_version="0.1.0",
     )
 

@@ -160,3 +160,18 @@ def gloo_mesh(rank: int, world: int, port: int) -> Any:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     return init_device_mesh("cpu", (world,))
+
+
+def agent_command(store_url: str, job_id: str, incarnation: int = 1) -> list[str]:
+    """The command a provider launches: the agent of this job's incarnation."""
+    return [
+        "python",
+        "-m",
+        "spotnb.runtime.agent",
+        "--store",
+        store_url,
+        "--job",
+        job_id,
+        "--incarnation",
+        str(incarnation),
+    ]

@@ -49,6 +49,7 @@ from spotnb.providers.cleanup import JOB_TAG, gc
 from spotnb.providers.coordinator import COORDINATOR_ROLE, ROLE_TAG
 from tests.support.clouds_fixtures import *  # noqa: F401,F403 - fixtures
 from tests.support.clouds_fixtures import CANARIES, free_port
+from tests.support.jobs import agent_command
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -77,17 +78,7 @@ def _spec(store: str, job: str, n: int = 1) -> LaunchSpec:
         store_url=store,
         instance_type="g4dn.xlarge",
         region="us-east-1b",
-        command=[
-            "python",
-            "-m",
-            "spotnb.runtime.agent",
-            "--store",
-            store,
-            "--job",
-            job,
-            "--incarnation",
-            str(n),
-        ],
+        command=agent_command(store, job, n),
         spotnb_version="0.1.0",
         slot=n - 1,
     )

@@ -22,6 +22,7 @@ from spotnb.providers.base import Feature, InstanceState, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, gc
 from spotnb.settings.registry import get_provider_class
 from tests.support.clouds_fixtures import *  # noqa: F401,F403 - fixtures
+from tests.support.jobs import agent_command
 
 
 def _spec(
@@ -33,17 +34,7 @@ def _spec(
         store_url=store_url,
         instance_type="g4dn.xlarge",
         region=region,
-        command=[
-            "python",
-            "-m",
-            "spotnb.runtime.agent",
-            "--store",
-            store_url,
-            "--job",
-            job,
-            "--incarnation",
-            str(n),
-        ],
+        command=agent_command(store_url, job, n),
         requirements=["einops>=0.7"],
         spotnb_version="0.1.0",
     )

@@ -40,6 +40,7 @@ from spotnb.providers.local.metadata import MetadataEmulator
 from spotnb.runtime.notice import AzureWatcher
 from tests.support.azure_transport import SUBSCRIPTION, ArmCompute, compute_client, resource_client
 from tests.support.clouds_fixtures import ship_fake
+from tests.support.jobs import agent_command
 
 RG = "spotnb-eastus"
 IDENTITY = (
@@ -80,17 +81,7 @@ def _spec(n: int = 1, job: str = JOB) -> LaunchSpec:
         store_url=url,
         instance_type="Standard_NC4as_T4_v3",
         region="eastus",
-        command=[
-            "python",
-            "-m",
-            "spotnb.runtime.agent",
-            "--store",
-            url,
-            "--job",
-            job,
-            "--incarnation",
-            str(n),
-        ],
+        command=agent_command(url, job, n),
         spotnb_version="0.1.0",
     )
 

@@ -26,6 +26,7 @@ from spotnb.providers.base import InstanceState, LaunchSpec
 from spotnb.providers.cleanup import JOB_TAG, MANAGED_TAG
 from spotnb.settings.registry import get_provider_class
 from tests.support.azure_transport import ArmCompute, ArmRequest, compute_client, resource_client
+from tests.support.jobs import agent_command
 from tests.support.paths import FIXTURES
 
 SUB = "00000000-0000-0000-0000-000000000000"
@@ -60,17 +61,7 @@ def _spec(region: str = "eastus") -> LaunchSpec:
         store_url="az://spotnb/jobs",
         instance_type="Standard_NC4as_T4_v3",
         region=region,
-        command=[
-            "python",
-            "-m",
-            "spotnb.runtime.agent",
-            "--store",
-            "az://spotnb/jobs",
-            "--job",
-            "20261121-000000-abc123",
-            "--incarnation",
-            "2",
-        ],
+        command=agent_command("az://spotnb/jobs", "20261121-000000-abc123", 2),
         spotnb_version="0.1.0",
     )
 

@@ -34,6 +34,7 @@ from spotnb.providers.gcp.zones import REGION_ZONES
 from spotnb.settings.registry import get_provider_class
 from tests.support.gce_fake import FakeCompute
 from tests.support.gcp_transport import compute_clients, done_operation, gce_error
+from tests.support.jobs import agent_command
 
 PROJECT = "spotnb-test"
 
@@ -57,17 +58,7 @@ def _spec(zone: str = "us-central1-a") -> LaunchSpec:
         store_url="gs://spotnb/jobs",
         instance_type="g2-standard-4",
         region=zone,
-        command=[
-            "python",
-            "-m",
-            "spotnb.runtime.agent",
-            "--store",
-            "gs://spotnb/jobs",
-            "--job",
-            "20261121-000000-ABC123",
-            "--incarnation",
-            "3",
-        ],
+        command=agent_command("gs://spotnb/jobs", "20261121-000000-ABC123", 3),
         spotnb_version="0.1.0",
     )
 
